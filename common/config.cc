@@ -1,0 +1,294 @@
+#include "common/config.h"
+
+#include <fstream>
+#include <sstream>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/hash.h"
+#include "google/protobuf/io/tokenizer.h"
+#include "google/protobuf/text_format.h"
+
+namespace segps {
+namespace {
+
+using google::protobuf::Descriptor;
+using google::protobuf::FieldDescriptor;
+using google::protobuf::Message;
+using google::protobuf::TextFormat;
+
+class CollectErrors : public google::protobuf::io::ErrorCollector {
+ public:
+  void AddError(int line, google::protobuf::io::ColumnNumber column,
+                const std::string& message) override {
+    if (first_.empty()) first_ = absl::StrFormat("line %d column %d: %s", line + 1, column + 1, message);
+  }
+  void AddWarning(int, google::protobuf::io::ColumnNumber, const std::string&) override {}
+  const std::string& first() const { return first_; }
+
+ private:
+  std::string first_;
+};
+
+// Finds where a field was written so that errors can point at the line.
+// A path is a list of (field name, repeated index or -1) from the root.
+class Locator {
+ public:
+  Locator(const TextFormat::ParseInfoTree* tree, std::string source)
+      : tree_(tree), source_(std::move(source)) {}
+
+  struct Step {
+    const char* field;
+    int index;
+  };
+
+  // "FILE line N: a.b[2].c: message"; the line is the deepest located step.
+  absl::Status Error(std::initializer_list<Step> path, const std::string& message) const {
+    const Descriptor* desc = v1::JobConfig::descriptor();
+    const TextFormat::ParseInfoTree* tree = tree_;
+    int line = -1;
+    std::string name;
+    for (const Step& step : path) {
+      const FieldDescriptor* field = desc ? desc->FindFieldByName(step.field) : nullptr;
+      if (!name.empty()) name += '.';
+      name += step.field;
+      if (step.index >= 0) absl::StrAppend(&name, "[", step.index, "]");
+      if (field == nullptr) break;
+      if (tree != nullptr) {
+        auto loc = tree->GetLocation(field, field->is_repeated() ? std::max(step.index, 0) : -1);
+        if (loc.line >= 0) line = loc.line;
+        tree = field->message_type() != nullptr
+                   ? tree->GetTreeForNested(field, field->is_repeated() ? std::max(step.index, 0) : -1)
+                   : nullptr;
+      }
+      desc = field->message_type();
+    }
+    std::string where = line >= 0 ? absl::StrCat(source_, " line ", line + 1) : source_;
+    return absl::InvalidArgumentError(absl::StrCat(where, ": ", name, ": ", message));
+  }
+
+ private:
+  const TextFormat::ParseInfoTree* tree_;
+  std::string source_;
+};
+
+constexpr uint32_t kMaxLayerUnits = 1u << 20;
+
+absl::Status ValidateAndFill(v1::JobConfig& c, const Locator& at) {
+  if (c.name().empty()) c.set_name("segps");
+
+  // cluster
+  auto* cluster = c.mutable_cluster();
+  if (cluster->server_addresses_size() > 0) {
+    if (cluster->num_servers() == 0) cluster->set_num_servers(cluster->server_addresses_size());
+    if (cluster->num_servers() != static_cast<uint32_t>(cluster->server_addresses_size())) {
+      return at.Error({{"cluster", -1}, {"num_servers", -1}},
+                      absl::StrCat("is ", cluster->num_servers(), " but ",
+                                   cluster->server_addresses_size(),
+                                   " server_addresses are listed; they must agree"));
+    }
+  }
+  if (cluster->num_servers() == 0) {
+    return at.Error({{"cluster", -1}, {"num_servers", -1}},
+                    "must be >= 1 (or list cluster.server_addresses)");
+  }
+  if (cluster->num_servers() > 1024) {
+    return at.Error({{"cluster", -1}, {"num_servers", -1}}, "must be <= 1024");
+  }
+  if (cluster->lease_ms() == 0) cluster->set_lease_ms(3000);
+  if (cluster->pull_wait_ms() == 0) cluster->set_pull_wait_ms(10000);
+  if (cluster->max_message_bytes() == 0) cluster->set_max_message_bytes(256ull << 20);
+  if (cluster->max_message_bytes() > (1ull << 31) - 1) {
+    return at.Error({{"cluster", -1}, {"max_message_bytes", -1}}, "must be < 2 GiB (a gRPC limit)");
+  }
+  if (cluster->rpc_deadline_ms() == 0) cluster->set_rpc_deadline_ms(30000);
+
+  // training (before segments: segments inherit its defaults)
+  auto* training = c.mutable_training();
+  if (training->batch_size() == 0) training->set_batch_size(32);
+  if (training->epochs() == 0) training->set_epochs(1);
+  if (training->staleness() < -1) {
+    return at.Error({{"training", -1}, {"staleness", -1}},
+                    absl::StrCat("must be >= 0, or -1 for unbounded; got ", training->staleness()));
+  }
+  if (training->workers_per_segment() == 0) training->set_workers_per_segment(1);
+  if (training->log_interval_s() <= 0) training->set_log_interval_s(2.0f);
+
+  // model
+  auto* model = c.mutable_model();
+  if (model->input_width() == 0) {
+    return at.Error({{"model", -1}, {"input_width", -1}}, "must be > 0");
+  }
+  if (model->num_classes() < 2) {
+    return at.Error({{"model", -1}, {"num_classes", -1}},
+                    absl::StrCat("must be >= 2, got ", model->num_classes()));
+  }
+  if (model->segments_size() == 0) {
+    return at.Error({{"model", -1}, {"segments", -1}}, "at least one segment is required");
+  }
+  if (model->combine() == v1::COMBINE_UNSPECIFIED) model->set_combine(v1::AVERAGE_SOFTMAX);
+  for (int k = 0; k < model->segments_size(); ++k) {
+    auto* seg = model->mutable_segments(k);
+    if (seg->name().empty()) {
+      return at.Error({{"model", -1}, {"segments", k}, {"name", -1}}, "is required");
+    }
+    for (int j = 0; j < k; ++j) {
+      if (model->segments(j).name() == seg->name()) {
+        return at.Error({{"model", -1}, {"segments", k}, {"name", -1}},
+                        absl::StrCat("\"", seg->name(), "\" is used by segments[", j,
+                                     "] too; names must be unique"));
+      }
+    }
+    if (seg->layers_size() == 0) {
+      return at.Error({{"model", -1}, {"segments", k}, {"layers", -1}},
+                      absl::StrCat("segment \"", seg->name(), "\" needs at least one layer"));
+    }
+    for (int l = 0; l < seg->layers_size(); ++l) {
+      const auto& layer = seg->layers(l);
+      const bool last = l + 1 == seg->layers_size();
+      if (layer.units() == 0 || layer.units() > kMaxLayerUnits) {
+        return at.Error({{"model", -1}, {"segments", k}, {"layers", l}, {"units", -1}},
+                        absl::StrCat("segment \"", seg->name(), "\" layer ", l,
+                                     ": units must be in [1, ", kMaxLayerUnits, "], got ",
+                                     layer.units()));
+      }
+      if (layer.activation() == v1::ACTIVATION_UNSPECIFIED) {
+        return at.Error({{"model", -1}, {"segments", k}, {"layers", l}, {"activation", -1}},
+                        "is required: IDENTITY, RELU, TANH, SIGMOID, or SOFTMAX on the last layer");
+      }
+      if (layer.activation() == v1::SOFTMAX && !last) {
+        return at.Error({{"model", -1}, {"segments", k}, {"layers", l}, {"activation", -1}},
+                        "SOFTMAX is only allowed on a segment's last layer");
+      }
+      if (last && (layer.activation() != v1::SOFTMAX || layer.units() != model->num_classes())) {
+        return at.Error({{"model", -1}, {"segments", k}, {"layers", l}},
+                        absl::StrCat("segment \"", seg->name(),
+                                     "\": the last layer must be SOFTMAX with units == "
+                                     "model.num_classes (",
+                                     model->num_classes(), ")"));
+      }
+    }
+    if (!seg->has_staleness()) seg->set_staleness(training->staleness());
+    if (seg->staleness() < -1) {
+      return at.Error({{"model", -1}, {"segments", k}, {"staleness", -1}},
+                      absl::StrCat("must be >= 0, or -1 for unbounded; got ", seg->staleness()));
+    }
+    if (!seg->has_workers()) seg->set_workers(training->workers_per_segment());
+    if (seg->workers() == 0 || seg->workers() > 4096) {
+      return at.Error({{"model", -1}, {"segments", k}, {"workers", -1}},
+                      absl::StrCat("must be in [1, 4096], got ", seg->workers()));
+    }
+  }
+  if (training->pushes_in_flight() > 64) {
+    return at.Error({{"training", -1}, {"pushes_in_flight", -1}}, "must be <= 64");
+  }
+
+  // optimizer
+  auto* opt = c.mutable_optimizer();
+  switch (opt->kind()) {
+    case v1::SGD:
+    case v1::MOMENTUM:
+      if (!opt->has_learning_rate()) opt->set_learning_rate(0.01f);
+      break;
+    case v1::ADAM:
+    case v1::ADAGRAD:
+      if (!opt->has_learning_rate()) opt->set_learning_rate(0.001f);
+      break;
+    default:
+      return at.Error({{"optimizer", -1}, {"kind", -1}}, "is required: SGD, MOMENTUM, ADAM or ADAGRAD");
+  }
+  if (!opt->has_beta1()) opt->set_beta1(0.9f);
+  if (!opt->has_beta2()) opt->set_beta2(0.999f);
+  if (!opt->has_epsilon()) opt->set_epsilon(1e-7f);
+  if (!opt->has_momentum()) opt->set_momentum(0.9f);
+  if (!opt->has_initial_accumulator()) opt->set_initial_accumulator(0.1f);
+  if (!(opt->learning_rate() > 0)) {
+    return at.Error({{"optimizer", -1}, {"learning_rate", -1}},
+                    absl::StrCat("must be > 0, got ", opt->learning_rate()));
+  }
+  auto in_unit = [](float v) { return v >= 0 && v < 1; };
+  if (!in_unit(opt->beta1())) return at.Error({{"optimizer", -1}, {"beta1", -1}}, "must be in [0, 1)");
+  if (!in_unit(opt->beta2())) return at.Error({{"optimizer", -1}, {"beta2", -1}}, "must be in [0, 1)");
+  if (!in_unit(opt->momentum())) {
+    return at.Error({{"optimizer", -1}, {"momentum", -1}}, "must be in [0, 1)");
+  }
+  if (!(opt->epsilon() > 0)) return at.Error({{"optimizer", -1}, {"epsilon", -1}}, "must be > 0");
+  if (!(opt->weight_decay() >= 0)) {
+    return at.Error({{"optimizer", -1}, {"weight_decay", -1}}, "must be >= 0");
+  }
+  if (!(opt->initial_accumulator() >= 0)) {
+    return at.Error({{"optimizer", -1}, {"initial_accumulator", -1}}, "must be >= 0");
+  }
+
+  // data
+  auto* data = c.mutable_data();
+  if (data->source() == v1::DATA_SOURCE_UNSPECIFIED) {
+    return at.Error({{"data", -1}, {"source", -1}},
+                    "is required: SYNTHETIC_SEED, SYNTHETIC_TEACHER or FASHION_MNIST");
+  }
+  if (data->split() == v1::SPLIT_UNSPECIFIED) data->set_split(v1::BY_SEGMENT);
+  if (data->train_samples() == 0) data->set_train_samples(10000);
+  if (data->test_samples() == 0) data->set_test_samples(2000);
+  if (data->path().empty()) data->set_path("/usr/share/datasets/fashion-mnist");
+  if (data->teacher_hidden() == 0) data->set_teacher_hidden(32);
+  if (!data->has_label_noise()) data->set_label_noise(0.02f);
+  if (!(data->label_noise() >= 0 && data->label_noise() <= 1)) {
+    return at.Error({{"data", -1}, {"label_noise", -1}}, "must be in [0, 1]");
+  }
+  if (!data->has_data_seed()) data->set_data_seed(data->source() == v1::SYNTHETIC_SEED ? 42 : 1);
+  if (data->source() == v1::FASHION_MNIST &&
+      (model->input_width() != 784 || model->num_classes() != 10)) {
+    return at.Error({{"model", -1}, {"input_width", -1}},
+                    "FASHION_MNIST needs model.input_width 784 and model.num_classes 10");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<v1::JobConfig> ParseConfig(absl::string_view text, absl::string_view source_name) {
+  v1::JobConfig config;
+  TextFormat::Parser parser;
+  CollectErrors errors;
+  TextFormat::ParseInfoTree tree;
+  parser.RecordErrorsTo(&errors);
+  parser.WriteLocationsTo(&tree);
+  if (!parser.ParseFromString(std::string(text), &config)) {
+    return absl::InvalidArgumentError(absl::StrCat(source_name, " ", errors.first()));
+  }
+  Locator at(&tree, std::string(source_name));
+  absl::Status status = ValidateAndFill(config, at);
+  if (!status.ok()) return status;
+  return config;
+}
+
+absl::StatusOr<v1::JobConfig> LoadConfig(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat("config file ", path, ": cannot be opened"));
+  std::ostringstream text;
+  text << in.rdbuf();
+  return ParseConfig(text.str(), path);
+}
+
+uint32_t PushesInFlight(const v1::JobConfig& config, int segment) {
+  if (config.training().pushes_in_flight() > 0) return config.training().pushes_in_flight();
+  const int32_t s = StalenessOf(config, segment);
+  if (s < 0) return 8;
+  return static_cast<uint32_t>(std::min(s + 1, 8));
+}
+
+std::string ModelFingerprint(const v1::JobConfig& config) {
+  std::string bytes;
+  {
+    google::protobuf::io::StringOutputStream out(&bytes);
+    google::protobuf::io::CodedOutputStream coded(&out);
+    coded.SetSerializationDeterministic(true);
+    config.model().SerializeToCodedStream(&coded);
+    config.optimizer().SerializeToCodedStream(&coded);
+    coded.WriteVarint64(config.seed());
+  }
+  return HexFingerprint(bytes);
+}
+
+}  // namespace segps

@@ -1,0 +1,42 @@
+// Loading and validating a job config (*.pbtxt, segps.v1.JobConfig).
+//
+// LoadConfig parses, validates and fills in every default, so that the rest
+// of segps reads a complete config and never re-derives defaults. Errors
+// name the file, the line and the field, and say what is allowed.
+#ifndef SEGPS_COMMON_CONFIG_H_
+#define SEGPS_COMMON_CONFIG_H_
+
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "segps/v1/config.pb.h"
+
+namespace segps {
+
+// Reads, parses and validates `path`.
+absl::StatusOr<v1::JobConfig> LoadConfig(const std::string& path);
+
+// Parses and validates config text; `source_name` stands for the file in errors.
+absl::StatusOr<v1::JobConfig> ParseConfig(absl::string_view text, absl::string_view source_name);
+
+// Staleness bound of a segment in a loaded config; -1 means unbounded.
+inline int32_t StalenessOf(const v1::JobConfig& config, int segment) {
+  return config.model().segments(segment).staleness();
+}
+inline uint32_t WorkersOf(const v1::JobConfig& config, int segment) {
+  return config.model().segments(segment).workers();
+}
+
+// The most pushes a worker of `segment` keeps unacknowledged:
+// training.pushes_in_flight, or s + 1 bounded to [1, 8] (8 when unbounded).
+uint32_t PushesInFlight(const v1::JobConfig& config, int segment);
+
+// Hex fingerprint of everything that must agree between servers and workers
+// for their parameters to mean the same thing: the model, the optimizer and
+// the initialisation seed.
+std::string ModelFingerprint(const v1::JobConfig& config);
+
+}  // namespace segps
+
+#endif  // SEGPS_COMMON_CONFIG_H_

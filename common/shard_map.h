@@ -1,0 +1,77 @@
+// The shard map: where every parameter of every segment lives.
+//
+// A segment's parameters are flattened in a fixed order (per dense layer:
+// kernel [fan_in, units] row-major, then bias [units]) into one vector of n
+// elements, which is cut into S contiguous ranges, one per server, balanced by
+// element count: server i holds [i*q + min(i, r), ...) with q = n / S and
+// r = n % S, so no server holds more than ceil(n / S). A tensor may straddle
+// two servers. The map is a pure function of (model, S): every process
+// computes the same one, and its fingerprint proves it.
+//
+// Thread safety: immutable after Create; safe to share.
+#ifndef SEGPS_COMMON_SHARD_MAP_H_
+#define SEGPS_COMMON_SHARD_MAP_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "segps/v1/config.pb.h"
+
+namespace segps {
+
+struct Range {
+  uint64_t offset = 0;
+  uint64_t count = 0;
+  uint64_t end() const { return offset + count; }
+};
+
+// One tensor of a segment in the flat order.
+struct TensorLayout {
+  uint32_t layer = 0;
+  bool is_bias = false;
+  uint64_t offset = 0;  // within the segment's flat vector
+  uint64_t rows = 0;    // fan_in for a kernel, 1 for a bias
+  uint64_t cols = 0;    // units
+  uint64_t size() const { return rows * cols; }
+};
+
+class ShardMap {
+ public:
+  static absl::StatusOr<ShardMap> Create(const v1::ModelConfig& model, uint32_t num_servers);
+
+  uint32_t num_servers() const { return num_servers_; }
+  int num_segments() const { return static_cast<int>(segments_.size()); }
+  // Elements in segment k's flat vector.
+  uint64_t segment_size(int k) const { return segments_[k].size; }
+  const std::vector<TensorLayout>& tensors(int k) const { return segments_[k].tensors; }
+  // The range server `server` holds of segment k.
+  Range range(int k, uint32_t server) const { return segments_[k].ranges[server]; }
+  // Hex digest of (model, S, every range).
+  const std::string& fingerprint() const { return fingerprint_; }
+
+ private:
+  struct Segment {
+    uint64_t size = 0;
+    std::vector<TensorLayout> tensors;
+    std::vector<Range> ranges;
+  };
+  uint32_t num_servers_ = 0;
+  std::vector<Segment> segments_;
+  std::string fingerprint_;
+};
+
+// Balanced contiguous cut of n elements over `parts` (the rule above).
+Range BalancedRange(uint64_t n, uint32_t parts, uint32_t index);
+
+// Fills `out` with the initial values of segment k's elements
+// [offset, offset + out.size()): Glorot-uniform kernels, zero biases, each
+// element a function of (seed, segment, tensor, element index) only, so the
+// model is the same however it is sharded.
+void InitializeRange(const ShardMap& map, int segment, uint64_t offset, uint64_t seed,
+                     float* out, uint64_t count);
+
+}  // namespace segps
+
+#endif  // SEGPS_COMMON_SHARD_MAP_H_

@@ -1,0 +1,93 @@
+// segps-server: one parameter server process of a segps cluster.
+//
+//   segps-server --config job.pbtxt --index I [--listen ADDR]
+//
+// Prints "segps-server listening on HOST:PORT" on stdout once it serves, and
+// shuts down cleanly on SIGTERM or SIGINT.
+#include <signal.h>
+
+#include <cstdio>
+#include <iostream>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
+#include "common/config.h"
+#include "common/log.h"
+#include "server/grpc_service.h"
+#include "server/parameter_server.h"
+
+ABSL_FLAG(std::string, config, "", "Job config file (*.pbtxt). Required.");
+ABSL_FLAG(int32_t, index, -1, "This server's index in [0, cluster.num_servers). Required.");
+ABSL_FLAG(std::string, listen, "",
+          "host:port to serve on. Default: cluster.server_addresses[index] if listed, else "
+          "127.0.0.1:0 (a free loopback port). Use 0.0.0.0:PORT to serve other hosts.");
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "segps parameter server.\n  segps-server --config FILE --index I [--listen HOST:PORT]");
+  std::vector<char*> positional = absl::ParseCommandLine(argc, argv);
+  if (positional.size() > 1) {
+    std::cerr << "segps-server: unexpected argument '" << positional[1] << "' (see --help)\n";
+    return 2;
+  }
+  const std::string config_path = absl::GetFlag(FLAGS_config);
+  if (config_path.empty()) {
+    std::cerr << "segps-server: --config is required (see --help)\n";
+    return 2;
+  }
+  absl::StatusOr<segps::v1::JobConfig> config = segps::LoadConfig(config_path);
+  if (!config.ok()) {
+    std::cerr << "segps-server: " << config.status().message() << "\n";
+    return 2;
+  }
+  const int32_t index = absl::GetFlag(FLAGS_index);
+  if (index < 0 || index >= static_cast<int32_t>(config->cluster().num_servers())) {
+    std::cerr << "segps-server: --index must be in [0, " << config->cluster().num_servers()
+              << ") for this config, got " << index << "\n";
+    return 2;
+  }
+  std::string listen = absl::GetFlag(FLAGS_listen);
+  if (listen.empty()) {
+    listen = index < config->cluster().server_addresses_size()
+                 ? config->cluster().server_addresses(index)
+                 : "127.0.0.1:0";
+  }
+
+  // Block the shutdown signals before gRPC starts its threads, so that only
+  // sigwait below receives them.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  absl::StatusOr<std::unique_ptr<segps::ParameterServer>> server =
+      segps::ParameterServer::Create(*config, static_cast<uint32_t>(index));
+  if (!server.ok()) {
+    std::cerr << "segps-server: " << server.status().message() << "\n";
+    return 1;
+  }
+  absl::StatusOr<std::unique_ptr<segps::RunningServer>> running =
+      segps::StartGrpcServer(server->get(), listen);
+  if (!running.ok()) {
+    std::cerr << "segps-server: " << running.status().message() << "\n";
+    return 1;
+  }
+  uint64_t elements = 0;
+  for (int k = 0; k < (*server)->shard_map().num_segments(); ++k) {
+    elements += (*server)->shard_map().range(k, index).count;
+  }
+  SEGPS_LOG_INFO << "server " << index << " of " << config->cluster().num_servers() << " holds "
+                 << elements << " parameters of " << (*server)->shard_map().num_segments()
+                 << " segments; shard map " << (*server)->shard_map().fingerprint();
+  std::cout << "segps-server listening on " << (*running)->address() << std::endl;
+
+  int received = 0;
+  sigwait(&signals, &received);
+  SEGPS_LOG_INFO << "server " << index << ": " << (received == SIGINT ? "SIGINT" : "SIGTERM")
+                 << ", shutting down";
+  (*running)->Shutdown(absl::Seconds(1));
+  return 0;
+}

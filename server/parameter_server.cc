@@ -1,0 +1,171 @@
+#include "server/parameter_server.h"
+
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "common/config.h"
+#include "common/tensor_bytes.h"
+#include "server/optimizer.h"
+
+namespace segps {
+
+ParameterServer::ParameterServer(v1::JobConfig config, uint32_t index, ShardMap map)
+    : config_(std::move(config)), index_(index), map_(std::move(map)),
+      model_fingerprint_(ModelFingerprint(config_)),
+      max_wait_(absl::Milliseconds(config_.cluster().pull_wait_ms())) {}
+
+absl::StatusOr<std::unique_ptr<ParameterServer>> ParameterServer::Create(
+    const v1::JobConfig& config, uint32_t index) {
+  if (index >= config.cluster().num_servers()) {
+    return absl::InvalidArgumentError(absl::StrCat("server index ", index, " is out of range: the config has ",
+                                                   config.cluster().num_servers(), " servers"));
+  }
+  absl::StatusOr<ShardMap> map = ShardMap::Create(config.model(), config.cluster().num_servers());
+  if (!map.ok()) return map.status();
+  std::unique_ptr<ParameterServer> server(new ParameterServer(config, index, *std::move(map)));
+  const int segments = server->map_.num_segments();
+  server->rejected_ = std::make_unique<std::atomic<uint64_t>[]>(segments + 1);
+  for (int k = 0; k < segments; ++k) {
+    ShardOptions options;
+    options.segment = k;
+    options.range = server->map_.range(k, index);
+    options.staleness = StalenessOf(config, k);
+    options.max_clock_ahead = PushesInFlight(config, k) + 1;
+    options.lease = absl::Milliseconds(config.cluster().lease_ms());
+    std::vector<float> values(options.range.count);
+    InitializeRange(server->map_, k, options.range.offset, config.seed(), values.data(),
+                    values.size());
+    absl::StatusOr<std::unique_ptr<Optimizer>> optimizer =
+        CreateOptimizer(config.optimizer(), options.range.count);
+    if (!optimizer.ok()) return optimizer.status();
+    server->shards_.push_back(
+        std::make_unique<SegmentShard>(options, std::move(values), *std::move(optimizer)));
+  }
+  return server;
+}
+
+absl::StatusOr<SegmentShard*> ParameterServer::ShardFor(uint32_t segment, const char* call) {
+  if (segment >= shards_.size()) {
+    return absl::NotFoundError(absl::StrCat(call, ": unknown segment ", segment, "; the model has ",
+                                            shards_.size(), " segments"));
+  }
+  return shards_[segment].get();
+}
+
+absl::Status ParameterServer::Reject(uint32_t segment, absl::Status status) {
+  rejected_[std::min<size_t>(segment, shards_.size())].fetch_add(1, std::memory_order_relaxed);
+  return status;
+}
+
+absl::Status ParameterServer::Register(const v1::RegisterRequest& request,
+                                       v1::RegisterResponse* response) {
+  absl::StatusOr<SegmentShard*> shard = ShardFor(request.segment(), "Register");
+  if (!shard.ok()) return Reject(request.segment(), shard.status());
+  if (request.model_fingerprint() != model_fingerprint_) {
+    return Reject(request.segment(), absl::FailedPreconditionError(absl::StrCat(
+        "Register: model fingerprint ", request.model_fingerprint(),
+        " does not match this server's ", model_fingerprint_,
+        ": worker and server were started with different model, optimizer or seed")));
+  }
+  if (request.shard_fingerprint() != map_.fingerprint()) {
+    return Reject(request.segment(), absl::FailedPreconditionError(absl::StrCat(
+        "Register: shard-map fingerprint ", request.shard_fingerprint(),
+        " does not match this server's ", map_.fingerprint(),
+        ": the worker assumes a different number of servers (this cluster has ",
+        map_.num_servers(), ")")));
+  }
+  const uint32_t workers = WorkersOf(config_, request.segment());
+  if (request.rank() >= workers) {
+    return Reject(request.segment(), absl::InvalidArgumentError(absl::StrCat(
+        "Register: rank ", request.rank(), " is out of range: segment ", request.segment(),
+        " has ", workers, " workers")));
+  }
+  const uint64_t id = next_worker_id_.fetch_add(1);
+  std::optional<uint64_t> join;
+  if (request.has_join_clock()) join = request.join_clock();
+  const uint64_t start = (*shard)->Register(id, request.rank(), join);
+  const Range range = map_.range(request.segment(), index_);
+  response->set_worker_id(id);
+  response->set_start_clock(start);
+  response->set_server_index(index_);
+  response->set_offset(range.offset);
+  response->set_count(range.count);
+  response->set_lease_ms(config_.cluster().lease_ms());
+  return absl::OkStatus();
+}
+
+absl::Status ParameterServer::Pull(const v1::PullRequest& request, absl::Time deadline,
+                                   v1::PullResponse* response) {
+  absl::StatusOr<SegmentShard*> shard = ShardFor(request.segment(), "Pull");
+  if (!shard.ok()) return Reject(request.segment(), shard.status());
+  if (request.reader() != (request.worker_id() == 0)) {
+    return Reject(request.segment(), absl::InvalidArgumentError(
+        "Pull: a reader pull has worker_id 0 and a worker pull has its registered worker_id"));
+  }
+  absl::StatusOr<PullResult> result =
+      (*shard)->Pull(request.worker_id(), request.clock(), deadline, response->mutable_values());
+  if (!result.ok()) {
+    return absl::IsUnavailable(result.status()) ? result.status()
+                                                : Reject(request.segment(), result.status());
+  }
+  response->set_clock(result->clock);
+  response->set_updates(result->updates);
+  return absl::OkStatus();
+}
+
+absl::Status ParameterServer::Push(const v1::PushRequest& request, absl::Time deadline,
+                                   v1::PushResponse* response) {
+  absl::StatusOr<SegmentShard*> shard = ShardFor(request.segment(), "Push");
+  if (!shard.ok()) return Reject(request.segment(), shard.status());
+  const Range range = map_.range(request.segment(), index_);
+  absl::Status valid = ValidateFloat32Slice(request.gradient(), range.offset, range.count, "Push gradient");
+  if (!valid.ok()) return Reject(request.segment(), valid);
+  std::string scratch;
+  absl::Span<const float> grad = Float32View(request.gradient(), &scratch);
+  for (size_t i = 0; i < grad.size(); ++i) {
+    if (!std::isfinite(grad[i])) {
+      return Reject(request.segment(), absl::InvalidArgumentError(absl::StrCat(
+          "Push gradient: element ", range.offset + i, " of segment ", request.segment(), " is ",
+          grad[i], "; gradients must be finite (nothing was applied)")));
+    }
+  }
+  absl::StatusOr<PushResult> result =
+      (*shard)->Push(request.worker_id(), request.clock(), grad, deadline);
+  if (!result.ok()) return Reject(request.segment(), result.status());
+  response->set_applied(result->applied);
+  response->set_next_clock(result->next_clock);
+  return absl::OkStatus();
+}
+
+absl::Status ParameterServer::Heartbeat(const v1::HeartbeatRequest& request,
+                                        v1::HeartbeatResponse* response) {
+  for (auto& shard : shards_) {
+    if (shard->Renew(request.worker_id())) {
+      response->set_live(true);
+      return absl::OkStatus();
+    }
+  }
+  response->set_live(false);
+  return absl::OkStatus();
+}
+
+absl::Status ParameterServer::Leave(const v1::LeaveRequest& request) {
+  for (auto& shard : shards_) {
+    if (shard->Leave(request.worker_id())) return absl::OkStatus();
+  }
+  return absl::NotFoundError(absl::StrCat("Leave: worker ", request.worker_id(), " is not registered"));
+}
+
+void ParameterServer::Stats(v1::StatsResponse* response) {
+  response->set_server_index(index_);
+  response->set_model_fingerprint(model_fingerprint_);
+  response->set_shard_fingerprint(map_.fingerprint());
+  for (size_t k = 0; k < shards_.size(); ++k) {
+    v1::SegmentStats* stats = response->add_segments();
+    shards_[k]->FillStats(stats, response->mutable_workers());
+    stats->set_name(config_.model().segments(k).name());
+    stats->set_rejected(rejected_[k].load(std::memory_order_relaxed));
+  }
+}
+
+}  // namespace segps

@@ -1,0 +1,66 @@
+// The parameter server's core, independent of the transport: validates every
+// request against the config and the shard map, and routes it to the
+// segment's shard. The gRPC service (grpc_service.h) is a thin adapter.
+//
+// Thread safety: all methods may be called concurrently; shards lock
+// themselves, nothing here locks the whole store.
+#ifndef SEGPS_SERVER_PARAMETER_SERVER_H_
+#define SEGPS_SERVER_PARAMETER_SERVER_H_
+
+#include <atomic>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "common/shard_map.h"
+#include "segps/v1/config.pb.h"
+#include "segps/v1/parameter_server.pb.h"
+#include "server/segment_shard.h"
+
+namespace segps {
+
+class ParameterServer {
+ public:
+  // `config` must come from LoadConfig. Allocates and initialises this
+  // server's ranges of every segment.
+  static absl::StatusOr<std::unique_ptr<ParameterServer>> Create(const v1::JobConfig& config,
+                                                                 uint32_t index);
+
+  // Each call validates its request; a rejected call changes nothing.
+  // `deadline` bounds any wait (the client's deadline, capped by
+  // cluster.pull_wait_ms).
+  absl::Status Register(const v1::RegisterRequest& request, v1::RegisterResponse* response);
+  absl::Status Pull(const v1::PullRequest& request, absl::Time deadline,
+                    v1::PullResponse* response);
+  absl::Status Push(const v1::PushRequest& request, absl::Time deadline,
+                    v1::PushResponse* response);
+  absl::Status Heartbeat(const v1::HeartbeatRequest& request, v1::HeartbeatResponse* response);
+  absl::Status Leave(const v1::LeaveRequest& request);
+  void Stats(v1::StatsResponse* response);
+
+  uint32_t index() const { return index_; }
+  const v1::JobConfig& config() const { return config_; }
+  const ShardMap& shard_map() const { return map_; }
+  absl::Duration max_wait() const { return max_wait_; }
+  SegmentShard& shard(int segment) { return *shards_[segment]; }
+
+ private:
+  ParameterServer(v1::JobConfig config, uint32_t index, ShardMap map);
+  absl::StatusOr<SegmentShard*> ShardFor(uint32_t segment, const char* call);
+  absl::Status Reject(uint32_t segment, absl::Status status);
+
+  const v1::JobConfig config_;
+  const uint32_t index_;
+  const ShardMap map_;
+  const std::string model_fingerprint_;
+  const absl::Duration max_wait_;
+  std::vector<std::unique_ptr<SegmentShard>> shards_;
+  std::unique_ptr<std::atomic<uint64_t>[]> rejected_;
+  std::atomic<uint64_t> next_worker_id_{1};
+};
+
+}  // namespace segps
+
+#endif  // SEGPS_SERVER_PARAMETER_SERVER_H_

@@ -1,0 +1,218 @@
+#include "server/segment_shard.h"
+
+#include <algorithm>
+#include <limits>
+
+#include "absl/strings/str_cat.h"
+#include "common/tensor_bytes.h"
+
+namespace segps {
+
+SegmentShard::SegmentShard(const ShardOptions& options, std::vector<float> initial,
+                           std::unique_ptr<Optimizer> optimizer)
+    : options_(options), values_(std::move(initial)), optimizer_(std::move(optimizer)) {}
+
+absl::Time SegmentShard::ExpireLeases(absl::Time now) {
+  absl::Time earliest = absl::InfiniteFuture();
+  for (auto& [id, w] : workers_) {
+    if (!w.live) continue;
+    const absl::Time expiry = w.last_seen + options_.lease;
+    if (expiry <= now) {
+      w.live = false;
+      changed_.SignalAll();
+    } else {
+      earliest = std::min(earliest, expiry);
+    }
+  }
+  return earliest;
+}
+
+uint64_t SegmentShard::SegmentClock() const {
+  uint64_t clock = std::numeric_limits<uint64_t>::max();
+  for (const auto& [id, w] : workers_) {
+    if (w.live) clock = std::min(clock, w.next_clock);
+  }
+  return clock == std::numeric_limits<uint64_t>::max() ? highest_clock_ : clock;
+}
+
+uint64_t SegmentShard::Laggard() const {
+  uint64_t laggard = 0, clock = std::numeric_limits<uint64_t>::max();
+  for (const auto& [id, w] : workers_) {
+    if (w.live && w.next_clock < clock) {
+      clock = w.next_clock;
+      laggard = id;
+    }
+  }
+  return laggard;
+}
+
+absl::StatusOr<SegmentShard::Worker*> SegmentShard::FindLive(uint64_t id, absl::Time now,
+                                                             const char* call) {
+  auto it = workers_.find(id);
+  if (it == workers_.end()) {
+    return absl::NotFoundError(absl::StrCat(call, ": worker ", id, " is not registered for segment ",
+                                            options_.segment, "; call Register first"));
+  }
+  Worker& w = it->second;
+  if (w.live && w.last_seen + options_.lease <= now) w.live = false;
+  if (!w.live) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(call, ": worker ", id, " (segment ", options_.segment, " rank ", w.rank,
+                     ") lost its lease (no call for ", absl::FormatDuration(options_.lease),
+                     "); register again to rejoin"));
+  }
+  w.last_seen = now;
+  return &w;
+}
+
+uint64_t SegmentShard::Register(uint64_t id, uint32_t rank, std::optional<uint64_t> join_clock) {
+  absl::MutexLock lock(&mu_);
+  const absl::Time now = absl::Now();
+  ExpireLeases(now);
+  for (auto it = workers_.begin(); it != workers_.end();) {
+    it = it->second.rank == rank ? workers_.erase(it) : std::next(it);
+  }
+  const uint64_t start = join_clock.value_or(SegmentClock());
+  Worker w;
+  w.rank = rank;
+  w.next_clock = start;
+  w.last_pull_clock = start;
+  w.last_seen = now;
+  workers_[id] = w;
+  highest_clock_ = std::max(highest_clock_, start);
+  changed_.SignalAll();
+  return start;
+}
+
+absl::StatusOr<PullResult> SegmentShard::Pull(uint64_t id, uint64_t clock, absl::Time deadline,
+                                              v1::TensorSlice* out) {
+  absl::MutexLock lock(&mu_);
+  absl::Time now = absl::Now();
+  if (id != 0) {
+    absl::StatusOr<Worker*> w = FindLive(id, now, "Pull");
+    if (!w.ok()) return w.status();
+    if (clock < (*w)->last_pull_clock) {
+      return absl::InvalidArgumentError(absl::StrCat("Pull: clock ", clock, " of worker ", id,
+                                                     " goes backwards (last pull was for clock ",
+                                                     (*w)->last_pull_clock, ")"));
+    }
+    if (clock > (*w)->next_clock + options_.max_clock_ahead) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "Pull: clock ", clock, " of worker ", id, " skips ahead of its pushes (next push is clock ",
+          (*w)->next_clock, ", at most ", options_.max_clock_ahead, " may be in flight)"));
+    }
+    (*w)->last_pull_clock = clock;
+    const uint64_t needed =
+        options_.staleness < 0 || clock <= static_cast<uint64_t>(options_.staleness)
+            ? 0
+            : clock - static_cast<uint64_t>(options_.staleness);
+    const absl::Time wait_start = now;
+    while (true) {
+      const absl::Time next_expiry = ExpireLeases(now);
+      if (SegmentClock() >= needed) break;
+      if (now >= deadline) {
+        blocked_ += now - wait_start;
+        return absl::UnavailableError(absl::StrCat(
+            "Pull: segment ", options_.segment, " clock ", SegmentClock(), " is below ", needed,
+            " needed for clock ", clock, " with staleness ", options_.staleness,
+            "; waiting for worker ", Laggard()));
+      }
+      changed_.WaitWithDeadline(&mu_, std::min(deadline, next_expiry));
+      now = absl::Now();
+      // A worker waiting on its peers is alive: its lease runs while it waits.
+      auto it = workers_.find(id);
+      if (it == workers_.end() || !it->second.live) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("Pull: worker ", id, " was replaced or left while waiting"));
+      }
+      it->second.last_seen = now;
+    }
+    blocked_ += now - wait_start;
+  }
+  ++pulls_;
+  EncodeFloat32(values_, options_.range.offset, out);
+  PullResult result;
+  result.clock = SegmentClock();
+  result.updates = optimizer_->steps();
+  return result;
+}
+
+absl::StatusOr<PushResult> SegmentShard::Push(uint64_t id, uint64_t clock,
+                                              absl::Span<const float> grad, absl::Time deadline) {
+  absl::MutexLock lock(&mu_);
+  absl::Time now = absl::Now();
+  absl::StatusOr<Worker*> found = FindLive(id, now, "Push");
+  if (!found.ok()) return found.status();
+  Worker* w = *found;
+  if (clock < w->next_clock) return PushResult{false, w->next_clock};  // a retry: already applied
+  if (clock > w->next_clock + options_.max_clock_ahead) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("Push: clock ", clock, " of worker ", id, " skips ahead: expected clock ",
+                     w->next_clock, " (at most ", options_.max_clock_ahead, " pushes in flight)"));
+  }
+  // Pushes of one worker may overtake each other on the wire: wait for the predecessors.
+  while (w->next_clock != clock) {
+    if (now >= deadline) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("Push: clock ", clock, " of worker ", id, " skips clock ", w->next_clock,
+                       ", which never arrived"));
+    }
+    changed_.WaitWithDeadline(&mu_, deadline);
+    now = absl::Now();
+    auto it = workers_.find(id);
+    if (it == workers_.end() || !it->second.live) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("Push: worker ", id, " was replaced or left while waiting"));
+    }
+    w = &it->second;
+    w->last_seen = now;
+    if (clock < w->next_clock) return PushResult{false, w->next_clock};
+  }
+  optimizer_->Apply(absl::MakeSpan(values_), grad);
+  ++pushes_;
+  ++w->next_clock;
+  highest_clock_ = std::max(highest_clock_, w->next_clock);
+  changed_.SignalAll();
+  return PushResult{true, w->next_clock};
+}
+
+bool SegmentShard::Renew(uint64_t id) {
+  absl::MutexLock lock(&mu_);
+  return FindLive(id, absl::Now(), "Heartbeat").ok();
+}
+
+bool SegmentShard::Leave(uint64_t id) {
+  absl::MutexLock lock(&mu_);
+  if (workers_.erase(id) == 0) return false;
+  changed_.SignalAll();
+  return true;
+}
+
+void SegmentShard::FillStats(v1::SegmentStats* stats,
+                             google::protobuf::RepeatedPtrField<v1::WorkerStats>* workers) {
+  absl::MutexLock lock(&mu_);
+  ExpireLeases(absl::Now());
+  stats->set_segment(options_.segment);
+  stats->set_offset(options_.range.offset);
+  stats->set_count(options_.range.count);
+  stats->set_clock(SegmentClock());
+  stats->set_updates(optimizer_->steps());
+  stats->set_pulls(pulls_);
+  stats->set_pushes(pushes_);
+  stats->set_blocked_us(absl::ToInt64Microseconds(blocked_));
+  for (const auto& [id, w] : workers_) {
+    v1::WorkerStats* ws = workers->Add();
+    ws->set_worker_id(id);
+    ws->set_segment(options_.segment);
+    ws->set_rank(w.rank);
+    ws->set_next_clock(w.next_clock);
+    ws->set_live(w.live);
+  }
+}
+
+std::vector<float> SegmentShard::Snapshot() {
+  absl::MutexLock lock(&mu_);
+  return values_;
+}
+
+}  // namespace segps

@@ -1,0 +1,128 @@
+// One server's range of one segment: the parameter values, the optimizer
+// state for them, and the stale-synchronous-parallel clocks of the segment's
+// workers as this server sees them.
+//
+// Clocks. A worker's clock counts its steps. Its push for step k carries
+// clock k; the shard applies a worker's pushes in clock order, each at most
+// once, and next_clock(w) is the clock it expects next. The segment clock is
+// the minimum next_clock over live workers. A pull for clock c with staleness
+// bound s returns once the segment clock is >= c - s, that is once every live
+// worker has pushed every step older than c - s (s = -1: never waits).
+//
+// Liveness. A worker is live while it renews its lease (any call) within the
+// lease period. When a lease runs out the worker stops counting towards the
+// segment clock, so a crashed worker cannot hold the others back; its later
+// calls fail with FAILED_PRECONDITION until it registers again.
+//
+// Thread safety: every method is safe to call concurrently. One mutex guards
+// the whole shard, so applies, pulls and clock changes of one segment on one
+// server are serialised while other segments proceed independently. Waiters
+// (pulls behind the bound, pushes that arrived ahead of their predecessor)
+// sleep on a condition variable with a deadline and never hold the mutex.
+#ifndef SEGPS_SERVER_SEGMENT_SHARD_H_
+#define SEGPS_SERVER_SEGMENT_SHARD_H_
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "common/shard_map.h"
+#include "segps/v1/parameter_server.pb.h"
+#include "server/optimizer.h"
+
+namespace segps {
+
+struct ShardOptions {
+  int segment = 0;
+  Range range;
+  int32_t staleness = 0;           // -1: unbounded
+  uint32_t max_clock_ahead = 8;    // how far a push or pull may run ahead of next_clock
+  absl::Duration lease = absl::Seconds(3);
+};
+
+struct PullResult {
+  uint64_t clock = 0;
+  uint64_t updates = 0;
+};
+
+struct PushResult {
+  bool applied = false;
+  uint64_t next_clock = 0;
+};
+
+class SegmentShard {
+ public:
+  // `initial` holds range.count values.
+  SegmentShard(const ShardOptions& options, std::vector<float> initial,
+               std::unique_ptr<Optimizer> optimizer);
+
+  // Registers worker `id` as `rank`, replacing any earlier registration of
+  // that rank. Returns the clock the worker starts at: `join_clock` if given,
+  // else the segment clock.
+  uint64_t Register(uint64_t id, uint32_t rank, std::optional<uint64_t> join_clock);
+
+  // Copies the range into `out` once the staleness bound allows a worker at
+  // `clock` to compute (id 0: a reader, which never waits). UNAVAILABLE when
+  // `deadline` passes first, naming the worker it waited for.
+  absl::StatusOr<PullResult> Pull(uint64_t id, uint64_t clock, absl::Time deadline,
+                                  v1::TensorSlice* out);
+
+  // Applies `grad` (range.count finite values, checked by the caller) as the
+  // worker's step `clock`. A push that arrives ahead of its predecessor waits
+  // for it until `deadline`.
+  absl::StatusOr<PushResult> Push(uint64_t id, uint64_t clock, absl::Span<const float> grad,
+                                  absl::Time deadline);
+
+  // Renews a lease; false when the worker is unknown here or no longer live.
+  bool Renew(uint64_t id);
+  // Removes a worker; false when unknown here.
+  bool Leave(uint64_t id);
+
+  void FillStats(v1::SegmentStats* stats, google::protobuf::RepeatedPtrField<v1::WorkerStats>* workers);
+  const ShardOptions& options() const { return options_; }
+
+  // Copies the current values (tests, tools).
+  std::vector<float> Snapshot();
+
+ private:
+  struct Worker {
+    uint32_t rank = 0;
+    uint64_t next_clock = 0;
+    uint64_t last_pull_clock = 0;
+    absl::Time last_seen;
+    bool live = true;
+  };
+
+  // Marks workers whose lease ran out as not live; returns the earliest time
+  // a still-live worker's lease can run out.
+  absl::Time ExpireLeases(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Minimum next_clock of live workers; the highest clock reached when none is live.
+  uint64_t SegmentClock() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The live worker holding the segment clock back (for error messages).
+  uint64_t Laggard() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<Worker*> FindLive(uint64_t id, absl::Time now, const char* call)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const ShardOptions options_;
+
+  absl::Mutex mu_;
+  absl::CondVar changed_;
+  std::vector<float> values_ ABSL_GUARDED_BY(mu_);
+  std::unique_ptr<Optimizer> optimizer_ ABSL_GUARDED_BY(mu_);
+  std::map<uint64_t, Worker> workers_ ABSL_GUARDED_BY(mu_);
+  uint64_t highest_clock_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t pulls_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t pushes_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Duration blocked_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace segps
+
+#endif  // SEGPS_SERVER_SEGMENT_SHARD_H_
