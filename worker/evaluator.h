@@ -1,0 +1,38 @@
+// Evaluates trained segments on a test set, alone and as the ensemble the
+// config describes (the average of the segments' softmax outputs).
+#ifndef SEGPS_WORKER_EVALUATOR_H_
+#define SEGPS_WORKER_EVALUATOR_H_
+
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "segps/v1/config.pb.h"
+#include "worker/backend.h"
+#include "worker/dataset.h"
+
+namespace segps {
+
+struct Score {
+  std::string name;
+  double accuracy = 0;
+  double loss = 0;  // mean cross-entropy
+};
+
+struct EvalReport {
+  std::vector<Score> segments;
+  Score ensemble;
+  uint64_t samples = 0;
+  double chance = 0;  // accuracy of guessing the most frequent test label
+};
+
+// `params[k]` holds segment k's flat parameters.
+absl::StatusOr<EvalReport> Evaluate(const v1::JobConfig& config, const Dataset& test,
+                                    const std::vector<std::vector<float>>& params, Backend* backend);
+
+// The report as JSON (for files and tools).
+std::string ToJson(const v1::JobConfig& config, const EvalReport& report);
+
+}  // namespace segps
+
+#endif  // SEGPS_WORKER_EVALUATOR_H_

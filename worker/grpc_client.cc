@@ -1,0 +1,236 @@
+// ParameterClient over gRPC: the callback API fans each call out to every
+// server concurrently; the calling thread waits for all replies.
+#include <grpcpp/grpcpp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/blocking_counter.h"
+#include "absl/time/clock.h"
+#include "common/config.h"
+#include "common/grpc_status.h"
+#include "common/tensor_bytes.h"
+#include "segps/v1/parameter_server.grpc.pb.h"
+#include "worker/ps_client.h"
+
+namespace segps {
+namespace {
+
+class GrpcEncodedPush final : public EncodedPush {
+ public:
+  uint64_t clock() const override { return clock_; }
+  uint64_t clock_ = 0;
+  std::vector<v1::PushRequest> requests;  // one per server
+};
+
+class GrpcClient final : public ParameterClient {
+ public:
+  GrpcClient(const v1::JobConfig& config, ShardMap map, std::vector<std::string> addresses)
+      : config_(config), map_(std::move(map)), addresses_(std::move(addresses)),
+        fingerprint_(ModelFingerprint(config)),
+        rpc_deadline_(absl::Milliseconds(config.cluster().rpc_deadline_ms())),
+        pull_wait_(absl::Milliseconds(config.cluster().pull_wait_ms())) {
+    grpc::ChannelArguments args;
+    args.SetMaxReceiveMessageSize(static_cast<int>(config.cluster().max_message_bytes()));
+    args.SetMaxSendMessageSize(static_cast<int>(config.cluster().max_message_bytes()));
+    for (const std::string& address : addresses_) {
+      stubs_.push_back(v1::ParameterServer::NewStub(
+          grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args)));
+    }
+    worker_ids_.assign(addresses_.size(), 0);
+  }
+
+  absl::StatusOr<uint64_t> Register(int segment, uint32_t rank) override {
+    if (segment < 0 || segment >= map_.num_segments()) {
+      return absl::InvalidArgumentError(absl::StrCat("segment ", segment, " is out of range"));
+    }
+    v1::RegisterRequest request;
+    request.set_segment(segment);
+    request.set_rank(rank);
+    request.set_model_fingerprint(fingerprint_);
+    request.set_shard_fingerprint(map_.fingerprint());
+    uint64_t start = 0;
+    // Server 0 picks the clock; the others are told to join at the same one.
+    for (size_t i = 0; i < stubs_.size(); ++i) {
+      if (i > 0) request.set_join_clock(start);
+      v1::RegisterResponse response;
+      absl::Status status = WithRetries(rpc_deadline_ * 4, [&](absl::Duration left) {
+        grpc::ClientContext context;
+        context.set_deadline(absl::ToChronoTime(absl::Now() + std::min(left, rpc_deadline_)));
+        context.set_wait_for_ready(true);  // servers may still be starting
+        return FromGrpcStatus(stubs_[i]->Register(&context, request, &response));
+      });
+      if (!status.ok()) return Annotate(status, i, "Register");
+      worker_ids_[i] = response.worker_id();
+      if (i == 0) start = response.start_clock();
+    }
+    return start;
+  }
+
+  absl::StatusOr<uint64_t> Pull(int segment, uint64_t clock, absl::Span<float> dest) override {
+    if (dest.size() != map_.segment_size(segment)) {
+      return absl::InvalidArgumentError("Pull: destination size does not match the segment");
+    }
+    std::vector<v1::PullRequest> requests(stubs_.size());
+    for (size_t i = 0; i < stubs_.size(); ++i) {
+      requests[i].set_segment(segment);
+      requests[i].set_worker_id(worker_ids_[i]);
+      requests[i].set_reader(worker_ids_[i] == 0);
+      requests[i].set_clock(clock);
+    }
+    std::vector<v1::PullResponse> responses(stubs_.size());
+    absl::Status status = FanOut(
+        "Pull", pull_wait_ * 6 + rpc_deadline_, pull_wait_ + rpc_deadline_,
+        [&](size_t i, grpc::ClientContext* context, std::function<void(grpc::Status)> done) {
+          stubs_[i]->async()->Pull(context, &requests[i], &responses[i], std::move(done));
+        });
+    if (!status.ok()) return status;
+    uint64_t min_clock = UINT64_MAX;
+    for (size_t i = 0; i < stubs_.size(); ++i) {
+      const Range range = map_.range(segment, static_cast<uint32_t>(i));
+      absl::Status valid = ValidateFloat32Slice(responses[i].values(), range.offset, range.count, "Pull reply");
+      if (!valid.ok()) return Annotate(valid, i, "Pull");
+      DecodeFloat32(responses[i].values(), dest.subspan(range.offset, range.count));
+      min_clock = std::min(min_clock, responses[i].clock());
+    }
+    return min_clock;
+  }
+
+  std::unique_ptr<EncodedPush> Encode(int segment, uint64_t clock,
+                                      absl::Span<const float> grad) override {
+    auto push = std::make_unique<GrpcEncodedPush>();
+    push->clock_ = clock;
+    push->requests.resize(stubs_.size());
+    for (size_t i = 0; i < stubs_.size(); ++i) {
+      const Range range = map_.range(segment, static_cast<uint32_t>(i));
+      v1::PushRequest& request = push->requests[i];
+      request.set_segment(segment);
+      request.set_worker_id(worker_ids_[i]);
+      request.set_clock(clock);
+      EncodeFloat32(grad.subspan(range.offset, range.count), range.offset, request.mutable_gradient());
+    }
+    return push;
+  }
+
+  absl::Status Send(const EncodedPush& encoded) override {
+    const auto& push = static_cast<const GrpcEncodedPush&>(encoded);
+    std::vector<v1::PushResponse> responses(stubs_.size());
+    return FanOut("Push", rpc_deadline_ * 2, rpc_deadline_,
+                  [&](size_t i, grpc::ClientContext* context, std::function<void(grpc::Status)> done) {
+                    stubs_[i]->async()->Push(context, &push.requests[i], &responses[i], std::move(done));
+                  });
+  }
+
+  absl::Status Heartbeat() override {
+    std::vector<v1::HeartbeatRequest> requests(stubs_.size());
+    std::vector<v1::HeartbeatResponse> responses(stubs_.size());
+    for (size_t i = 0; i < stubs_.size(); ++i) requests[i].set_worker_id(worker_ids_[i]);
+    absl::Status status = FanOut(
+        "Heartbeat", rpc_deadline_, rpc_deadline_,
+        [&](size_t i, grpc::ClientContext* context, std::function<void(grpc::Status)> done) {
+          stubs_[i]->async()->Heartbeat(context, &requests[i], &responses[i], std::move(done));
+        });
+    if (!status.ok()) return status;
+    for (size_t i = 0; i < stubs_.size(); ++i) {
+      if (!responses[i].live()) {
+        return Annotate(absl::FailedPreconditionError("lease expired; this worker was dropped"), i, "Heartbeat");
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status Leave() override {
+    std::vector<v1::LeaveRequest> requests(stubs_.size());
+    std::vector<v1::LeaveResponse> responses(stubs_.size());
+    for (size_t i = 0; i < stubs_.size(); ++i) requests[i].set_worker_id(worker_ids_[i]);
+    return FanOut("Leave", rpc_deadline_, rpc_deadline_,
+                  [&](size_t i, grpc::ClientContext* context, std::function<void(grpc::Status)> done) {
+                    stubs_[i]->async()->Leave(context, &requests[i], &responses[i], std::move(done));
+                  });
+  }
+
+ private:
+  using StartCall = std::function<void(size_t, grpc::ClientContext*, std::function<void(grpc::Status)>)>;
+
+  absl::Status Annotate(const absl::Status& status, size_t server, const char* call) const {
+    return absl::Status(status.code(), absl::StrCat(call, " to server ", server, " (", addresses_[server],
+                                                    "): ", status.message()));
+  }
+
+  // Runs `attempt` until it succeeds, fails for good, or `budget` runs out.
+  template <typename F>
+  absl::Status WithRetries(absl::Duration budget, F attempt) {
+    const absl::Time give_up = absl::Now() + budget;
+    absl::Duration backoff = absl::Milliseconds(20);
+    while (true) {
+      absl::Status status = attempt(give_up - absl::Now());
+      if (status.ok() || !IsTransient(status) || absl::Now() + backoff >= give_up) return status;
+      absl::SleepFor(backoff);
+      backoff = std::min(backoff * 2, absl::Seconds(1));
+    }
+  }
+
+  // Issues a call to every server at once and waits for all; retries the
+  // ones that failed transiently, each attempt with deadline `per_call`.
+  absl::Status FanOut(const char* call, absl::Duration budget, absl::Duration per_call, const StartCall& start) {
+    const size_t n = stubs_.size();
+    std::vector<bool> pending(n, true);
+    std::vector<absl::Status> results(n);
+    const absl::Time give_up = absl::Now() + budget;
+    absl::Duration backoff = absl::Milliseconds(20);
+    while (true) {
+      const size_t count = std::count(pending.begin(), pending.end(), true);
+      std::vector<std::unique_ptr<grpc::ClientContext>> contexts(n);
+      absl::BlockingCounter remaining(static_cast<int>(count));
+      for (size_t i = 0; i < n; ++i) {
+        if (!pending[i]) continue;
+        contexts[i] = std::make_unique<grpc::ClientContext>();
+        contexts[i]->set_deadline(absl::ToChronoTime(absl::Now() + per_call));
+        start(i, contexts[i].get(), [&results, &remaining, i](grpc::Status status) {
+          results[i] = FromGrpcStatus(status);
+          remaining.DecrementCount();
+        });
+      }
+      remaining.Wait();
+      bool retry = false;
+      for (size_t i = 0; i < n; ++i) {
+        if (!pending[i]) continue;
+        if (results[i].ok()) {
+          pending[i] = false;
+        } else if (!IsTransient(results[i]) || absl::Now() + backoff >= give_up) {
+          return Annotate(results[i], i, call);
+        } else {
+          retry = true;
+        }
+      }
+      if (!retry) return absl::OkStatus();
+      absl::SleepFor(backoff);
+      backoff = std::min(backoff * 2, absl::Seconds(1));
+    }
+  }
+
+  const v1::JobConfig config_;
+  const ShardMap map_;
+  const std::vector<std::string> addresses_;
+  const std::string fingerprint_;
+  const absl::Duration rpc_deadline_, pull_wait_;
+  std::vector<std::unique_ptr<v1::ParameterServer::Stub>> stubs_;
+  std::vector<uint64_t> worker_ids_;  // per server; 0 until registered
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<ParameterClient>> ConnectGrpc(const v1::JobConfig& config,
+                                                             const std::vector<std::string>& addresses) {
+  if (addresses.size() != config.cluster().num_servers()) {
+    return absl::InvalidArgumentError(absl::StrCat(addresses.size(), " server addresses given, but the config has ",
+                                                   config.cluster().num_servers(), " servers"));
+  }
+  absl::StatusOr<ShardMap> map = ShardMap::Create(config.model(), config.cluster().num_servers());
+  if (!map.ok()) return map.status();
+  return std::unique_ptr<ParameterClient>(new GrpcClient(config, *std::move(map), addresses));
+}
+
+}  // namespace segps

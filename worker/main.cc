@@ -1,0 +1,90 @@
+// segps-worker: trains one segment's share of the data against the servers.
+//
+//   segps-worker --config job.pbtxt --segment K --rank R --servers HOST:PORT,...
+#include <unistd.h>
+
+#include <iostream>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/time.h"
+#include "common/config.h"
+#include "common/log.h"
+#include "worker/backend.h"
+#include "worker/dataset.h"
+#include "worker/ps_client.h"
+#include "worker/trainer.h"
+
+ABSL_FLAG(std::string, config, "", "Job config file (*.pbtxt). Required.");
+ABSL_FLAG(std::string, segment, "", "Segment to train: its index or its name. Required.");
+ABSL_FLAG(int32_t, rank, 0, "This worker's rank within the segment, in [0, workers).");
+ABSL_FLAG(std::string, servers, "",
+          "Comma-separated host:port of every server, in index order. Default: "
+          "cluster.server_addresses.");
+ABSL_FLAG(std::string, device, "cpu", "Compute device: cpu, cuda:N, or auto.");
+ABSL_FLAG(int32_t, slowdown_ms, 0, "Extra milliseconds per step (to play a straggler).");
+
+namespace {
+
+int Fail(const std::string& message) {
+  std::cerr << "segps-worker: " << message << "\n";
+  return 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "segps worker.\n  segps-worker --config FILE --segment K --rank R --servers HOST:PORT,...");
+  std::vector<char*> positional = absl::ParseCommandLine(argc, argv);
+  if (positional.size() > 1) return Fail(std::string("unexpected argument '") + positional[1] + "'");
+  if (absl::GetFlag(FLAGS_config).empty()) return Fail("--config is required (see --help)");
+  absl::StatusOr<segps::v1::JobConfig> config = segps::LoadConfig(absl::GetFlag(FLAGS_config));
+  if (!config.ok()) return Fail(std::string(config.status().message()));
+
+  const std::string segment_flag = absl::GetFlag(FLAGS_segment);
+  int segment = -1;
+  for (int k = 0; k < config->model().segments_size(); ++k) {
+    if (config->model().segments(k).name() == segment_flag || std::to_string(k) == segment_flag) segment = k;
+  }
+  if (segment < 0) {
+    return Fail("--segment '" + segment_flag + "' names no segment of the config (give an index or a name)");
+  }
+  const int32_t rank = absl::GetFlag(FLAGS_rank);
+  if (rank < 0 || rank >= static_cast<int32_t>(segps::WorkersOf(*config, segment))) {
+    return Fail("--rank must be in [0, " + std::to_string(segps::WorkersOf(*config, segment)) +
+                ") for segment " + config->model().segments(segment).name());
+  }
+  std::vector<std::string> servers;
+  if (!absl::GetFlag(FLAGS_servers).empty()) {
+    servers = absl::StrSplit(absl::GetFlag(FLAGS_servers), ',', absl::SkipEmpty());
+  } else {
+    servers.assign(config->cluster().server_addresses().begin(), config->cluster().server_addresses().end());
+  }
+  if (servers.empty()) return Fail("--servers is required (the config lists no server_addresses)");
+
+  absl::StatusOr<std::unique_ptr<segps::Backend>> backend = segps::CreateBackend(absl::GetFlag(FLAGS_device));
+  if (!backend.ok()) return Fail(std::string(backend.status().message()));
+  absl::StatusOr<segps::TrainTest> data = segps::LoadData(*config);
+  if (!data.ok()) return Fail(std::string(data.status().message()));
+  absl::StatusOr<std::unique_ptr<segps::ParameterClient>> client = segps::ConnectGrpc(*config, servers);
+  if (!client.ok()) return Fail(std::string(client.status().message()));
+
+  segps::TrainerOptions options;
+  options.segment = segment;
+  options.rank = static_cast<uint32_t>(rank);
+  options.slowdown = absl::Milliseconds(absl::GetFlag(FLAGS_slowdown_ms));
+  options.progress_bar = isatty(STDOUT_FILENO) != 0;
+  absl::StatusOr<segps::TrainReport> report =
+      segps::Train(*config, options, data->train, backend->get(), client->get());
+  if (!report.ok()) return Fail(std::string(report.status().message()));
+  SEGPS_LOG_INFO << config->model().segments(segment).name() << "/" << rank << ": done: " << report->steps
+                 << " steps, " << report->samples << " samples in " << report->seconds << " s ("
+                 << static_cast<int64_t>(report->samples / std::max(1e-9, report->seconds))
+                 << " samples/s); last epoch loss " << report->last_loss << " acc " << report->last_accuracy
+                 << "; staleness mean " << report->mean_staleness << " max " << report->max_staleness
+                 << "; blocked " << report->blocked_seconds << " s";
+  return 0;
+}

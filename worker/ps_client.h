@@ -1,0 +1,68 @@
+// How a worker (or the evaluator) talks to the parameter servers of a
+// cluster: one call per server per step, all servers at once, each slice
+// landing straight in the caller's buffer.
+//
+// Every call has a deadline and retries transient failures (UNAVAILABLE,
+// DEADLINE_EXCEEDED) with exponential backoff within the config's budget;
+// other errors come back at once, naming the server.
+//
+// Thread safety: Pull, Push and Heartbeat may run concurrently from
+// different threads (the trainer pulls, pushes and heartbeats on separate
+// threads); Register and Leave must not overlap other calls.
+#ifndef SEGPS_WORKER_PS_CLIENT_H_
+#define SEGPS_WORKER_PS_CLIENT_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "common/shard_map.h"
+#include "segps/v1/config.pb.h"
+
+namespace segps {
+
+// A gradient already encoded for the wire: the one copy a push makes,
+// done on the caller's thread so that the caller's buffer is free again at once.
+class EncodedPush {
+ public:
+  virtual ~EncodedPush() = default;
+  virtual uint64_t clock() const = 0;
+};
+
+class ParameterClient {
+ public:
+  virtual ~ParameterClient() = default;
+
+  // Registers as worker `rank` of `segment` with every server (waiting for
+  // servers that are still starting) and returns the clock to start at.
+  virtual absl::StatusOr<uint64_t> Register(int segment, uint32_t rank) = 0;
+
+  // Pulls the segment's parameters into `dest` (segment_size floats) once
+  // the staleness bound allows computing `clock`. Without a registration it
+  // reads as an observer and never waits. Returns the clock the values reflect
+  // (the minimum over servers).
+  virtual absl::StatusOr<uint64_t> Pull(int segment, uint64_t clock, absl::Span<float> dest) = 0;
+
+  // Encodes the gradient of step `clock` (segment_size floats).
+  virtual std::unique_ptr<EncodedPush> Encode(int segment, uint64_t clock,
+                                              absl::Span<const float> grad) = 0;
+  // Sends an encoded push to every server and waits for all of them. Safe
+  // to retry: a server applies each (worker, clock) once.
+  virtual absl::Status Send(const EncodedPush& push) = 0;
+
+  // Renews the lease on every server; FAILED_PRECONDITION if one dropped us.
+  virtual absl::Status Heartbeat() = 0;
+  // Leaves every server, so that peers no longer wait for this worker.
+  virtual absl::Status Leave() = 0;
+};
+
+// A client over gRPC to `addresses` (one per server, in index order).
+absl::StatusOr<std::unique_ptr<ParameterClient>> ConnectGrpc(const v1::JobConfig& config,
+                                                             const std::vector<std::string>& addresses);
+
+}  // namespace segps
+
+#endif  // SEGPS_WORKER_PS_CLIENT_H_

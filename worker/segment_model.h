@@ -1,0 +1,71 @@
+// One segment's network (dense layers, a softmax output) on a Backend.
+//
+// Parameters and gradients live in one flat device buffer each, in the
+// shard map's order (per layer: kernel [in, out] row-major, then bias), so a
+// pull lands with one upload and a gradient leaves with one download.
+//
+// Thread safety: none; a model belongs to its worker's training thread.
+#ifndef SEGPS_WORKER_SEGMENT_MODEL_H_
+#define SEGPS_WORKER_SEGMENT_MODEL_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "segps/v1/config.pb.h"
+#include "worker/backend.h"
+
+namespace segps {
+
+struct BatchStats {
+  double loss_sum = 0;  // summed cross-entropy over the batch
+  int correct = 0;
+};
+
+class SegmentModel {
+ public:
+  // A model for segment `segment` of `model`, for batches of up to `max_batch` rows.
+  static absl::StatusOr<SegmentModel> Create(Backend* backend, const v1::ModelConfig& model,
+                                             int segment, int max_batch);
+
+  size_t num_params() const { return num_params_; }
+  int input_width() const { return widths_.front(); }
+  int num_classes() const { return widths_.back(); }
+
+  // Device pointers to the flat parameters and gradient.
+  float* params() { return params_.data(); }
+  const float* grad() const { return grad_.data(); }
+  // Staging for a batch: inputs [rows x input_width] and labels [rows], on the device.
+  float* input() { return input_.data(); }
+  int32_t* labels() { return labels_.data<int32_t>(); }
+
+  // Forward and backward on the `rows` staged rows: fills grad() with the
+  // gradient of the mean cross-entropy, and the device stats slot. Enqueued:
+  // call FetchStats after the backend synchronised.
+  absl::Status TrainStep(int rows);
+  // Forward only; probabilities land in probabilities() [rows x classes].
+  absl::Status Predict(int rows);
+  const float* probabilities() const { return acts_.back().data(); }
+  // Enqueues the copy of the last step's loss and accuracy to the host.
+  absl::Status DownloadStats();
+  // The last step's stats; valid after DownloadStats and a Synchronize.
+  BatchStats stats() const { return {host_stats_.data()[0], static_cast<int>(host_stats_.data()[1])}; }
+
+ private:
+  SegmentModel() = default;
+  absl::Status Forward(int rows, bool with_labels);
+
+  Backend* backend_ = nullptr;
+  int max_batch_ = 0;
+  std::vector<int> widths_;                 // input, then each layer's units
+  std::vector<v1::Activation> activations_;  // per layer
+  std::vector<size_t> kernel_offsets_, bias_offsets_;
+  size_t num_params_ = 0;
+  Buffer params_, grad_, input_, labels_, stats_, host_stats_;
+  std::vector<Buffer> acts_;    // per layer output [max_batch x units]; last = probabilities
+  Buffer logits_, delta_a_, delta_b_;
+};
+
+}  // namespace segps
+
+#endif  // SEGPS_WORKER_SEGMENT_MODEL_H_

@@ -1,0 +1,352 @@
+#include "worker/trainer.h"
+
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <deque>
+#include <optional>
+#include <thread>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
+#include "common/config.h"
+#include "common/log.h"
+#include "common/status_macros.h"
+#include "worker/segment_model.h"
+
+namespace segps {
+namespace {
+
+// Runs one pull at a time on its own thread, so the next parameters arrive
+// while the current batch computes. Thread-safe.
+class Prefetcher {
+ public:
+  Prefetcher(ParameterClient* client, int segment) : client_(client), segment_(segment) {
+    thread_ = std::thread([this] { Loop(); });
+  }
+  ~Prefetcher() {
+    {
+      absl::MutexLock lock(&mu_);
+      stop_ = true;
+    }
+    thread_.join();
+  }
+
+  // Starts pulling for `clock` into `dest`; no pull may be outstanding.
+  void Start(uint64_t clock, absl::Span<float> dest) {
+    absl::MutexLock lock(&mu_);
+    request_ = Request{clock, dest};
+    result_.reset();
+  }
+  bool outstanding() {
+    absl::MutexLock lock(&mu_);
+    return request_.has_value() || busy_ || result_.has_value();
+  }
+  bool done() {
+    absl::MutexLock lock(&mu_);
+    return result_.has_value();
+  }
+  // Waits for the outstanding pull; returns the clock its values reflect.
+  absl::StatusOr<uint64_t> Take() {
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(
+        +[](std::optional<absl::StatusOr<uint64_t>>* r) { return r->has_value(); }, &result_));
+    absl::StatusOr<uint64_t> result = *std::move(result_);
+    result_.reset();
+    return result;
+  }
+
+ private:
+  struct Request {
+    uint64_t clock;
+    absl::Span<float> dest;
+  };
+  void Loop() {
+    while (true) {
+      Request request;
+      {
+        absl::MutexLock lock(&mu_);
+        mu_.Await(absl::Condition(this, &Prefetcher::HasWork));
+        if (stop_) return;
+        request = *request_;
+        request_.reset();
+        busy_ = true;
+      }
+      absl::StatusOr<uint64_t> result = client_->Pull(segment_, request.clock, request.dest);
+      absl::MutexLock lock(&mu_);
+      busy_ = false;
+      result_ = std::move(result);
+    }
+  }
+  bool HasWork() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_ || request_.has_value(); }
+
+  ParameterClient* const client_;
+  const int segment_;
+  absl::Mutex mu_;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  bool busy_ ABSL_GUARDED_BY(mu_) = false;
+  std::optional<Request> request_ ABSL_GUARDED_BY(mu_);
+  std::optional<absl::StatusOr<uint64_t>> result_ ABSL_GUARDED_BY(mu_);
+  std::thread thread_;
+};
+
+// Sends encoded pushes in clock order on its own thread, at most
+// `max_in_flight` queued or being sent. Thread-safe.
+class Pusher {
+ public:
+  Pusher(ParameterClient* client, uint32_t max_in_flight)
+      : client_(client), max_in_flight_(max_in_flight) {
+    thread_ = std::thread([this] { Loop(); });
+  }
+  ~Pusher() {
+    {
+      absl::MutexLock lock(&mu_);
+      stop_ = true;
+    }
+    thread_.join();
+  }
+  // Queues a push, first waiting while max_in_flight are outstanding.
+  absl::Status Enqueue(std::unique_ptr<EncodedPush> push) {
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(this, &Pusher::HasRoom));
+    if (!error_.ok()) return error_;
+    queue_.push_back(std::move(push));
+    ++in_flight_;
+    return absl::OkStatus();
+  }
+  // Waits until every queued push is acknowledged.
+  absl::Status Drain() {
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(this, &Pusher::Drained));
+    return error_;
+  }
+
+ private:
+  void Loop() {
+    while (true) {
+      std::unique_ptr<EncodedPush> push;
+      {
+        absl::MutexLock lock(&mu_);
+        mu_.Await(absl::Condition(this, &Pusher::HasWork));
+        if (queue_.empty()) return;  // stopping
+        push = std::move(queue_.front());
+        queue_.pop_front();
+      }
+      absl::Status status = client_->Send(*push);
+      absl::MutexLock lock(&mu_);
+      --in_flight_;
+      if (!status.ok() && error_.ok()) error_ = status;
+    }
+  }
+  bool HasWork() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_ || !queue_.empty(); }
+  bool HasRoom() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return !error_.ok() || in_flight_ < max_in_flight_;
+  }
+  bool Drained() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !error_.ok() || in_flight_ == 0; }
+
+  ParameterClient* const client_;
+  const uint32_t max_in_flight_;
+  absl::Mutex mu_;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  uint32_t in_flight_ ABSL_GUARDED_BY(mu_) = 0;
+  std::deque<std::unique_ptr<EncodedPush>> queue_ ABSL_GUARDED_BY(mu_);
+  absl::Status error_ ABSL_GUARDED_BY(mu_);
+  std::thread thread_;
+};
+
+// Renews the worker's leases while it trains.
+class HeartbeatLoop {
+ public:
+  HeartbeatLoop(ParameterClient* client, absl::Duration period) {
+    thread_ = std::thread([this, client, period] {
+      while (!stop_.WaitForNotificationWithTimeout(period)) {
+        absl::Status status = client->Heartbeat();
+        if (!status.ok()) SEGPS_LOG_WARNING << "heartbeat: " << status.message();
+      }
+    });
+  }
+  ~HeartbeatLoop() {
+    stop_.Notify();
+    thread_.join();
+  }
+
+ private:
+  absl::Notification stop_;
+  std::thread thread_;
+};
+
+// Progress between two log lines.
+struct Window {
+  double loss = 0;
+  uint64_t correct = 0, samples = 0, steps = 0;
+  double staleness = 0;
+  uint64_t max_staleness = 0;
+  absl::Duration blocked;
+  absl::Time start = absl::Now();
+};
+
+}  // namespace
+
+absl::StatusOr<TrainReport> Train(const v1::JobConfig& config, const TrainerOptions& options,
+                                  const Dataset& train, Backend* backend, ParameterClient* client) {
+  const int segment = options.segment;
+  const auto& seg = config.model().segments(segment);
+  const std::string tag = absl::StrCat(seg.name(), "/", options.rank);
+  const uint32_t batch = config.training().batch_size();
+  const uint32_t epochs = config.training().epochs();
+  const int32_t staleness = StalenessOf(config, segment);
+  const Range slice = WorkerSlice(config, train.size(), segment, options.rank);
+  if (slice.count == 0) {
+    return absl::FailedPreconditionError(absl::StrCat(tag, ": its data slice is empty (", train.size(),
+                                                      " training samples for too many workers)"));
+  }
+  if (train.width != static_cast<int>(config.model().input_width())) {
+    return absl::InvalidArgumentError(absl::StrCat("data width ", train.width, " != model.input_width ",
+                                                   config.model().input_width()));
+  }
+  const uint64_t steps_per_epoch = StepsPerEpoch(slice.count, batch);
+  const uint64_t total_steps = steps_per_epoch * epochs;
+
+  absl::StatusOr<SegmentModel> model_or =
+      SegmentModel::Create(backend, config.model(), segment, static_cast<int>(batch));
+  if (!model_or.ok()) return model_or.status();
+  SegmentModel& model = *model_or;
+  const size_t n = model.num_params();
+  const size_t width = static_cast<size_t>(train.width);
+
+  // Pinned staging: two pull buffers (one being filled while the other uploads),
+  // one gradient buffer (encoded for the wire before reuse), one batch.
+  auto host = [&](size_t bytes) { return backend->AllocateHost(bytes); };
+  absl::StatusOr<Buffer> pulled0 = host(n * sizeof(float)), pulled1 = host(n * sizeof(float));
+  absl::StatusOr<Buffer> grad_host = host(n * sizeof(float));
+  absl::StatusOr<Buffer> batch_x = host(batch * width * sizeof(float));
+  absl::StatusOr<Buffer> batch_y = host(batch * sizeof(int32_t));
+  for (auto* b : {&pulled0, &pulled1, &grad_host, &batch_x, &batch_y}) {
+    if (!b->ok()) return b->status();
+  }
+  Buffer* pulled[2] = {&*pulled0, &*pulled1};
+
+  absl::StatusOr<uint64_t> start_or = client->Register(segment, options.rank);
+  if (!start_or.ok()) return start_or.status();
+  const uint64_t start = *start_or;
+  SEGPS_LOG_INFO << tag << ": registered at clock " << start << " on " << backend->name() << "; "
+                 << slice.count << " samples [" << slice.offset << ", " << slice.end() << "), " << epochs
+                 << " epochs of " << steps_per_epoch << " steps, batch " << batch << ", staleness "
+                 << (staleness < 0 ? std::string("unbounded") : std::to_string(staleness));
+
+  HeartbeatLoop heartbeat(client, absl::Milliseconds(config.cluster().lease_ms()) / 3);
+  Pusher pusher(client, PushesInFlight(config, segment));
+  Prefetcher prefetcher(client, segment);
+  int fill = 0;  // the pull buffer the outstanding pull fills
+  prefetcher.Start(start, absl::MakeSpan(pulled[fill]->data(), n));
+
+  TrainReport report;
+  std::optional<uint64_t> have;  // clock the model's parameters reflect
+  const absl::Time t0 = absl::Now();
+  absl::Duration blocked;
+  double staleness_sum = 0;
+  Window window, epoch_window;
+  const absl::Duration log_every = absl::Seconds(config.training().log_interval_s());
+  absl::Time next_log = t0 + log_every;
+
+  for (uint32_t epoch = 0; epoch < epochs; ++epoch) {
+    const std::vector<uint32_t> order = EpochOrder(slice, config.seed(), segment, options.rank, epoch);
+    epoch_window = Window();
+    for (uint64_t s = 0; s < steps_per_epoch; ++s) {
+      const uint64_t clock = start + epoch * steps_per_epoch + s;
+      // Parameters reflecting clock r may serve step `clock` when r >= clock - staleness.
+      auto fresh_enough = [&] {
+        return have.has_value() &&
+               (staleness < 0 || *have + static_cast<uint64_t>(staleness) >= clock);
+      };
+      while (!fresh_enough() || prefetcher.done()) {
+        const absl::Time wait_start = absl::Now();
+        if (!prefetcher.outstanding()) {
+          prefetcher.Start(clock, absl::MakeSpan(pulled[fill]->data(), n));
+        }
+        absl::StatusOr<uint64_t> r = prefetcher.Take();
+        blocked += absl::Now() - wait_start;
+        window.blocked += absl::Now() - wait_start;
+        if (!r.ok()) return r.status();
+        SEGPS_RETURN_IF_ERROR(backend->Upload(pulled[fill]->data(), model.params(), n * sizeof(float)));
+        have = *r;
+        fill ^= 1;
+        // Prefetch for the next step; the server answers once the bound allows.
+        prefetcher.Start(clock + 1, absl::MakeSpan(pulled[fill]->data(), n));
+      }
+
+      const size_t begin = s * batch;
+      const size_t rows = std::min<size_t>(batch, slice.count - begin);
+      GatherBatch(train, order, begin, rows, batch_x->data(), batch_y->data<int32_t>());
+      SEGPS_RETURN_IF_ERROR(backend->Upload(batch_x->data(), model.input(), rows * width * sizeof(float)));
+      SEGPS_RETURN_IF_ERROR(backend->Upload(batch_y->data(), model.labels(), rows * sizeof(int32_t)));
+      SEGPS_RETURN_IF_ERROR(model.TrainStep(static_cast<int>(rows)));
+      SEGPS_RETURN_IF_ERROR(backend->Download(model.grad(), grad_host->data(), n * sizeof(float)));
+      SEGPS_RETURN_IF_ERROR(model.DownloadStats());
+      SEGPS_RETURN_IF_ERROR(backend->Synchronize());
+      const BatchStats stats = model.stats();
+      if (!std::isfinite(stats.loss_sum)) {
+        return absl::InternalError(absl::StrCat(tag, ": loss became ", stats.loss_sum, " at clock ", clock,
+                                                "; lower optimizer.learning_rate"));
+      }
+      SEGPS_RETURN_IF_ERROR(pusher.Enqueue(client->Encode(segment, clock, absl::MakeConstSpan(grad_host->data(), n))));
+      if (options.slowdown > absl::ZeroDuration()) absl::SleepFor(options.slowdown);
+
+      const uint64_t lag = clock - std::min(clock, *have);
+      for (Window* w : {&window, &epoch_window}) {
+        w->loss += stats.loss_sum;
+        w->correct += stats.correct;
+        w->samples += rows;
+        w->steps += 1;
+        w->staleness += static_cast<double>(lag);
+        w->max_staleness = std::max(w->max_staleness, lag);
+      }
+      staleness_sum += static_cast<double>(lag);
+      report.max_staleness = std::max(report.max_staleness, lag);
+      report.steps += 1;
+      report.samples += rows;
+
+      const absl::Time now = absl::Now();
+      const bool epoch_end = s + 1 == steps_per_epoch;
+      if (now >= next_log || epoch_end) {
+        const double secs = std::max(1e-9, absl::ToDoubleSeconds(now - window.start));
+        const std::string line = absl::StrFormat(
+            "%s: epoch %u/%u step %d/%d loss %.4f acc %.4f samples/s %.0f staleness avg %.2f max %d blocked %.0f%%",
+            tag, epoch + 1, epochs, report.steps, total_steps, window.loss / window.samples,
+            static_cast<double>(window.correct) / window.samples, window.samples / secs,
+            window.staleness / window.steps, window.max_staleness,
+            100.0 * absl::ToDoubleSeconds(window.blocked) / secs);
+        if (options.progress_bar) {
+          const int width_bar = 30;
+          const int filled = static_cast<int>(width_bar * report.steps / total_steps);
+          std::printf("\r[%s%s] %s", std::string(filled, '#').c_str(),
+                      std::string(width_bar - filled, '.').c_str(), line.c_str());
+          std::fflush(stdout);
+        } else {
+          SEGPS_LOG_INFO << line;
+        }
+        window = Window();
+        next_log = now + log_every;
+      }
+    }
+    report.last_loss = epoch_window.loss / epoch_window.samples;
+    report.last_accuracy = static_cast<double>(epoch_window.correct) / epoch_window.samples;
+  }
+  if (options.progress_bar) std::printf("\n");
+  SEGPS_RETURN_IF_ERROR(pusher.Drain());
+  report.seconds = absl::ToDoubleSeconds(absl::Now() - t0);
+  report.blocked_seconds = absl::ToDoubleSeconds(blocked);
+  report.mean_staleness = report.steps ? staleness_sum / report.steps : 0;
+  // The outstanding prefetch may wait on peers; it is abandoned with the
+  // prefetcher once we leave (the server answers it or its deadline ends it).
+  absl::Status left = client->Leave();
+  if (!left.ok()) SEGPS_LOG_WARNING << tag << ": leave: " << left.message();
+  return report;
+}
+
+}  // namespace segps

@@ -1,0 +1,45 @@
+// The worker's training loop for one segment: pull (prefetched while the
+// staleness bound allows), forward and backward one batch, push without
+// waiting (a bounded number in flight), tick the clock.
+#ifndef SEGPS_WORKER_TRAINER_H_
+#define SEGPS_WORKER_TRAINER_H_
+
+#include <cstdint>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "segps/v1/config.pb.h"
+#include "worker/backend.h"
+#include "worker/dataset.h"
+#include "worker/ps_client.h"
+
+namespace segps {
+
+struct TrainerOptions {
+  int segment = 0;
+  uint32_t rank = 0;
+  // Extra time per step, to play a straggler in staleness experiments.
+  absl::Duration slowdown = absl::ZeroDuration();
+  // Draw a progress bar on stdout (when it is a terminal).
+  bool progress_bar = false;
+};
+
+struct TrainReport {
+  uint64_t steps = 0;
+  uint64_t samples = 0;
+  double seconds = 0;
+  double last_loss = 0;      // mean loss over the last epoch
+  double last_accuracy = 0;  // training accuracy over the last epoch
+  uint64_t max_staleness = 0;  // most clocks a step's parameters lagged behind it
+  double mean_staleness = 0;
+  double blocked_seconds = 0;  // time waiting for pulls
+};
+
+// Trains worker `options.rank` of `options.segment` on its slice of `train`
+// through `client` (not yet registered). `config` must come from LoadConfig.
+absl::StatusOr<TrainReport> Train(const v1::JobConfig& config, const TrainerOptions& options,
+                                  const Dataset& train, Backend* backend, ParameterClient* client);
+
+}  // namespace segps
+
+#endif  // SEGPS_WORKER_TRAINER_H_
