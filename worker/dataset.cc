@@ -36,6 +36,8 @@ TrainTest SyntheticSeed(const v1::JobConfig& config) {
   return out;
 }
 
+constexpr double kTeacherMargin = 0.25;
+
 // Gaussian inputs labelled by argmax of a fixed random tanh network, with a
 // share of labels replaced at random. A student of similar size can learn it.
 TrainTest SyntheticTeacher(const v1::JobConfig& config) {
@@ -50,7 +52,7 @@ TrainTest SyntheticTeacher(const v1::JobConfig& config) {
     return std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2);
   };
   std::vector<double> w1(static_cast<size_t>(width) * hidden), w2(static_cast<size_t>(hidden) * classes);
-  for (double& w : w1) w = normal() * 2.0 / std::sqrt(width);
+  for (double& w : w1) w = normal() / std::sqrt(width);
   for (double& w : w2) w = normal() / std::sqrt(hidden);
   TrainTest out;
   std::vector<double> h(hidden);
@@ -67,12 +69,22 @@ TrainTest SyntheticTeacher(const v1::JobConfig& config) {
         for (int j = 0; j < width; ++j) z += x[j] * w1[static_cast<size_t>(j) * hidden + k];
         h[k] = std::tanh(z);
       }
+      // Redraw samples that sit on a teacher boundary: the top two logits
+      // must differ by a margin, so that the classes are learnable.
+      double top = -1e300, second = -1e300;
       int best = 0;
-      double best_z = -1e300;
       for (int c = 0; c < classes; ++c) {
         double z = 0;
         for (int k = 0; k < hidden; ++k) z += h[k] * w2[static_cast<size_t>(k) * classes + c];
-        if (z > best_z) best_z = z, best = c;
+        if (z > top) {
+          second = top, top = z, best = c;
+        } else if (z > second) {
+          second = z;
+        }
+      }
+      if (top - second < kTeacherMargin) {
+        --i;
+        continue;
       }
       const bool noisy = uniform() < data.label_noise();
       const int random_label = static_cast<int>(rng() % classes);

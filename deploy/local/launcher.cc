@@ -1,0 +1,323 @@
+// segps-local: a whole cluster on this machine, one command.
+//
+//   segps-local --config job.pbtxt [--report report.json] [--device cpu]
+//
+// Starts the config's servers on free loopback ports and one worker process
+// per (segment, rank), relays their output line by line with a prefix, runs
+// segps-eval when every worker has finished, and prints its report. Exits
+// non-zero if any process failed. Every child dies with the launcher: on
+// Ctrl-C, SIGTERM, an error, or the launcher's own death (PR_SET_PDEATHSIG).
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/signalfd.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <functional>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "common/config.h"
+
+ABSL_FLAG(std::string, config, "", "Job config file (*.pbtxt). Required.");
+ABSL_FLAG(std::string, report, "segps-report.json", "Where the evaluation writes its JSON report.");
+ABSL_FLAG(std::string, device, "cpu", "Device for every worker: cpu, cuda:N or auto.");
+ABSL_FLAG(std::string, bin_dir, "", "Directory of segps-server, segps-worker and segps-eval. Default: this binary's.");
+ABSL_FLAG(int32_t, start_timeout_s, 60, "Seconds to wait for servers to start listening.");
+
+namespace {
+
+struct Child {
+  std::string name;
+  pid_t pid = -1;
+  int fd = -1;          // read end of the child's stdout+stderr
+  std::string partial;  // an output line not yet complete
+  bool running = true;
+  int status = 0;
+  std::function<void(const std::string&)> on_line;  // sees each line before it is relayed
+};
+
+class Launcher {
+ public:
+  Launcher() {
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGINT);
+    sigaddset(&set, SIGTERM);
+    sigaddset(&set, SIGCHLD);
+    sigprocmask(SIG_BLOCK, &set, nullptr);
+    signal_fd_ = signalfd(-1, &set, SFD_CLOEXEC | SFD_NONBLOCK);
+  }
+  ~Launcher() { KillAll(); }
+
+  Child* Spawn(const std::string& name, std::vector<std::string> argv) {
+    int fds[2];
+    if (pipe2(fds, O_CLOEXEC) != 0) return nullptr;
+    const pid_t parent = getpid();
+    const pid_t pid = fork();
+    if (pid == 0) {
+      prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (getppid() != parent) _exit(1);
+      sigset_t none;
+      sigemptyset(&none);
+      sigprocmask(SIG_SETMASK, &none, nullptr);
+      setpgid(0, 0);  // Ctrl-C reaches the launcher, which stops children in order
+      dup2(fds[1], STDOUT_FILENO);
+      dup2(fds[1], STDERR_FILENO);
+      std::vector<char*> args;
+      for (std::string& a : argv) args.push_back(a.data());
+      args.push_back(nullptr);
+      execv(args[0], args.data());
+      std::fprintf(stderr, "cannot execute %s: %s\n", args[0], std::strerror(errno));
+      _exit(127);
+    }
+    close(fds[1]);
+    if (pid < 0) {
+      close(fds[0]);
+      return nullptr;
+    }
+    auto child = std::make_unique<Child>();
+    child->name = name;
+    child->pid = pid;
+    child->fd = fds[0];
+    children_.push_back(std::move(child));
+    return children_.back().get();
+  }
+
+  // Relays output and reaps children until `done()` or `deadline`; false on
+  // a deadline or an interrupt.
+  bool RunUntil(const std::function<bool()>& done, absl::Time deadline = absl::InfiniteFuture(),
+                bool stop_on_interrupt = true) {
+    while (!done()) {
+      if (interrupted_ && stop_on_interrupt) return false;
+      std::vector<pollfd> fds;
+      std::vector<Child*> owners;
+      fds.push_back({signal_fd_, POLLIN, 0});
+      owners.push_back(nullptr);
+      for (auto& c : children_) {
+        if (c->fd >= 0) {
+          fds.push_back({c->fd, POLLIN, 0});
+          owners.push_back(c.get());
+        }
+      }
+      const absl::Duration left = deadline - absl::Now();
+      if (left <= absl::ZeroDuration()) return false;
+      const int timeout = deadline == absl::InfiniteFuture() ? -1 : static_cast<int>(absl::ToInt64Milliseconds(left)) + 1;
+      if (poll(fds.data(), fds.size(), timeout) < 0 && errno != EINTR) return false;
+      for (size_t i = 0; i < fds.size(); ++i) {
+        if (fds[i].revents == 0) continue;
+        if (owners[i] == nullptr) {
+          HandleSignals();
+        } else {
+          ReadOutput(owners[i]);
+        }
+      }
+      Reap();
+    }
+    return true;
+  }
+
+  void Terminate(Child* c) {
+    if (c->running) kill(c->pid, SIGTERM);
+  }
+
+  // SIGTERM to everyone still running, SIGKILL after a grace period.
+  void KillAll() {
+    for (auto& c : children_) Terminate(c.get());
+    const auto exited = [this] { return AllExited(); };
+    if (!RunUntil(exited, absl::Now() + absl::Seconds(5), /*stop_on_interrupt=*/false)) {
+      for (auto& c : children_) {
+        if (c->running) kill(c->pid, SIGKILL);
+      }
+      RunUntil(exited, absl::Now() + absl::Seconds(5), /*stop_on_interrupt=*/false);
+    }
+  }
+
+  bool AllExited() const {
+    for (auto& c : children_) {
+      if (c->running || c->fd >= 0) return false;
+    }
+    return true;
+  }
+  bool interrupted() const { return interrupted_; }
+  const std::vector<std::unique_ptr<Child>>& children() const { return children_; }
+
+ private:
+  void HandleSignals() {
+    signalfd_siginfo info;
+    while (read(signal_fd_, &info, sizeof(info)) == sizeof(info)) {
+      if (info.ssi_signo == SIGINT || info.ssi_signo == SIGTERM) {
+        std::cerr << "segps-local: " << (info.ssi_signo == SIGINT ? "interrupted" : "terminated")
+                  << ", stopping every process" << std::endl;
+        interrupted_ = true;
+      }
+    }
+  }
+
+  void ReadOutput(Child* c) {
+    char buf[8192];
+    const ssize_t n = read(c->fd, buf, sizeof(buf));
+    if (n <= 0) {
+      if (!c->partial.empty()) Emit(c, c->partial);
+      c->partial.clear();
+      close(c->fd);
+      c->fd = -1;
+      return;
+    }
+    c->partial.append(buf, n);
+    size_t pos;
+    while ((pos = c->partial.find_first_of("\r\n")) != std::string::npos) {
+      std::string line = c->partial.substr(0, pos);
+      c->partial.erase(0, pos + 1);
+      if (!line.empty()) Emit(c, line);
+    }
+  }
+
+  void Emit(Child* c, const std::string& line) {
+    if (c->on_line) c->on_line(line);
+    std::cout << "[" << c->name << "] " << line << "\n" << std::flush;
+  }
+
+  void Reap() {
+    for (auto& c : children_) {
+      if (!c->running) continue;
+      int status = 0;
+      if (waitpid(c->pid, &status, WNOHANG) == c->pid) {
+        c->running = false;
+        c->status = status;
+      }
+    }
+  }
+
+  int signal_fd_ = -1;
+  bool interrupted_ = false;
+  std::vector<std::unique_ptr<Child>> children_;
+};
+
+std::string Describe(int status) {
+  if (WIFEXITED(status)) return absl::StrCat("exit code ", WEXITSTATUS(status));
+  if (WIFSIGNALED(status)) return absl::StrCat("killed by signal ", WTERMSIG(status));
+  return "stopped";
+}
+
+bool Succeeded(const Child& c) { return !c.running && WIFEXITED(c.status) && WEXITSTATUS(c.status) == 0; }
+
+std::string SelfDir() {
+  char path[4096];
+  const ssize_t n = readlink("/proc/self/exe", path, sizeof(path) - 1);
+  if (n <= 0) return ".";
+  std::string self(path, n);
+  return self.substr(0, self.rfind('/'));
+}
+
+int Fail(const std::string& message) {
+  std::cerr << "segps-local: " << message << std::endl;
+  return 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage("Runs a whole segps cluster on this machine.\n  segps-local --config FILE [--report FILE]");
+  std::vector<char*> positional = absl::ParseCommandLine(argc, argv);
+  if (positional.size() > 1) return Fail(std::string("unexpected argument '") + positional[1] + "'");
+  const std::string config_path = absl::GetFlag(FLAGS_config);
+  if (config_path.empty()) return Fail("--config is required (see --help)");
+  absl::StatusOr<segps::v1::JobConfig> config = segps::LoadConfig(config_path);
+  if (!config.ok()) return Fail(std::string(config.status().message()));
+  const std::string bin = absl::GetFlag(FLAGS_bin_dir).empty() ? SelfDir() : absl::GetFlag(FLAGS_bin_dir);
+  for (const char* tool : {"segps-server", "segps-worker", "segps-eval"}) {
+    if (access((bin + "/" + tool).c_str(), X_OK) != 0) return Fail(absl::StrCat(bin, "/", tool, " not found (see --bin_dir)"));
+  }
+
+  const absl::Time t0 = absl::Now();
+  Launcher launcher;
+  const uint32_t num_servers = config->cluster().num_servers();
+  std::vector<std::string> addresses(num_servers);
+  std::vector<Child*> servers;
+  for (uint32_t i = 0; i < num_servers; ++i) {
+    Child* c = launcher.Spawn(absl::StrCat("server", i),
+                              {bin + "/segps-server", "--config", config_path, "--index", std::to_string(i),
+                               "--listen", "127.0.0.1:0"});
+    if (c == nullptr) return Fail("cannot start segps-server");
+    c->on_line = [&addresses, i](const std::string& line) {
+      static const std::string kReady = "segps-server listening on ";
+      if (absl::StartsWith(line, kReady)) addresses[i] = line.substr(kReady.size());
+    };
+    servers.push_back(c);
+  }
+  auto any_failed = [&](const std::vector<Child*>& group) {
+    for (Child* c : group) {
+      if (!c->running && !Succeeded(*c)) return true;
+    }
+    return false;
+  };
+  auto servers_ready = [&] {
+    for (const auto& a : addresses) {
+      if (a.empty()) return any_failed(servers);
+    }
+    return true;
+  };
+  if (!launcher.RunUntil(servers_ready, absl::Now() + absl::Seconds(absl::GetFlag(FLAGS_start_timeout_s))) ||
+      any_failed(servers)) {
+    return Fail(launcher.interrupted() ? "interrupted" : "servers did not start");
+  }
+  const std::string server_list = absl::StrJoin(addresses, ",");
+  std::cout << "segps-local: " << num_servers << " servers at " << server_list << std::endl;
+
+  std::vector<Child*> workers;
+  for (int k = 0; k < config->model().segments_size(); ++k) {
+    for (uint32_t r = 0; r < segps::WorkersOf(*config, k); ++r) {
+      Child* c = launcher.Spawn(absl::StrCat(config->model().segments(k).name(), "/", r),
+                                {bin + "/segps-worker", "--config", config_path, "--segment", std::to_string(k),
+                                 "--rank", std::to_string(r), "--servers", server_list, "--device",
+                                 absl::GetFlag(FLAGS_device)});
+      if (c == nullptr) return Fail("cannot start segps-worker");
+      workers.push_back(c);
+    }
+  }
+  auto workers_done = [&] {
+    if (any_failed(workers) || any_failed(servers)) return true;
+    for (Child* c : workers) {
+      if (c->running) return false;
+    }
+    return true;
+  };
+  if (!launcher.RunUntil(workers_done)) return Fail("interrupted");
+  for (Child* c : servers) {
+    if (!c->running) return Fail(absl::StrCat(c->name, " stopped during training (", Describe(c->status), ")"));
+  }
+  for (Child* c : workers) {
+    if (!c->running && !Succeeded(*c)) return Fail(absl::StrCat(c->name, " failed (", Describe(c->status), ")"));
+  }
+  const double train_seconds = absl::ToDoubleSeconds(absl::Now() - t0);
+  std::cout << "segps-local: training finished in " << train_seconds << " s; evaluating" << std::endl;
+
+  Child* eval = launcher.Spawn("eval", {bin + "/segps-eval", "--config", config_path, "--servers", server_list,
+                                        "--report", absl::GetFlag(FLAGS_report)});
+  if (eval == nullptr) return Fail("cannot start segps-eval");
+  if (!launcher.RunUntil([&] { return !eval->running && eval->fd < 0; })) return Fail("interrupted");
+  if (!Succeeded(*eval)) return Fail(absl::StrCat("evaluation failed (", Describe(eval->status), ")"));
+  launcher.KillAll();
+  for (Child* c : servers) {
+    if (!(WIFEXITED(c->status) && WEXITSTATUS(c->status) == 0)) {
+      return Fail(absl::StrCat(c->name, " did not shut down cleanly (", Describe(c->status), ")"));
+    }
+  }
+  std::cout << "segps-local: done in " << absl::ToDoubleSeconds(absl::Now() - t0) << " s; report in "
+            << absl::GetFlag(FLAGS_report) << std::endl;
+  return 0;
+}
