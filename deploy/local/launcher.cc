@@ -34,6 +34,7 @@
 
 ABSL_FLAG(std::string, config, "", "Job config file (*.pbtxt). Required.");
 ABSL_FLAG(std::string, report, "segps-report.json", "Where the evaluation writes its JSON report.");
+ABSL_FLAG(std::string, params_dir, "", "If set, the evaluation writes each segment's trained parameters to DIR/<segment>.npy.");
 ABSL_FLAG(std::string, device, "cpu", "Device for every worker: cpu, cuda:N or auto.");
 ABSL_FLAG(std::string, bin_dir, "", "Directory of segps-server, segps-worker and segps-eval. Default: this binary's.");
 ABSL_FLAG(int32_t, start_timeout_s, 60, "Seconds to wait for servers to start listening.");
@@ -306,8 +307,12 @@ int main(int argc, char** argv) {
   const double train_seconds = absl::ToDoubleSeconds(absl::Now() - t0);
   std::cout << "segps-local: training finished in " << train_seconds << " s; evaluating" << std::endl;
 
-  Child* eval = launcher.Spawn("eval", {bin + "/segps-eval", "--config", config_path, "--servers", server_list,
-                                        "--report", absl::GetFlag(FLAGS_report)});
+  std::vector<std::string> eval_args = {bin + "/segps-eval", "--config", config_path, "--servers", server_list,
+                                        "--report", absl::GetFlag(FLAGS_report)};
+  if (!absl::GetFlag(FLAGS_params_dir).empty()) {
+    eval_args.insert(eval_args.end(), {"--dump_params", absl::GetFlag(FLAGS_params_dir)});
+  }
+  Child* eval = launcher.Spawn("eval", eval_args);
   if (eval == nullptr) return Fail("cannot start segps-eval");
   if (!launcher.RunUntil([&] { return !eval->running && eval->fd < 0; })) return Fail("interrupted");
   if (!Succeeded(*eval)) return Fail(absl::StrCat("evaluation failed (", Describe(eval->status), ")"));

@@ -1,0 +1,140 @@
+// Whole clusters of separate processes on localhost: segps-local on the
+// shipped configs, and a hand-started cluster that loses a worker.
+#include <signal.h>
+#include <sys/wait.h>
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <fstream>
+#include <regex>
+
+#include "common/config.h"
+#include "tests/support/reference_training.h"
+#include "tests/support/subprocess.h"
+#include "worker/dataset.h"
+
+namespace segps {
+namespace {
+
+std::string Config(const std::string& name) {
+  return std::string(SEGPS_SOURCE_DIR) + "/deploy/configs/" + name;
+}
+
+double EnsembleAccuracy(const std::string& json) {
+  std::smatch m;
+  const std::regex re("\"ensemble\": \\{\"name\": \"ensemble\", \"accuracy\": ([0-9.]+)");
+  if (!std::regex_search(json, m, re)) return -1;
+  return std::stod(m[1]);
+}
+
+std::vector<float> ReadNpyFloat32(const std::string& path) {
+  std::string bytes = ReadFile(path);
+  if (bytes.size() < 10) return {};
+  const size_t header = static_cast<uint8_t>(bytes[8]) | static_cast<uint8_t>(bytes[9]) << 8;
+  std::vector<float> v((bytes.size() - 10 - header) / 4);
+  std::memcpy(v.data(), bytes.data() + 10 + header, v.size() * 4);
+  return v;
+}
+
+struct LocalRun {
+  int status = -1;
+  std::string output;
+  std::string report;
+};
+
+LocalRun RunLocal(const std::string& config, const std::string& dir, absl::Duration timeout) {
+  std::unique_ptr<Subprocess> p = Subprocess::Start({BinaryPath("segps-local"), "--config", config, "--report",
+                                                     dir + "/report.json", "--params_dir", dir});
+  std::optional<int> status = p->Wait(timeout);
+  LocalRun run;
+  run.status = status.value_or(-1);
+  run.output = p->output();
+  run.report = ReadFile(dir + "/report.json");
+  return run;
+}
+
+bool ExitedOk(int status) { return WIFEXITED(status) && WEXITSTATUS(status) == 0; }
+
+TEST(Cluster, SeedRecipeRunsAndEqualsTheSingleProcessReference) {
+  const std::string dir = MakeTempDir();
+  LocalRun run = RunLocal(Config("seed.pbtxt"), dir, absl::Minutes(3));
+  ASSERT_TRUE(ExitedOk(run.status)) << run.output;
+  EXPECT_NE(run.output.find("ENSEMBLE (average of softmax outputs) accuracy"), std::string::npos);
+  EXPECT_NE(run.output.find("labels are drawn at random"), std::string::npos);
+  const double accuracy = EnsembleAccuracy(run.report);
+  // Random labels: held-out accuracy is chance, 10% give or take sampling noise.
+  EXPECT_GT(accuracy, 0.05) << run.report;
+  EXPECT_LT(accuracy, 0.16) << run.report;
+
+  // One worker per segment, staleness 0: exactly the single-process steps.
+  const v1::JobConfig config = *LoadConfig(Config("seed.pbtxt"));
+  TrainTest data = *LoadData(config);
+  std::vector<std::vector<float>> reference = TrainReference(config, data.train);
+  for (int k = 0; k < 2; ++k) {
+    std::vector<float> trained = ReadNpyFloat32(dir + "/" + config.model().segments(k).name() + ".npy");
+    ASSERT_EQ(trained.size(), 3914u);
+    EXPECT_LT(MaxRelativeError(trained, reference[k]), 1e-5) << "segment " << k;
+  }
+}
+
+TEST(Cluster, TeacherConfigReachesItsAccuracyBar) {
+  const std::string dir = MakeTempDir();
+  LocalRun run = RunLocal(Config("teacher.pbtxt"), dir, absl::Minutes(5));
+  ASSERT_TRUE(ExitedOk(run.status)) << run.output;
+  EXPECT_GT(EnsembleAccuracy(run.report), 0.90) << run.report;
+}
+
+TEST(Cluster, LocalLauncherFailsClearlyOnABrokenConfig) {
+  const std::string dir = MakeTempDir();
+  WriteFile(dir + "/broken.pbtxt", "cluster { num_servers: 0 }");
+  std::unique_ptr<Subprocess> p = Subprocess::Start({BinaryPath("segps-local"), "--config", dir + "/broken.pbtxt"});
+  std::optional<int> status = p->Wait(absl::Seconds(30));
+  ASSERT_TRUE(status.has_value());
+  EXPECT_FALSE(ExitedOk(*status));
+  EXPECT_NE(p->output().find("broken.pbtxt line 1: cluster.num_servers: must be >= 1"), std::string::npos)
+      << p->output();
+}
+
+TEST(Cluster, KilledWorkerDoesNotHangItsPeers) {
+  const std::string dir = MakeTempDir();
+  const std::string config = dir + "/job.pbtxt";
+  WriteFile(config, R"pb(
+    cluster { num_servers: 2 lease_ms: 1000 }
+    model {
+      input_width: 50
+      num_classes: 10
+      segments { name: "s" layers { units: 32 activation: RELU } layers { units: 10 activation: SOFTMAX } }
+    }
+    optimizer { kind: ADAM }
+    training { batch_size: 32 epochs: 4 staleness: 0 workers_per_segment: 2 log_interval_s: 0.05 }
+    data { source: SYNTHETIC_TEACHER train_samples: 8000 test_samples: 500 }
+  )pb");
+  std::vector<std::unique_ptr<Subprocess>> servers;
+  std::string addresses;
+  for (int i = 0; i < 2; ++i) {
+    servers.push_back(Subprocess::Start({BinaryPath("segps-server"), "--config", config, "--index",
+                                         std::to_string(i), "--listen", "127.0.0.1:0"}));
+    std::optional<std::string> line = servers.back()->WaitForLine("listening on", absl::Seconds(30));
+    ASSERT_TRUE(line.has_value()) << servers.back()->output();
+    addresses += (i ? "," : "") + line->substr(line->rfind(' ') + 1);
+  }
+  std::vector<std::unique_ptr<Subprocess>> workers;
+  for (int r = 0; r < 2; ++r) {
+    workers.push_back(Subprocess::Start({BinaryPath("segps-worker"), "--config", config, "--segment", "s",
+                                         "--rank", std::to_string(r), "--servers", addresses}));
+  }
+  // Once the victim is training (synchronously with its peer), kill it.
+  ASSERT_TRUE(workers[1]->WaitForLine("epoch 1/4 step", absl::Seconds(60)).has_value()) << workers[1]->output();
+  workers[1]->Signal(SIGKILL);
+  std::optional<int> victim = workers[1]->Wait(absl::Seconds(30));
+  ASSERT_TRUE(victim.has_value());
+  EXPECT_TRUE(WIFSIGNALED(*victim));
+  std::optional<int> survivor = workers[0]->Wait(absl::Seconds(120));
+  ASSERT_TRUE(survivor.has_value()) << "the surviving worker hung:\n" << workers[0]->output();
+  EXPECT_TRUE(ExitedOk(*survivor)) << workers[0]->output();
+  EXPECT_NE(workers[0]->output().find("done: 500 steps"), std::string::npos) << workers[0]->output();
+}
+
+}  // namespace
+}  // namespace segps

@@ -1,0 +1,215 @@
+// Two segps-server processes on free loopback ports, driven over real gRPC
+// by a test client: register, pull, push, staleness, bad input, shutdown.
+#include <grpcpp/grpcpp.h>
+#include <signal.h>
+#include <sys/wait.h>
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "absl/time/clock.h"
+#include "common/config.h"
+#include "common/shard_map.h"
+#include "common/tensor_bytes.h"
+#include "segps/v1/parameter_server.grpc.pb.h"
+#include "tests/support/subprocess.h"
+
+namespace segps {
+namespace {
+
+const char kConfig[] = R"pb(
+cluster { num_servers: 2 lease_ms: 60000 max_message_bytes: 1048576 }
+model {
+  input_width: 50
+  num_classes: 10
+  segments { name: "s" layers { units: 64 activation: RELU } layers { units: 10 activation: SOFTMAX } }
+}
+optimizer { kind: SGD learning_rate: 1 }
+training { staleness: 0 workers_per_segment: 2 }
+data { source: SYNTHETIC_SEED }
+)pb";
+
+class ServerProcessTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = MakeTempDir();
+    config_path_ = dir_ + "/job.pbtxt";
+    WriteFile(config_path_, kConfig);
+    config_ = *LoadConfig(config_path_);
+    map_ = std::make_unique<ShardMap>(*ShardMap::Create(config_.model(), 2));
+    for (int i = 0; i < 2; ++i) {
+      servers_.push_back(Subprocess::Start({BinaryPath("segps-server"), "--config", config_path_, "--index",
+                                            std::to_string(i), "--listen", "127.0.0.1:0"}));
+      std::optional<std::string> line = servers_.back()->WaitForLine("listening on", absl::Seconds(30));
+      ASSERT_TRUE(line.has_value()) << servers_.back()->output();
+      const std::string address = line->substr(line->rfind(' ') + 1);
+      grpc::ChannelArguments args;
+      args.SetMaxSendMessageSize(64 << 20);
+      stubs_.push_back(v1::ParameterServer::NewStub(
+          grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args)));
+    }
+  }
+
+  grpc::Status Call(int server, const v1::RegisterRequest& req, v1::RegisterResponse* resp) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    return stubs_[server]->Register(&ctx, req, resp);
+  }
+  grpc::Status Call(int server, const v1::PushRequest& req, v1::PushResponse* resp) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    return stubs_[server]->Push(&ctx, req, resp);
+  }
+  grpc::Status Call(int server, const v1::PullRequest& req, v1::PullResponse* resp,
+                    std::chrono::milliseconds deadline = std::chrono::seconds(10)) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + deadline);
+    return stubs_[server]->Pull(&ctx, req, resp);
+  }
+
+  uint64_t Register(int server, uint32_t rank) {
+    v1::RegisterRequest req;
+    req.set_segment(0);
+    req.set_rank(rank);
+    req.set_model_fingerprint(ModelFingerprint(config_));
+    req.set_shard_fingerprint(map_->fingerprint());
+    v1::RegisterResponse resp;
+    grpc::Status status = Call(server, req, &resp);
+    EXPECT_TRUE(status.ok()) << status.error_message();
+    EXPECT_EQ(resp.offset(), map_->range(0, server).offset);
+    return resp.worker_id();
+  }
+
+  v1::PushRequest Push(int server, uint64_t worker, uint64_t clock, float value) {
+    const Range r = map_->range(0, server);
+    v1::PushRequest req;
+    req.set_segment(0);
+    req.set_worker_id(worker);
+    req.set_clock(clock);
+    EncodeFloat32(std::vector<float>(r.count, value), r.offset, req.mutable_gradient());
+    return req;
+  }
+
+  std::vector<float> Read(int server) {
+    v1::PullRequest req;
+    req.set_segment(0);
+    req.set_reader(true);
+    v1::PullResponse resp;
+    EXPECT_TRUE(Call(server, req, &resp).ok());
+    std::vector<float> v(resp.values().count());
+    DecodeFloat32(resp.values(), absl::MakeSpan(v));
+    return v;
+  }
+
+  std::string dir_, config_path_;
+  v1::JobConfig config_;
+  std::unique_ptr<ShardMap> map_;
+  std::vector<std::unique_ptr<Subprocess>> servers_;
+  std::vector<std::unique_ptr<v1::ParameterServer::Stub>> stubs_;
+};
+
+TEST_F(ServerProcessTest, ServesTheSameModelAsASingleProcessInitialisation) {
+  std::vector<float> whole(map_->segment_size(0));
+  InitializeRange(*ShardMap::Create(config_.model(), 1), 0, 0, config_.seed(), whole.data(), whole.size());
+  std::vector<float> stitched = Read(0), second = Read(1);
+  stitched.insert(stitched.end(), second.begin(), second.end());
+  EXPECT_EQ(stitched, whole);
+}
+
+TEST_F(ServerProcessTest, StalenessPushesAndBadInput) {
+  const uint64_t a0 = Register(0, 0), a1 = Register(1, 0);
+  const uint64_t b0 = Register(0, 1);
+  const std::vector<float> before = Read(0);
+  v1::PushResponse presp;
+  ASSERT_TRUE(Call(0, Push(0, a0, 0, 1.0f), &presp).ok());
+  ASSERT_TRUE(Call(1, Push(1, a1, 0, 1.0f), &presp).ok());
+
+  // Staleness 0: A's pull for clock 1 on server 0 waits for B's push of clock 0.
+  v1::PullRequest pull;
+  pull.set_segment(0);
+  pull.set_worker_id(a0);
+  pull.set_clock(1);
+  v1::PullResponse presp_pull;
+  grpc::Status blocked = Call(0, pull, &presp_pull, std::chrono::milliseconds(300));
+  EXPECT_TRUE(blocked.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED ||
+              blocked.error_code() == grpc::StatusCode::UNAVAILABLE)
+      << blocked.error_message();
+  ASSERT_TRUE(Call(0, Push(0, b0, 0, 2.0f), &presp).ok());
+  ASSERT_TRUE(Call(0, pull, &presp_pull).ok());
+  EXPECT_EQ(presp_pull.clock(), 1u);
+  std::vector<float> after(presp_pull.values().count());
+  DecodeFloat32(presp_pull.values(), absl::MakeSpan(after));
+  EXPECT_FLOAT_EQ(after[0], before[0] - 3.0f);  // both updates, SGD lr 1
+
+  // A retried push is acknowledged, not applied again.
+  ASSERT_TRUE(Call(0, Push(0, a0, 0, 1.0f), &presp).ok());
+  EXPECT_FALSE(presp.applied());
+
+  // Bad input: each rejected with its code; nothing changes; the server keeps serving.
+  const std::vector<float> snapshot = Read(0);
+  v1::PushRequest nan = Push(0, a0, 1, NAN);
+  EXPECT_EQ(Call(0, nan, &presp).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  v1::PushRequest wrong_shape = Push(1, a0, 1, 1.0f);  // server 1's range sent to server 0
+  EXPECT_EQ(Call(0, wrong_shape, &presp).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  v1::PushRequest unknown = Push(0, 12345, 1, 1.0f);
+  EXPECT_EQ(Call(0, unknown, &presp).error_code(), grpc::StatusCode::NOT_FOUND);
+  v1::PushRequest skip = Push(0, a0, 5, 1.0f);
+  EXPECT_EQ(Call(0, skip, &presp).error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  v1::PushRequest huge = Push(0, a0, 1, 1.0f);
+  huge.mutable_gradient()->mutable_data()->resize(2 << 20);  // over max_message_bytes
+  EXPECT_EQ(Call(0, huge, &presp).error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  v1::RegisterRequest stranger;
+  stranger.set_model_fingerprint("0000000000000000");
+  stranger.set_shard_fingerprint(map_->fingerprint());
+  v1::RegisterResponse rresp;
+  grpc::Status refused = Call(0, stranger, &rresp);
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_NE(refused.error_message().find(ModelFingerprint(config_)), std::string::npos);
+  EXPECT_EQ(Read(0), snapshot);
+  ASSERT_TRUE(Call(0, Push(0, a0, 1, 1.0f), &presp).ok());
+  EXPECT_TRUE(presp.applied());
+
+  grpc::ClientContext ctx;
+  v1::StatsResponse stats;
+  ASSERT_TRUE(stubs_[0]->Stats(&ctx, v1::StatsRequest(), &stats).ok());
+  EXPECT_EQ(stats.segments(0).pushes(), 3u);
+  EXPECT_GE(stats.segments(0).rejected(), 5u);
+}
+
+TEST_F(ServerProcessTest, ShutsDownCleanlyOnSigtermAndSigint) {
+  servers_[0]->Signal(SIGTERM);
+  servers_[1]->Signal(SIGINT);
+  for (auto& s : servers_) {
+    std::optional<int> status = s->Wait(absl::Seconds(30));
+    ASSERT_TRUE(status.has_value()) << "server did not stop";
+    EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 0) << s->output();
+  }
+}
+
+TEST(ServerFlags, WrongFlagsGetClearErrors) {
+  const std::string dir = MakeTempDir();
+  WriteFile(dir + "/job.pbtxt", kConfig);
+  struct Case {
+    std::vector<std::string> args;
+    std::string expect;
+  } cases[] = {
+      {{"--config", dir + "/job.pbtxt", "--index", "2"}, "--index must be in [0, 2)"},
+      {{"--index", "0"}, "--config is required"},
+      {{"--config", dir + "/missing.pbtxt", "--index", "0"}, "cannot be opened"},
+      {{"--config", dir + "/job.pbtxt", "--index", "0", "--bogus"}, "Unknown command line flag 'bogus'"},
+      {{"--config", dir + "/job.pbtxt", "--index", "0", "--listen", "256.1.1.1:1"}, "cannot listen on"},
+  };
+  for (const Case& c : cases) {
+    std::vector<std::string> argv = {BinaryPath("segps-server")};
+    argv.insert(argv.end(), c.args.begin(), c.args.end());
+    std::unique_ptr<Subprocess> p = Subprocess::Start(argv);
+    std::optional<int> status = p->Wait(absl::Seconds(30));
+    ASSERT_TRUE(status.has_value());
+    EXPECT_FALSE(WIFEXITED(*status) && WEXITSTATUS(*status) == 0);
+    EXPECT_NE(p->output().find(c.expect), std::string::npos) << p->output();
+  }
+}
+
+}  // namespace
+}  // namespace segps

@@ -1,0 +1,54 @@
+#include "tests/support/reference_training.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "common/shard_map.h"
+#include "server/optimizer.h"
+#include "worker/backend.h"
+#include "worker/segment_model.h"
+
+namespace segps {
+
+std::vector<std::vector<float>> TrainReference(const v1::JobConfig& config, const Dataset& train) {
+  std::unique_ptr<Backend> backend = CreateCpuBackend(1);
+  ShardMap map = *ShardMap::Create(config.model(), 1);
+  const uint32_t batch = config.training().batch_size();
+  std::vector<std::vector<float>> result;
+  for (int k = 0; k < map.num_segments(); ++k) {
+    std::vector<float> params(map.segment_size(k)), grad(params.size());
+    InitializeRange(map, k, 0, config.seed(), params.data(), params.size());
+    std::unique_ptr<Optimizer> optimizer = *CreateOptimizer(config.optimizer(), params.size());
+    SegmentModel model = *SegmentModel::Create(backend.get(), config.model(), k, static_cast<int>(batch));
+    const Range slice = WorkerSlice(config, train.size(), k, 0);
+    std::vector<float> x(batch * train.width);
+    std::vector<int32_t> y(batch);
+    for (uint32_t epoch = 0; epoch < config.training().epochs(); ++epoch) {
+      const std::vector<uint32_t> order = EpochOrder(slice, config.seed(), k, 0, epoch);
+      for (uint64_t begin = 0; begin < slice.count; begin += batch) {
+        const size_t rows = std::min<size_t>(batch, slice.count - begin);
+        GatherBatch(train, order, begin, rows, x.data(), y.data());
+        EXPECT_TRUE(backend->Upload(params.data(), model.params(), params.size() * sizeof(float)).ok());
+        EXPECT_TRUE(backend->Upload(x.data(), model.input(), rows * train.width * sizeof(float)).ok());
+        EXPECT_TRUE(backend->Upload(y.data(), model.labels(), rows * sizeof(int32_t)).ok());
+        EXPECT_TRUE(model.TrainStep(static_cast<int>(rows)).ok());
+        EXPECT_TRUE(backend->Download(model.grad(), grad.data(), grad.size() * sizeof(float)).ok());
+        optimizer->Apply(absl::MakeSpan(params), grad);
+      }
+    }
+    result.push_back(std::move(params));
+  }
+  return result;
+}
+
+double MaxRelativeError(const std::vector<float>& a, const std::vector<float>& b) {
+  if (a.size() != b.size()) return INFINITY;
+  double worst = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    worst = std::max(worst, std::abs(static_cast<double>(a[i]) - b[i]) / std::max(1.0, std::abs(static_cast<double>(b[i]))));
+  }
+  return worst;
+}
+
+}  // namespace segps

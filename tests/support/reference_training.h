@@ -1,0 +1,22 @@
+// Single-process reference training: the steps a cluster with one worker per
+// segment and staleness 0 must take, computed without any server, so tests
+// can compare the cluster's parameters with it.
+#ifndef SEGPS_TESTS_SUPPORT_REFERENCE_TRAINING_H_
+#define SEGPS_TESTS_SUPPORT_REFERENCE_TRAINING_H_
+
+#include <vector>
+
+#include "segps/v1/config.pb.h"
+#include "worker/dataset.h"
+
+namespace segps {
+
+// Each segment's flat parameters after training, in segment order.
+std::vector<std::vector<float>> TrainReference(const v1::JobConfig& config, const Dataset& train);
+
+// Largest |a - b| / max(1, |b|) over two parameter vectors.
+double MaxRelativeError(const std::vector<float>& a, const std::vector<float>& b);
+
+}  // namespace segps
+
+#endif  // SEGPS_TESTS_SUPPORT_REFERENCE_TRAINING_H_

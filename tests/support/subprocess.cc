@@ -1,0 +1,120 @@
+#include "tests/support/subprocess.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/match.h"
+#include "absl/time/clock.h"
+
+namespace segps {
+
+std::unique_ptr<Subprocess> Subprocess::Start(const std::vector<std::string>& argv) {
+  int fds[2];
+  if (pipe2(fds, O_CLOEXEC) != 0) return nullptr;
+  const pid_t pid = fork();
+  if (pid == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL);  // never outlive the test
+    dup2(fds[1], STDOUT_FILENO);
+    dup2(fds[1], STDERR_FILENO);
+    std::vector<char*> args;
+    for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+    args.push_back(nullptr);
+    execv(args[0], args.data());
+    std::fprintf(stderr, "exec %s failed\n", args[0]);
+    _exit(127);
+  }
+  close(fds[1]);
+  if (pid < 0) {
+    close(fds[0]);
+    return nullptr;
+  }
+  return std::unique_ptr<Subprocess>(new Subprocess(pid, fds[0]));
+}
+
+Subprocess::~Subprocess() {
+  if (!reaped_) {
+    kill(pid_, SIGKILL);
+    waitpid(pid_, &status_, 0);
+  }
+  if (fd_ >= 0) close(fd_);
+}
+
+bool Subprocess::ReadSome(absl::Duration timeout) {
+  if (fd_ < 0) return false;
+  pollfd p{fd_, POLLIN, 0};
+  const int ms = static_cast<int>(std::max<int64_t>(0, absl::ToInt64Milliseconds(timeout)));
+  if (poll(&p, 1, ms) <= 0) return true;
+  char buf[4096];
+  const ssize_t n = read(fd_, buf, sizeof(buf));
+  if (n <= 0) {
+    close(fd_);
+    fd_ = -1;
+    return false;
+  }
+  output_.append(buf, n);
+  return true;
+}
+
+std::optional<std::string> Subprocess::WaitForLine(absl::string_view needle, absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (true) {
+    size_t end;
+    while ((end = output_.find('\n', scanned_)) != std::string::npos) {
+      std::string line = output_.substr(scanned_, end - scanned_);
+      scanned_ = end + 1;
+      if (absl::StrContains(line, needle)) return line;
+    }
+    const absl::Time now = absl::Now();
+    if (now >= deadline || !ReadSome(deadline - now)) return std::nullopt;
+  }
+}
+
+std::optional<int> Subprocess::Wait(absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (!reaped_) {
+    const absl::Time now = absl::Now();
+    if (now >= deadline) return std::nullopt;
+    if (!ReadSome(deadline - now)) {
+      // End of output: the process is exiting; reap it.
+      if (waitpid(pid_, &status_, 0) == pid_) reaped_ = true;
+    }
+  }
+  return status_;
+}
+
+void Subprocess::Signal(int signal) {
+  if (!reaped_) kill(pid_, signal);
+}
+
+std::string BinaryPath(const std::string& name) {
+  const char* dir = std::getenv("SEGPS_BIN_DIR");
+  return std::string(dir ? dir : ".") + "/" + name;
+}
+
+std::string MakeTempDir() {
+  char dir[] = "/tmp/segps_test_XXXXXX";
+  return mkdtemp(dir) ? dir : "/tmp";
+}
+
+void WriteFile(const std::string& path, const std::string& text) {
+  std::ofstream(path) << text;
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+}  // namespace segps

@@ -1,0 +1,59 @@
+// A child process for integration tests: started from argv, its stdout and
+// stderr captured through one pipe, waited on with deadlines (never sleeps),
+// killed and reaped by the destructor if still running.
+#ifndef SEGPS_TESTS_SUPPORT_SUBPROCESS_H_
+#define SEGPS_TESTS_SUPPORT_SUBPROCESS_H_
+
+#include <sys/types.h>
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+
+namespace segps {
+
+class Subprocess {
+ public:
+  static std::unique_ptr<Subprocess> Start(const std::vector<std::string>& argv);
+  ~Subprocess();
+
+  // Reads output until a line containing `needle` arrives; returns that line,
+  // or nullopt on timeout or end of output.
+  std::optional<std::string> WaitForLine(absl::string_view needle, absl::Duration timeout);
+  // Reads output until the process exits; returns its wait status, or nullopt on timeout.
+  std::optional<int> Wait(absl::Duration timeout);
+  void Signal(int signal);
+  pid_t pid() const { return pid_; }
+  // Everything the process printed so far.
+  const std::string& output() const { return output_; }
+
+ private:
+  Subprocess(pid_t pid, int fd) : pid_(pid), fd_(fd) {}
+  // Reads what is available within `timeout`; false at end of output.
+  bool ReadSome(absl::Duration timeout);
+
+  pid_t pid_;
+  int fd_;
+  bool reaped_ = false;
+  int status_ = 0;
+  std::string output_;
+  size_t scanned_ = 0;  // output_ before this offset was already searched for lines
+};
+
+// Path of a segps binary in the build tree (SEGPS_BIN_DIR from ctest).
+std::string BinaryPath(const std::string& name);
+
+// A fresh temporary directory for one test.
+std::string MakeTempDir();
+
+// Writes `text` to `path`.
+void WriteFile(const std::string& path, const std::string& text);
+std::string ReadFile(const std::string& path);
+
+}  // namespace segps
+
+#endif  // SEGPS_TESTS_SUPPORT_SUBPROCESS_H_

@@ -1,0 +1,136 @@
+#include "common/config.h"
+
+#include <gtest/gtest.h>
+
+#include <string>
+
+namespace segps {
+namespace {
+
+const char kMinimal[] = R"pb(
+cluster { num_servers: 2 }
+model {
+  input_width: 50
+  num_classes: 10
+  segments {
+    name: "a"
+    layers { units: 64 activation: RELU }
+    layers { units: 10 activation: SOFTMAX }
+  }
+}
+optimizer { kind: ADAM }
+data { source: SYNTHETIC_SEED }
+)pb";
+
+std::string Replace(std::string text, const std::string& from, const std::string& to) {
+  const size_t at = text.find(from);
+  EXPECT_NE(at, std::string::npos) << from;
+  return text.replace(at, from.size(), to);
+}
+
+TEST(Config, FillsDefaults) {
+  absl::StatusOr<v1::JobConfig> c = ParseConfig(kMinimal, "job.pbtxt");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->training().batch_size(), 32u);
+  EXPECT_EQ(c->training().epochs(), 1u);
+  EXPECT_FLOAT_EQ(c->optimizer().learning_rate(), 0.001f);
+  EXPECT_FLOAT_EQ(c->optimizer().epsilon(), 1e-7f);
+  EXPECT_EQ(c->model().segments(0).staleness(), 0);
+  EXPECT_EQ(c->model().segments(0).workers(), 1u);
+  EXPECT_EQ(c->data().data_seed(), 42u);
+  EXPECT_EQ(c->cluster().lease_ms(), 3000u);
+  EXPECT_EQ(PushesInFlight(*c, 0), 1u);
+}
+
+TEST(Config, SegmentOverridesTrainingDefaults) {
+  std::string text = Replace(kMinimal, "name: \"a\"", "name: \"a\" staleness: -1 workers: 3");
+  absl::StatusOr<v1::JobConfig> c = ParseConfig(text, "job.pbtxt");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(StalenessOf(*c, 0), -1);
+  EXPECT_EQ(WorkersOf(*c, 0), 3u);
+  EXPECT_EQ(PushesInFlight(*c, 0), 8u);
+}
+
+TEST(Config, ErrorNamesFileLineAndField) {
+  std::string text = Replace(kMinimal, "units: 64", "units: 0");
+  absl::StatusOr<v1::JobConfig> c = ParseConfig(text, "job.pbtxt");
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(std::string(c.status().message()),
+            "job.pbtxt line 8: model.segments[0].layers[0].units: segment \"a\" layer 0: units must be "
+            "in [1, 1048576], got 0");
+}
+
+TEST(Config, SyntaxErrorNamesLineAndColumn) {
+  absl::StatusOr<v1::JobConfig> c = ParseConfig("cluster { num_servers: two }", "bad.pbtxt");
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(std::string(c.status().message()).find("bad.pbtxt line 1 column"), std::string::npos)
+      << c.status();
+}
+
+TEST(Config, UnknownFieldIsRejected) {
+  absl::StatusOr<v1::JobConfig> c = ParseConfig(Replace(kMinimal, "num_servers: 2", "num_server: 2"), "x.pbtxt");
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(std::string(c.status().message()).find("num_server"), std::string::npos) << c.status();
+}
+
+struct BadCase {
+  const char* from;
+  const char* to;
+  const char* expect;  // substring of the message
+};
+
+TEST(Config, RejectsEachBrokenField) {
+  const BadCase cases[] = {
+      {"num_servers: 2", "num_servers: 0", "cluster.num_servers: must be >= 1"},
+      {"input_width: 50", "input_width: 0", "model.input_width: must be > 0"},
+      {"num_classes: 10", "num_classes: 1", "model.num_classes: must be >= 2"},
+      {"units: 10 activation: SOFTMAX", "units: 9 activation: SOFTMAX", "last layer must be SOFTMAX"},
+      {"units: 64 activation: RELU", "units: 64 activation: SOFTMAX", "only allowed on a segment's last layer"},
+      {"units: 64 activation: RELU", "units: 64", "activation: is required"},
+      {"kind: ADAM", "kind: ADAM learning_rate: -1", "optimizer.learning_rate: must be > 0"},
+      {"kind: ADAM", "kind: ADAM beta1: 1", "optimizer.beta1: must be in [0, 1)"},
+      {"kind: ADAM", "", "optimizer.kind: is required"},
+      {"source: SYNTHETIC_SEED", "", "data.source: is required"},
+      {"name: \"a\"", "name: \"a\" staleness: -2", "staleness: must be >= 0, or -1"},
+      {"name: \"a\"", "", "name: is required"},
+      {"source: SYNTHETIC_SEED", "source: FASHION_MNIST", "FASHION_MNIST needs model.input_width 784"},
+  };
+  for (const BadCase& bad : cases) {
+    absl::StatusOr<v1::JobConfig> c = ParseConfig(Replace(kMinimal, bad.from, bad.to), "job.pbtxt");
+    ASSERT_FALSE(c.ok()) << bad.to;
+    EXPECT_NE(std::string(c.status().message()).find(bad.expect), std::string::npos)
+        << "got: " << c.status().message() << "\nexpected: " << bad.expect;
+  }
+}
+
+TEST(Config, MissingFileIsNotFound) {
+  absl::StatusOr<v1::JobConfig> c = LoadConfig("/nonexistent/job.pbtxt");
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_NE(std::string(c.status().message()).find("/nonexistent/job.pbtxt"), std::string::npos);
+}
+
+TEST(Config, FingerprintTracksModelOptimizerAndSeed) {
+  v1::JobConfig a = *ParseConfig(kMinimal, "a");
+  v1::JobConfig b = *ParseConfig(Replace(kMinimal, "units: 64", "units: 65"), "b");
+  v1::JobConfig c = *ParseConfig(Replace(kMinimal, "kind: ADAM", "kind: SGD"), "c");
+  v1::JobConfig d = *ParseConfig(Replace(kMinimal, "num_servers: 2", "num_servers: 3"), "d");
+  EXPECT_EQ(ModelFingerprint(a), ModelFingerprint(*ParseConfig(kMinimal, "again")));
+  EXPECT_NE(ModelFingerprint(a), ModelFingerprint(b));
+  EXPECT_NE(ModelFingerprint(a), ModelFingerprint(c));
+  EXPECT_EQ(ModelFingerprint(a), ModelFingerprint(d));  // cluster size is the shard map's business
+  a.set_seed(1);
+  EXPECT_NE(ModelFingerprint(a), ModelFingerprint(*ParseConfig(kMinimal, "a")));
+}
+
+TEST(Config, ShippedConfigsLoad) {
+  const std::string dir = std::string(SEGPS_SOURCE_DIR) + "/deploy/configs/";
+  for (const char* name : {"seed.pbtxt", "teacher.pbtxt", "fashion_mnist.pbtxt"}) {
+    absl::StatusOr<v1::JobConfig> c = LoadConfig(dir + name);
+    EXPECT_TRUE(c.ok()) << name << ": " << c.status();
+  }
+}
+
+}  // namespace
+}  // namespace segps

@@ -1,0 +1,98 @@
+#include "server/optimizer.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <vector>
+
+namespace segps {
+namespace {
+
+// Plain double-precision references, written from the formulas.
+struct Reference {
+  v1::OptimizerConfig c;
+  std::vector<double> w, m, v, a;
+  int t = 0;
+  void Step(const std::vector<double>& g0) {
+    ++t;
+    for (size_t i = 0; i < w.size(); ++i) {
+      const double g = g0[i] + c.weight_decay() * w[i];
+      switch (c.kind()) {
+        case v1::SGD:
+          w[i] -= c.learning_rate() * g;
+          break;
+        case v1::MOMENTUM:
+          m[i] = c.momentum() * m[i] - c.learning_rate() * g;
+          w[i] += m[i];
+          break;
+        case v1::ADAM: {
+          m[i] = c.beta1() * m[i] + (1 - c.beta1()) * g;
+          v[i] = c.beta2() * v[i] + (1 - c.beta2()) * g * g;
+          const double alpha = c.learning_rate() * std::sqrt(1 - std::pow(c.beta2(), t)) / (1 - std::pow(c.beta1(), t));
+          w[i] -= alpha * m[i] / (std::sqrt(v[i]) + c.epsilon());
+          break;
+        }
+        case v1::ADAGRAD:
+          a[i] += g * g;
+          w[i] -= c.learning_rate() * g / (std::sqrt(a[i]) + c.epsilon());
+          break;
+        default:
+          FAIL();
+      }
+    }
+  }
+};
+
+v1::OptimizerConfig Config(v1::OptimizerKind kind) {
+  v1::OptimizerConfig c;
+  c.set_kind(kind);
+  c.set_learning_rate(kind == v1::SGD || kind == v1::MOMENTUM ? 0.05f : 0.01f);
+  c.set_beta1(0.9f);
+  c.set_beta2(0.999f);
+  c.set_epsilon(1e-7f);
+  c.set_momentum(0.9f);
+  c.set_weight_decay(0.01f);
+  c.set_initial_accumulator(0.1f);
+  return c;
+}
+
+class OptimizerTest : public ::testing::TestWithParam<v1::OptimizerKind> {};
+
+TEST_P(OptimizerTest, MatchesDoublePrecisionReference) {
+  const size_t n = 257;
+  const v1::OptimizerConfig config = Config(GetParam());
+  std::unique_ptr<Optimizer> opt = *CreateOptimizer(config, n);
+  std::mt19937 rng(1);
+  std::normal_distribution<double> normal;
+  Reference ref{config, std::vector<double>(n), std::vector<double>(n, 0.0), std::vector<double>(n, 0.0),
+                std::vector<double>(n, config.initial_accumulator())};
+  std::vector<float> w(n);
+  for (size_t i = 0; i < n; ++i) w[i] = static_cast<float>(ref.w[i] = normal(rng));
+  for (int step = 0; step < 20; ++step) {
+    std::vector<double> g(n);
+    std::vector<float> gf(n);
+    for (size_t i = 0; i < n; ++i) {
+      gf[i] = static_cast<float>(normal(rng));
+      g[i] = gf[i];
+    }
+    opt->Apply(absl::MakeSpan(w), gf);
+    ref.Step(g);
+  }
+  EXPECT_EQ(opt->steps(), 20u);
+  for (size_t i = 0; i < n; ++i) {
+    EXPECT_NEAR(w[i], ref.w[i], 2e-5 * (1 + std::abs(ref.w[i]))) << "element " << i;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(AllKinds, OptimizerTest,
+                         ::testing::Values(v1::SGD, v1::MOMENTUM, v1::ADAM, v1::ADAGRAD),
+                         [](const auto& info) { return v1::OptimizerKind_Name(info.param); });
+
+TEST(Optimizer, UnspecifiedKindIsRejected) {
+  v1::OptimizerConfig c;
+  EXPECT_FALSE(CreateOptimizer(c, 4).ok());
+}
+
+}  // namespace
+}  // namespace segps

@@ -1,0 +1,199 @@
+#include "server/parameter_server.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+
+#include "absl/time/clock.h"
+#include "common/config.h"
+#include "common/tensor_bytes.h"
+
+namespace segps {
+namespace {
+
+const char kConfig[] = R"pb(
+cluster { num_servers: 2 }
+model {
+  input_width: 5
+  num_classes: 3
+  segments { name: "a" layers { units: 4 activation: TANH } layers { units: 3 activation: SOFTMAX } }
+  segments { name: "b" layers { units: 3 activation: SOFTMAX } }
+}
+optimizer { kind: ADAM }
+training { staleness: 0 workers_per_segment: 2 }
+data { source: SYNTHETIC_SEED }
+)pb";
+
+class ParameterServerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    config_ = *ParseConfig(kConfig, "test");
+    server_ = *ParameterServer::Create(config_, 1);
+    v1::RegisterRequest reg = Registration(0, 0);
+    v1::RegisterResponse response;
+    ASSERT_TRUE(server_->Register(reg, &response).ok());
+    worker_ = response.worker_id();
+    range_ = server_->shard_map().range(0, 1);
+  }
+
+  v1::RegisterRequest Registration(uint32_t segment, uint32_t rank) {
+    v1::RegisterRequest r;
+    r.set_segment(segment);
+    r.set_rank(rank);
+    r.set_model_fingerprint(ModelFingerprint(config_));
+    r.set_shard_fingerprint(server_->shard_map().fingerprint());
+    return r;
+  }
+
+  v1::PushRequest GoodPush(uint64_t clock = 0) {
+    v1::PushRequest p;
+    p.set_segment(0);
+    p.set_worker_id(worker_);
+    p.set_clock(clock);
+    std::vector<float> g(range_.count, 0.5f);
+    EncodeFloat32(g, range_.offset, p.mutable_gradient());
+    return p;
+  }
+
+  // Everything a rejected call must leave alone.
+  std::string State() {
+    v1::StatsResponse stats;
+    server_->Stats(&stats);
+    for (auto& s : *stats.mutable_segments()) s.clear_rejected();
+    std::string state = stats.SerializeAsString();
+    for (int k = 0; k < 2; ++k) {
+      std::vector<float> v = server_->shard(k).Snapshot();
+      state.append(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(float));
+    }
+    return state;
+  }
+
+  void ExpectRejected(const v1::PushRequest& push, absl::StatusCode code, const std::string& words) {
+    const std::string before = State();
+    v1::PushResponse response;
+    absl::Status status = server_->Push(push, absl::Now() + absl::Milliseconds(50), &response);
+    EXPECT_EQ(status.code(), code) << status;
+    EXPECT_NE(std::string(status.message()).find(words), std::string::npos) << status.message();
+    EXPECT_EQ(before, State()) << "a rejected push changed the server";
+  }
+
+  v1::JobConfig config_;
+  std::unique_ptr<ParameterServer> server_;
+  uint64_t worker_ = 0;
+  Range range_;
+};
+
+TEST_F(ParameterServerTest, GoodPushIsAppliedAndPullable) {
+  v1::PullRequest pull;
+  pull.set_segment(0);
+  pull.set_reader(true);
+  v1::PullResponse before, after;
+  ASSERT_TRUE(server_->Pull(pull, absl::Now(), &before).ok());
+  v1::PushResponse response;
+  ASSERT_TRUE(server_->Push(GoodPush(), absl::Now() + absl::Seconds(5), &response).ok());
+  EXPECT_TRUE(response.applied());
+  ASSERT_TRUE(server_->Pull(pull, absl::Now(), &after).ok());
+  EXPECT_EQ(after.values().offset(), range_.offset);
+  EXPECT_EQ(after.values().count(), range_.count);
+  EXPECT_NE(before.values().data(), after.values().data());
+  EXPECT_EQ(after.updates(), 1u);
+}
+
+TEST_F(ParameterServerTest, RejectsUnknownSegment) {
+  v1::PushRequest p = GoodPush();
+  p.set_segment(7);
+  ExpectRejected(p, absl::StatusCode::kNotFound, "unknown segment 7");
+}
+
+TEST_F(ParameterServerTest, RejectsWrongRange) {
+  v1::PushRequest p = GoodPush();
+  p.mutable_gradient()->set_offset(range_.offset + 1);
+  ExpectRejected(p, absl::StatusCode::kInvalidArgument, "does not match this server's shard");
+}
+
+TEST_F(ParameterServerTest, RejectsWrongByteLength) {
+  v1::PushRequest p = GoodPush();
+  p.mutable_gradient()->mutable_data()->pop_back();
+  ExpectRejected(p, absl::StatusCode::kInvalidArgument, "bytes for");
+}
+
+TEST_F(ParameterServerTest, RejectsUnknownAndUnsupportedDtypes) {
+  v1::PushRequest p = GoodPush();
+  p.mutable_gradient()->set_dtype(static_cast<v1::DType>(42));
+  ExpectRejected(p, absl::StatusCode::kInvalidArgument, "unknown dtype 42");
+  p.mutable_gradient()->set_dtype(v1::FLOAT16);
+  ExpectRejected(p, absl::StatusCode::kInvalidArgument, "FLOAT16 is not supported yet");
+}
+
+TEST_F(ParameterServerTest, RejectsNonFiniteGradients) {
+  for (float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()}) {
+    v1::PushRequest p = GoodPush();
+    std::vector<float> g(range_.count, 0.5f);
+    g[3] = bad;
+    EncodeFloat32(g, range_.offset, p.mutable_gradient());
+    ExpectRejected(p, absl::StatusCode::kInvalidArgument, "gradients must be finite");
+  }
+}
+
+TEST_F(ParameterServerTest, RejectsClockThatSkips) {
+  ExpectRejected(GoodPush(1), absl::StatusCode::kFailedPrecondition, "skips");
+}
+
+TEST_F(ParameterServerTest, RejectsUnregisteredWorker) {
+  v1::PushRequest p = GoodPush();
+  p.set_worker_id(999);
+  ExpectRejected(p, absl::StatusCode::kNotFound, "not registered");
+}
+
+TEST_F(ParameterServerTest, RejectsMismatchedFingerprints) {
+  const std::string before = State();
+  v1::RegisterRequest r = Registration(0, 1);
+  r.set_model_fingerprint("0123456789abcdef");
+  v1::RegisterResponse response;
+  absl::Status status = server_->Register(r, &response);
+  EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(std::string(status.message()).find("0123456789abcdef"), std::string::npos);
+  EXPECT_NE(std::string(status.message()).find(ModelFingerprint(config_)), std::string::npos);
+  r = Registration(0, 1);
+  r.set_shard_fingerprint("feedfeedfeedfeed");
+  EXPECT_EQ(server_->Register(r, &response).code(), absl::StatusCode::kFailedPrecondition);
+  r = Registration(0, 2);
+  EXPECT_EQ(server_->Register(r, &response).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(before, State());
+}
+
+TEST_F(ParameterServerTest, RejectsMalformedPulls) {
+  const std::string before = State();
+  v1::PullRequest pull;
+  pull.set_segment(0);
+  pull.set_worker_id(worker_);
+  pull.set_reader(true);  // a reader must not claim a worker id
+  v1::PullResponse response;
+  EXPECT_EQ(server_->Pull(pull, absl::Now(), &response).code(), absl::StatusCode::kInvalidArgument);
+  pull.set_reader(false);
+  pull.set_clock(100);
+  EXPECT_EQ(server_->Pull(pull, absl::Now(), &response).code(), absl::StatusCode::kInvalidArgument);
+  pull.set_segment(2);
+  EXPECT_EQ(server_->Pull(pull, absl::Now(), &response).code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(before, State());
+}
+
+TEST_F(ParameterServerTest, CountsRejections) {
+  v1::PushRequest p = GoodPush();
+  p.mutable_gradient()->set_dtype(v1::BFLOAT16);
+  v1::PushResponse response;
+  EXPECT_FALSE(server_->Push(p, absl::Now(), &response).ok());
+  v1::StatsResponse stats;
+  server_->Stats(&stats);
+  EXPECT_EQ(stats.segments(0).rejected(), 1u);
+  EXPECT_EQ(stats.server_index(), 1u);
+}
+
+TEST(ParameterServer, IndexOutOfRangeIsAnError) {
+  v1::JobConfig config = *ParseConfig(kConfig, "test");
+  EXPECT_FALSE(ParameterServer::Create(config, 2).ok());
+}
+
+}  // namespace
+}  // namespace segps

@@ -1,0 +1,99 @@
+// A worker against servers in the same process, over real gRPC on loopback
+// (port 0): the whole training path without process management.
+#include <gtest/gtest.h>
+
+#include <thread>
+
+#include "common/config.h"
+#include "server/grpc_service.h"
+#include "server/parameter_server.h"
+#include "tests/support/reference_training.h"
+#include "worker/backend.h"
+#include "worker/dataset.h"
+#include "worker/ps_client.h"
+#include "worker/trainer.h"
+
+namespace segps {
+namespace {
+
+class InProcessCluster {
+ public:
+  explicit InProcessCluster(const v1::JobConfig& config) {
+    for (uint32_t i = 0; i < config.cluster().num_servers(); ++i) {
+      servers_.push_back(*ParameterServer::Create(config, i));
+      running_.push_back(*StartGrpcServer(servers_.back().get(), "127.0.0.1:0"));
+      addresses_.push_back(running_.back()->address());
+    }
+  }
+  const std::vector<std::string>& addresses() const { return addresses_; }
+  // Segment k's parameters, stitched from every server's range.
+  std::vector<float> Parameters(int k) {
+    std::vector<float> all;
+    for (auto& s : servers_) {
+      std::vector<float> part = s->shard(k).Snapshot();
+      all.insert(all.end(), part.begin(), part.end());
+    }
+    return all;
+  }
+
+ private:
+  std::vector<std::unique_ptr<ParameterServer>> servers_;
+  std::vector<std::unique_ptr<RunningServer>> running_;
+  std::vector<std::string> addresses_;
+};
+
+v1::JobConfig SeedConfig(uint32_t epochs) {
+  v1::JobConfig config = *LoadConfig(std::string(SEGPS_SOURCE_DIR) + "/deploy/configs/seed.pbtxt");
+  config.mutable_training()->set_epochs(epochs);
+  return config;
+}
+
+TEST(WorkerInProcess, SynchronousTrainingEqualsSingleProcessReference) {
+  const v1::JobConfig config = SeedConfig(2);
+  InProcessCluster cluster(config);
+  TrainTest data = *LoadData(config);
+  std::vector<std::thread> workers;
+  std::vector<absl::StatusOr<TrainReport>> reports(2);
+  for (int k = 0; k < 2; ++k) {
+    workers.emplace_back([&, k] {
+      std::unique_ptr<Backend> backend = CreateCpuBackend(1);
+      std::unique_ptr<ParameterClient> client = *ConnectGrpc(config, cluster.addresses());
+      TrainerOptions options;
+      options.segment = k;
+      reports[k] = Train(config, options, data.train, backend.get(), client.get());
+    });
+  }
+  for (auto& t : workers) t.join();
+  std::vector<std::vector<float>> reference = TrainReference(config, data.train);
+  for (int k = 0; k < 2; ++k) {
+    ASSERT_TRUE(reports[k].ok()) << reports[k].status();
+    EXPECT_EQ(reports[k]->steps, 80u);  // 2 epochs x ceil(5000 / 128)
+    EXPECT_EQ(reports[k]->max_staleness, 0u);
+    EXPECT_LT(MaxRelativeError(cluster.Parameters(k), reference[k]), 1e-5) << "segment " << k;
+  }
+}
+
+TEST(WorkerInProcess, WorkerWithAnotherModelIsRefused) {
+  const v1::JobConfig config = SeedConfig(1);
+  InProcessCluster cluster(config);
+  v1::JobConfig other = config;
+  other.mutable_model()->mutable_segments(0)->mutable_layers(0)->set_units(65);
+  std::unique_ptr<ParameterClient> client = *ConnectGrpc(other, cluster.addresses());
+  absl::StatusOr<uint64_t> registered = client->Register(0, 0);
+  ASSERT_EQ(registered.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(std::string(registered.status().message()).find(ModelFingerprint(other)), std::string::npos);
+  EXPECT_NE(std::string(registered.status().message()).find(ModelFingerprint(config)), std::string::npos);
+}
+
+TEST(WorkerInProcess, ReaderPullsWithoutRegistering) {
+  const v1::JobConfig config = SeedConfig(1);
+  InProcessCluster cluster(config);
+  std::unique_ptr<ParameterClient> reader = *ConnectGrpc(config, cluster.addresses());
+  std::vector<float> params(3914);
+  absl::StatusOr<uint64_t> clock = reader->Pull(1, 0, absl::MakeSpan(params));
+  ASSERT_TRUE(clock.ok()) << clock.status();
+  EXPECT_EQ(params, cluster.Parameters(1));
+}
+
+}  // namespace
+}  // namespace segps
