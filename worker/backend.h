@@ -108,8 +108,9 @@ std::unique_ptr<Backend> CreateCpuBackend(int threads = 1);
 
 // Creates the backend named by a --device flag: "cpu", "cuda:N" or "auto"
 // (a GPU when one is usable, else the CPU). A GPU name on a machine or build
-// without one is an error that says so.
-absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(const std::string& device);
+// without one is an error that says so. `allow_tf32` lets a GPU use TF32
+// tensor cores for float32 products (faster, about 1e-3 relative error).
+absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(const std::string& device, bool allow_tf32 = false);
 
 }  // namespace segps
 

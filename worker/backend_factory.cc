@@ -9,11 +9,11 @@
 
 namespace segps {
 
-absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(const std::string& device) {
+absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(const std::string& device, bool allow_tf32) {
   if (device == "cpu") return CreateCpuBackend(1);
   if (device == "auto") {
 #ifdef SEGPS_WITH_CUDA
-    if (CudaDeviceCount() > 0) return CreateCudaBackend(0, /*allow_tf32=*/false);
+    if (CudaDeviceCount() > 0) return CreateCudaBackend(0, allow_tf32);
 #endif
     return CreateCpuBackend(1);
   }
@@ -23,8 +23,9 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(const std::string& device
       return absl::InvalidArgumentError(absl::StrCat("--device ", device, ": expected cuda:N with N >= 0"));
     }
 #ifdef SEGPS_WITH_CUDA
-    return CreateCudaBackend(index, /*allow_tf32=*/false);
+    return CreateCudaBackend(index, allow_tf32);
 #else
+    (void)allow_tf32;
     return absl::FailedPreconditionError(absl::StrCat(
         "--device ", device, ": this build has no CUDA backend (rebuild with nvcc and cuBLAS "
         "present, -DSEGPS_WITH_CUDA=ON); use --device cpu"));

@@ -24,6 +24,7 @@ ABSL_FLAG(std::string, servers, "",
           "Comma-separated host:port of every server, in index order. Default: "
           "cluster.server_addresses.");
 ABSL_FLAG(std::string, device, "cpu", "Compute device: cpu, cuda:N, or auto.");
+ABSL_FLAG(bool, tf32, false, "On a GPU, let cuBLAS use TF32 tensor cores for float32 products.");
 ABSL_FLAG(int32_t, slowdown_ms, 0, "Extra milliseconds per step (to play a straggler).");
 
 namespace {
@@ -65,7 +66,7 @@ int main(int argc, char** argv) {
   }
   if (servers.empty()) return Fail("--servers is required (the config lists no server_addresses)");
 
-  absl::StatusOr<std::unique_ptr<segps::Backend>> backend = segps::CreateBackend(absl::GetFlag(FLAGS_device));
+  absl::StatusOr<std::unique_ptr<segps::Backend>> backend = segps::CreateBackend(absl::GetFlag(FLAGS_device), absl::GetFlag(FLAGS_tf32));
   if (!backend.ok()) return Fail(std::string(backend.status().message()));
   absl::StatusOr<segps::TrainTest> data = segps::LoadData(*config);
   if (!data.ok()) return Fail(std::string(data.status().message()));

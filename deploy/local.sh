@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Installs what is missing, builds segps, and trains a config on a local
+# cluster (separate server and worker processes on loopback).
+#   bash deploy/local.sh [CONFIG] [segps-local flags...]
+# Default CONFIG: the walk-through (deploy/configs/seed.pbtxt).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+config=${1:-deploy/configs/seed.pbtxt}
+shift || true
+bash deploy/install-deps.sh
+cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo > /dev/null
+cmake --build build -j"$(nproc)"
+exec build/bin/segps-local --config "$config" "$@"
