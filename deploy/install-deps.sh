@@ -8,7 +8,7 @@ packages=(
   protobuf-compiler libprotobuf-dev
   libgrpc++-dev protobuf-compiler-grpc
   libabsl-dev libgtest-dev libgmock-dev
-  libopenblas-dev zlib1g-dev
+  libopenblas-dev zlib1g-dev prometheus-cpp-dev
   dataset-fashion-mnist
   python3
 )

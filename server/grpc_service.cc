@@ -81,6 +81,8 @@ class GrpcRunningServer final : public RunningServer {
 absl::StatusOr<std::unique_ptr<RunningServer>> StartGrpcServer(ParameterServer* server,
                                                                const std::string& listen) {
   auto service = std::make_unique<Service>(server);
+  // The standard grpc.health.v1.Health service, for orchestrators' health checks.
+  grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
   int port = 0;
   builder.AddListeningPort(listen, grpc::InsecureServerCredentials(), &port);

@@ -15,11 +15,14 @@
 #include "absl/strings/str_cat.h"
 #include "common/config.h"
 #include "common/log.h"
+#include "common/metrics.h"
 #include "server/grpc_service.h"
 #include "server/parameter_server.h"
 
 ABSL_FLAG(std::string, config, "", "Job config file (*.pbtxt). Required.");
 ABSL_FLAG(int32_t, index, -1, "This server's index in [0, cluster.num_servers). Required.");
+ABSL_FLAG(std::string, metrics_listen, "",
+          "host:port to serve Prometheus metrics on (/metrics). Default: no metrics.");
 ABSL_FLAG(std::string, listen, "",
           "host:port to serve on. Default: cluster.server_addresses[index] if listed, else "
           "127.0.0.1:0 (a free loopback port). Use 0.0.0.0:PORT to serve other hosts.");
@@ -63,8 +66,21 @@ int main(int argc, char** argv) {
   sigaddset(&signals, SIGINT);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
+  std::unique_ptr<segps::MetricsEndpoint> metrics_endpoint;
+  std::unique_ptr<segps::ServerMetrics> metrics;
+  if (!absl::GetFlag(FLAGS_metrics_listen).empty()) {
+    absl::StatusOr<std::unique_ptr<segps::MetricsEndpoint>> endpoint =
+        segps::MetricsEndpoint::Start(absl::GetFlag(FLAGS_metrics_listen));
+    if (!endpoint.ok()) {
+      std::cerr << "segps-server: " << endpoint.status().message() << "\n";
+      return 1;
+    }
+    metrics_endpoint = *std::move(endpoint);
+    metrics = std::make_unique<segps::ServerMetrics>(metrics_endpoint->registry(), *config, index);
+    std::cout << "segps-server metrics on http://" << metrics_endpoint->address() << "/metrics" << std::endl;
+  }
   absl::StatusOr<std::unique_ptr<segps::ParameterServer>> server =
-      segps::ParameterServer::Create(*config, static_cast<uint32_t>(index));
+      segps::ParameterServer::Create(*config, static_cast<uint32_t>(index), metrics.get());
   if (!server.ok()) {
     std::cerr << "segps-server: " << server.status().message() << "\n";
     return 1;

@@ -9,20 +9,20 @@
 
 namespace segps {
 
-ParameterServer::ParameterServer(v1::JobConfig config, uint32_t index, ShardMap map)
+ParameterServer::ParameterServer(v1::JobConfig config, uint32_t index, ShardMap map, ServerMetrics* metrics)
     : config_(std::move(config)), index_(index), map_(std::move(map)),
       model_fingerprint_(ModelFingerprint(config_)),
-      max_wait_(absl::Milliseconds(config_.cluster().pull_wait_ms())) {}
+      max_wait_(absl::Milliseconds(config_.cluster().pull_wait_ms())), metrics_(metrics) {}
 
 absl::StatusOr<std::unique_ptr<ParameterServer>> ParameterServer::Create(
-    const v1::JobConfig& config, uint32_t index) {
+    const v1::JobConfig& config, uint32_t index, ServerMetrics* metrics) {
   if (index >= config.cluster().num_servers()) {
     return absl::InvalidArgumentError(absl::StrCat("server index ", index, " is out of range: the config has ",
                                                    config.cluster().num_servers(), " servers"));
   }
   absl::StatusOr<ShardMap> map = ShardMap::Create(config.model(), config.cluster().num_servers());
   if (!map.ok()) return map.status();
-  std::unique_ptr<ParameterServer> server(new ParameterServer(config, index, *std::move(map)));
+  std::unique_ptr<ParameterServer> server(new ParameterServer(config, index, *std::move(map), metrics));
   const int segments = server->map_.num_segments();
   server->rejected_ = std::make_unique<std::atomic<uint64_t>[]>(segments + 1);
   for (int k = 0; k < segments; ++k) {
@@ -54,6 +54,7 @@ absl::StatusOr<SegmentShard*> ParameterServer::ShardFor(uint32_t segment, const 
 
 absl::Status ParameterServer::Reject(uint32_t segment, absl::Status status) {
   rejected_[std::min<size_t>(segment, shards_.size())].fetch_add(1, std::memory_order_relaxed);
+  if (metrics_ != nullptr) metrics_->ObserveRejected(static_cast<int>(segment));
   return status;
 }
 
@@ -102,6 +103,7 @@ absl::Status ParameterServer::Pull(const v1::PullRequest& request, absl::Time de
     return Reject(request.segment(), absl::InvalidArgumentError(
         "Pull: a reader pull has worker_id 0 and a worker pull has its registered worker_id"));
   }
+  const absl::Time start = absl::Now();
   absl::StatusOr<PullResult> result =
       (*shard)->Pull(request.worker_id(), request.clock(), deadline, response->mutable_values());
   if (!result.ok()) {
@@ -110,6 +112,11 @@ absl::Status ParameterServer::Pull(const v1::PullRequest& request, absl::Time de
   }
   response->set_clock(result->clock);
   response->set_updates(result->updates);
+  if (metrics_ != nullptr) {
+    const uint64_t staleness = request.reader() || request.clock() <= result->clock ? 0 : request.clock() - result->clock;
+    metrics_->ObservePull(static_cast<int>(request.segment()), absl::ToDoubleSeconds(absl::Now() - start),
+                          response->values().data().size(), staleness, absl::ToDoubleSeconds(result->blocked));
+  }
   return absl::OkStatus();
 }
 
@@ -129,11 +136,18 @@ absl::Status ParameterServer::Push(const v1::PushRequest& request, absl::Time de
           grad[i], "; gradients must be finite (nothing was applied)")));
     }
   }
+  const absl::Time start = absl::Now();
   absl::StatusOr<PushResult> result =
       (*shard)->Push(request.worker_id(), request.clock(), grad, deadline);
   if (!result.ok()) return Reject(request.segment(), result.status());
   response->set_applied(result->applied);
   response->set_next_clock(result->next_clock);
+  if (metrics_ != nullptr) {
+    const int segment = static_cast<int>(request.segment());
+    metrics_->ObservePush(segment, absl::ToDoubleSeconds(absl::Now() - start), request.gradient().data().size(),
+                          result->applied, absl::ToDoubleSeconds(result->apply));
+    metrics_->ObserveWorkerClock(segment, result->rank, result->next_clock);
+  }
   return absl::OkStatus();
 }
 

@@ -18,6 +18,7 @@
 #include "segps/v1/config.pb.h"
 #include "segps/v1/parameter_server.pb.h"
 #include "server/segment_shard.h"
+#include "server/server_metrics.h"
 
 namespace segps {
 
@@ -25,8 +26,10 @@ class ParameterServer {
  public:
   // `config` must come from LoadConfig. Allocates and initialises this
   // server's ranges of every segment.
+  // `metrics`, when given, must outlive the server.
   static absl::StatusOr<std::unique_ptr<ParameterServer>> Create(const v1::JobConfig& config,
-                                                                 uint32_t index);
+                                                                 uint32_t index,
+                                                                 ServerMetrics* metrics = nullptr);
 
   // Each call validates its request; a rejected call changes nothing.
   // `deadline` bounds any wait (the client's deadline, capped by
@@ -47,7 +50,7 @@ class ParameterServer {
   SegmentShard& shard(int segment) { return *shards_[segment]; }
 
  private:
-  ParameterServer(v1::JobConfig config, uint32_t index, ShardMap map);
+  ParameterServer(v1::JobConfig config, uint32_t index, ShardMap map, ServerMetrics* metrics);
   absl::StatusOr<SegmentShard*> ShardFor(uint32_t segment, const char* call);
   absl::Status Reject(uint32_t segment, absl::Status status);
 
@@ -56,6 +59,7 @@ class ParameterServer {
   const ShardMap map_;
   const std::string model_fingerprint_;
   const absl::Duration max_wait_;
+  ServerMetrics* const metrics_;  // may be null
   std::vector<std::unique_ptr<SegmentShard>> shards_;
   std::unique_ptr<std::atomic<uint64_t>[]> rejected_;
   std::atomic<uint64_t> next_worker_id_{1};

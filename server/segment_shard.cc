@@ -66,7 +66,7 @@ absl::StatusOr<SegmentShard::Worker*> SegmentShard::FindLive(uint64_t id, absl::
 }
 
 uint64_t SegmentShard::Register(uint64_t id, uint32_t rank, std::optional<uint64_t> join_clock) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   const absl::Time now = absl::Now();
   ExpireLeases(now);
   for (auto it = workers_.begin(); it != workers_.end();) {
@@ -86,8 +86,9 @@ uint64_t SegmentShard::Register(uint64_t id, uint32_t rank, std::optional<uint64
 
 absl::StatusOr<PullResult> SegmentShard::Pull(uint64_t id, uint64_t clock, absl::Time deadline,
                                               v1::TensorSlice* out) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   absl::Time now = absl::Now();
+  PullResult result;
   if (id != 0) {
     absl::StatusOr<Worker*> w = FindLive(id, now, "Pull");
     if (!w.ok()) return w.status();
@@ -128,10 +129,10 @@ absl::StatusOr<PullResult> SegmentShard::Pull(uint64_t id, uint64_t clock, absl:
       it->second.last_seen = now;
     }
     blocked_ += now - wait_start;
+    result.blocked = now - wait_start;
   }
   ++pulls_;
   EncodeFloat32(values_, options_.range.offset, out);
-  PullResult result;
   result.clock = SegmentClock();
   result.updates = optimizer_->steps();
   return result;
@@ -139,12 +140,12 @@ absl::StatusOr<PullResult> SegmentShard::Pull(uint64_t id, uint64_t clock, absl:
 
 absl::StatusOr<PushResult> SegmentShard::Push(uint64_t id, uint64_t clock,
                                               absl::Span<const float> grad, absl::Time deadline) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   absl::Time now = absl::Now();
   absl::StatusOr<Worker*> found = FindLive(id, now, "Push");
   if (!found.ok()) return found.status();
   Worker* w = *found;
-  if (clock < w->next_clock) return PushResult{false, w->next_clock};  // a retry: already applied
+  if (clock < w->next_clock) return PushResult{false, w->next_clock, w->rank, absl::ZeroDuration()};  // a retry: already applied
   if (clock > w->next_clock + options_.max_clock_ahead) {
     return absl::FailedPreconditionError(
         absl::StrCat("Push: clock ", clock, " of worker ", id, " skips ahead: expected clock ",
@@ -166,23 +167,25 @@ absl::StatusOr<PushResult> SegmentShard::Push(uint64_t id, uint64_t clock,
     }
     w = &it->second;
     w->last_seen = now;
-    if (clock < w->next_clock) return PushResult{false, w->next_clock};
+    if (clock < w->next_clock) return PushResult{false, w->next_clock, w->rank, absl::ZeroDuration()};
   }
+  const absl::Time apply_start = absl::Now();
   optimizer_->Apply(absl::MakeSpan(values_), grad);
+  const absl::Duration apply = absl::Now() - apply_start;
   ++pushes_;
   ++w->next_clock;
   highest_clock_ = std::max(highest_clock_, w->next_clock);
   changed_.SignalAll();
-  return PushResult{true, w->next_clock};
+  return PushResult{true, w->next_clock, w->rank, apply};
 }
 
 bool SegmentShard::Renew(uint64_t id) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   return FindLive(id, absl::Now(), "Heartbeat").ok();
 }
 
 bool SegmentShard::Leave(uint64_t id) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   if (workers_.erase(id) == 0) return false;
   changed_.SignalAll();
   return true;
@@ -190,7 +193,7 @@ bool SegmentShard::Leave(uint64_t id) {
 
 void SegmentShard::FillStats(v1::SegmentStats* stats,
                              google::protobuf::RepeatedPtrField<v1::WorkerStats>* workers) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   ExpireLeases(absl::Now());
   stats->set_segment(options_.segment);
   stats->set_offset(options_.range.offset);
@@ -211,7 +214,7 @@ void SegmentShard::FillStats(v1::SegmentStats* stats,
 }
 
 std::vector<float> SegmentShard::Snapshot() {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   return values_;
 }
 

@@ -30,10 +30,10 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "common/shard_map.h"
+#include "common/sync.h"
 #include "segps/v1/parameter_server.pb.h"
 #include "server/optimizer.h"
 
@@ -50,11 +50,14 @@ struct ShardOptions {
 struct PullResult {
   uint64_t clock = 0;
   uint64_t updates = 0;
+  absl::Duration blocked;  // time waiting on the staleness bound
 };
 
 struct PushResult {
   bool applied = false;
   uint64_t next_clock = 0;
+  uint32_t rank = 0;
+  absl::Duration apply;  // time in the optimizer
 };
 
 class SegmentShard {
@@ -112,8 +115,8 @@ class SegmentShard {
 
   const ShardOptions options_;
 
-  absl::Mutex mu_;
-  absl::CondVar changed_;
+  Mutex mu_;
+  CondVar changed_;
   std::vector<float> values_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<Optimizer> optimizer_ ABSL_GUARDED_BY(mu_);
   std::map<uint64_t, Worker> workers_ ABSL_GUARDED_BY(mu_);

@@ -7,10 +7,10 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/blocking_counter.h"
 #include "absl/time/clock.h"
 #include "common/config.h"
 #include "common/grpc_status.h"
+#include "common/sync.h"
 #include "common/tensor_bytes.h"
 #include "segps/v1/parameter_server.grpc.pb.h"
 #include "worker/ps_client.h"
@@ -183,14 +183,14 @@ class GrpcClient final : public ParameterClient {
     while (true) {
       const size_t count = std::count(pending.begin(), pending.end(), true);
       std::vector<std::unique_ptr<grpc::ClientContext>> contexts(n);
-      absl::BlockingCounter remaining(static_cast<int>(count));
+      Latch remaining(static_cast<int>(count));
       for (size_t i = 0; i < n; ++i) {
         if (!pending[i]) continue;
         contexts[i] = std::make_unique<grpc::ClientContext>();
         contexts[i]->set_deadline(absl::ToChronoTime(absl::Now() + per_call));
         start(i, contexts[i].get(), [&results, &remaining, i](grpc::Status status) {
           results[i] = FromGrpcStatus(status);
-          remaining.DecrementCount();
+          remaining.CountDown();
         });
       }
       remaining.Wait();

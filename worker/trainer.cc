@@ -11,12 +11,11 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "absl/synchronization/mutex.h"
-#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "common/config.h"
 #include "common/log.h"
 #include "common/status_macros.h"
+#include "common/sync.h"
 #include "worker/segment_model.h"
 
 namespace segps {
@@ -31,31 +30,32 @@ class Prefetcher {
   }
   ~Prefetcher() {
     {
-      absl::MutexLock lock(&mu_);
+      MutexLock lock(&mu_);
       stop_ = true;
+      changed_.SignalAll();
     }
     thread_.join();
   }
 
   // Starts pulling for `clock` into `dest`; no pull may be outstanding.
   void Start(uint64_t clock, absl::Span<float> dest) {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     request_ = Request{clock, dest};
     result_.reset();
+    changed_.SignalAll();
   }
   bool outstanding() {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     return request_.has_value() || busy_ || result_.has_value();
   }
   bool done() {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     return result_.has_value();
   }
   // Waits for the outstanding pull; returns the clock its values reflect.
   absl::StatusOr<uint64_t> Take() {
-    absl::MutexLock lock(&mu_);
-    mu_.Await(absl::Condition(
-        +[](std::optional<absl::StatusOr<uint64_t>>* r) { return r->has_value(); }, &result_));
+    MutexLock lock(&mu_);
+    while (!result_.has_value()) changed_.Wait(&mu_);
     absl::StatusOr<uint64_t> result = *std::move(result_);
     result_.reset();
     return result;
@@ -70,24 +70,26 @@ class Prefetcher {
     while (true) {
       Request request;
       {
-        absl::MutexLock lock(&mu_);
-        mu_.Await(absl::Condition(this, &Prefetcher::HasWork));
+        MutexLock lock(&mu_);
+        while (!HasWork()) changed_.Wait(&mu_);
         if (stop_) return;
         request = *request_;
         request_.reset();
         busy_ = true;
       }
       absl::StatusOr<uint64_t> result = client_->Pull(segment_, request.clock, request.dest);
-      absl::MutexLock lock(&mu_);
+      MutexLock lock(&mu_);
       busy_ = false;
       result_ = std::move(result);
+      changed_.SignalAll();
     }
   }
   bool HasWork() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_ || request_.has_value(); }
 
   ParameterClient* const client_;
   const int segment_;
-  absl::Mutex mu_;
+  Mutex mu_;
+  CondVar changed_;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   bool busy_ ABSL_GUARDED_BY(mu_) = false;
   std::optional<Request> request_ ABSL_GUARDED_BY(mu_);
@@ -105,24 +107,26 @@ class Pusher {
   }
   ~Pusher() {
     {
-      absl::MutexLock lock(&mu_);
+      MutexLock lock(&mu_);
       stop_ = true;
+      changed_.SignalAll();
     }
     thread_.join();
   }
   // Queues a push, first waiting while max_in_flight are outstanding.
   absl::Status Enqueue(std::unique_ptr<EncodedPush> push) {
-    absl::MutexLock lock(&mu_);
-    mu_.Await(absl::Condition(this, &Pusher::HasRoom));
+    MutexLock lock(&mu_);
+    while (!HasRoom()) changed_.Wait(&mu_);
     if (!error_.ok()) return error_;
     queue_.push_back(std::move(push));
     ++in_flight_;
+    changed_.SignalAll();
     return absl::OkStatus();
   }
   // Waits until every queued push is acknowledged.
   absl::Status Drain() {
-    absl::MutexLock lock(&mu_);
-    mu_.Await(absl::Condition(this, &Pusher::Drained));
+    MutexLock lock(&mu_);
+    while (!Drained()) changed_.Wait(&mu_);
     return error_;
   }
 
@@ -131,16 +135,17 @@ class Pusher {
     while (true) {
       std::unique_ptr<EncodedPush> push;
       {
-        absl::MutexLock lock(&mu_);
-        mu_.Await(absl::Condition(this, &Pusher::HasWork));
+        MutexLock lock(&mu_);
+        while (!HasWork()) changed_.Wait(&mu_);
         if (queue_.empty()) return;  // stopping
         push = std::move(queue_.front());
         queue_.pop_front();
       }
       absl::Status status = client_->Send(*push);
-      absl::MutexLock lock(&mu_);
+      MutexLock lock(&mu_);
       --in_flight_;
       if (!status.ok() && error_.ok()) error_ = status;
+      changed_.SignalAll();
     }
   }
   bool HasWork() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_ || !queue_.empty(); }
@@ -151,7 +156,8 @@ class Pusher {
 
   ParameterClient* const client_;
   const uint32_t max_in_flight_;
-  absl::Mutex mu_;
+  Mutex mu_;
+  CondVar changed_;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   uint32_t in_flight_ ABSL_GUARDED_BY(mu_) = 0;
   std::deque<std::unique_ptr<EncodedPush>> queue_ ABSL_GUARDED_BY(mu_);
@@ -164,19 +170,32 @@ class HeartbeatLoop {
  public:
   HeartbeatLoop(ParameterClient* client, absl::Duration period) {
     thread_ = std::thread([this, client, period] {
-      while (!stop_.WaitForNotificationWithTimeout(period)) {
+      while (!StopWithin(period)) {
         absl::Status status = client->Heartbeat();
         if (!status.ok()) SEGPS_LOG_WARNING << "heartbeat: " << status.message();
       }
     });
   }
   ~HeartbeatLoop() {
-    stop_.Notify();
+    {
+      MutexLock lock(&mu_);
+      stop_ = true;
+      changed_.SignalAll();
+    }
     thread_.join();
   }
 
  private:
-  absl::Notification stop_;
+  // True once asked to stop; waits at most `period` for it.
+  bool StopWithin(absl::Duration period) {
+    MutexLock lock(&mu_);
+    const absl::Time deadline = absl::Now() + period;
+    while (!stop_ && absl::Now() < deadline) changed_.WaitWithDeadline(&mu_, deadline);
+    return stop_;
+  }
+  Mutex mu_;
+  CondVar changed_;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
   std::thread thread_;
 };
 

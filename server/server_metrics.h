@@ -1,0 +1,49 @@
+// A parameter server's Prometheus metrics. Created once per process when
+// --metrics_listen is given; ParameterServer records into it.
+//
+// Thread safety: every Observe* may be called concurrently.
+#ifndef SEGPS_SERVER_SERVER_METRICS_H_
+#define SEGPS_SERVER_SERVER_METRICS_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "prometheus/registry.h"
+#include "segps/v1/config.pb.h"
+
+namespace segps {
+
+class ServerMetrics {
+ public:
+  ServerMetrics(prometheus::Registry& registry, const v1::JobConfig& config, uint32_t server_index);
+
+  // A pull answered: handler time, payload bytes, clocks the worker was ahead
+  // of what the values reflect, time spent waiting on the staleness bound.
+  void ObservePull(int segment, double seconds, uint64_t bytes, uint64_t staleness, double blocked_seconds);
+  // A push handled; `applied` false for an acknowledged retry.
+  void ObservePush(int segment, double seconds, uint64_t bytes, bool applied, double apply_seconds);
+  void ObserveWorkerClock(int segment, uint32_t rank, uint64_t next_clock);
+  void ObserveRejected(int segment);
+
+ private:
+  struct PerSegment {
+    prometheus::Counter* pulls;
+    prometheus::Counter* pushes;
+    prometheus::Counter* pull_bytes;
+    prometheus::Counter* push_bytes;
+    prometheus::Counter* blocked_seconds;
+    prometheus::Counter* rejected;
+    prometheus::Histogram* pull_latency;
+    prometheus::Histogram* push_latency;
+    prometheus::Histogram* apply_seconds;
+    prometheus::Histogram* staleness;
+  };
+  std::vector<PerSegment> segments_;
+  std::vector<std::string> names_;
+  const std::string server_;
+  prometheus::Family<prometheus::Gauge>* worker_clock_;
+};
+
+}  // namespace segps
+
+#endif  // SEGPS_SERVER_SERVER_METRICS_H_
