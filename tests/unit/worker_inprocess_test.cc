@@ -45,6 +45,8 @@ class InProcessCluster {
 v1::JobConfig SeedConfig(uint32_t epochs) {
   v1::JobConfig config = *LoadConfig(std::string(SEGPS_SOURCE_DIR) + "/deploy/configs/seed.pbtxt");
   config.mutable_training()->set_epochs(epochs);
+  // Leases are not under test here; a long one keeps slow sanitizer builds from dropping workers.
+  config.mutable_cluster()->set_lease_ms(60000);
   return config;
 }
 
