@@ -76,7 +76,19 @@ absl::Status ParameterServer::Register(const v1::RegisterRequest& request,
         map_.num_servers(), ")")));
   }
   const uint32_t workers = WorkersOf(config_, request.segment());
-  if (request.rank() >= workers) {
+  uint32_t rank = request.rank();
+  if (request.any_rank()) {
+    // Two replicas asking at once could both see the same free rank; the
+    // second registration then replaces the first, which notices at its
+    // next call. Replicas start seconds apart in practice.
+    std::optional<uint32_t> free = (*shard)->FreeRank(workers);
+    if (!free.has_value()) {
+      return Reject(request.segment(), absl::ResourceExhaustedError(absl::StrCat(
+          "Register: all ", workers, " ranks of segment ", request.segment(),
+          " are held by live workers; raise the segment's workers in the config")));
+    }
+    rank = *free;
+  } else if (rank >= workers) {
     return Reject(request.segment(), absl::InvalidArgumentError(absl::StrCat(
         "Register: rank ", request.rank(), " is out of range: segment ", request.segment(),
         " has ", workers, " workers")));
@@ -84,7 +96,7 @@ absl::Status ParameterServer::Register(const v1::RegisterRequest& request,
   const uint64_t id = next_worker_id_.fetch_add(1);
   std::optional<uint64_t> join;
   if (request.has_join_clock()) join = request.join_clock();
-  const uint64_t start = (*shard)->Register(id, request.rank(), join);
+  const uint64_t start = (*shard)->Register(id, rank, join);
   const Range range = map_.range(request.segment(), index_);
   response->set_worker_id(id);
   response->set_start_clock(start);
@@ -92,6 +104,7 @@ absl::Status ParameterServer::Register(const v1::RegisterRequest& request,
   response->set_offset(range.offset);
   response->set_count(range.count);
   response->set_lease_ms(config_.cluster().lease_ms());
+  response->set_rank(rank);
   return absl::OkStatus();
 }
 

@@ -179,6 +179,19 @@ absl::StatusOr<PushResult> SegmentShard::Push(uint64_t id, uint64_t clock,
   return PushResult{true, w->next_clock, w->rank, apply};
 }
 
+std::optional<uint32_t> SegmentShard::FreeRank(uint32_t ranks) {
+  MutexLock lock(&mu_);
+  ExpireLeases(absl::Now());
+  std::vector<bool> taken(ranks, false);
+  for (const auto& [id, w] : workers_) {
+    if (w.live && w.rank < ranks) taken[w.rank] = true;
+  }
+  for (uint32_t r = 0; r < ranks; ++r) {
+    if (!taken[r]) return r;
+  }
+  return std::nullopt;
+}
+
 bool SegmentShard::Renew(uint64_t id) {
   MutexLock lock(&mu_);
   return FindLive(id, absl::Now(), "Heartbeat").ok();

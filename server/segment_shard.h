@@ -83,6 +83,9 @@ class SegmentShard {
   absl::StatusOr<PushResult> Push(uint64_t id, uint64_t clock, absl::Span<const float> grad,
                                   absl::Time deadline);
 
+  // The lowest rank below `ranks` that no live worker holds, if any.
+  std::optional<uint32_t> FreeRank(uint32_t ranks);
+
   // Renews a lease; false when the worker is unknown here or no longer live.
   bool Renew(uint64_t id);
   // Removes a worker; false when unknown here.

@@ -42,19 +42,25 @@ class GrpcClient final : public ParameterClient {
     worker_ids_.assign(addresses_.size(), 0);
   }
 
-  absl::StatusOr<uint64_t> Register(int segment, uint32_t rank) override {
+  absl::StatusOr<Registration> Register(int segment, std::optional<uint32_t> rank) override {
     if (segment < 0 || segment >= map_.num_segments()) {
       return absl::InvalidArgumentError(absl::StrCat("segment ", segment, " is out of range"));
     }
     v1::RegisterRequest request;
     request.set_segment(segment);
-    request.set_rank(rank);
+    request.set_rank(rank.value_or(0));
+    request.set_any_rank(!rank.has_value());
     request.set_model_fingerprint(fingerprint_);
     request.set_shard_fingerprint(map_.fingerprint());
-    uint64_t start = 0;
-    // Server 0 picks the clock; the others are told to join at the same one.
+    Registration registration;
+    // Server 0 picks the clock (and the rank if asked); the others are told
+    // to use the same.
     for (size_t i = 0; i < stubs_.size(); ++i) {
-      if (i > 0) request.set_join_clock(start);
+      if (i > 0) {
+        request.set_join_clock(registration.start_clock);
+        request.set_rank(registration.rank);
+        request.set_any_rank(false);
+      }
       v1::RegisterResponse response;
       absl::Status status = WithRetries(rpc_deadline_ * 4, [&](absl::Duration left) {
         grpc::ClientContext context;
@@ -64,9 +70,9 @@ class GrpcClient final : public ParameterClient {
       });
       if (!status.ok()) return Annotate(status, i, "Register");
       worker_ids_[i] = response.worker_id();
-      if (i == 0) start = response.start_clock();
+      if (i == 0) registration = {response.start_clock(), response.rank()};
     }
-    return start;
+    return registration;
   }
 
   absl::StatusOr<uint64_t> Pull(int segment, uint64_t clock, absl::Span<float> dest) override {

@@ -8,18 +8,24 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/time.h"
 #include "common/config.h"
 #include "common/log.h"
+#include "common/metrics.h"
 #include "worker/backend.h"
 #include "worker/dataset.h"
 #include "worker/ps_client.h"
 #include "worker/trainer.h"
+#include "worker/worker_metrics.h"
 
 ABSL_FLAG(std::string, config, "", "Job config file (*.pbtxt). Required.");
 ABSL_FLAG(std::string, segment, "", "Segment to train: its index or its name. Required.");
-ABSL_FLAG(int32_t, rank, 0, "This worker's rank within the segment, in [0, workers).");
+ABSL_FLAG(std::string, rank, "0",
+          "This worker's rank within the segment, in [0, workers), or 'auto' to take the lowest free "
+          "rank (identical replicas, e.g. a scaled compose service).");
+ABSL_FLAG(std::string, metrics_listen, "", "host:port to serve Prometheus metrics on (/metrics). Default: none.");
 ABSL_FLAG(std::string, servers, "",
           "Comma-separated host:port of every server, in index order. Default: "
           "cluster.server_addresses.");
@@ -53,10 +59,15 @@ int main(int argc, char** argv) {
   if (segment < 0) {
     return Fail("--segment '" + segment_flag + "' names no segment of the config (give an index or a name)");
   }
-  const int32_t rank = absl::GetFlag(FLAGS_rank);
-  if (rank < 0 || rank >= static_cast<int32_t>(segps::WorkersOf(*config, segment))) {
-    return Fail("--rank must be in [0, " + std::to_string(segps::WorkersOf(*config, segment)) +
-                ") for segment " + config->model().segments(segment).name());
+  std::optional<uint32_t> rank;
+  const std::string rank_flag = absl::GetFlag(FLAGS_rank);
+  if (rank_flag != "auto") {
+    uint32_t r = 0;
+    if (!absl::SimpleAtoi(rank_flag, &r) || r >= segps::WorkersOf(*config, segment)) {
+      return Fail("--rank must be 'auto' or in [0, " + std::to_string(segps::WorkersOf(*config, segment)) +
+                  ") for segment " + config->model().segments(segment).name() + ", got '" + rank_flag + "'");
+    }
+    rank = r;
   }
   std::vector<std::string> servers;
   if (!absl::GetFlag(FLAGS_servers).empty()) {
@@ -73,15 +84,28 @@ int main(int argc, char** argv) {
   absl::StatusOr<std::unique_ptr<segps::ParameterClient>> client = segps::ConnectGrpc(*config, servers);
   if (!client.ok()) return Fail(std::string(client.status().message()));
 
+  std::unique_ptr<segps::MetricsEndpoint> metrics_endpoint;
+  std::unique_ptr<segps::WorkerMetrics> metrics;
+  if (!absl::GetFlag(FLAGS_metrics_listen).empty()) {
+    absl::StatusOr<std::unique_ptr<segps::MetricsEndpoint>> endpoint =
+        segps::MetricsEndpoint::Start(absl::GetFlag(FLAGS_metrics_listen));
+    if (!endpoint.ok()) return Fail(std::string(endpoint.status().message()));
+    metrics_endpoint = *std::move(endpoint);
+    metrics = std::make_unique<segps::WorkerMetrics>(metrics_endpoint->registry(),
+                                                     config->model().segments(segment).name());
+    SEGPS_LOG_INFO << "metrics on http://" << metrics_endpoint->address() << "/metrics";
+  }
+
   segps::TrainerOptions options;
   options.segment = segment;
-  options.rank = static_cast<uint32_t>(rank);
+  options.rank = rank;
+  options.metrics = metrics.get();
   options.slowdown = absl::Milliseconds(absl::GetFlag(FLAGS_slowdown_ms));
   options.progress_bar = isatty(STDOUT_FILENO) != 0;
   absl::StatusOr<segps::TrainReport> report =
       segps::Train(*config, options, data->train, backend->get(), client->get());
   if (!report.ok()) return Fail(std::string(report.status().message()));
-  SEGPS_LOG_INFO << config->model().segments(segment).name() << "/" << rank << ": done: " << report->steps
+  SEGPS_LOG_INFO << config->model().segments(segment).name() << ": done: " << report->steps
                  << " steps, " << report->samples << " samples in " << report->seconds << " s ("
                  << static_cast<int64_t>(report->samples / std::max(1e-9, report->seconds))
                  << " samples/s); last epoch loss " << report->last_loss << " acc " << report->last_accuracy

@@ -14,6 +14,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -32,13 +33,19 @@ class EncodedPush {
   virtual uint64_t clock() const = 0;
 };
 
+struct Registration {
+  uint64_t start_clock = 0;  // the clock of the worker's first push
+  uint32_t rank = 0;
+};
+
 class ParameterClient {
  public:
   virtual ~ParameterClient() = default;
 
   // Registers as worker `rank` of `segment` with every server (waiting for
-  // servers that are still starting) and returns the clock to start at.
-  virtual absl::StatusOr<uint64_t> Register(int segment, uint32_t rank) = 0;
+  // servers that are still starting); without a rank, server 0 assigns the
+  // lowest free one.
+  virtual absl::StatusOr<Registration> Register(int segment, std::optional<uint32_t> rank) = 0;
 
   // Pulls the segment's parameters into `dest` (segment_size floats) once
   // the staleness bound allows computing `clock`. Without a registration it

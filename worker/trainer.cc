@@ -25,7 +25,8 @@ namespace {
 // while the current batch computes. Thread-safe.
 class Prefetcher {
  public:
-  Prefetcher(ParameterClient* client, int segment) : client_(client), segment_(segment) {
+  Prefetcher(ParameterClient* client, int segment, WorkerMetrics* metrics)
+      : client_(client), segment_(segment), metrics_(metrics) {
     thread_ = std::thread([this] { Loop(); });
   }
   ~Prefetcher() {
@@ -77,7 +78,11 @@ class Prefetcher {
         request_.reset();
         busy_ = true;
       }
+      const absl::Time start = absl::Now();
       absl::StatusOr<uint64_t> result = client_->Pull(segment_, request.clock, request.dest);
+      if (metrics_ != nullptr && result.ok()) {
+        metrics_->ObservePull(absl::ToDoubleSeconds(absl::Now() - start), request.dest.size() * sizeof(float));
+      }
       MutexLock lock(&mu_);
       busy_ = false;
       result_ = std::move(result);
@@ -88,6 +93,7 @@ class Prefetcher {
 
   ParameterClient* const client_;
   const int segment_;
+  WorkerMetrics* const metrics_;
   Mutex mu_;
   CondVar changed_;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
@@ -101,8 +107,8 @@ class Prefetcher {
 // `max_in_flight` queued or being sent. Thread-safe.
 class Pusher {
  public:
-  Pusher(ParameterClient* client, uint32_t max_in_flight)
-      : client_(client), max_in_flight_(max_in_flight) {
+  Pusher(ParameterClient* client, uint32_t max_in_flight, WorkerMetrics* metrics, uint64_t bytes)
+      : client_(client), max_in_flight_(max_in_flight), metrics_(metrics), bytes_(bytes) {
     thread_ = std::thread([this] { Loop(); });
   }
   ~Pusher() {
@@ -141,7 +147,9 @@ class Pusher {
         push = std::move(queue_.front());
         queue_.pop_front();
       }
+      const absl::Time start = absl::Now();
       absl::Status status = client_->Send(*push);
+      if (metrics_ != nullptr && status.ok()) metrics_->ObservePush(absl::ToDoubleSeconds(absl::Now() - start), bytes_);
       MutexLock lock(&mu_);
       --in_flight_;
       if (!status.ok() && error_.ok()) error_ = status;
@@ -156,6 +164,8 @@ class Pusher {
 
   ParameterClient* const client_;
   const uint32_t max_in_flight_;
+  WorkerMetrics* const metrics_;
+  const uint64_t bytes_;
   Mutex mu_;
   CondVar changed_;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
@@ -215,22 +225,13 @@ absl::StatusOr<TrainReport> Train(const v1::JobConfig& config, const TrainerOpti
                                   const Dataset& train, Backend* backend, ParameterClient* client) {
   const int segment = options.segment;
   const auto& seg = config.model().segments(segment);
-  const std::string tag = absl::StrCat(seg.name(), "/", options.rank);
   const uint32_t batch = config.training().batch_size();
   const uint32_t epochs = config.training().epochs();
   const int32_t staleness = StalenessOf(config, segment);
-  const Range slice = WorkerSlice(config, train.size(), segment, options.rank);
-  if (slice.count == 0) {
-    return absl::FailedPreconditionError(absl::StrCat(tag, ": its data slice is empty (", train.size(),
-                                                      " training samples for too many workers)"));
-  }
   if (train.width != static_cast<int>(config.model().input_width())) {
     return absl::InvalidArgumentError(absl::StrCat("data width ", train.width, " != model.input_width ",
                                                    config.model().input_width()));
   }
-  const uint64_t steps_per_epoch = StepsPerEpoch(slice.count, batch);
-  const uint64_t total_steps = steps_per_epoch * epochs;
-
   absl::StatusOr<SegmentModel> model_or =
       SegmentModel::Create(backend, config.model(), segment, static_cast<int>(batch));
   if (!model_or.ok()) return model_or.status();
@@ -250,17 +251,27 @@ absl::StatusOr<TrainReport> Train(const v1::JobConfig& config, const TrainerOpti
   }
   Buffer* pulled[2] = {&*pulled0, &*pulled1};
 
-  absl::StatusOr<uint64_t> start_or = client->Register(segment, options.rank);
-  if (!start_or.ok()) return start_or.status();
-  const uint64_t start = *start_or;
+  absl::StatusOr<Registration> registration = client->Register(segment, options.rank);
+  if (!registration.ok()) return registration.status();
+  const uint64_t start = registration->start_clock;
+  const uint32_t rank = registration->rank;
+  const std::string tag = absl::StrCat(seg.name(), "/", rank);
+  const Range slice = WorkerSlice(config, train.size(), segment, rank);
+  if (slice.count == 0) {
+    return absl::FailedPreconditionError(absl::StrCat(tag, ": its data slice is empty (", train.size(),
+                                                      " training samples for too many workers)"));
+  }
+  const uint64_t steps_per_epoch = StepsPerEpoch(slice.count, batch);
+  const uint64_t total_steps = steps_per_epoch * epochs;
   SEGPS_LOG_INFO << tag << ": registered at clock " << start << " on " << backend->name() << "; "
                  << slice.count << " samples [" << slice.offset << ", " << slice.end() << "), " << epochs
                  << " epochs of " << steps_per_epoch << " steps, batch " << batch << ", staleness "
                  << (staleness < 0 ? std::string("unbounded") : std::to_string(staleness));
 
   HeartbeatLoop heartbeat(client, absl::Milliseconds(config.cluster().lease_ms()) / 3);
-  Pusher pusher(client, PushesInFlight(config, segment));
-  Prefetcher prefetcher(client, segment);
+  if (options.metrics != nullptr) options.metrics->SetRank(rank);
+  Pusher pusher(client, PushesInFlight(config, segment), options.metrics, n * sizeof(float));
+  Prefetcher prefetcher(client, segment, options.metrics);
   int fill = 0;  // the pull buffer the outstanding pull fills
   prefetcher.Start(start, absl::MakeSpan(pulled[fill]->data(), n));
 
@@ -274,7 +285,7 @@ absl::StatusOr<TrainReport> Train(const v1::JobConfig& config, const TrainerOpti
   absl::Time next_log = t0 + log_every;
 
   for (uint32_t epoch = 0; epoch < epochs; ++epoch) {
-    const std::vector<uint32_t> order = EpochOrder(slice, config.seed(), segment, options.rank, epoch);
+    const std::vector<uint32_t> order = EpochOrder(slice, config.seed(), segment, rank, epoch);
     epoch_window = Window();
     for (uint64_t s = 0; s < steps_per_epoch; ++s) {
       const uint64_t clock = start + epoch * steps_per_epoch + s;
@@ -289,8 +300,10 @@ absl::StatusOr<TrainReport> Train(const v1::JobConfig& config, const TrainerOpti
           prefetcher.Start(clock, absl::MakeSpan(pulled[fill]->data(), n));
         }
         absl::StatusOr<uint64_t> r = prefetcher.Take();
-        blocked += absl::Now() - wait_start;
-        window.blocked += absl::Now() - wait_start;
+        const absl::Duration waited = absl::Now() - wait_start;
+        blocked += waited;
+        window.blocked += waited;
+        if (options.metrics != nullptr) options.metrics->ObserveBlocked(absl::ToDoubleSeconds(waited));
         if (!r.ok()) return r.status();
         SEGPS_RETURN_IF_ERROR(backend->Upload(pulled[fill]->data(), model.params(), n * sizeof(float)));
         have = *r;
@@ -326,6 +339,10 @@ absl::StatusOr<TrainReport> Train(const v1::JobConfig& config, const TrainerOpti
         w->max_staleness = std::max(w->max_staleness, lag);
       }
       staleness_sum += static_cast<double>(lag);
+      if (options.metrics != nullptr) {
+        options.metrics->ObserveStep(stats.loss_sum / rows, static_cast<double>(stats.correct) / rows, rows, lag,
+                                     clock + 1);
+      }
       report.max_staleness = std::max(report.max_staleness, lag);
       report.steps += 1;
       report.samples += rows;
@@ -349,6 +366,7 @@ absl::StatusOr<TrainReport> Train(const v1::JobConfig& config, const TrainerOpti
         } else {
           SEGPS_LOG_INFO << line;
         }
+        if (options.metrics != nullptr) options.metrics->SetSamplesPerSecond(window.samples / secs);
         window = Window();
         next_log = now + log_every;
       }

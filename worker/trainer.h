@@ -5,6 +5,7 @@
 #define SEGPS_WORKER_TRAINER_H_
 
 #include <cstdint>
+#include <optional>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -12,12 +13,16 @@
 #include "worker/backend.h"
 #include "worker/dataset.h"
 #include "worker/ps_client.h"
+#include "worker/worker_metrics.h"
 
 namespace segps {
 
 struct TrainerOptions {
   int segment = 0;
-  uint32_t rank = 0;
+  // Unset: the servers assign the lowest free rank.
+  std::optional<uint32_t> rank = 0;
+  // Prometheus metrics to update; may be null.
+  WorkerMetrics* metrics = nullptr;
   // Extra time per step, to play a straggler in staleness experiments.
   absl::Duration slowdown = absl::ZeroDuration();
   // Draw a progress bar on stdout (when it is a terminal).
@@ -35,7 +40,7 @@ struct TrainReport {
   double blocked_seconds = 0;  // time waiting for pulls
 };
 
-// Trains worker `options.rank` of `options.segment` on its slice of `train`
+// Trains a worker of `options.segment` on its slice of `train`
 // through `client` (not yet registered). `config` must come from LoadConfig.
 absl::StatusOr<TrainReport> Train(const v1::JobConfig& config, const TrainerOptions& options,
                                   const Dataset& train, Backend* backend, ParameterClient* client);

@@ -81,10 +81,32 @@ TEST(WorkerInProcess, WorkerWithAnotherModelIsRefused) {
   v1::JobConfig other = config;
   other.mutable_model()->mutable_segments(0)->mutable_layers(0)->set_units(65);
   std::unique_ptr<ParameterClient> client = *ConnectGrpc(other, cluster.addresses());
-  absl::StatusOr<uint64_t> registered = client->Register(0, 0);
+  absl::StatusOr<Registration> registered = client->Register(0, 0);
   ASSERT_EQ(registered.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_NE(std::string(registered.status().message()).find(ModelFingerprint(other)), std::string::npos);
   EXPECT_NE(std::string(registered.status().message()).find(ModelFingerprint(config)), std::string::npos);
+}
+
+TEST(WorkerInProcess, ReplicasWithoutARankGetTheFreeOnes) {
+  v1::JobConfig config = SeedConfig(1);
+  config.mutable_model()->mutable_segments(1)->set_workers(2);
+  InProcessCluster cluster(config);
+  std::vector<std::unique_ptr<ParameterClient>> clients;
+  std::vector<uint32_t> ranks;
+  for (int i = 0; i < 2; ++i) {
+    clients.push_back(*ConnectGrpc(config, cluster.addresses()));
+    absl::StatusOr<Registration> r = clients.back()->Register(1, std::nullopt);
+    ASSERT_TRUE(r.ok()) << r.status();
+    ranks.push_back(r->rank);
+  }
+  EXPECT_EQ(ranks, (std::vector<uint32_t>{0, 1}));
+  std::unique_ptr<ParameterClient> extra = *ConnectGrpc(config, cluster.addresses());
+  absl::StatusOr<Registration> refused = extra->Register(1, std::nullopt);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted) << refused.status();
+  ASSERT_TRUE(clients[0]->Leave().ok());
+  absl::StatusOr<Registration> again = extra->Register(1, std::nullopt);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->rank, 0u);  // the rank its first holder gave back
 }
 
 TEST(WorkerInProcess, ReaderPullsWithoutRegistering) {

@@ -1,0 +1,62 @@
+#include "worker/worker_metrics.h"
+
+#include "common/metrics.h"
+
+namespace segps {
+
+WorkerMetrics::WorkerMetrics(prometheus::Registry& registry, const std::string& segment) {
+  using prometheus::BuildCounter;
+  using prometheus::BuildGauge;
+  using prometheus::BuildHistogram;
+  const prometheus::Labels labels = {{"segment", segment}};
+  auto gauge = [&](const char* name, const char* help) { return &BuildGauge().Name(name).Help(help).Register(registry).Add(labels); };
+  auto counter = [&](const char* name, const char* help) {
+    return &BuildCounter().Name(name).Help(help).Register(registry).Add(labels);
+  };
+  rank_ = gauge("segps_worker_rank", "This worker's rank within its segment");
+  loss_ = gauge("segps_worker_training_loss", "Mean cross-entropy of the last batch");
+  accuracy_ = gauge("segps_worker_training_accuracy", "Accuracy on the last batch");
+  clock_ = gauge("segps_worker_clock", "Steps pushed so far, as a clock");
+  samples_per_second_ = gauge("segps_worker_samples_per_second", "Training throughput over the last log interval");
+  steps_ = counter("segps_worker_steps_total", "Training steps done");
+  samples_ = counter("segps_worker_samples_total", "Training samples processed");
+  blocked_seconds_ = counter("segps_worker_blocked_seconds_total", "Time waiting for parameters the bound requires");
+  pull_bytes_ = counter("segps_worker_pull_bytes_total", "Parameter bytes pulled");
+  push_bytes_ = counter("segps_worker_push_bytes_total", "Gradient bytes pushed");
+  staleness_ = &BuildHistogram()
+                    .Name("segps_worker_observed_staleness_clocks")
+                    .Help("Clocks a step's parameters lagged behind the step")
+                    .Register(registry)
+                    .Add(labels, prometheus::Histogram::BucketBoundaries{0, 1, 2, 3, 4, 6, 8, 12, 16, 32, 64});
+  pull_seconds_ = &BuildHistogram()
+                       .Name("segps_worker_pull_seconds")
+                       .Help("Pull latency, all servers, waiting included")
+                       .Register(registry)
+                       .Add(labels, LatencyBuckets());
+  push_seconds_ = &BuildHistogram()
+                       .Name("segps_worker_push_seconds")
+                       .Help("Push latency, all servers")
+                       .Register(registry)
+                       .Add(labels, LatencyBuckets());
+}
+
+void WorkerMetrics::ObserveStep(double loss, double accuracy, uint64_t rows, uint64_t staleness, uint64_t clock) {
+  loss_->Set(loss);
+  accuracy_->Set(accuracy);
+  clock_->Set(static_cast<double>(clock));
+  steps_->Increment();
+  samples_->Increment(static_cast<double>(rows));
+  staleness_->Observe(static_cast<double>(staleness));
+}
+
+void WorkerMetrics::ObservePull(double seconds, uint64_t bytes) {
+  pull_seconds_->Observe(seconds);
+  pull_bytes_->Increment(static_cast<double>(bytes));
+}
+
+void WorkerMetrics::ObservePush(double seconds, uint64_t bytes) {
+  push_seconds_->Observe(seconds);
+  push_bytes_->Increment(static_cast<double>(bytes));
+}
+
+}  // namespace segps
