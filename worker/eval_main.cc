@@ -11,6 +11,7 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
 #include "common/config.h"
 #include "common/shard_map.h"
 #include "worker/backend.h"
@@ -21,12 +22,41 @@
 ABSL_FLAG(std::string, config, "", "Job config file (*.pbtxt). Required.");
 ABSL_FLAG(std::string, servers, "", "Comma-separated host:port of every server. Default: cluster.server_addresses.");
 ABSL_FLAG(std::string, report, "", "Write the report as JSON to this file.");
+ABSL_FLAG(bool, wait_for_training, false,
+          "First wait until training has finished: every segment updated and no live worker left.");
+ABSL_FLAG(int32_t, wait_timeout_s, 7200, "Longest wait for training, in seconds.");
 ABSL_FLAG(std::string, dump_params, "", "Write each segment's flat parameters to DIR/<segment>.npy.");
 
 namespace {
 int Fail(const std::string& message) {
   std::cerr << "segps-eval: " << message << "\n";
   return 1;
+}
+
+// Training is over when every server has applied updates to every segment
+// and holds no live worker. Polled: the evaluator is a tool, not a peer.
+absl::Status WaitForTraining(segps::ParameterClient& client, absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  std::string last;
+  while (absl::Now() < deadline) {
+    absl::StatusOr<std::vector<segps::v1::StatsResponse>> stats = client.Stats();
+    bool done = stats.ok();
+    int live = 0;
+    if (stats.ok()) {
+      for (const auto& server : *stats) {
+        for (const auto& seg : server.segments()) done = done && seg.updates() > 0;
+        for (const auto& w : server.workers()) live += w.live();
+      }
+      done = done && live == 0;
+    }
+    if (done) return absl::OkStatus();
+    const std::string now = stats.ok() ? absl::StrFormat("waiting for training: %d live worker registrations", live)
+                                       : std::string(stats.status().message());
+    if (now != last) std::cout << now << std::endl;
+    last = now;
+    absl::SleepFor(absl::Seconds(1));
+  }
+  return absl::DeadlineExceededError("training did not finish within --wait_timeout_s");
 }
 }  // namespace
 
@@ -48,6 +78,10 @@ int main(int argc, char** argv) {
   absl::StatusOr<segps::ShardMap> map = segps::ShardMap::Create(config->model(), config->cluster().num_servers());
   if (!map.ok()) return Fail(std::string(map.status().message()));
 
+  if (absl::GetFlag(FLAGS_wait_for_training)) {
+    absl::Status waited = WaitForTraining(**client, absl::Seconds(absl::GetFlag(FLAGS_wait_timeout_s)));
+    if (!waited.ok()) return Fail(std::string(waited.message()));
+  }
   std::vector<std::vector<float>> params;
   for (int k = 0; k < map->num_segments(); ++k) {
     params.emplace_back(map->segment_size(k));

@@ -157,6 +157,17 @@ class GrpcClient final : public ParameterClient {
                   });
   }
 
+  absl::StatusOr<std::vector<v1::StatsResponse>> Stats() override {
+    std::vector<v1::StatsRequest> requests(stubs_.size());
+    std::vector<v1::StatsResponse> responses(stubs_.size());
+    absl::Status status = FanOut("Stats", rpc_deadline_, rpc_deadline_,
+                                 [&](size_t i, grpc::ClientContext* context, std::function<void(grpc::Status)> done) {
+                                   stubs_[i]->async()->Stats(context, &requests[i], &responses[i], std::move(done));
+                                 });
+    if (!status.ok()) return status;
+    return responses;
+  }
+
  private:
   using StartCall = std::function<void(size_t, grpc::ClientContext*, std::function<void(grpc::Status)>)>;
 

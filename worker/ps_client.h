@@ -22,6 +22,7 @@
 #include "absl/types/span.h"
 #include "common/shard_map.h"
 #include "segps/v1/config.pb.h"
+#include "segps/v1/parameter_server.pb.h"
 
 namespace segps {
 
@@ -64,6 +65,9 @@ class ParameterClient {
   virtual absl::Status Heartbeat() = 0;
   // Leaves every server, so that peers no longer wait for this worker.
   virtual absl::Status Leave() = 0;
+
+  // Every server's counters and clocks, in index order.
+  virtual absl::StatusOr<std::vector<v1::StatsResponse>> Stats() = 0;
 };
 
 // A client over gRPC to `addresses` (one per server, in index order).

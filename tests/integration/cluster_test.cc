@@ -85,6 +85,13 @@ TEST(Cluster, TeacherConfigReachesItsAccuracyBar) {
   EXPECT_GT(EnsembleAccuracy(run.report), 0.90) << run.report;
 }
 
+TEST(Cluster, FashionMnistConfigReachesItsAccuracyBar) {
+  const std::string dir = MakeTempDir();
+  LocalRun run = RunLocal(Config("fashion_mnist.pbtxt"), dir, absl::Minutes(10));
+  ASSERT_TRUE(ExitedOk(run.status)) << run.output;
+  EXPECT_GE(EnsembleAccuracy(run.report), 0.88) << run.report;
+}
+
 TEST(Cluster, LocalLauncherFailsClearlyOnABrokenConfig) {
   const std::string dir = MakeTempDir();
   WriteFile(dir + "/broken.pbtxt", "cluster { num_servers: 0 }");

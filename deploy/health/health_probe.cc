@@ -1,0 +1,31 @@
+// segps-health: asks a server's standard grpc.health.v1.Health service
+// whether it serves; exit 0 when SERVING. For container healthchecks.
+//
+//   segps-health --address HOST:PORT [--timeout_ms 2000]
+#include <grpcpp/grpcpp.h>
+
+#include <chrono>
+#include <iostream>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "grpc/health/v1/health.grpc.pb.h"
+
+ABSL_FLAG(std::string, address, "127.0.0.1:7000", "host:port of the server to check");
+ABSL_FLAG(int32_t, timeout_ms, 2000, "Deadline of the check");
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  auto stub = grpc::health::v1::Health::NewStub(
+      grpc::CreateChannel(absl::GetFlag(FLAGS_address), grpc::InsecureChannelCredentials()));
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(absl::GetFlag(FLAGS_timeout_ms)));
+  grpc::health::v1::HealthCheckResponse response;
+  grpc::Status status = stub->Check(&context, grpc::health::v1::HealthCheckRequest(), &response);
+  if (!status.ok()) {
+    std::cerr << "segps-health: " << absl::GetFlag(FLAGS_address) << ": " << status.error_message() << "\n";
+    return 1;
+  }
+  std::cout << grpc::health::v1::HealthCheckResponse::ServingStatus_Name(response.status()) << "\n";
+  return response.status() == grpc::health::v1::HealthCheckResponse::SERVING ? 0 : 1;
+}
