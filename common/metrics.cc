@@ -1,29 +1,86 @@
 #include "common/metrics.h"
 
-#include <exception>
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
-#include "prometheus/exposer.h"
+#include "prometheus/text_serializer.h"
 
 namespace segps {
 namespace {
 
+// A deliberately small HTTP/1.0 server: one thread, one connection at a
+// time, every request answered with the registry in the text exposition
+// format. Scrapes are rare and small; this keeps segps free of an embedded
+// web server and its interactions with the GPU libraries.
 class Endpoint final : public MetricsEndpoint {
  public:
-  Endpoint(std::unique_ptr<prometheus::Exposer> exposer, std::string host)
-      : exposer_(std::move(exposer)), host_(std::move(host)), registry_(std::make_shared<prometheus::Registry>()) {
-    exposer_->RegisterCollectable(registry_);
+  Endpoint(int fd, std::string address) : fd_(fd), address_(std::move(address)) {
+    if (pipe(wake_) != 0) wake_[0] = wake_[1] = -1;
+    thread_ = std::thread([this] { Serve(); });
   }
-  prometheus::Registry& registry() override { return *registry_; }
-  std::string address() const override {
-    const auto ports = exposer_->GetListeningPorts();
-    return absl::StrCat(host_, ":", ports.empty() ? 0 : ports.front());
+  ~Endpoint() override {
+    stop_ = true;
+    if (wake_[1] >= 0) (void)!write(wake_[1], "x", 1);
+    thread_.join();
+    close(fd_);
+    if (wake_[0] >= 0) close(wake_[0]), close(wake_[1]);
   }
+  prometheus::Registry& registry() override { return registry_; }
+  std::string address() const override { return address_; }
 
  private:
-  std::unique_ptr<prometheus::Exposer> exposer_;
-  std::string host_;
-  std::shared_ptr<prometheus::Registry> registry_;
+  void Serve() {
+    while (!stop_) {
+      pollfd fds[2] = {{fd_, POLLIN, 0}, {wake_[0], POLLIN, 0}};
+      if (poll(fds, wake_[0] >= 0 ? 2 : 1, -1) <= 0 || stop_) continue;
+      const int client = accept(fd_, nullptr, nullptr);
+      if (client < 0) continue;
+      Answer(client);
+      close(client);
+    }
+  }
+
+  void Answer(int client) {
+    // Read the request head (bounded, with a short deadline for slow peers).
+    std::string request;
+    char buf[1024];
+    while (request.find("\r\n\r\n") == std::string::npos && request.size() < 8192) {
+      pollfd p{client, POLLIN, 0};
+      if (poll(&p, 1, 2000) <= 0) return;
+      const ssize_t n = read(client, buf, sizeof(buf));
+      if (n <= 0) return;
+      request.append(buf, n);
+    }
+    const bool metrics = request.rfind("GET /metrics", 0) == 0 || request.rfind("GET / ", 0) == 0;
+    const std::string body = metrics ? prometheus::TextSerializer().Serialize(registry_.Collect())
+                                     : "not found; try /metrics\n";
+    const std::string response =
+        absl::StrCat(metrics ? "HTTP/1.0 200 OK\r\n" : "HTTP/1.0 404 Not Found\r\n",
+                     "Content-Type: text/plain; version=0.0.4; charset=utf-8\r\n", "Content-Length: ", body.size(),
+                     "\r\nConnection: close\r\n\r\n", body);
+    size_t sent = 0;
+    while (sent < response.size()) {
+      const ssize_t n = send(client, response.data() + sent, response.size() - sent, MSG_NOSIGNAL);
+      if (n <= 0) return;
+      sent += static_cast<size_t>(n);
+    }
+  }
+
+  const int fd_;
+  const std::string address_;
+  int wake_[2] = {-1, -1};
+  std::atomic<bool> stop_{false};
+  prometheus::Registry registry_;
+  std::thread thread_;
 };
 
 }  // namespace
@@ -33,13 +90,31 @@ absl::StatusOr<std::unique_ptr<MetricsEndpoint>> MetricsEndpoint::Start(const st
   if (colon == std::string::npos) {
     return absl::InvalidArgumentError(absl::StrCat("metrics address '", listen, "': expected HOST:PORT"));
   }
-  try {
-    // civetweb takes "host:port"; one thread is plenty for scrapes.
-    auto exposer = std::make_unique<prometheus::Exposer>(listen, 1);
-    return std::unique_ptr<MetricsEndpoint>(new Endpoint(std::move(exposer), listen.substr(0, colon)));
-  } catch (const std::exception& e) {
-    return absl::UnavailableError(absl::StrCat("cannot serve metrics on ", listen, ": ", e.what()));
+  const std::string host = listen.substr(0, colon), port = listen.substr(colon + 1);
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE;
+  addrinfo* found = nullptr;
+  if (const int err = getaddrinfo(host.empty() ? nullptr : host.c_str(), port.c_str(), &hints, &found); err != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("metrics address '", listen, "': ", gai_strerror(err)));
   }
+  int fd = socket(found->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  const int one = 1;
+  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  const bool bound = fd >= 0 && bind(fd, found->ai_addr, found->ai_addrlen) == 0 && ::listen(fd, 16) == 0;
+  const int bind_errno = errno;
+  freeaddrinfo(found);
+  if (!bound) {
+    if (fd >= 0) close(fd);
+    return absl::UnavailableError(absl::StrCat("cannot serve metrics on ", listen, ": ", std::strerror(bind_errno)));
+  }
+  sockaddr_storage actual{};
+  socklen_t len = sizeof(actual);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&actual), &len);
+  const int bound_port = ntohs(actual.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&actual)->sin6_port
+                                                             : reinterpret_cast<sockaddr_in*>(&actual)->sin_port);
+  return std::unique_ptr<MetricsEndpoint>(new Endpoint(fd, absl::StrCat(host, ":", bound_port)));
 }
 
 prometheus::Histogram::BucketBoundaries LatencyBuckets() {

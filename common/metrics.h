@@ -1,4 +1,4 @@
-// Prometheus metrics over HTTP (prometheus-cpp's pull exposer): one registry
+// Prometheus metrics over HTTP: one prometheus-cpp registry
 // and one endpoint per process, at http://HOST:PORT/metrics.
 //
 // Thread safety: prometheus-cpp metrics are safe to update from any thread.

@@ -77,13 +77,6 @@ int main(int argc, char** argv) {
   }
   if (servers.empty()) return Fail("--servers is required (the config lists no server_addresses)");
 
-  absl::StatusOr<std::unique_ptr<segps::Backend>> backend = segps::CreateBackend(absl::GetFlag(FLAGS_device), absl::GetFlag(FLAGS_tf32));
-  if (!backend.ok()) return Fail(std::string(backend.status().message()));
-  absl::StatusOr<segps::TrainTest> data = segps::LoadData(*config);
-  if (!data.ok()) return Fail(std::string(data.status().message()));
-  absl::StatusOr<std::unique_ptr<segps::ParameterClient>> client = segps::ConnectGrpc(*config, servers);
-  if (!client.ok()) return Fail(std::string(client.status().message()));
-
   std::unique_ptr<segps::MetricsEndpoint> metrics_endpoint;
   std::unique_ptr<segps::WorkerMetrics> metrics;
   if (!absl::GetFlag(FLAGS_metrics_listen).empty()) {
@@ -95,6 +88,13 @@ int main(int argc, char** argv) {
                                                      config->model().segments(segment).name());
     SEGPS_LOG_INFO << "metrics on http://" << metrics_endpoint->address() << "/metrics";
   }
+
+  absl::StatusOr<std::unique_ptr<segps::Backend>> backend = segps::CreateBackend(absl::GetFlag(FLAGS_device), absl::GetFlag(FLAGS_tf32));
+  if (!backend.ok()) return Fail(std::string(backend.status().message()));
+  absl::StatusOr<segps::TrainTest> data = segps::LoadData(*config);
+  if (!data.ok()) return Fail(std::string(data.status().message()));
+  absl::StatusOr<std::unique_ptr<segps::ParameterClient>> client = segps::ConnectGrpc(*config, servers);
+  if (!client.ok()) return Fail(std::string(client.status().message()));
 
   segps::TrainerOptions options;
   options.segment = segment;

@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# The compose cluster for real: builds the image, trains the walk-through and
+# the teacher config in containers, checks the evaluation's accuracy against
+# the local run's bars, then kills a worker container mid-run in a second
+# teacher round and checks that training still completes. Tears everything
+# down whatever happens. Exit 77 (skipped) when no Docker engine runs here:
+# run deploy/docker-setup.sh first.
+set -uo pipefail
+cd "$(dirname "$0")/../../deploy"
+
+if ! docker info > /dev/null 2>&1; then
+  echo "SKIPPED: no Docker engine on this machine (bash deploy/docker-setup.sh starts one)"
+  exit 77
+fi
+if docker compose version > /dev/null 2>&1; then compose=(docker compose); else compose=(docker-compose); fi
+project="segpstest$$"
+image="segps:test$$"
+fail() { echo "FAIL: $*"; exit 1; }
+down() { "${compose[@]}" -p "$project" down -v --remove-orphans > /dev/null 2>&1; }
+cleanup() {
+  down
+  docker image rm "$image" > /dev/null 2>&1
+}
+trap cleanup EXIT
+
+echo "== building $image"
+docker build -q -f Dockerfile -t "$image" .. > /dev/null 2>&1 || fail "docker build"
+
+# up CONFIG WORKERS: starts a cluster in the background.
+up() {
+  SEGPS_IMAGE="$image" SEGPS_CONFIG="$1" SEGPS_WORKERS="$2" \
+    "${compose[@]}" -p "$project" up -d --no-build > /dev/null 2>&1 || fail "compose up $1"
+}
+cid() { "${compose[@]}" -p "$project" ps -q "$1" | head -n "${2:-1}" | tail -n 1; }
+
+# finish: waits for the evaluation, prints it, echoes its ensemble accuracy (percent).
+finish() {
+  local eval_id
+  eval_id=$(cid eval)
+  [ -n "$eval_id" ] || fail "no eval container"
+  local code
+  code=$(timeout 600 docker wait "$eval_id") || fail "evaluation did not finish in 600 s"
+  docker logs "$eval_id" 2>&1 | grep -E "segment|ENSEMBLE|chance" >&2
+  [ "$code" = "0" ] || { docker logs "$eval_id" >&2; fail "evaluation exited $code"; }
+  docker logs "$eval_id" 2>&1 | sed -n 's/^ENSEMBLE.* accuracy *\([0-9.]*\)%.*/\1/p'
+}
+
+echo "== round 1: the walk-through (random labels: chance accuracy expected)"
+up ./configs/seed.pbtxt 1
+acc=$(finish) || exit 1
+awk -v a="$acc" 'BEGIN { exit !(a > 5 && a < 16) }' || fail "seed ensemble accuracy $acc% outside (5, 16)"
+echo "seed ensemble accuracy $acc%"
+for s in server0 server1; do
+  health=$(docker inspect --format '{{.State.Health.Status}}' "$(cid $s)")
+  [ "$health" = "healthy" ] || fail "$s is $health"
+done
+down
+
+echo "== round 2: the teacher config, 2 workers per segment"
+up ./configs/teacher.pbtxt 2
+acc=$(finish) || exit 1
+awk -v a="$acc" 'BEGIN { exit !(a > 90) }' || fail "teacher ensemble accuracy $acc% not above 90"
+echo "teacher ensemble accuracy $acc%"
+down
+
+echo "== round 3: teacher again, one worker container killed mid-run"
+up ./configs/teacher.pbtxt 2
+victim=$(cid worker-seg0 2)
+# grep exits at the first progress line; without pipefail the pipeline's status is grep's.
+(set +o pipefail; timeout 300 docker logs -f "$victim" 2>&1 | grep -m1 -q "step") || fail "worker never made progress"
+docker kill "$victim" > /dev/null || fail "docker kill"
+echo "killed $victim"
+acc=$(finish) || exit 1
+echo "training completed after the kill; ensemble accuracy $acc%"
+down
+echo "PASS"
