@@ -37,6 +37,8 @@ ABSL_FLAG(std::string, report, "segps-report.json", "Where the evaluation writes
 ABSL_FLAG(std::string, params_dir, "", "If set, the evaluation writes each segment's trained parameters to DIR/<segment>.npy.");
 ABSL_FLAG(std::string, device, "cpu", "Device for every worker: cpu, cuda:N or auto.");
 ABSL_FLAG(std::string, bin_dir, "", "Directory of segps-server, segps-worker and segps-eval. Default: this binary's.");
+ABSL_FLAG(int32_t, straggler_ms, 0,
+          "Slow the last worker of the first segment by this many milliseconds per step (staleness experiments).");
 ABSL_FLAG(int32_t, start_timeout_s, 60, "Seconds to wait for servers to start listening.");
 
 namespace {
@@ -282,10 +284,13 @@ int main(int argc, char** argv) {
   std::vector<Child*> workers;
   for (int k = 0; k < config->model().segments_size(); ++k) {
     for (uint32_t r = 0; r < segps::WorkersOf(*config, k); ++r) {
-      Child* c = launcher.Spawn(absl::StrCat(config->model().segments(k).name(), "/", r),
-                                {bin + "/segps-worker", "--config", config_path, "--segment", std::to_string(k),
-                                 "--rank", std::to_string(r), "--servers", server_list, "--device",
-                                 absl::GetFlag(FLAGS_device)});
+      std::vector<std::string> args = {bin + "/segps-worker", "--config", config_path, "--segment", std::to_string(k),
+                                       "--rank", std::to_string(r), "--servers", server_list, "--device",
+                                       absl::GetFlag(FLAGS_device)};
+      if (k == 0 && r + 1 == segps::WorkersOf(*config, k) && absl::GetFlag(FLAGS_straggler_ms) > 0) {
+        args.insert(args.end(), {"--slowdown_ms", std::to_string(absl::GetFlag(FLAGS_straggler_ms))});
+      }
+      Child* c = launcher.Spawn(absl::StrCat(config->model().segments(k).name(), "/", r), args);
       if (c == nullptr) return Fail("cannot start segps-worker");
       workers.push_back(c);
     }

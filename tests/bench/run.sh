@@ -1,0 +1,134 @@
+#!/usr/bin/env bash
+# Runs every segps benchmark and its peers in one run, prints their tables,
+# and ends with one line per target: `target NAME ratio X goal Y met|missed`.
+#   bash tests/bench/run.sh [--quick]     (--quick: under 5 minutes on 2 cores)
+# Peers: PyTorch scripts in $SEGPS_PEERS (default ../shared/peers), run with
+# Debian's /usr/bin/python3 (apt-get install python3-torch python3-numpy
+# libopenblas0-pthread dataset-fashion-mnist). A missing peer is reported.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+quick=0
+[ "${1:-}" = "--quick" ] && quick=1
+peers=${SEGPS_PEERS:-../shared/peers}
+py=/usr/bin/python3
+bin=build/bin
+cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo > /dev/null && cmake --build build -j"$(nproc)" > /dev/null || exit 1
+out=$(mktemp -d /tmp/segps-bench.XXXXXX)
+torch=0
+$py -c "import torch" 2> /dev/null && [ -f "$peers/seed_model_torch.py" ] && torch=1
+[ $torch = 1 ] || echo "note: PyTorch peer unavailable (need $py with torch and $peers); ratios against it are skipped"
+targets=()
+# target NAME VALUE GOAL [le]: met when VALUE >= GOAL (or <= GOAL with le).
+target() {
+  local name=$1 value=$2 goal=$3 cmp=${4:-ge} verdict
+  if [ -z "$value" ]; then targets+=("target $name ratio n/a goal $goal missed (not measured)"); return; fi
+  if [ "$cmp" = le ]; then verdict=$(awk -v v="$value" -v g="$goal" 'BEGIN{print (v<=g)?"met":"missed"}')
+  else verdict=$(awk -v v="$value" -v g="$goal" 'BEGIN{print (v>=g)?"met":"missed"}'); fi
+  targets+=("target $name ratio $(printf %.2f "$value") goal $goal $verdict")
+}
+result() { sed -n "s/^RESULT $1 //p" "$2" | tail -1; }
+div() { awk -v a="$1" -v b="$2" 'BEGIN{ if (a=="" || b=="" || b==0) print ""; else print a/b }'; }
+
+echo "== 1. transport: push+pull rounds on loopback, against a bare gRPC echo"
+if [ $quick = 1 ]; then sizes=0.0625,1,4; secs=0.5; else sizes=0.0625,1,4,64; secs=2; fi
+$bin/segps-bench-transport --sizes_mb $sizes --servers 1,2 --workers 1,2 --seconds $secs | tee "$out/transport.txt"
+t4=$(result transport_4mb_gbps "$out/transport.txt"); e4=$(result echo_4mb_gbps "$out/transport.txt")
+# ps-lite on this machine: 1.19-1.30 GB/s at 4.2 MB (1 server, 1 worker); midpoint 1.245.
+target transport_4mb_vs_pslite "$(div "$t4" 1.245)" 1.5
+target transport_4mb_vs_grpc_echo "$(div "$t4" "$e4")" 0.9
+
+echo "== 2. server apply: optimizer updates per second per core against the memory bound"
+if [ $quick = 1 ]; then apply_sizes=1,16; else apply_sizes=1,4,16,64; fi
+$bin/segps-bench-apply --sizes_m $apply_sizes | tee "$out/apply.txt"
+target apply_adam_vs_memory_bound "$(result apply_adam_ratio "$out/apply.txt")" 0.6
+
+echo "== 3. small model: the walk-through on a local cluster (2 servers, 1 worker per segment)"
+seg_sps=()
+for i in 1 2 3; do
+  $bin/segps-local --config deploy/configs/seed.pbtxt --report "$out/seed.json" > "$out/seed$i.txt" 2>&1
+  s=$(sed -n 's/^segps-local: training finished in \([0-9.]*\) s.*/\1/p' "$out/seed$i.txt")
+  [ -n "$s" ] && seg_sps+=("$(awk -v s="$s" 'BEGIN{print 50000/s}')")
+done
+seg_small=$(printf '%s\n' "${seg_sps[@]}" | sort -g | awk '{a[NR]=$1} END{print a[int((NR+1)/2)]}')
+echo "segps whole job (processes started, 2 x 5 epochs x 5000 samples, ensemble evaluated after): median ${seg_small%.*} samples/s"
+if [ $torch = 1 ]; then
+  $py "$peers/seed_model_torch.py" --threads 1 --repeats 3 | tee "$out/torch_seed.txt" | tail -1
+  torch_small=$(sed -n 's/.*samples\/s median=\([0-9.]*\).*/\1/p' "$out/torch_seed.txt")
+  target small_model_vs_pytorch "$(div "$seg_small" "$torch_small")" 1.0
+fi
+
+echo "== 4. Fashion-MNIST MLP 784-256-128-10, Adam, batch 128"
+fm="$out/fmnist.pbtxt"
+fm_epochs=$([ $quick = 1 ] && echo 1 || echo 8)
+fmnist_run() {  # servers workers -> "samples/s accuracy seconds"
+  cat > "$fm" <<PBTXT
+name: "fmnist_bench"
+seed: 3
+cluster { num_servers: $1 lease_ms: 10000 }
+model {
+  input_width: 784
+  num_classes: 10
+  segments {
+    name: "mlp256x128"
+    layers { units: 256 activation: RELU }
+    layers { units: 128 activation: RELU }
+    layers { units: 10 activation: SOFTMAX }
+  }
+}
+optimizer { kind: ADAM learning_rate: 0.001 }
+training { batch_size: 128 epochs: $fm_epochs staleness: 1 workers_per_segment: $2 }
+data { source: FASHION_MNIST split: SAME }
+PBTXT
+  $bin/segps-local --config "$fm" --report "$out/fm.json" > "$out/fm_$1_$2.txt" 2>&1
+  local secs acc
+  secs=$(sed -n 's/^segps-local: training finished in \([0-9.]*\) s.*/\1/p' "$out/fm_$1_$2.txt")
+  acc=$(sed -n 's/.*"ensemble": {"name": "ensemble", "accuracy": \([0-9.]*\).*/\1/p' "$out/fm.json")
+  awk -v s="$secs" -v e="$fm_epochs" -v a="$acc" 'BEGIN{printf "%.0f %.4f %.1f\n", 60000*e/s, a, s}'
+}
+printf "%-8s %-8s %12s %10s %10s\n" servers workers samples/s accuracy seconds
+for sw in "1 1" "1 2" "2 1" "2 2"; do
+  r=$(fmnist_run $sw)
+  printf "%-8s %-8s %12s %10s %10s\n" $sw $r
+  [ "$sw" = "1 1" ] && fm11=$r
+  [ "$sw" = "1 2" ] && fm12=$r
+done
+if [ $torch = 1 ]; then
+  rpc_epochs=$([ $quick = 1 ] && echo 1 || echo 2)
+  for t in 1 2; do
+    $py "$peers/rpc_ps_torch.py" --trainers $t --epochs $rpc_epochs --port $((29631 + t)) > "$out/rpc$t.txt" 2>&1
+    tail -1 "$out/rpc$t.txt"
+  done
+  rpc1=$(sed -n 's/.*aggregate samples\/s=\([0-9.]*\).*/\1/p' "$out/rpc1.txt")
+  rpc2=$(sed -n 's/.*aggregate samples\/s=\([0-9.]*\).*/\1/p' "$out/rpc2.txt")
+  target fmnist_1_trainer_vs_pytorch_rpc "$(div "${fm11%% *}" "$rpc1")" 2.0
+  target fmnist_2_trainers_vs_pytorch_rpc "$(div "${fm12%% *}" "$rpc2")" 2.0
+  if [ $quick = 0 ]; then
+    $py "$peers/fmnist_mlp_torch.py" --threads 1 --epochs 8 > "$out/torch_fm.txt" 2>&1
+    tail -1 "$out/torch_fm.txt"
+    t88=$(sed -n 's/.*first>=88%: epoch [0-9]* after \([0-9.]*\)s.*/\1/p' "$out/torch_fm.txt")
+    s88=$(echo "$fm11" | awk '$2 >= 0.88 {print $3}')
+    target fmnist_time_to_88_vs_pytorch "$(div "$t88" "$s88")" 1.0
+  fi
+fi
+
+echo "== 5. staleness: teacher config, one straggler (last worker of relu64 slowed 2 ms/step)"
+if [ $quick = 1 ]; then bounds="0 2 -1"; else bounds="0 1 2 4 8 -1"; fi
+printf "%-10s %10s %10s %10s\n" staleness seconds blocked accuracy | tee "$out/staleness.txt"
+for s in $bounds; do
+  sed "s/staleness: 2/staleness: $s/" deploy/configs/teacher.pbtxt > "$out/teacher.pbtxt"
+  $bin/segps-local --config "$out/teacher.pbtxt" --report "$out/t.json" --straggler_ms 2 > "$out/t$s.txt" 2>&1
+  secs=$(sed -n 's/^segps-local: training finished in \([0-9.]*\) s.*/\1/p' "$out/t$s.txt")
+  blocked=$(sed -n 's/.* in \([0-9.]*\) s (.*blocked \([0-9.]*\) s$/\2 \1/p' "$out/t$s.txt" | awk '{b+=$1; t+=$2} END{if (t>0) printf "%.0f%%", 100*b/t}')
+  acc=$(sed -n 's/.*"ensemble": {"name": "ensemble", "accuracy": \([0-9.]*\).*/\1/p' "$out/t.json")
+  label=$([ "$s" = -1 ] && echo unbounded || echo "$s")
+  printf "%-10s %10s %10s %10s\n" "$label" "$secs" "$blocked" "$acc" | tee -a "$out/staleness.txt"
+done
+
+echo "== 6. size: one large segment over 4 servers, Adam"
+size_mb=$([ $quick = 1 ] && echo 256 || echo 1024)
+$bin/segps-bench-transport --size_mode --size_mb $size_mb --servers 4 | tee "$out/size.txt"
+target size_peak_memory_vs_share "$(result size_peak_memory_ratio "$out/size.txt")" 1.2 le
+
+echo
+echo "== targets (results in $out)"
+printf '%s\n' "${targets[@]}"
