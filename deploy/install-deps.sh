@@ -10,7 +10,7 @@ packages=(
   libabsl-dev libgtest-dev libgmock-dev
   libopenblas-dev zlib1g-dev prometheus-cpp-dev
   dataset-fashion-mnist
-  python3
+  python3 procps
 )
 
 missing=()

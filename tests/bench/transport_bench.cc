@@ -186,9 +186,15 @@ Result RunRounds(Cluster& cluster, int workers, double seconds, int min_rounds) 
   const size_t n = ShardMap::Create(cluster.config.model(), cluster.addresses.size())->segment_size(0);
   std::vector<std::vector<double>> rounds(workers);
   std::vector<std::unique_ptr<ParameterClient>> clients;
+  std::vector<uint64_t> start_clocks;
   for (int w = 0; w < workers; ++w) {
     clients.push_back(*ConnectGrpc(cluster.config, cluster.addresses));
-    if (!clients.back()->Register(0, static_cast<uint32_t>(w)).ok()) return {};
+    absl::StatusOr<Registration> registration = clients.back()->Register(0, static_cast<uint32_t>(w));
+    if (!registration.ok()) {
+      std::cerr << registration.status() << "\n";
+      return {};
+    }
+    start_clocks.push_back(registration->start_clock);
   }
   double cpu0 = SelfCpuSeconds();
   for (auto& s : cluster.servers) cpu0 += CpuSeconds(s->pid());
@@ -197,13 +203,17 @@ Result RunRounds(Cluster& cluster, int workers, double seconds, int min_rounds) 
   for (int w = 0; w < workers; ++w) {
     threads.emplace_back([&, w] {
       std::vector<float> grad(n, 1e-3f), params(n);
-      for (uint64_t clock = 0;; ++clock) {
+      for (uint64_t clock = start_clocks[w];; ++clock) {
         const double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
         if (static_cast<int>(rounds[w].size()) >= min_rounds && elapsed >= seconds) break;
         const auto t0 = Clock::now();
         std::unique_ptr<EncodedPush> push = clients[w]->Encode(0, clock, grad);
-        if (!clients[w]->Send(*push).ok()) break;
-        if (!clients[w]->Pull(0, clock + 1, absl::MakeSpan(params)).ok()) break;
+        absl::Status sent = clients[w]->Send(*push);
+        absl::StatusOr<uint64_t> pulled = sent.ok() ? clients[w]->Pull(0, clock + 1, absl::MakeSpan(params)) : sent;
+        if (!pulled.ok()) {
+          std::cerr << "worker " << w << ": " << pulled.status() << "\n";
+          break;
+        }
         rounds[w].push_back(std::chrono::duration<double>(Clock::now() - t0).count());
       }
     });

@@ -103,6 +103,34 @@ TEST(Cluster, LocalLauncherFailsClearlyOnABrokenConfig) {
       << p->output();
 }
 
+TEST(Cluster, LocalLauncherLeavesNoProcessBehindOnCtrlC) {
+  const std::string dir = MakeTempDir();
+  const std::string config = dir + "/job.pbtxt";
+  WriteFile(config, R"pb(
+    cluster { num_servers: 2 }
+    model {
+      input_width: 50
+      num_classes: 10
+      segments { name: "s" layers { units: 16 activation: RELU } layers { units: 10 activation: SOFTMAX } }
+    }
+    optimizer { kind: ADAM }
+    training { batch_size: 32 epochs: 100000 log_interval_s: 0.05 }
+    data { source: SYNTHETIC_SEED train_samples: 512 test_samples: 64 }
+  )pb");
+  std::unique_ptr<Subprocess> local = Subprocess::Start({BinaryPath("segps-local"), "--config", config});
+  ASSERT_TRUE(local->WaitForLine("loss", absl::Seconds(60)).has_value()) << local->output();
+  local->Signal(SIGINT);
+  std::optional<int> status = local->Wait(absl::Seconds(60));
+  ASSERT_TRUE(status.has_value()) << "segps-local did not stop on SIGINT";
+  EXPECT_FALSE(ExitedOk(*status));
+  EXPECT_NE(local->output().find("interrupted"), std::string::npos) << local->output();
+  // Every child was started with this config path on its command line.
+  std::unique_ptr<Subprocess> pgrep = Subprocess::Start({"/usr/bin/pgrep", "-f", config});
+  std::optional<int> found = pgrep->Wait(absl::Seconds(30));
+  ASSERT_TRUE(found.has_value());
+  EXPECT_EQ(WEXITSTATUS(*found), 1) << "processes left behind: " << pgrep->output();
+}
+
 TEST(Cluster, KilledWorkerDoesNotHangItsPeers) {
   const std::string dir = MakeTempDir();
   const std::string config = dir + "/job.pbtxt";

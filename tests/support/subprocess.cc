@@ -97,8 +97,12 @@ void Subprocess::Signal(int signal) {
 }
 
 std::string BinaryPath(const std::string& name) {
-  const char* dir = std::getenv("SEGPS_BIN_DIR");
-  return std::string(dir ? dir : ".") + "/" + name;
+  if (const char* dir = std::getenv("SEGPS_BIN_DIR")) return std::string(dir) + "/" + name;
+  // Tools in the build tree sit beside the binary asking.
+  char self[4096];
+  const ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+  const std::string path(self, n > 0 ? n : 0);
+  return path.substr(0, path.rfind('/') + 1) + name;
 }
 
 std::string MakeTempDir() {

@@ -44,7 +44,8 @@ class Subprocess {
   size_t scanned_ = 0;  // output_ before this offset was already searched for lines
 };
 
-// Path of a segps binary in the build tree (SEGPS_BIN_DIR from ctest).
+// Path of a segps binary in the build tree: in $SEGPS_BIN_DIR (set by ctest),
+// else beside the running binary.
 std::string BinaryPath(const std::string& name);
 
 // A fresh temporary directory for one test.
