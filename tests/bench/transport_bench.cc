@@ -168,16 +168,13 @@ std::unique_ptr<Cluster> StartCluster(const std::string& dir, size_t floats, int
     return nullptr;
   }
   cluster->config = *config;
-  for (int i = 0; i < servers; ++i) {
-    cluster->servers.push_back(Subprocess::Start({BinaryPath("segps-server"), "--config", path, "--index",
-                                                  std::to_string(i), "--listen", "127.0.0.1:0"}));
-    std::optional<std::string> line = cluster->servers.back()->WaitForLine("listening on", absl::Seconds(120));
-    if (!line) {
-      std::cerr << cluster->servers.back()->output() << "\n";
-      return nullptr;
-    }
-    cluster->addresses.push_back(line->substr(line->rfind(' ') + 1));
+  ServerProcesses started = StartServers(path, servers);
+  if (!started.ok()) {
+    std::cerr << started.Output() << "\n";
+    return nullptr;
   }
+  cluster->servers = std::move(started.processes);
+  cluster->addresses = started.addresses;
   return cluster;
 }
 

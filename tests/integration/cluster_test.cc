@@ -145,15 +145,9 @@ TEST(Cluster, KilledWorkerDoesNotHangItsPeers) {
     training { batch_size: 32 epochs: 4 staleness: 0 workers_per_segment: 2 log_interval_s: 0.05 }
     data { source: SYNTHETIC_TEACHER train_samples: 8000 test_samples: 500 }
   )pb");
-  std::vector<std::unique_ptr<Subprocess>> servers;
-  std::string addresses;
-  for (int i = 0; i < 2; ++i) {
-    servers.push_back(Subprocess::Start({BinaryPath("segps-server"), "--config", config, "--index",
-                                         std::to_string(i), "--listen", "127.0.0.1:0"}));
-    std::optional<std::string> line = servers.back()->WaitForLine("listening on", absl::Seconds(30));
-    ASSERT_TRUE(line.has_value()) << servers.back()->output();
-    addresses += (i ? "," : "") + line->substr(line->rfind(' ') + 1);
-  }
+  ServerProcesses servers = StartServers(config, 2);
+  ASSERT_TRUE(servers.ok()) << servers.Output();
+  const std::string addresses = servers.Joined();
   std::vector<std::unique_ptr<Subprocess>> workers;
   for (int r = 0; r < 2; ++r) {
     workers.push_back(Subprocess::Start({BinaryPath("segps-worker"), "--config", config, "--segment", "s",

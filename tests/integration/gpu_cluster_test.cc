@@ -15,15 +15,9 @@ namespace {
 TEST(GpuCluster, MixedGpuAndCpuWorkersReachTheTeacherBar) {
   if (CudaDeviceCount() == 0) GTEST_SKIP() << "no usable GPU on this machine";
   const std::string config = std::string(SEGPS_SOURCE_DIR) + "/deploy/configs/teacher.pbtxt";
-  std::vector<std::unique_ptr<Subprocess>> servers;
-  std::string addresses;
-  for (int i = 0; i < 2; ++i) {
-    servers.push_back(Subprocess::Start({BinaryPath("segps-server"), "--config", config, "--index",
-                                         std::to_string(i), "--listen", "127.0.0.1:0"}));
-    std::optional<std::string> line = servers.back()->WaitForLine("listening on", absl::Seconds(30));
-    ASSERT_TRUE(line.has_value()) << servers.back()->output();
-    addresses += (i ? "," : "") + line->substr(line->rfind(' ') + 1);
-  }
+  ServerProcesses servers = StartServers(config, 2);
+  ASSERT_TRUE(servers.ok()) << servers.Output();
+  const std::string addresses = servers.Joined();
   std::vector<std::unique_ptr<Subprocess>> workers;
   for (const char* segment : {"relu64", "tanh128"}) {
     for (int rank = 0; rank < 2; ++rank) {

@@ -38,12 +38,10 @@ class ServerProcessTest : public ::testing::Test {
     WriteFile(config_path_, kConfig);
     config_ = *LoadConfig(config_path_);
     map_ = std::make_unique<ShardMap>(*ShardMap::Create(config_.model(), 2));
-    for (int i = 0; i < 2; ++i) {
-      servers_.push_back(Subprocess::Start({BinaryPath("segps-server"), "--config", config_path_, "--index",
-                                            std::to_string(i), "--listen", "127.0.0.1:0"}));
-      std::optional<std::string> line = servers_.back()->WaitForLine("listening on", absl::Seconds(30));
-      ASSERT_TRUE(line.has_value()) << servers_.back()->output();
-      const std::string address = line->substr(line->rfind(' ') + 1);
+    ServerProcesses started = StartServers(config_path_, 2);
+    ASSERT_TRUE(started.ok()) << started.Output();
+    servers_ = std::move(started.processes);
+    for (const std::string& address : started.addresses) {
       grpc::ChannelArguments args;
       args.SetMaxSendMessageSize(64 << 20);
       stubs_.push_back(v1::ParameterServer::NewStub(

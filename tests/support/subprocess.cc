@@ -105,6 +105,30 @@ std::string BinaryPath(const std::string& name) {
   return path.substr(0, path.rfind('/') + 1) + name;
 }
 
+ServerProcesses StartServers(const std::string& config, int count) {
+  ServerProcesses servers;
+  for (int i = 0; i < count; ++i) {
+    servers.processes.push_back(Subprocess::Start({BinaryPath("segps-server"), "--config", config, "--index",
+                                                   std::to_string(i), "--listen", "127.0.0.1:0"}));
+    std::optional<std::string> line = servers.processes.back()->WaitForLine("listening on", absl::Seconds(60));
+    if (!line.has_value()) break;
+    servers.addresses.push_back(line->substr(line->rfind(' ') + 1));
+  }
+  return servers;
+}
+
+std::string ServerProcesses::Joined() const {
+  std::string joined;
+  for (const std::string& a : addresses) joined += (joined.empty() ? "" : ",") + a;
+  return joined;
+}
+
+std::string ServerProcesses::Output() const {
+  std::string all;
+  for (const auto& p : processes) all += p->output();
+  return all;
+}
+
 std::string MakeTempDir() {
   char dir[] = "/tmp/segps_test_XXXXXX";
   return mkdtemp(dir) ? dir : "/tmp";

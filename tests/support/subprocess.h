@@ -44,6 +44,18 @@ class Subprocess {
   size_t scanned_ = 0;  // output_ before this offset was already searched for lines
 };
 
+// segps-server processes on free loopback ports.
+struct ServerProcesses {
+  std::vector<std::unique_ptr<Subprocess>> processes;
+  std::vector<std::string> addresses;  // host:port, in index order
+  bool ok() const { return !processes.empty() && addresses.size() == processes.size(); }
+  std::string Joined() const;          // "a,b,..." for --servers
+  std::string Output() const;          // every server's output, for failure messages
+};
+
+// Starts servers 0..count-1 of `config` and waits until each listens.
+ServerProcesses StartServers(const std::string& config, int count);
+
 // Path of a segps binary in the build tree: in $SEGPS_BIN_DIR (set by ctest),
 // else beside the running binary.
 std::string BinaryPath(const std::string& name);
