@@ -16,7 +16,7 @@ if docker compose version > /dev/null 2>&1; then compose=(docker compose); else 
 project="segpstest$$"
 image="segps:test$$"
 fail() { echo "FAIL: $*"; exit 1; }
-down() { "${compose[@]}" -p "$project" down -v --remove-orphans > /dev/null 2>&1; }
+down() { "${compose[@]}" -p "$project" --profile monitoring down -v --remove-orphans > /dev/null 2>&1; }
 cleanup() {
   down
   docker image rm "$image" > /dev/null 2>&1
@@ -26,10 +26,14 @@ trap cleanup EXIT
 echo "== building $image"
 docker build -q -f Dockerfile -t "$image" .. > /dev/null 2>&1 || fail "docker build"
 
-# up CONFIG WORKERS: starts a cluster in the background.
+docker build -q -t segps-prometheus:latest prometheus > /dev/null 2>&1 || fail "docker build prometheus"
+
+# up CONFIG WORKERS [compose options]: starts a cluster in the background.
 up() {
-  SEGPS_IMAGE="$image" SEGPS_CONFIG="$1" SEGPS_WORKERS="$2" \
-    "${compose[@]}" -p "$project" up -d --no-build > /dev/null 2>&1 || fail "compose up $1"
+  local config=$1 workers=$2
+  shift 2
+  SEGPS_IMAGE="$image" SEGPS_CONFIG="$config" SEGPS_WORKERS="$workers" SEGPS_PROMETHEUS_PORT=0 \
+    "${compose[@]}" -p "$project" "$@" up -d --no-build > /dev/null 2>&1 || fail "compose up $config"
 }
 cid() { "${compose[@]}" -p "$project" ps -q "$1" | head -n "${2:-1}" | tail -n 1; }
 
@@ -56,11 +60,23 @@ for s in server0 server1; do
 done
 down
 
-echo "== round 2: the teacher config, 2 workers per segment"
-up ./configs/teacher.pbtxt 2
+echo "== round 2: the teacher config, 2 workers per segment, with the monitoring profile"
+up ./configs/teacher.pbtxt 2 --profile monitoring
 acc=$(finish) || exit 1
 awk -v a="$acc" 'BEGIN { exit !(a > 90) }' || fail "teacher ensemble accuracy $acc% not above 90"
 echo "teacher ensemble accuracy $acc%"
+# The Prometheus server has scraped both servers' real metrics (it scrapes every 5 s).
+prom=$(cid prometheus)
+scraped=""
+for _ in $(seq 1 30); do
+  scraped=$(docker exec "$prom" promtool query instant http://localhost:9090 \
+    'count(segps_server_pushes_total{segment="relu64"} > 0)' 2>/dev/null | sed -n 's/.*=> \([0-9]*\) @.*/\1/p')
+  [ "$scraped" = "2" ] && break
+  sleep 2
+done
+[ "$scraped" = "2" ] || fail "Prometheus did not scrape both servers' push counters (got '$scraped')"
+echo "prometheus scraped both servers"
+"${compose[@]}" -p "$project" --profile monitoring down -v > /dev/null 2>&1
 down
 
 echo "== round 3: teacher again, one worker container killed mid-run"
