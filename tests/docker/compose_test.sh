@@ -12,6 +12,14 @@ if ! docker info > /dev/null 2>&1; then
   echo "SKIPPED: no Docker engine on this machine (bash deploy/docker-setup.sh starts one)"
   exit 77
 fi
+if ! docker image inspect debian:bookworm > /dev/null 2>&1; then
+  echo "SKIPPED: no debian:bookworm base image (bash deploy/docker-setup.sh builds one)"
+  exit 77
+fi
+if ! smoke=$(docker run --rm debian:bookworm true 2>&1); then
+  echo "SKIPPED: this Docker engine cannot run containers here: $smoke"
+  exit 77
+fi
 if docker compose version > /dev/null 2>&1; then compose=(docker compose); else compose=(docker-compose); fi
 project="segpstest$$"
 image="segps:test$$"
