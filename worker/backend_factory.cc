@@ -1,20 +1,58 @@
-// Maps a --device name to a backend.
-#include "absl/strings/numbers.h"
+// Maps a --device name to a backend. The CUDA backend is a plugin loaded
+// from beside the executable on first use (see cuda_backend.h).
+#include <dlfcn.h>
+#include <unistd.h>
+
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "worker/backend.h"
-#ifdef SEGPS_WITH_CUDA
 #include "worker/cuda_backend.h"
-#endif
 
 namespace segps {
+namespace {
+
+struct CudaPlugin {
+  const CudaBackendApi* api = nullptr;
+  std::string error;  // why it could not be loaded
+};
+
+// Loaded once, never unloaded: backends and buffers point into it.
+const CudaPlugin& LoadCudaPlugin() {
+  static const CudaPlugin plugin = [] {
+    CudaPlugin p;
+#ifdef SEGPS_WITH_CUDA
+    char self[4096];
+    const ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+    const std::string path(self, n > 0 ? n : 0);
+    const std::string beside = path.substr(0, path.rfind('/') + 1) + "libsegps_cuda.so";
+    void* handle = dlopen(beside.c_str(), RTLD_NOW | RTLD_LOCAL);
+    if (handle == nullptr) handle = dlopen("libsegps_cuda.so", RTLD_NOW | RTLD_LOCAL);
+    if (handle == nullptr) {
+      p.error = absl::StrCat("cannot load the CUDA backend (libsegps_cuda.so): ", dlerror());
+      return p;
+    }
+    auto entry = reinterpret_cast<const CudaBackendApi* (*)()>(dlsym(handle, "segps_cuda_backend_api"));
+    if (entry == nullptr) {
+      p.error = "libsegps_cuda.so has no segps_cuda_backend_api";
+      return p;
+    }
+    p.api = entry();
+#else
+    p.error = "this build has no CUDA backend (rebuild with nvcc and cuBLAS present, -DSEGPS_WITH_CUDA=ON)";
+#endif
+    return p;
+  }();
+  return plugin;
+}
+
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(const std::string& device, bool allow_tf32) {
   if (device == "cpu") return CreateCpuBackend(1);
   if (device == "auto") {
-#ifdef SEGPS_WITH_CUDA
-    if (CudaDeviceCount() > 0) return CreateCudaBackend(0, allow_tf32);
-#endif
+    const CudaPlugin& cuda = LoadCudaPlugin();
+    if (cuda.api != nullptr && cuda.api->device_count() > 0) return cuda.api->create(0, allow_tf32);
     return CreateCpuBackend(1);
   }
   if (absl::StartsWith(device, "cuda:")) {
@@ -22,17 +60,13 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(const std::string& device
     if (!absl::SimpleAtoi(device.substr(5), &index) || index < 0) {
       return absl::InvalidArgumentError(absl::StrCat("--device ", device, ": expected cuda:N with N >= 0"));
     }
-#ifdef SEGPS_WITH_CUDA
-    return CreateCudaBackend(index, allow_tf32);
-#else
-    (void)allow_tf32;
-    return absl::FailedPreconditionError(absl::StrCat(
-        "--device ", device, ": this build has no CUDA backend (rebuild with nvcc and cuBLAS "
-        "present, -DSEGPS_WITH_CUDA=ON); use --device cpu"));
-#endif
+    const CudaPlugin& cuda = LoadCudaPlugin();
+    if (cuda.api == nullptr) {
+      return absl::FailedPreconditionError(absl::StrCat("--device ", device, ": ", cuda.error, "; use --device cpu"));
+    }
+    return cuda.api->create(index, allow_tf32);
   }
-  return absl::InvalidArgumentError(
-      absl::StrCat("--device ", device, ": expected cpu, cuda:N or auto"));
+  return absl::InvalidArgumentError(absl::StrCat("--device ", device, ": expected cpu, cuda:N or auto"));
 }
 
 }  // namespace segps

@@ -81,13 +81,13 @@ class CudaBackend final : public Backend {
   }
   absl::Status Activate(v1::Activation f, float* y, size_t n) override {
     if (f == v1::SOFTMAX || f == v1::ACTIVATION_UNSPECIFIED) {
-      return absl::InvalidArgumentError(absl::StrCat("cuda: Activate: ", v1::Activation_Name(f), " is not a hidden activation"));
+      return absl::InvalidArgumentError(absl::StrCat("cuda: Activate: activation ", static_cast<int>(f), " is not a hidden activation"));
     }
     return SEGPS_CUDA(cuda::Activate(static_cast<int>(f), y, n, stream_));
   }
   absl::Status ActivationGrad(v1::Activation f, const float* y, float* dy, size_t n) override {
     if (f == v1::SOFTMAX || f == v1::ACTIVATION_UNSPECIFIED) {
-      return absl::InvalidArgumentError(absl::StrCat("cuda: ActivationGrad: ", v1::Activation_Name(f), " is not a hidden activation"));
+      return absl::InvalidArgumentError(absl::StrCat("cuda: ActivationGrad: activation ", static_cast<int>(f), " is not a hidden activation"));
     }
     return SEGPS_CUDA(cuda::ActivationGrad(static_cast<int>(f), y, dy, n, stream_));
   }
@@ -109,8 +109,6 @@ class CudaBackend final : public Backend {
   cudaStream_t stream_ = nullptr;
   cublasHandle_t handle_ = nullptr;
 };
-
-}  // namespace
 
 int CudaDeviceCount() {
   int count = 0;
@@ -136,4 +134,10 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(int device, bool allo
   return CudaBackend::Create(device, allow_tf32);
 }
 
+}  // namespace
 }  // namespace segps
+
+extern "C" __attribute__((visibility("default"))) const segps::CudaBackendApi* segps_cuda_backend_api() {
+  static const segps::CudaBackendApi api = {&segps::CudaDeviceCount, &segps::CreateCudaBackend};
+  return &api;
+}

@@ -7,13 +7,15 @@
 #include <regex>
 
 #include "tests/support/subprocess.h"
-#include "worker/cuda_backend.h"
+#include "worker/backend.h"
 
 namespace segps {
 namespace {
 
 TEST(GpuCluster, MixedGpuAndCpuWorkersReachTheTeacherBar) {
-  if (CudaDeviceCount() == 0) GTEST_SKIP() << "no usable GPU on this machine";
+  absl::StatusOr<std::unique_ptr<Backend>> gpu = CreateBackend("cuda:0");
+  if (!gpu.ok()) GTEST_SKIP() << "no usable GPU: " << gpu.status().message();
+  gpu->reset();
   const std::string config = std::string(SEGPS_SOURCE_DIR) + "/deploy/configs/teacher.pbtxt";
   ServerProcesses servers = StartServers(config, 2);
   ASSERT_TRUE(servers.ok()) << servers.Output();

@@ -8,9 +8,6 @@
 
 #include "worker/backend.h"
 #include "worker/segment_model.h"
-#ifdef SEGPS_WITH_CUDA
-#include "worker/cuda_backend.h"
-#endif
 
 namespace segps {
 namespace {
