@@ -306,6 +306,8 @@ absl::StatusOr<TrainReport> Train(const v1::JobConfig& config, const TrainerOpti
         if (options.metrics != nullptr) options.metrics->ObserveBlocked(absl::ToDoubleSeconds(waited));
         if (!r.ok()) return r.status();
         SEGPS_RETURN_IF_ERROR(backend->Upload(pulled[fill]->data(), model.params(), n * sizeof(float)));
+        // The next pull may land in the buffer just uploaded from: the copy must be done first.
+        SEGPS_RETURN_IF_ERROR(backend->Synchronize());
         have = *r;
         fill ^= 1;
         // Prefetch for the next step; the server answers once the bound allows.
