@@ -36,8 +36,10 @@ absl::StatusOr<SegmentModel> SegmentModel::Create(Backend* backend, const v1::Mo
   const size_t fb = sizeof(float);
   SEGPS_RETURN_IF_ERROR(alloc(&m.params_, m.num_params_ * fb));
   SEGPS_RETURN_IF_ERROR(alloc(&m.grad_, m.num_params_ * fb));
-  SEGPS_RETURN_IF_ERROR(alloc(&m.input_, static_cast<size_t>(max_batch) * m.widths_[0] * fb));
-  SEGPS_RETURN_IF_ERROR(alloc(&m.labels_, static_cast<size_t>(max_batch) * sizeof(int32_t)));
+  for (int s = 0; s < kInputSlots; ++s) {
+    SEGPS_RETURN_IF_ERROR(alloc(&m.inputs_[s], static_cast<size_t>(max_batch) * m.widths_[0] * fb));
+    SEGPS_RETURN_IF_ERROR(alloc(&m.labels_[s], static_cast<size_t>(max_batch) * sizeof(int32_t)));
+  }
   SEGPS_RETURN_IF_ERROR(alloc(&m.stats_, 2 * fb));
   for (size_t l = 1; l < m.widths_.size(); ++l) {
     m.acts_.emplace_back();
@@ -53,12 +55,13 @@ absl::StatusOr<SegmentModel> SegmentModel::Create(Backend* backend, const v1::Mo
   return m;
 }
 
-absl::Status SegmentModel::Forward(int rows, bool with_labels) {
+absl::Status SegmentModel::Forward(int rows, int slot, bool with_labels) {
   if (rows <= 0 || rows > max_batch_) {
     return absl::InvalidArgumentError(absl::StrCat("batch of ", rows, " rows; this model takes 1..", max_batch_));
   }
+  if (slot < 0 || slot >= kInputSlots) return absl::InvalidArgumentError(absl::StrCat("no input slot ", slot));
   const size_t layers = activations_.size();
-  const float* in = input_.data();
+  const float* in = inputs_[slot].data();
   for (size_t l = 0; l < layers; ++l) {
     const int fan_in = widths_[l], units = widths_[l + 1];
     const bool last = l + 1 == layers;
@@ -71,16 +74,16 @@ absl::Status SegmentModel::Forward(int rows, bool with_labels) {
     }
     in = out;
   }
-  return backend_->SoftmaxCrossEntropy(logits_.data(), with_labels ? labels_.data<int32_t>() : nullptr,
+  return backend_->SoftmaxCrossEntropy(logits_.data(), with_labels ? labels_[slot].data<int32_t>() : nullptr,
                                        rows, widths_.back(), 1.0f / rows, acts_.back().data(),
                                        with_labels ? delta_a_.data() : nullptr,
                                        with_labels ? stats_.data() : nullptr);
 }
 
-absl::Status SegmentModel::Predict(int rows) { return Forward(rows, /*with_labels=*/false); }
+absl::Status SegmentModel::Predict(int rows, int slot) { return Forward(rows, slot, /*with_labels=*/false); }
 
-absl::Status SegmentModel::TrainStep(int rows) {
-  SEGPS_RETURN_IF_ERROR(Forward(rows, /*with_labels=*/true));
+absl::Status SegmentModel::TrainStep(int rows, int slot) {
+  SEGPS_RETURN_IF_ERROR(Forward(rows, slot, /*with_labels=*/true));
   // delta holds dLoss/d(pre-activation) of the current layer.
   float* delta = delta_a_.data();
   float* spare = delta_b_.data();
@@ -91,7 +94,7 @@ absl::Status SegmentModel::TrainStep(int rows) {
       SEGPS_RETURN_IF_ERROR(backend_->ActivationGrad(activations_[l], acts_[l].data(), delta,
                                                      static_cast<size_t>(rows) * units));
     }
-    const float* layer_in = l == 0 ? input_.data() : acts_[l - 1].data();
+    const float* layer_in = l == 0 ? inputs_[slot].data() : acts_[l - 1].data();
     // dW = in^T * delta, db = column sums of delta, d(in) = delta * W^T.
     SEGPS_RETURN_IF_ERROR(backend_->Gemm(true, false, fan_in, units, rows, 1.0f, layer_in, delta, 0.0f,
                                          grad_.data() + kernel_offsets_[l]));

@@ -35,16 +35,18 @@ class SegmentModel {
   // Device pointers to the flat parameters and gradient.
   float* params() { return params_.data(); }
   const float* grad() const { return grad_.data(); }
-  // Staging for a batch: inputs [rows x input_width] and labels [rows], on the device.
-  float* input() { return input_.data(); }
-  int32_t* labels() { return labels_.data<int32_t>(); }
+  // Two device slots for batches, so that the next batch can be uploaded
+  // while the current one computes: inputs [rows x input_width], labels [rows].
+  static constexpr int kInputSlots = 2;
+  float* input(int slot = 0) { return inputs_[slot].data(); }
+  int32_t* labels(int slot = 0) { return labels_[slot].data<int32_t>(); }
 
-  // Forward and backward on the `rows` staged rows: fills grad() with the
-  // gradient of the mean cross-entropy, and the device stats slot. Enqueued:
-  // call FetchStats after the backend synchronised.
-  absl::Status TrainStep(int rows);
+  // Forward and backward on the `rows` rows staged in `slot`: fills grad()
+  // with the gradient of the mean cross-entropy, and the device stats slot.
+  // Enqueued: call DownloadStats, then read stats() after a Synchronize.
+  absl::Status TrainStep(int rows, int slot = 0);
   // Forward only; probabilities land in probabilities() [rows x classes].
-  absl::Status Predict(int rows);
+  absl::Status Predict(int rows, int slot = 0);
   const float* probabilities() const { return acts_.back().data(); }
   // Enqueues the copy of the last step's loss and accuracy to the host.
   absl::Status DownloadStats();
@@ -53,7 +55,7 @@ class SegmentModel {
 
  private:
   SegmentModel() = default;
-  absl::Status Forward(int rows, bool with_labels);
+  absl::Status Forward(int rows, int slot, bool with_labels);
 
   Backend* backend_ = nullptr;
   int max_batch_ = 0;
@@ -61,7 +63,8 @@ class SegmentModel {
   std::vector<v1::Activation> activations_;  // per layer
   std::vector<size_t> kernel_offsets_, bias_offsets_;
   size_t num_params_ = 0;
-  Buffer params_, grad_, input_, labels_, stats_, host_stats_;
+  Buffer params_, grad_, stats_, host_stats_;
+  Buffer inputs_[kInputSlots], labels_[kInputSlots];
   std::vector<Buffer> acts_;    // per layer output [max_batch x units]; last = probabilities
   Buffer logits_, delta_a_, delta_b_;
 };

@@ -240,16 +240,19 @@ absl::StatusOr<TrainReport> Train(const v1::JobConfig& config, const TrainerOpti
   const size_t width = static_cast<size_t>(train.width);
 
   // Pinned staging: two pull buffers (one being filled while the other uploads),
-  // one gradient buffer (encoded for the wire before reuse), one batch.
+  // one gradient buffer (encoded for the wire before reuse), and a batch for
+  // each of the model's two input slots (the next uploads while one computes).
   auto host = [&](size_t bytes) { return backend->AllocateHost(bytes); };
   absl::StatusOr<Buffer> pulled0 = host(n * sizeof(float)), pulled1 = host(n * sizeof(float));
   absl::StatusOr<Buffer> grad_host = host(n * sizeof(float));
-  absl::StatusOr<Buffer> batch_x = host(batch * width * sizeof(float));
-  absl::StatusOr<Buffer> batch_y = host(batch * sizeof(int32_t));
-  for (auto* b : {&pulled0, &pulled1, &grad_host, &batch_x, &batch_y}) {
+  absl::StatusOr<Buffer> batch_x0 = host(batch * width * sizeof(float)), batch_x1 = host(batch * width * sizeof(float));
+  absl::StatusOr<Buffer> batch_y0 = host(batch * sizeof(int32_t)), batch_y1 = host(batch * sizeof(int32_t));
+  for (auto* b : {&pulled0, &pulled1, &grad_host, &batch_x0, &batch_x1, &batch_y0, &batch_y1}) {
     if (!b->ok()) return b->status();
   }
   Buffer* pulled[2] = {&*pulled0, &*pulled1};
+  Buffer* batch_x[2] = {&*batch_x0, &*batch_x1};
+  Buffer* batch_y[2] = {&*batch_y0, &*batch_y1};
 
   absl::StatusOr<Registration> registration = client->Register(segment, options.rank);
   if (!registration.ok()) return registration.status();
@@ -284,8 +287,22 @@ absl::StatusOr<TrainReport> Train(const v1::JobConfig& config, const TrainerOpti
   const absl::Duration log_every = absl::Seconds(config.training().log_interval_s());
   absl::Time next_log = t0 + log_every;
 
+  // Gathers step `s` of an epoch's order on the host and enqueues its upload
+  // into input slot `slot`; returns its rows.
+  auto stage = [&](const std::vector<uint32_t>& order, uint64_t s, int slot) -> absl::StatusOr<size_t> {
+    const size_t begin = s * batch;
+    const size_t rows = std::min<size_t>(batch, slice.count - begin);
+    GatherBatch(train, order, begin, rows, batch_x[slot]->data(), batch_y[slot]->data<int32_t>());
+    SEGPS_RETURN_IF_ERROR(backend->Upload(batch_x[slot]->data(), model.input(slot), rows * width * sizeof(float)));
+    SEGPS_RETURN_IF_ERROR(backend->Upload(batch_y[slot]->data(), model.labels(slot), rows * sizeof(int32_t)));
+    return rows;
+  };
+  std::vector<uint32_t> order = EpochOrder(slice, config.seed(), segment, rank, 0), next_order;
+  int slot = 0;
+  absl::StatusOr<size_t> staged = stage(order, 0, slot);
+  if (!staged.ok()) return staged.status();
+
   for (uint32_t epoch = 0; epoch < epochs; ++epoch) {
-    const std::vector<uint32_t> order = EpochOrder(slice, config.seed(), segment, rank, epoch);
     epoch_window = Window();
     for (uint64_t s = 0; s < steps_per_epoch; ++s) {
       const uint64_t clock = start + epoch * steps_per_epoch + s;
@@ -314,15 +331,20 @@ absl::StatusOr<TrainReport> Train(const v1::JobConfig& config, const TrainerOpti
         prefetcher.Start(clock + 1, absl::MakeSpan(pulled[fill]->data(), n));
       }
 
-      const size_t begin = s * batch;
-      const size_t rows = std::min<size_t>(batch, slice.count - begin);
-      GatherBatch(train, order, begin, rows, batch_x->data(), batch_y->data<int32_t>());
-      SEGPS_RETURN_IF_ERROR(backend->Upload(batch_x->data(), model.input(), rows * width * sizeof(float)));
-      SEGPS_RETURN_IF_ERROR(backend->Upload(batch_y->data(), model.labels(), rows * sizeof(int32_t)));
-      SEGPS_RETURN_IF_ERROR(model.TrainStep(static_cast<int>(rows)));
+      const size_t rows = *staged;
+      SEGPS_RETURN_IF_ERROR(model.TrainStep(static_cast<int>(rows), slot));
       SEGPS_RETURN_IF_ERROR(backend->Download(model.grad(), grad_host->data(), n * sizeof(float)));
       SEGPS_RETURN_IF_ERROR(model.DownloadStats());
+      // Stage the next batch while this step runs on the device.
+      if (s + 1 < steps_per_epoch) {
+        staged = stage(order, s + 1, slot ^ 1);
+      } else if (epoch + 1 < epochs) {
+        next_order = EpochOrder(slice, config.seed(), segment, rank, epoch + 1);
+        staged = stage(next_order, 0, slot ^ 1);
+      }
+      if (!staged.ok()) return staged.status();
       SEGPS_RETURN_IF_ERROR(backend->Synchronize());
+      slot ^= 1;
       const BatchStats stats = model.stats();
       if (!std::isfinite(stats.loss_sum)) {
         return absl::InternalError(absl::StrCat(tag, ": loss became ", stats.loss_sum, " at clock ", clock,
@@ -375,6 +397,7 @@ absl::StatusOr<TrainReport> Train(const v1::JobConfig& config, const TrainerOpti
     }
     report.last_loss = epoch_window.loss / epoch_window.samples;
     report.last_accuracy = static_cast<double>(epoch_window.correct) / epoch_window.samples;
+    if (epoch + 1 < epochs) order = std::move(next_order);
   }
   if (options.progress_bar) std::printf("\n");
   SEGPS_RETURN_IF_ERROR(pusher.Drain());
