@@ -3,8 +3,6 @@
 #include <grpcpp/grpcpp.h>
 
 #include <algorithm>
-#include <chrono>
-#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -28,7 +26,7 @@ class GrpcEncodedPush final : public EncodedPush {
 class GrpcClient final : public ParameterClient {
  public:
   GrpcClient(const v1::JobConfig& config, ShardMap map, std::vector<std::string> addresses)
-      : config_(config), map_(std::move(map)), addresses_(std::move(addresses)),
+      : map_(std::move(map)), addresses_(std::move(addresses)),
         fingerprint_(ModelFingerprint(config)),
         rpc_deadline_(absl::Milliseconds(config.cluster().rpc_deadline_ms())),
         pull_wait_(absl::Milliseconds(config.cluster().pull_wait_ms())) {
@@ -228,7 +226,6 @@ class GrpcClient final : public ParameterClient {
     }
   }
 
-  const v1::JobConfig config_;
   const ShardMap map_;
   const std::vector<std::string> addresses_;
   const std::string fingerprint_;
