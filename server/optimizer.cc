@@ -22,14 +22,18 @@ SEGPS_VECTOR_CLONES void SgdKernel(float* __restrict w, const float* __restrict 
   for (size_t i = 0; i < n; ++i) w[i] -= lr * (g[i] + wd * w[i]);
 }
 
-SEGPS_VECTOR_CLONES void AdamKernel(float* __restrict w, const float* __restrict g, float* __restrict m,
-                                    float* __restrict v, size_t n, float alpha, float one_minus_b1,
-                                    float one_minus_b2, float eps, float wd) {
+// The moments are interleaved (m0 v0 m1 v1 ...): three memory streams
+// instead of four keep the hardware prefetchers ahead.
+SEGPS_VECTOR_CLONES void AdamKernel(float* __restrict w, const float* __restrict g, float* __restrict mv,
+                                    size_t n, float alpha, float one_minus_b1, float one_minus_b2, float eps,
+                                    float wd) {
   for (size_t i = 0; i < n; ++i) {
     const float gi = g[i] + wd * w[i];
-    m[i] += (gi - m[i]) * one_minus_b1;
-    v[i] += (gi * gi - v[i]) * one_minus_b2;
-    w[i] -= alpha * m[i] / (std::sqrt(v[i]) + eps);
+    const float m = mv[2 * i] + (gi - mv[2 * i]) * one_minus_b1;
+    const float v = mv[2 * i + 1] + (gi * gi - mv[2 * i + 1]) * one_minus_b2;
+    mv[2 * i] = m;
+    mv[2 * i + 1] = v;
+    w[i] -= alpha * m / (std::sqrt(v) + eps);
   }
 }
 class Sgd final : public Optimizer {
@@ -78,23 +82,22 @@ class Adam final : public Optimizer {
  public:
   Adam(const v1::OptimizerConfig& c, uint64_t n)
       : lr_(c.learning_rate()), b1_(c.beta1()), b2_(c.beta2()), eps_(c.epsilon()),
-        wd_(c.weight_decay()), m_(n, 0.0f), v_(n, 0.0f) {}
+        wd_(c.weight_decay()), moments_(2 * n, 0.0f) {}
   void Apply(absl::Span<float> params, absl::Span<const float> grad) override {
     ++steps_;
     b1_power_ *= b1_;
     b2_power_ *= b2_;
     const float alpha =
         static_cast<float>(lr_ * std::sqrt(1.0 - b2_power_) / (1.0 - b1_power_));
-    AdamKernel(params.data(), grad.data(), m_.data(), v_.data(), params.size(), alpha, 1.0f - b1_, 1.0f - b2_, eps_,
-               wd_);
+    AdamKernel(params.data(), grad.data(), moments_.data(), params.size(), alpha, 1.0f - b1_, 1.0f - b2_, eps_, wd_);
   }
   uint64_t steps() const override { return steps_; }
-  uint64_t state_bytes() const override { return (m_.size() + v_.size()) * sizeof(float); }
+  uint64_t state_bytes() const override { return moments_.size() * sizeof(float); }
 
  private:
   const float lr_, b1_, b2_, eps_, wd_;
   double b1_power_ = 1.0, b2_power_ = 1.0;
-  std::vector<float> m_, v_;
+  std::vector<float> moments_;  // m and v interleaved
   uint64_t steps_ = 0;
 };
 
