@@ -180,6 +180,22 @@ absl::Status ValidateAndFill(v1::JobConfig& c, const Locator& at) {
                       absl::StrCat("must be in [1, 4096], got ", seg->workers()));
     }
   }
+  // Every pull and push carries a server's whole range of a segment, so the
+  // largest range must fit in one message (with room for the envelope).
+  for (int k = 0; k < model->segments_size(); ++k) {
+    uint64_t elements = 0, fan_in = model->input_width();
+    for (const auto& layer : model->segments(k).layers()) {
+      elements += (fan_in + 1) * layer.units();
+      fan_in = layer.units();
+    }
+    const uint64_t per_server = (elements + cluster->num_servers() - 1) / cluster->num_servers();
+    if (per_server * 4 + 4096 > cluster->max_message_bytes()) {
+      return at.Error({{"cluster", -1}, {"max_message_bytes", -1}},
+                      absl::StrCat("is ", cluster->max_message_bytes(), " but segment \"", model->segments(k).name(),
+                                   "\" puts ", per_server * 4, " bytes of parameters on each of ",
+                                   cluster->num_servers(), " servers; raise it (below 2 GiB) or add servers"));
+    }
+  }
   if (training->pushes_in_flight() > 64) {
     return at.Error({{"training", -1}, {"pushes_in_flight", -1}}, "must be <= 64");
   }
