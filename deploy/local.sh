@@ -8,6 +8,8 @@ cd "$(dirname "$0")/.."
 config=${1:-deploy/configs/seed.pbtxt}
 shift || true
 bash deploy/install-deps.sh
+# The CUDA backend is built when nvcc is found; CUDA installs outside PATH by default.
+if [ -x /usr/local/cuda/bin/nvcc ]; then export PATH="/usr/local/cuda/bin:$PATH"; fi
 cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo > /dev/null
 cmake --build build -j"$(nproc)"
 exec build/bin/segps-local --config "$config" "$@"
