@@ -92,6 +92,23 @@ TEST(Cluster, FashionMnistConfigReachesItsAccuracyBar) {
   EXPECT_GE(EnsembleAccuracy(run.report), 0.88) << run.report;
 }
 
+TEST(DataTool, ExportsWhatTheWorkersTrainOn) {
+  const std::string dir = MakeTempDir();
+  std::unique_ptr<Subprocess> p =
+      Subprocess::Start({BinaryPath("segps-data"), "--config", Config("seed.pbtxt"), "--out", dir});
+  std::optional<int> status = p->Wait(absl::Seconds(60));
+  ASSERT_TRUE(status.has_value() && ExitedOk(*status)) << p->output();
+  const std::string x = ReadFile(dir + "/train_x.npy");
+  EXPECT_NE(x.find("'descr': '<f4'"), std::string::npos);
+  EXPECT_NE(x.find("'shape': (10000, 50)"), std::string::npos);
+  std::vector<float> values = ReadNpyFloat32(dir + "/train_x.npy");
+  ASSERT_EQ(values.size(), 500000u);
+  uint32_t first;
+  std::memcpy(&first, values.data(), 4);
+  EXPECT_EQ(first, 0x3ebfc3b9u);  // numpy's x[0, 0] for seed 42 (tests/fixtures)
+  EXPECT_NE(ReadFile(dir + "/test_y.npy").find("'shape': (2000,)"), std::string::npos);
+}
+
 TEST(Cluster, LocalLauncherFailsClearlyOnABrokenConfig) {
   const std::string dir = MakeTempDir();
   WriteFile(dir + "/broken.pbtxt", "cluster { num_servers: 0 }");
