@@ -11,18 +11,6 @@ static_assert(sizeof(float) == 4, "float32 payloads need 4-byte floats");
 #error "segps encodes payloads by memcpy and needs a little-endian host"
 #endif
 
-size_t DTypeSize(v1::DType dtype) {
-  switch (dtype) {
-    case v1::FLOAT32:
-      return 4;
-    case v1::FLOAT16:
-    case v1::BFLOAT16:
-      return 2;
-    default:
-      return 0;
-  }
-}
-
 void EncodeFloat32(absl::Span<const float> values, uint64_t offset, v1::TensorSlice* slice) {
   slice->set_offset(offset);
   slice->set_count(values.size());

@@ -13,9 +13,6 @@
 
 namespace segps {
 
-// Bytes per element of a dtype; 0 for DTYPE_UNSPECIFIED.
-size_t DTypeSize(v1::DType dtype);
-
 // Fills `slice` with `values` as FLOAT32 starting at flat `offset`.
 // Reuses the slice's byte buffer capacity.
 void EncodeFloat32(absl::Span<const float> values, uint64_t offset, v1::TensorSlice* slice);

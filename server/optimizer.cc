@@ -44,7 +44,6 @@ class Sgd final : public Optimizer {
     ++steps_;
   }
   uint64_t steps() const override { return steps_; }
-  uint64_t state_bytes() const override { return 0; }
 
  private:
   const float lr_, wd_;
@@ -68,7 +67,6 @@ class Momentum final : public Optimizer {
     ++steps_;
   }
   uint64_t steps() const override { return steps_; }
-  uint64_t state_bytes() const override { return velocity_.size() * sizeof(float); }
 
  private:
   const float lr_, momentum_, wd_;
@@ -92,7 +90,6 @@ class Adam final : public Optimizer {
     AdamKernel(params.data(), grad.data(), moments_.data(), params.size(), alpha, 1.0f - b1_, 1.0f - b2_, eps_, wd_);
   }
   uint64_t steps() const override { return steps_; }
-  uint64_t state_bytes() const override { return moments_.size() * sizeof(float); }
 
  private:
   const float lr_, b1_, b2_, eps_, wd_;
@@ -120,7 +117,6 @@ class AdaGrad final : public Optimizer {
     ++steps_;
   }
   uint64_t steps() const override { return steps_; }
-  uint64_t state_bytes() const override { return accumulator_.size() * sizeof(float); }
 
  private:
   const float lr_, eps_, wd_;

@@ -22,8 +22,6 @@ class Optimizer {
   virtual void Apply(absl::Span<float> params, absl::Span<const float> grad) = 0;
   // Updates applied so far.
   virtual uint64_t steps() const = 0;
-  // Bytes of optimizer state held (for memory accounting).
-  virtual uint64_t state_bytes() const = 0;
 };
 
 // `config` must be a validated config (defaults filled in).

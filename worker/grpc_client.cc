@@ -16,10 +16,7 @@
 namespace segps {
 namespace {
 
-class GrpcEncodedPush final : public EncodedPush {
- public:
-  uint64_t clock() const override { return clock_; }
-  uint64_t clock_ = 0;
+struct GrpcEncodedPush final : public EncodedPush {
   std::vector<v1::PushRequest> requests;  // one per server
 };
 
@@ -105,7 +102,6 @@ class GrpcClient final : public ParameterClient {
   std::unique_ptr<EncodedPush> Encode(int segment, uint64_t clock,
                                       absl::Span<const float> grad) override {
     auto push = std::make_unique<GrpcEncodedPush>();
-    push->clock_ = clock;
     push->requests.resize(stubs_.size());
     for (size_t i = 0; i < stubs_.size(); ++i) {
       const Range range = map_.range(segment, static_cast<uint32_t>(i));

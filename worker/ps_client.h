@@ -31,7 +31,6 @@ namespace segps {
 class EncodedPush {
  public:
   virtual ~EncodedPush() = default;
-  virtual uint64_t clock() const = 0;
 };
 
 struct Registration {
