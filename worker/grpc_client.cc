@@ -3,6 +3,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include <algorithm>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -18,6 +19,25 @@ namespace {
 
 struct GrpcEncodedPush final : public EncodedPush {
   std::vector<v1::PushRequest> requests;  // one per server
+};
+
+// Exponential backoff between attempts (20 ms doubling to 1 s) within a budget.
+class Backoff {
+ public:
+  explicit Backoff(absl::Duration budget) : give_up_(absl::Now() + budget) {}
+  // Sleeps before the next attempt; false, without sleeping, when that
+  // attempt would start after the budget ran out.
+  bool Wait() {
+    if (absl::Now() + delay_ >= give_up_) return false;
+    absl::SleepFor(delay_);
+    delay_ = std::min(delay_ * 2, absl::Seconds(1));
+    return true;
+  }
+  absl::Duration left() const { return give_up_ - absl::Now(); }
+
+ private:
+  const absl::Time give_up_;
+  absl::Duration delay_ = absl::Milliseconds(20);
 };
 
 class GrpcClient final : public ParameterClient {
@@ -173,13 +193,10 @@ class GrpcClient final : public ParameterClient {
   // Runs `attempt` until it succeeds, fails for good, or `budget` runs out.
   template <typename F>
   absl::Status WithRetries(absl::Duration budget, F attempt) {
-    const absl::Time give_up = absl::Now() + budget;
-    absl::Duration backoff = absl::Milliseconds(20);
+    Backoff backoff(budget);
     while (true) {
-      absl::Status status = attempt(give_up - absl::Now());
-      if (status.ok() || !IsTransient(status) || absl::Now() + backoff >= give_up) return status;
-      absl::SleepFor(backoff);
-      backoff = std::min(backoff * 2, absl::Seconds(1));
+      absl::Status status = attempt(backoff.left());
+      if (status.ok() || !IsTransient(status) || !backoff.Wait()) return status;
     }
   }
 
@@ -189,8 +206,7 @@ class GrpcClient final : public ParameterClient {
     const size_t n = stubs_.size();
     std::vector<bool> pending(n, true);
     std::vector<absl::Status> results(n);
-    const absl::Time give_up = absl::Now() + budget;
-    absl::Duration backoff = absl::Milliseconds(20);
+    Backoff backoff(budget);
     while (true) {
       const size_t count = std::count(pending.begin(), pending.end(), true);
       std::vector<std::unique_ptr<grpc::ClientContext>> contexts(n);
@@ -205,20 +221,19 @@ class GrpcClient final : public ParameterClient {
         });
       }
       remaining.Wait();
-      bool retry = false;
+      std::optional<size_t> transient;  // first server to retry
       for (size_t i = 0; i < n; ++i) {
         if (!pending[i]) continue;
         if (results[i].ok()) {
           pending[i] = false;
-        } else if (!IsTransient(results[i]) || absl::Now() + backoff >= give_up) {
+        } else if (!IsTransient(results[i])) {
           return Annotate(results[i], i, call);
-        } else {
-          retry = true;
+        } else if (!transient.has_value()) {
+          transient = i;
         }
       }
-      if (!retry) return absl::OkStatus();
-      absl::SleepFor(backoff);
-      backoff = std::min(backoff * 2, absl::Seconds(1));
+      if (!transient.has_value()) return absl::OkStatus();
+      if (!backoff.Wait()) return Annotate(results[*transient], *transient, call);
     }
   }
 
