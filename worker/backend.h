@@ -70,6 +70,9 @@ class Backend {
 
   // "cpu" or "cuda:N".
   virtual std::string name() const = 0;
+  // True when device pointers are ordinary host memory, so the host may read
+  // a result in place (after Synchronize) instead of downloading a copy.
+  virtual bool host_addressable() const = 0;
 
   // Device memory of `bytes` bytes, uninitialised.
   virtual absl::StatusOr<Buffer> Allocate(size_t bytes) = 0;

@@ -20,6 +20,7 @@ class CpuBackend final : public Backend {
   explicit CpuBackend(int threads) { openblas_set_num_threads(std::max(1, threads)); }
 
   std::string name() const override { return "cpu"; }
+  bool host_addressable() const override { return true; }
 
   absl::StatusOr<Buffer> Allocate(size_t bytes) override {
     const size_t rounded = std::max<size_t>(64, (bytes + 63) / 64 * 64);

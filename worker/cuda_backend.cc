@@ -43,6 +43,7 @@ class CudaBackend final : public Backend {
   }
 
   std::string name() const override { return absl::StrCat("cuda:", device_); }
+  bool host_addressable() const override { return false; }
 
   absl::StatusOr<Buffer> Allocate(size_t bytes) override {
     void* p = nullptr;

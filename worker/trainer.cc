@@ -333,7 +333,12 @@ absl::StatusOr<TrainReport> Train(const v1::JobConfig& config, const TrainerOpti
 
       const size_t rows = *staged;
       SEGPS_RETURN_IF_ERROR(model.TrainStep(static_cast<int>(rows), slot));
-      SEGPS_RETURN_IF_ERROR(backend->Download(model.grad(), grad_host->data(), n * sizeof(float)));
+      // On the CPU the gradient is read where it is; a GPU's comes back through pinned memory.
+      const float* grad = model.grad();
+      if (!backend->host_addressable()) {
+        SEGPS_RETURN_IF_ERROR(backend->Download(model.grad(), grad_host->data(), n * sizeof(float)));
+        grad = grad_host->data();
+      }
       SEGPS_RETURN_IF_ERROR(model.DownloadStats());
       // Stage the next batch while this step runs on the device.
       if (s + 1 < steps_per_epoch) {
@@ -350,7 +355,7 @@ absl::StatusOr<TrainReport> Train(const v1::JobConfig& config, const TrainerOpti
         return absl::InternalError(absl::StrCat(tag, ": loss became ", stats.loss_sum, " at clock ", clock,
                                                 "; lower optimizer.learning_rate"));
       }
-      SEGPS_RETURN_IF_ERROR(pusher.Enqueue(client->Encode(segment, clock, absl::MakeConstSpan(grad_host->data(), n))));
+      SEGPS_RETURN_IF_ERROR(pusher.Enqueue(client->Encode(segment, clock, absl::MakeConstSpan(grad, n))));
       if (options.slowdown > absl::ZeroDuration()) absl::SleepFor(options.slowdown);
 
       const uint64_t lag = clock - std::min(clock, *have);
