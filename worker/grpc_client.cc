@@ -84,6 +84,12 @@ class GrpcClient final : public ParameterClient {
         return FromGrpcStatus(stubs_[i]->Register(&context, request, &response));
       });
       if (!status.ok()) return Annotate(status, i, "Register");
+      if (response.server_index() != i) {
+        return Annotate(absl::FailedPreconditionError(absl::StrCat(
+                            "this is server ", response.server_index(), ", listed at position ", i,
+                            "; give the servers in index order")),
+                        i, "Register");
+      }
       worker_ids_[i] = response.worker_id();
       if (i == 0) registration = {response.start_clock(), response.rank()};
     }

@@ -117,7 +117,7 @@ TEST(EpochOrder, IsAPermutationThatChangesPerEpochAndIsDeterministic) {
   EXPECT_NE(a, EpochOrder(slice, 1, 0, 1, 0));
 }
 
-TEST(Teacher, LabelsAreLearnableAndBalancedEnough) {
+TEST(Teacher, EveryClassOccursAndLabelsAreDeterministic) {
   v1::JobConfig config = *LoadConfig(std::string(SEGPS_SOURCE_DIR) + "/deploy/configs/teacher.pbtxt");
   TrainTest data = *LoadData(config);
   EXPECT_EQ(data.train.size(), config.data().train_samples());

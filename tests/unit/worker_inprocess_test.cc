@@ -87,6 +87,17 @@ TEST(WorkerInProcess, WorkerWithAnotherModelIsRefused) {
   EXPECT_NE(std::string(registered.status().message()).find(ModelFingerprint(config)), std::string::npos);
 }
 
+TEST(WorkerInProcess, ServersListedOutOfOrderAreNamed) {
+  const v1::JobConfig config = SeedConfig(1);
+  InProcessCluster cluster(config);
+  std::vector<std::string> swapped = {cluster.addresses()[1], cluster.addresses()[0]};
+  std::unique_ptr<ParameterClient> client = *ConnectGrpc(config, swapped);
+  absl::StatusOr<Registration> r = client->Register(0, 0);
+  ASSERT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(std::string(r.status().message()).find("give the servers in index order"), std::string::npos)
+      << r.status();
+}
+
 TEST(WorkerInProcess, ReplicasWithoutARankGetTheFreeOnes) {
   v1::JobConfig config = SeedConfig(1);
   config.mutable_model()->mutable_segments(1)->set_workers(2);
