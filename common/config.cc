@@ -1,5 +1,6 @@
 #include "common/config.h"
 
+#include <algorithm>
 #include <fstream>
 #include <sstream>
 #include <vector>
@@ -98,9 +99,15 @@ absl::Status ValidateAndFill(v1::JobConfig& c, const Locator& at) {
   }
   if (cluster->lease_ms() == 0) cluster->set_lease_ms(3000);
   if (cluster->pull_wait_ms() == 0) cluster->set_pull_wait_ms(10000);
-  if (cluster->max_message_bytes() == 0) cluster->set_max_message_bytes(256ull << 20);
+  if (cluster->max_message_bytes() == 0) cluster->set_max_message_bytes(64ull << 20);
   if (cluster->max_message_bytes() > (1ull << 31) - 1) {
     return at.Error({{"cluster", -1}, {"max_message_bytes", -1}}, "must be < 2 GiB (a gRPC limit)");
+  }
+  if (cluster->chunk_bytes() == 0) cluster->set_chunk_bytes(std::min<uint64_t>(4ull << 20, cluster->max_message_bytes() - 4096));
+  if (cluster->chunk_bytes() < 4096 || cluster->chunk_bytes() + 4096 > cluster->max_message_bytes()) {
+    return at.Error({{"cluster", -1}, {"chunk_bytes", -1}},
+                    absl::StrCat("is ", cluster->chunk_bytes(), "; it must be at least 4096 and leave 4096 bytes of ",
+                                 "max_message_bytes (", cluster->max_message_bytes(), ") for the message header"));
   }
   if (cluster->rpc_deadline_ms() == 0) cluster->set_rpc_deadline_ms(30000);
 
@@ -178,22 +185,6 @@ absl::Status ValidateAndFill(v1::JobConfig& c, const Locator& at) {
     if (seg->workers() == 0 || seg->workers() > 4096) {
       return at.Error({{"model", -1}, {"segments", k}, {"workers", -1}},
                       absl::StrCat("must be in [1, 4096], got ", seg->workers()));
-    }
-  }
-  // Every pull and push carries a server's whole range of a segment, so the
-  // largest range must fit in one message (with room for the envelope).
-  for (int k = 0; k < model->segments_size(); ++k) {
-    uint64_t elements = 0, fan_in = model->input_width();
-    for (const auto& layer : model->segments(k).layers()) {
-      elements += (fan_in + 1) * layer.units();
-      fan_in = layer.units();
-    }
-    const uint64_t per_server = (elements + cluster->num_servers() - 1) / cluster->num_servers();
-    if (per_server * 4 + 4096 > cluster->max_message_bytes()) {
-      return at.Error({{"cluster", -1}, {"max_message_bytes", -1}},
-                      absl::StrCat("is ", cluster->max_message_bytes(), " but segment \"", model->segments(k).name(),
-                                   "\" puts ", per_server * 4, " bytes of parameters on each of ",
-                                   cluster->num_servers(), " servers; raise it (below 2 GiB) or add servers"));
     }
   }
   if (training->pushes_in_flight() > 64) {

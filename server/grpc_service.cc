@@ -3,10 +3,12 @@
 #include <grpcpp/grpcpp.h>
 
 #include <chrono>
+#include <type_traits>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/grpc_status.h"
+#include "common/tensor_wire.h"
 #include "segps/v1/parameter_server.grpc.pb.h"
 
 namespace segps {
@@ -21,37 +23,84 @@ absl::Time WaitDeadline(const grpc::ServerContext* context, absl::Duration cap) 
   return std::min(capped, absl::FromChrono(client));
 }
 
-class Service final : public v1::ParameterServer::Service {
+// The ParameterServer service, written out instead of generated so that
+// Pull replies and Push requests are raw byte buffers: tensor data leaves
+// the server from one copy of the range and is read from the received slices
+// (common/tensor_wire.h). The control calls use the generated messages.
+class Service final : public grpc::Service {
  public:
-  explicit Service(ParameterServer* server) : server_(server) {}
+  explicit Service(ParameterServer* server) : server_(server) {
+    Add<v1::RegisterRequest, v1::RegisterResponse>("/segps.v1.ParameterServer/Register", &Service::Register);
+    Add<v1::PullRequest, grpc::ByteBuffer>(kPullMethod, &Service::Pull);
+    Add<grpc::ByteBuffer, v1::PushResponse>(kPushMethod, &Service::Push);
+    Add<v1::HeartbeatRequest, v1::HeartbeatResponse>("/segps.v1.ParameterServer/Heartbeat", &Service::Heartbeat);
+    Add<v1::LeaveRequest, v1::LeaveResponse>("/segps.v1.ParameterServer/Leave", &Service::Leave);
+    Add<v1::StatsRequest, v1::StatsResponse>("/segps.v1.ParameterServer/Stats", &Service::Stats);
+  }
 
-  grpc::Status Register(grpc::ServerContext*, const v1::RegisterRequest* request,
-                        v1::RegisterResponse* response) override {
+ private:
+  template <typename Request, typename Response>
+  using Method = grpc::Status (Service::*)(grpc::ServerContext*, const Request*, Response*);
+
+  // The wire type a handler (de)serialises: messages as MessageLite, raw buffers as themselves.
+  template <typename T>
+  using Wire = std::conditional_t<std::is_same_v<T, grpc::ByteBuffer>, grpc::ByteBuffer, grpc::protobuf::MessageLite>;
+
+  template <typename Request, typename Response>
+  void Add(const char* path, Method<Request, Response> method) {  // path: a string literal
+    AddMethod(new grpc::internal::RpcServiceMethod(
+        path, grpc::internal::RpcMethod::NORMAL_RPC,
+        new grpc::internal::RpcMethodHandler<Service, Request, Response, Wire<Request>, Wire<Response>>(
+            [method](Service* service, grpc::ServerContext* context, const Request* request, Response* response) {
+              return (service->*method)(context, request, response);
+            },
+            this)));
+  }
+
+  grpc::Status Register(grpc::ServerContext*, const v1::RegisterRequest* request, v1::RegisterResponse* response) {
     return ToGrpcStatus(server_->Register(*request, response));
   }
-  grpc::Status Pull(grpc::ServerContext* context, const v1::PullRequest* request,
-                    v1::PullResponse* response) override {
-    return ToGrpcStatus(server_->Pull(*request, WaitDeadline(context, server_->max_wait()), response));
+
+  grpc::Status Pull(grpc::ServerContext* context, const v1::PullRequest* request, grpc::ByteBuffer* reply) {
+    grpc::Slice data;
+    v1::PullResponse header;
+    absl::Status status = server_->Pull(
+        *request, WaitDeadline(context, server_->max_wait()),
+        [&data](size_t count) {
+          float* values = nullptr;
+          data = NewFloatSlice(count, &values);
+          return absl::MakeSpan(values, count);
+        },
+        &header);
+    if (!status.ok()) return ToGrpcStatus(status);
+    v1::TensorSlice tensor = std::move(*header.mutable_values());
+    header.clear_values();
+    *reply = EncodeTensorMessage(header, v1::PullResponse::kValuesFieldNumber, tensor, data);
+    return grpc::Status::OK;
   }
-  grpc::Status Push(grpc::ServerContext* context, const v1::PushRequest* request,
-                    v1::PushResponse* response) override {
-    return ToGrpcStatus(server_->Push(*request, WaitDeadline(context, server_->max_wait()), response));
+
+  grpc::Status Push(grpc::ServerContext* context, const grpc::ByteBuffer* request, v1::PushResponse* response) {
+    v1::PushRequest header;
+    v1::TensorSlice tensor;
+    Payload data;
+    absl::Status decoded =
+        DecodeTensorMessage(*request, v1::PushRequest::kGradientFieldNumber, &header, &tensor, &data);
+    if (!decoded.ok()) return ToGrpcStatus(absl::InvalidArgumentError(absl::StrCat("Push: ", decoded.message())));
+    *header.mutable_gradient() = std::move(tensor);
+    return ToGrpcStatus(server_->Push(header, data, WaitDeadline(context, server_->max_wait()), response));
   }
-  grpc::Status Heartbeat(grpc::ServerContext*, const v1::HeartbeatRequest* request,
-                         v1::HeartbeatResponse* response) override {
+
+  grpc::Status Heartbeat(grpc::ServerContext*, const v1::HeartbeatRequest* request, v1::HeartbeatResponse* response) {
     return ToGrpcStatus(server_->Heartbeat(*request, response));
   }
-  grpc::Status Leave(grpc::ServerContext*, const v1::LeaveRequest* request,
-                     v1::LeaveResponse*) override {
+  grpc::Status Leave(grpc::ServerContext*, const v1::LeaveRequest* request, v1::LeaveResponse*) {
     return ToGrpcStatus(server_->Leave(*request));
   }
-  grpc::Status Stats(grpc::ServerContext*, const v1::StatsRequest*,
-                     v1::StatsResponse* response) override {
+  grpc::Status Stats(grpc::ServerContext*, const v1::StatsRequest*, v1::StatsResponse* response) {
     server_->Stats(response);
     return grpc::Status::OK;
   }
 
- private:
   ParameterServer* const server_;
 };
 

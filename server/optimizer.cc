@@ -39,39 +39,33 @@ SEGPS_VECTOR_CLONES void AdamKernel(float* __restrict w, const float* __restrict
 class Sgd final : public Optimizer {
  public:
   Sgd(float lr, float wd) : lr_(lr), wd_(wd) {}
-  void Apply(absl::Span<float> params, absl::Span<const float> grad) override {
+  void Apply(uint64_t, uint64_t, absl::Span<float> params, absl::Span<const float> grad) override {
     SgdKernel(params.data(), grad.data(), params.size(), lr_, wd_);
-    ++steps_;
   }
-  uint64_t steps() const override { return steps_; }
 
  private:
   const float lr_, wd_;
-  uint64_t steps_ = 0;
 };
 
 class Momentum final : public Optimizer {
  public:
   Momentum(float lr, float momentum, float wd, uint64_t n)
       : lr_(lr), momentum_(momentum), wd_(wd), velocity_(n, 0.0f) {}
-  void Apply(absl::Span<float> params, absl::Span<const float> grad) override {
+  void Apply(uint64_t, uint64_t first, absl::Span<float> params, absl::Span<const float> grad) override {
     float* __restrict w = params.data();
     const float* __restrict g = grad.data();
-    float* __restrict v = velocity_.data();
+    float* __restrict v = velocity_.data() + first;
     const size_t n = params.size();
     const float lr = lr_, mu = momentum_, wd = wd_;
     for (size_t i = 0; i < n; ++i) {
       v[i] = mu * v[i] - lr * (g[i] + wd * w[i]);
       w[i] += v[i];
     }
-    ++steps_;
   }
-  uint64_t steps() const override { return steps_; }
 
  private:
   const float lr_, momentum_, wd_;
   std::vector<float> velocity_;
-  uint64_t steps_ = 0;
 };
 
 // Keras Adam: m += (g - m)(1 - b1); v += (g^2 - v)(1 - b2);
@@ -81,21 +75,22 @@ class Adam final : public Optimizer {
   Adam(const v1::OptimizerConfig& c, uint64_t n)
       : lr_(c.learning_rate()), b1_(c.beta1()), b2_(c.beta2()), eps_(c.epsilon()),
         wd_(c.weight_decay()), moments_(2 * n, 0.0f) {}
-  void Apply(absl::Span<float> params, absl::Span<const float> grad) override {
-    ++steps_;
-    b1_power_ *= b1_;
-    b2_power_ *= b2_;
-    const float alpha =
-        static_cast<float>(lr_ * std::sqrt(1.0 - b2_power_) / (1.0 - b1_power_));
-    AdamKernel(params.data(), grad.data(), moments_.data(), params.size(), alpha, 1.0f - b1_, 1.0f - b2_, eps_, wd_);
+  void Apply(uint64_t step, uint64_t first, absl::Span<float> params, absl::Span<const float> grad) override {
+    if (step != alpha_step_) {
+      alpha_step_ = step;
+      const double t = static_cast<double>(step);
+      alpha_ = static_cast<float>(lr_ * std::sqrt(1.0 - std::pow(b2_, t)) / (1.0 - std::pow(b1_, t)));
+    }
+    AdamKernel(params.data(), grad.data(), moments_.data() + 2 * first, params.size(), alpha_, 1.0f - b1_,
+               1.0f - b2_, eps_, wd_);
   }
-  uint64_t steps() const override { return steps_; }
 
  private:
-  const float lr_, b1_, b2_, eps_, wd_;
-  double b1_power_ = 1.0, b2_power_ = 1.0;
+  const double lr_, b1_, b2_;
+  const float eps_, wd_;
+  uint64_t alpha_step_ = 0;  // the step alpha_ was computed for
+  float alpha_ = 0;
   std::vector<float> moments_;  // m and v interleaved
-  uint64_t steps_ = 0;
 };
 
 class AdaGrad final : public Optimizer {
@@ -103,10 +98,10 @@ class AdaGrad final : public Optimizer {
   AdaGrad(const v1::OptimizerConfig& c, uint64_t n)
       : lr_(c.learning_rate()), eps_(c.epsilon()), wd_(c.weight_decay()),
         accumulator_(n, c.initial_accumulator()) {}
-  void Apply(absl::Span<float> params, absl::Span<const float> grad) override {
+  void Apply(uint64_t, uint64_t first, absl::Span<float> params, absl::Span<const float> grad) override {
     float* __restrict w = params.data();
     const float* __restrict g = grad.data();
-    float* __restrict a = accumulator_.data();
+    float* __restrict a = accumulator_.data() + first;
     const size_t n = params.size();
     const float lr = lr_, eps = eps_, wd = wd_;
     for (size_t i = 0; i < n; ++i) {
@@ -114,14 +109,11 @@ class AdaGrad final : public Optimizer {
       a[i] += gi * gi;
       w[i] -= lr * gi / (std::sqrt(a[i]) + eps);
     }
-    ++steps_;
   }
-  uint64_t steps() const override { return steps_; }
 
  private:
   const float lr_, eps_, wd_;
   std::vector<float> accumulator_;
-  uint64_t steps_ = 0;
 };
 
 }  // namespace

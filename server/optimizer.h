@@ -1,6 +1,8 @@
 // Server-side optimizers: each applies a gradient to a contiguous range of
 // parameters in place, element by element, keeping its own state (momentum,
-// moments, accumulators) for exactly that range.
+// moments, accumulators) for exactly that range. An update may arrive in
+// blocks (chunked pushes, payloads read block by block), so Apply takes the
+// block's place in the range and the number of the update it belongs to.
 //
 // Thread safety: none; the owner (SegmentShard) serialises calls.
 #ifndef SEGPS_SERVER_OPTIMIZER_H_
@@ -18,10 +20,9 @@ namespace segps {
 class Optimizer {
  public:
   virtual ~Optimizer() = default;
-  // One update: params.size() == grad.size() == the range size given at creation.
-  virtual void Apply(absl::Span<float> params, absl::Span<const float> grad) = 0;
-  // Updates applied so far.
-  virtual uint64_t steps() const = 0;
+  // Applies `grad` to `params`, the elements [first, first + params.size())
+  // of the range, as part of update number `step` (1 for the first).
+  virtual void Apply(uint64_t step, uint64_t first, absl::Span<float> params, absl::Span<const float> grad) = 0;
 };
 
 // `config` must be a validated config (defaults filled in).

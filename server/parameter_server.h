@@ -12,9 +12,11 @@
 #include <string>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "common/shard_map.h"
+#include "common/tensor_wire.h"
 #include "segps/v1/config.pb.h"
 #include "segps/v1/parameter_server.pb.h"
 #include "server/segment_shard.h"
@@ -35,10 +37,17 @@ class ParameterServer {
   // `deadline` bounds any wait (the client's deadline, capped by
   // cluster.pull_wait_ms).
   absl::Status Register(const v1::RegisterRequest& request, v1::RegisterResponse* response);
+  //
+  // Pull fills `response` but for values' data: the values go to the
+  // buffer `allocate(count)` returns, called once the request is valid.
   absl::Status Pull(const v1::PullRequest& request, absl::Time deadline,
-                    v1::PullResponse* response);
-  absl::Status Push(const v1::PushRequest& request, absl::Time deadline,
+                    absl::FunctionRef<absl::Span<float>(size_t count)> allocate, v1::PullResponse* response);
+  // Push reads the gradient's data from `data`, not from the request.
+  absl::Status Push(const v1::PushRequest& request, const Payload& data, absl::Time deadline,
                     v1::PushResponse* response);
+  // The same for whole messages (values' data in the response, gradient's in the request).
+  absl::Status Pull(const v1::PullRequest& request, absl::Time deadline, v1::PullResponse* response);
+  absl::Status Push(const v1::PushRequest& request, absl::Time deadline, v1::PushResponse* response);
   absl::Status Heartbeat(const v1::HeartbeatRequest& request, v1::HeartbeatResponse* response);
   absl::Status Leave(const v1::LeaveRequest& request);
   void Stats(v1::StatsResponse* response);

@@ -4,7 +4,6 @@
 #include <limits>
 
 #include "absl/strings/str_cat.h"
-#include "common/tensor_bytes.h"
 
 namespace segps {
 
@@ -84,8 +83,8 @@ uint64_t SegmentShard::Register(uint64_t id, uint32_t rank, std::optional<uint64
   return start;
 }
 
-absl::StatusOr<PullResult> SegmentShard::Pull(uint64_t id, uint64_t clock, absl::Time deadline,
-                                              v1::TensorSlice* out) {
+absl::StatusOr<PullResult> SegmentShard::Pull(uint64_t id, uint64_t clock, uint64_t first,
+                                              absl::Span<float> out, absl::Time deadline) {
   MutexLock lock(&mu_);
   absl::Time now = absl::Now();
   PullResult result;
@@ -132,31 +131,41 @@ absl::StatusOr<PullResult> SegmentShard::Pull(uint64_t id, uint64_t clock, absl:
     result.blocked = now - wait_start;
   }
   ++pulls_;
-  EncodeFloat32(values_, options_.range.offset, out);
+  std::copy_n(values_.begin() + static_cast<ptrdiff_t>(first), out.size(), out.begin());
   result.clock = SegmentClock();
-  result.updates = optimizer_->steps();
+  result.updates = pushes_;
   return result;
 }
 
-absl::StatusOr<PushResult> SegmentShard::Push(uint64_t id, uint64_t clock,
-                                              absl::Span<const float> grad, absl::Time deadline) {
+absl::StatusOr<PushResult> SegmentShard::Push(uint64_t id, uint64_t clock, uint64_t first,
+                                              const Payload& grad, absl::Time deadline) {
+  const uint64_t count = grad.size() / sizeof(float);
   MutexLock lock(&mu_);
   absl::Time now = absl::Now();
   absl::StatusOr<Worker*> found = FindLive(id, now, "Push");
   if (!found.ok()) return found.status();
   Worker* w = *found;
-  if (clock < w->next_clock) return PushResult{false, w->next_clock, w->rank, absl::ZeroDuration()};  // a retry: already applied
+  // A retry of a step or chunk already applied is acknowledged, not re-applied.
+  auto applied_before = [&] {
+    return clock < w->next_clock || (clock == w->next_clock && first + count <= w->applied && count > 0);
+  };
+  if (applied_before()) return PushResult{false, w->next_clock, w->rank, absl::ZeroDuration()};
   if (clock > w->next_clock + options_.max_clock_ahead) {
     return absl::FailedPreconditionError(
         absl::StrCat("Push: clock ", clock, " of worker ", id, " skips ahead: expected clock ",
                      w->next_clock, " (at most ", options_.max_clock_ahead, " pushes in flight)"));
   }
-  // Pushes of one worker may overtake each other on the wire: wait for the predecessors.
-  while (w->next_clock != clock) {
+  if (clock == w->next_clock && first < w->applied) {
+    return absl::InvalidArgumentError(absl::StrCat("Push: chunk at element ", first, " of clock ", clock,
+                                                   " overlaps the chunks already applied up to element ", w->applied));
+  }
+  // Pushes (and chunks) of one worker may overtake each other on the wire:
+  // wait for the predecessors.
+  while (w->next_clock != clock || w->applied != first) {
     if (now >= deadline) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("Push: clock ", clock, " of worker ", id, " skips clock ", w->next_clock,
-                       ", which never arrived"));
+      return absl::FailedPreconditionError(absl::StrCat(
+          "Push: clock ", clock, " element ", first, " of worker ", id, " skips clock ", w->next_clock,
+          " element ", w->applied, ", which never arrived"));
     }
     changed_.WaitWithDeadline(&mu_, deadline);
     now = absl::Now();
@@ -167,14 +176,21 @@ absl::StatusOr<PushResult> SegmentShard::Push(uint64_t id, uint64_t clock,
     }
     w = &it->second;
     w->last_seen = now;
-    if (clock < w->next_clock) return PushResult{false, w->next_clock, w->rank, absl::ZeroDuration()};
+    if (applied_before()) return PushResult{false, w->next_clock, w->rank, absl::ZeroDuration()};
   }
+  if (first == 0) w->step = ++steps_begun_;
   const absl::Time apply_start = absl::Now();
-  optimizer_->Apply(absl::MakeSpan(values_), grad);
+  grad.ForEachFloatBlock([&](size_t at, absl::Span<const float> block) {
+    optimizer_->Apply(w->step, first + at, absl::MakeSpan(values_).subspan(first + at, block.size()), block);
+  });
   const absl::Duration apply = absl::Now() - apply_start;
-  ++pushes_;
-  ++w->next_clock;
-  highest_clock_ = std::max(highest_clock_, w->next_clock);
+  w->applied += count;
+  if (w->applied == options_.range.count) {
+    ++pushes_;
+    ++w->next_clock;
+    w->applied = 0;
+    highest_clock_ = std::max(highest_clock_, w->next_clock);
+  }
   changed_.SignalAll();
   return PushResult{true, w->next_clock, w->rank, apply};
 }
@@ -212,7 +228,7 @@ void SegmentShard::FillStats(v1::SegmentStats* stats,
   stats->set_offset(options_.range.offset);
   stats->set_count(options_.range.count);
   stats->set_clock(SegmentClock());
-  stats->set_updates(optimizer_->steps());
+  stats->set_updates(pushes_);
   stats->set_pulls(pulls_);
   stats->set_pushes(pushes_);
   stats->set_blocked_us(absl::ToInt64Microseconds(blocked_));

@@ -4,7 +4,10 @@
 //
 // Clocks. A worker's clock counts its steps. Its push for step k carries
 // clock k; the shard applies a worker's pushes in clock order, each at most
-// once, and next_clock(w) is the clock it expects next. The segment clock is
+// once, and next_clock(w) is the clock it expects next. A push may come in
+// chunks (consecutive sub-ranges from the start of the range): each chunk is
+// applied at most once and in order, and the step counts once its last
+// chunk is applied. The segment clock is
 // the minimum next_clock over live workers. A pull for clock c with staleness
 // bound s returns once the segment clock is >= c - s, that is once every live
 // worker has pushed every step older than c - s (s = -1: never waits).
@@ -34,6 +37,7 @@
 #include "absl/types/span.h"
 #include "common/shard_map.h"
 #include "common/sync.h"
+#include "common/tensor_wire.h"
 #include "segps/v1/parameter_server.pb.h"
 #include "server/optimizer.h"
 
@@ -71,16 +75,18 @@ class SegmentShard {
   // else the segment clock.
   uint64_t Register(uint64_t id, uint32_t rank, std::optional<uint64_t> join_clock);
 
-  // Copies the range into `out` once the staleness bound allows a worker at
-  // `clock` to compute (id 0: a reader, which never waits). UNAVAILABLE when
-  // `deadline` passes first, naming the worker it waited for.
-  absl::StatusOr<PullResult> Pull(uint64_t id, uint64_t clock, absl::Time deadline,
-                                  v1::TensorSlice* out);
+  // Copies elements [first, first + out.size()) of the range into `out` once
+  // the staleness bound allows a worker at `clock` to compute (id 0: a
+  // reader, which never waits). UNAVAILABLE when `deadline` passes first,
+  // naming the worker it waited for.
+  absl::StatusOr<PullResult> Pull(uint64_t id, uint64_t clock, uint64_t first, absl::Span<float> out,
+                                  absl::Time deadline);
 
-  // Applies `grad` (range.count finite values, checked by the caller) as the
-  // worker's step `clock`. A push that arrives ahead of its predecessor waits
-  // for it until `deadline`.
-  absl::StatusOr<PushResult> Push(uint64_t id, uint64_t clock, absl::Span<const float> grad,
+  // Applies `grad` (finite float32 values, checked by the caller) to the
+  // elements from `first` of the range, as the worker's step `clock` or a
+  // chunk of it. A push or chunk that arrives ahead of its predecessor
+  // waits for it until `deadline`.
+  absl::StatusOr<PushResult> Push(uint64_t id, uint64_t clock, uint64_t first, const Payload& grad,
                                   absl::Time deadline);
 
   // The lowest rank below `ranks` that no live worker holds, if any.
@@ -101,6 +107,8 @@ class SegmentShard {
   struct Worker {
     uint32_t rank = 0;
     uint64_t next_clock = 0;
+    uint64_t applied = 0;  // elements of step next_clock applied so far
+    uint64_t step = 0;     // optimizer update number of step next_clock, once begun
     uint64_t last_pull_clock = 0;
     absl::Time last_seen;
     bool live = true;
@@ -123,6 +131,7 @@ class SegmentShard {
   std::vector<float> values_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<Optimizer> optimizer_ ABSL_GUARDED_BY(mu_);
   std::map<uint64_t, Worker> workers_ ABSL_GUARDED_BY(mu_);
+  uint64_t steps_begun_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t highest_clock_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t pulls_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t pushes_ ABSL_GUARDED_BY(mu_) = 0;

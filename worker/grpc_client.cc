@@ -1,5 +1,10 @@
 // ParameterClient over gRPC: the callback API fans each call out to every
-// server concurrently; the calling thread waits for all replies.
+// server concurrently; the calling thread waits for all replies. Pull
+// replies and push requests travel as raw byte buffers (common/tensor_wire.h):
+// a gradient is copied once, into the buffer gRPC sends from, and pulled
+// values once, from the received slices into the caller's tensor. Ranges
+// larger than cluster.chunk_bytes go in consecutive chunks, all servers at once.
+#include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
 
 #include <algorithm>
@@ -10,7 +15,7 @@
 #include "common/config.h"
 #include "common/grpc_status.h"
 #include "common/sync.h"
-#include "common/tensor_bytes.h"
+#include "common/tensor_wire.h"
 #include "segps/v1/parameter_server.grpc.pb.h"
 #include "worker/ps_client.h"
 
@@ -18,8 +23,21 @@ namespace segps {
 namespace {
 
 struct GrpcEncodedPush final : public EncodedPush {
-  std::vector<v1::PushRequest> requests;  // one per server
+  std::vector<std::vector<grpc::ByteBuffer>> chunks;  // per server, in order
 };
+
+// [offset, offset + count) cut into consecutive chunks of at most `floats`
+// elements (one empty chunk for an empty range).
+std::vector<Range> Chunks(Range range, uint64_t floats) {
+  std::vector<Range> chunks;
+  uint64_t at = range.offset;
+  do {
+    const uint64_t count = std::min(floats, range.end() - at);
+    chunks.push_back({at, count});
+    at += count;
+  } while (at < range.end());
+  return chunks;
+}
 
 // Exponential backoff between attempts (20 ms doubling to 1 s) within a budget.
 class Backoff {
@@ -46,13 +64,16 @@ class GrpcClient final : public ParameterClient {
       : map_(std::move(map)), addresses_(std::move(addresses)),
         fingerprint_(ModelFingerprint(config)),
         rpc_deadline_(absl::Milliseconds(config.cluster().rpc_deadline_ms())),
-        pull_wait_(absl::Milliseconds(config.cluster().pull_wait_ms())) {
+        pull_wait_(absl::Milliseconds(config.cluster().pull_wait_ms())),
+        chunk_floats_(config.cluster().chunk_bytes() / sizeof(float)) {
     grpc::ChannelArguments args;
     args.SetMaxReceiveMessageSize(static_cast<int>(config.cluster().max_message_bytes()));
     args.SetMaxSendMessageSize(static_cast<int>(config.cluster().max_message_bytes()));
     for (const std::string& address : addresses_) {
-      stubs_.push_back(v1::ParameterServer::NewStub(
-          grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args)));
+      auto channel = grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+      stubs_.push_back(v1::ParameterServer::NewStub(channel));
+      pull_stubs_.push_back(std::make_unique<PullStub>(channel));
+      push_stubs_.push_back(std::make_unique<PushStub>(channel));
     }
     worker_ids_.assign(addresses_.size(), 0);
   }
@@ -100,27 +121,52 @@ class GrpcClient final : public ParameterClient {
     if (dest.size() != map_.segment_size(segment)) {
       return absl::InvalidArgumentError("Pull: destination size does not match the segment");
     }
-    std::vector<v1::PullRequest> requests(stubs_.size());
-    for (size_t i = 0; i < stubs_.size(); ++i) {
-      requests[i].set_segment(segment);
-      requests[i].set_worker_id(worker_ids_[i]);
-      requests[i].set_reader(worker_ids_[i] == 0);
-      requests[i].set_clock(clock);
+    const size_t n = stubs_.size();
+    std::vector<std::vector<Range>> chunks(n);
+    size_t rounds = 0;
+    for (size_t i = 0; i < n; ++i) {
+      chunks[i] = Chunks(map_.range(segment, static_cast<uint32_t>(i)), chunk_floats_);
+      rounds = std::max(rounds, chunks[i].size());
     }
-    std::vector<v1::PullResponse> responses(stubs_.size());
-    absl::Status status = FanOut(
-        "Pull", pull_wait_ * 6 + rpc_deadline_, pull_wait_ + rpc_deadline_,
-        [&](size_t i, grpc::ClientContext* context, std::function<void(grpc::Status)> done) {
-          stubs_[i]->async()->Pull(context, &requests[i], &responses[i], std::move(done));
-        });
-    if (!status.ok()) return status;
     uint64_t min_clock = UINT64_MAX;
-    for (size_t i = 0; i < stubs_.size(); ++i) {
-      const Range range = map_.range(segment, static_cast<uint32_t>(i));
-      absl::Status valid = ValidateFloat32Slice(responses[i].values(), range.offset, range.count, "Pull reply");
-      if (!valid.ok()) return Annotate(valid, i, "Pull");
-      DecodeFloat32(responses[i].values(), dest.subspan(range.offset, range.count));
-      min_clock = std::min(min_clock, responses[i].clock());
+    std::vector<v1::PullRequest> requests(n);
+    std::vector<grpc::ByteBuffer> replies(n);
+    for (size_t k = 0; k < rounds; ++k) {
+      std::vector<bool> pending(n);
+      for (size_t i = 0; i < n; ++i) {
+        pending[i] = k < chunks[i].size();
+        if (!pending[i]) continue;
+        requests[i].set_segment(segment);
+        requests[i].set_worker_id(worker_ids_[i]);
+        requests[i].set_reader(worker_ids_[i] == 0);
+        requests[i].set_clock(clock);
+        if (chunks[i].size() > 1) {  // a whole range is asked for without offset and count
+          requests[i].set_offset(chunks[i][k].offset);
+          requests[i].set_count(chunks[i][k].count);
+        }
+      }
+      absl::Status status = FanOut(
+          "Pull", pull_wait_ * 6 + rpc_deadline_, pull_wait_ + rpc_deadline_, pending,
+          [&](size_t i, grpc::ClientContext* context, std::function<void(grpc::Status)> done) {
+            pull_stubs_[i]->UnaryCall(context, kPullMethod, {}, &requests[i], &replies[i], std::move(done));
+          });
+      if (!status.ok()) return status;
+      for (size_t i = 0; i < n; ++i) {
+        if (!pending[i]) continue;
+        const Range chunk = chunks[i][k];
+        v1::PullResponse header;
+        v1::TensorSlice tensor;
+        Payload values;
+        absl::Status valid =
+            DecodeTensorMessage(replies[i], v1::PullResponse::kValuesFieldNumber, &header, &tensor, &values);
+        if (valid.ok()) valid = ValidateFloat32Slice(tensor, values.size(), chunk.offset, chunk.count, "Pull reply");
+        if (valid.ok() && tensor.offset() != chunk.offset) {
+          valid = absl::InternalError(absl::StrCat("Pull reply: offset ", tensor.offset(), " instead of ", chunk.offset));
+        }
+        if (!valid.ok()) return Annotate(valid, i, "Pull");
+        values.CopyTo(dest.subspan(chunk.offset, chunk.count));
+        min_clock = std::min(min_clock, header.clock());
+      }
     }
     return min_clock;
   }
@@ -128,25 +174,47 @@ class GrpcClient final : public ParameterClient {
   std::unique_ptr<EncodedPush> Encode(int segment, uint64_t clock,
                                       absl::Span<const float> grad) override {
     auto push = std::make_unique<GrpcEncodedPush>();
-    push->requests.resize(stubs_.size());
+    push->chunks.resize(stubs_.size());
     for (size_t i = 0; i < stubs_.size(); ++i) {
       const Range range = map_.range(segment, static_cast<uint32_t>(i));
-      v1::PushRequest& request = push->requests[i];
-      request.set_segment(segment);
-      request.set_worker_id(worker_ids_[i]);
-      request.set_clock(clock);
-      EncodeFloat32(grad.subspan(range.offset, range.count), range.offset, request.mutable_gradient());
+      float* copy = nullptr;
+      const grpc::Slice data = NewFloatSlice(range.count, &copy);
+      std::copy_n(grad.begin() + static_cast<ptrdiff_t>(range.offset), range.count, copy);
+      v1::PushRequest header;
+      header.set_segment(segment);
+      header.set_worker_id(worker_ids_[i]);
+      header.set_clock(clock);
+      for (const Range& chunk : Chunks(range, chunk_floats_)) {
+        v1::TensorSlice tensor;
+        tensor.set_offset(chunk.offset);
+        tensor.set_count(chunk.count);
+        tensor.set_dtype(v1::FLOAT32);
+        const size_t begin = (chunk.offset - range.offset) * sizeof(float);
+        push->chunks[i].push_back(EncodeTensorMessage(header, v1::PushRequest::kGradientFieldNumber, tensor,
+                                                      data.sub(begin, begin + chunk.count * sizeof(float))));
+      }
     }
     return push;
   }
 
   absl::Status Send(const EncodedPush& encoded) override {
     const auto& push = static_cast<const GrpcEncodedPush&>(encoded);
-    std::vector<v1::PushResponse> responses(stubs_.size());
-    return FanOut("Push", rpc_deadline_ * 2, rpc_deadline_,
-                  [&](size_t i, grpc::ClientContext* context, std::function<void(grpc::Status)> done) {
-                    stubs_[i]->async()->Push(context, &push.requests[i], &responses[i], std::move(done));
-                  });
+    const size_t n = stubs_.size();
+    size_t rounds = 0;
+    for (const auto& chunks : push.chunks) rounds = std::max(rounds, chunks.size());
+    std::vector<v1::PushResponse> responses(n);
+    for (size_t k = 0; k < rounds; ++k) {
+      std::vector<bool> pending(n);
+      for (size_t i = 0; i < n; ++i) pending[i] = k < push.chunks[i].size();
+      absl::Status status =
+          FanOut("Push", rpc_deadline_ * 2, rpc_deadline_, pending,
+                 [&](size_t i, grpc::ClientContext* context, std::function<void(grpc::Status)> done) {
+                   push_stubs_[i]->UnaryCall(context, kPushMethod, {}, &push.chunks[i][k], &responses[i],
+                                             std::move(done));
+                 });
+      if (!status.ok()) return status;
+    }
+    return absl::OkStatus();
   }
 
   absl::Status Heartbeat() override {
@@ -209,8 +277,12 @@ class GrpcClient final : public ParameterClient {
   // Issues a call to every server at once and waits for all; retries the
   // ones that failed transiently, each attempt with deadline `per_call`.
   absl::Status FanOut(const char* call, absl::Duration budget, absl::Duration per_call, const StartCall& start) {
+    return FanOut(call, budget, per_call, std::vector<bool>(stubs_.size(), true), start);
+  }
+  // The same for the servers marked in `pending`.
+  absl::Status FanOut(const char* call, absl::Duration budget, absl::Duration per_call, std::vector<bool> pending,
+                      const StartCall& start) {
     const size_t n = stubs_.size();
-    std::vector<bool> pending(n, true);
     std::vector<absl::Status> results(n);
     Backoff backoff(budget);
     while (true) {
@@ -247,7 +319,12 @@ class GrpcClient final : public ParameterClient {
   const std::vector<std::string> addresses_;
   const std::string fingerprint_;
   const absl::Duration rpc_deadline_, pull_wait_;
-  std::vector<std::unique_ptr<v1::ParameterServer::Stub>> stubs_;
+  const uint64_t chunk_floats_;
+  using PullStub = grpc::TemplatedGenericStub<grpc::protobuf::MessageLite, grpc::ByteBuffer>;
+  using PushStub = grpc::TemplatedGenericStub<grpc::ByteBuffer, grpc::protobuf::MessageLite>;
+  std::vector<std::unique_ptr<v1::ParameterServer::Stub>> stubs_;  // the control calls
+  std::vector<std::unique_ptr<PullStub>> pull_stubs_;
+  std::vector<std::unique_ptr<PushStub>> push_stubs_;
   std::vector<uint64_t> worker_ids_;  // per server; 0 until registered
 };
 

@@ -74,7 +74,8 @@ int main(int argc, char** argv) {
     for (size_t n : sizes) {
       std::unique_ptr<segps::Optimizer> opt = *segps::CreateOptimizer(config, n);
       std::vector<float> w(n, 0.1f), g(n, 0.01f);
-      const double s = MedianSeconds([&] { opt->Apply(absl::MakeSpan(w), g); }, budget);
+      uint64_t step = 0;
+      const double s = MedianSeconds([&] { opt->Apply(++step, 0, absl::MakeSpan(w), g); }, budget);
       const double rate = n / s, bound = bandwidth / bytes;
       std::cout << absl::StrFormat("%-8s %9zuM %16.1f %16.1f %9.0f%%\n", segps::v1::OptimizerKind_Name(kind),
                                    n / 1000000, rate / 1e6, bound / 1e6, 100 * rate / bound);

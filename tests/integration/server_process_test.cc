@@ -11,7 +11,7 @@
 #include "absl/time/clock.h"
 #include "common/config.h"
 #include "common/shard_map.h"
-#include "common/tensor_bytes.h"
+#include "common/tensor_wire.h"
 #include "segps/v1/parameter_server.grpc.pb.h"
 #include "tests/support/subprocess.h"
 

@@ -24,6 +24,7 @@ std::vector<std::vector<float>> TrainReference(const v1::JobConfig& config, cons
     const Range slice = WorkerSlice(config, train.size(), k, 0);
     std::vector<float> x(batch * train.width);
     std::vector<int32_t> y(batch);
+    uint64_t step = 0;
     for (uint32_t epoch = 0; epoch < config.training().epochs(); ++epoch) {
       const std::vector<uint32_t> order = EpochOrder(slice, config.seed(), k, 0, epoch);
       for (uint64_t begin = 0; begin < slice.count; begin += batch) {
@@ -34,7 +35,7 @@ std::vector<std::vector<float>> TrainReference(const v1::JobConfig& config, cons
         EXPECT_TRUE(backend->Upload(y.data(), model.labels(), rows * sizeof(int32_t)).ok());
         EXPECT_TRUE(model.TrainStep(static_cast<int>(rows)).ok());
         EXPECT_TRUE(backend->Download(model.grad(), grad.data(), grad.size() * sizeof(float)).ok());
-        optimizer->Apply(absl::MakeSpan(params), grad);
+        optimizer->Apply(++step, 0, absl::MakeSpan(params), grad);
       }
     }
     result.push_back(std::move(params));

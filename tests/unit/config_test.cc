@@ -95,7 +95,8 @@ TEST(Config, RejectsEachBrokenField) {
       {"name: \"a\"", "name: \"a\" staleness: -2", "staleness: must be >= 0, or -1"},
       {"name: \"a\"", "", "name: is required"},
       {"source: SYNTHETIC_SEED", "source: FASHION_MNIST", "FASHION_MNIST needs model.input_width 784"},
-      {"num_servers: 2", "num_servers: 2 max_message_bytes: 4096", "bytes of parameters on each of 2 servers"},
+      {"num_servers: 2", "num_servers: 2 chunk_bytes: 100", "cluster.chunk_bytes: is 100; it must be at least 4096"},
+      {"num_servers: 2", "num_servers: 2 max_message_bytes: 8192 chunk_bytes: 8192", "leave 4096 bytes of max_message_bytes"},
   };
   for (const BadCase& bad : cases) {
     absl::StatusOr<v1::JobConfig> c = ParseConfig(Replace(kMinimal, bad.from, bad.to), "job.pbtxt");

@@ -7,7 +7,7 @@
 
 #include "absl/time/clock.h"
 #include "common/config.h"
-#include "common/tensor_bytes.h"
+#include "common/tensor_wire.h"
 
 namespace segps {
 namespace {
@@ -109,7 +109,7 @@ TEST_F(ParameterServerTest, RejectsUnknownSegment) {
 TEST_F(ParameterServerTest, RejectsWrongRange) {
   v1::PushRequest p = GoodPush();
   p.mutable_gradient()->set_offset(range_.offset + 1);
-  ExpectRejected(p, absl::StatusCode::kInvalidArgument, "does not match this server's shard");
+  ExpectRejected(p, absl::StatusCode::kInvalidArgument, "is not within this server's shard");
 }
 
 TEST_F(ParameterServerTest, RejectsWrongByteLength) {
@@ -188,6 +188,63 @@ TEST_F(ParameterServerTest, CountsRejections) {
   server_->Stats(&stats);
   EXPECT_EQ(stats.segments(0).rejected(), 1u);
   EXPECT_EQ(stats.server_index(), 1u);
+}
+
+// `push` cut to elements [first, first + count) of its gradient.
+v1::PushRequest Chunk(const v1::PushRequest& push, uint64_t first, uint64_t count) {
+  v1::PushRequest chunk = push;
+  v1::TensorSlice* g = chunk.mutable_gradient();
+  g->set_offset(push.gradient().offset() + first);
+  g->set_count(count);
+  g->set_data(push.gradient().data().substr(first * sizeof(float), count * sizeof(float)));
+  return chunk;
+}
+
+TEST_F(ParameterServerTest, ChunkedPushesEqualWholePushes) {
+  ASSERT_GE(range_.count, 3u);
+  std::unique_ptr<ParameterServer> chunked = *ParameterServer::Create(config_, 1);
+  v1::RegisterResponse registered;
+  ASSERT_TRUE(chunked->Register(Registration(0, 0), &registered).ok());
+  const absl::Time soon = absl::Now() + absl::Seconds(5);
+  v1::PushResponse response;
+  for (uint64_t clock = 0; clock < 2; ++clock) {  // Adam: the second step depends on the first's state
+    v1::PushRequest whole = GoodPush(clock);
+    for (size_t i = 0; i < range_.count; ++i) {
+      reinterpret_cast<float*>(whole.mutable_gradient()->mutable_data()->data())[i] = 0.1f * (i + 1) * (clock + 1);
+    }
+    ASSERT_TRUE(server_->Push(whole, soon, &response).ok());
+    whole.set_worker_id(registered.worker_id());
+    ASSERT_TRUE(chunked->Push(Chunk(whole, 0, 1), soon, &response).ok());
+    EXPECT_TRUE(response.applied());
+    EXPECT_EQ(response.next_clock(), clock);  // the step is not complete yet
+    ASSERT_TRUE(chunked->Push(Chunk(whole, 0, 1), soon, &response).ok());  // a retried chunk
+    EXPECT_FALSE(response.applied());
+    EXPECT_EQ(chunked->Push(Chunk(whole, 0, 2), soon, &response).code(), absl::StatusCode::kInvalidArgument)
+        << "a chunk overlapping an applied one";
+    ASSERT_TRUE(chunked->Push(Chunk(whole, 1, range_.count - 1), soon, &response).ok());
+    EXPECT_TRUE(response.applied());
+    EXPECT_EQ(response.next_clock(), clock + 1);
+  }
+  EXPECT_EQ(server_->shard(0).Snapshot(), chunked->shard(0).Snapshot());
+
+  // Chunked pulls read the same values as a whole pull.
+  v1::PullRequest pull;
+  pull.set_segment(0);
+  pull.set_reader(true);
+  v1::PullResponse whole, part;
+  ASSERT_TRUE(chunked->Pull(pull, absl::Now(), &whole).ok());
+  pull.set_offset(range_.offset + 1);
+  pull.set_count(2);
+  ASSERT_TRUE(chunked->Pull(pull, absl::Now(), &part).ok());
+  EXPECT_EQ(part.values().offset(), range_.offset + 1);
+  EXPECT_EQ(part.values().data(), whole.values().data().substr(4, 8));
+  pull.set_count(range_.count);  // runs past the shard
+  EXPECT_EQ(chunked->Pull(pull, absl::Now(), &part).code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(ParameterServerTest, ChunkAheadOfItsPredecessorWaitsThenFails) {
+  ExpectRejected(Chunk(GoodPush(), 1, range_.count - 1), absl::StatusCode::kFailedPrecondition, "never arrived");
+  ExpectRejected(Chunk(GoodPush(), 0, 0), absl::StatusCode::kInvalidArgument, "empty chunk");
 }
 
 TEST(ParameterServer, IndexOutOfRangeIsAnError) {

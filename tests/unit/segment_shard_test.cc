@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "absl/time/clock.h"
-#include "common/tensor_bytes.h"
+#include "common/tensor_wire.h"
 
 namespace segps {
 namespace {
@@ -32,6 +32,23 @@ const std::vector<float> kOnes(kSize, 1.0f);
 absl::Time Now() { return absl::Now(); }
 absl::Time Soon() { return absl::Now() + absl::Seconds(30); }
 
+// The whole range, into a slice.
+absl::StatusOr<PullResult> Pull(SegmentShard& shard, uint64_t id, uint64_t clock, absl::Time deadline,
+                                v1::TensorSlice* out) {
+  EncodeFloat32(std::vector<float>(kSize), 0, out);
+  return shard.Pull(id, clock, 0, absl::MakeSpan(reinterpret_cast<float*>(out->mutable_data()->data()), kSize),
+                    deadline);
+}
+
+absl::string_view Bytes(const std::vector<float>& v) {
+  return absl::string_view(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(float));
+}
+
+// A push of ones over the whole range.
+absl::StatusOr<PushResult> Push(SegmentShard& shard, uint64_t id, uint64_t clock, absl::Time deadline) {
+  return shard.Push(id, clock, 0, Payload::Borrow(Bytes(kOnes)), deadline);
+}
+
 // Updates reflected by a pull reply.
 int Reflected(const v1::TensorSlice& slice) {
   std::vector<float> v(kSize);
@@ -44,17 +61,17 @@ TEST(SegmentShard, SynchronousPullWaitsForEveryWorker) {
   EXPECT_EQ(shard->Register(1, 0, std::nullopt), 0u);
   EXPECT_EQ(shard->Register(2, 1, std::nullopt), 0u);
   v1::TensorSlice out;
-  ASSERT_TRUE(shard->Pull(1, 0, Now(), &out).ok());  // clock 0 needs nothing
-  ASSERT_TRUE(shard->Push(1, 0, kOnes, Soon()).ok());
-  absl::StatusOr<PullResult> blocked = shard->Pull(1, 1, Now(), &out);
+  ASSERT_TRUE(Pull(*shard, 1, 0, Now(), &out).ok());  // clock 0 needs nothing
+  ASSERT_TRUE(Push(*shard, 1, 0, Soon()).ok());
+  absl::StatusOr<PullResult> blocked = Pull(*shard, 1, 1, Now(), &out);
   ASSERT_EQ(blocked.status().code(), absl::StatusCode::kUnavailable) << blocked.status();
   EXPECT_NE(std::string(blocked.status().message()).find("waiting for worker 2"), std::string::npos);
 
   // A pull that must wait returns as soon as the missing push lands.
   absl::StatusOr<PullResult> waited;
   v1::TensorSlice waited_out;
-  std::thread puller([&] { waited = shard->Pull(1, 1, Soon(), &waited_out); });
-  ASSERT_TRUE(shard->Push(2, 0, kOnes, Soon()).ok());
+  std::thread puller([&] { waited = Pull(*shard, 1, 1, Soon(), &waited_out); });
+  ASSERT_TRUE(Push(*shard, 2, 0, Soon()).ok());
   puller.join();
   ASSERT_TRUE(waited.ok()) << waited.status();
   EXPECT_EQ(waited->clock, 1u);
@@ -73,13 +90,13 @@ void CheckBound(int32_t s, uint32_t seed) {
   for (int action = 0; action < 400; ++action) {
     const int w = static_cast<int>(rng() % workers);
     if (rng() % 2 == 0 && pushed[w] < pulled[w] + 1) {
-      ASSERT_TRUE(shard->Push(w + 1, pushed[w], kOnes, Soon()).ok());
+      ASSERT_TRUE(Push(*shard, w + 1, pushed[w], Soon()).ok());
       ++pushed[w];
       continue;
     }
     const uint64_t clock = pushed[w];  // the step this worker computes next
     v1::TensorSlice out;
-    absl::StatusOr<PullResult> r = shard->Pull(w + 1, clock, Now(), &out);
+    absl::StatusOr<PullResult> r = Pull(*shard, w + 1, clock, Now(), &out);
     const uint64_t needed = clock > static_cast<uint64_t>(s) ? clock - s : 0;
     const uint64_t min_pushed = *std::min_element(pushed.begin(), pushed.end());
     if (min_pushed >= needed) {
@@ -104,16 +121,16 @@ TEST(SegmentShard, UnboundedNeverWaits) {
   shard->Register(2, 1, std::nullopt);
   v1::TensorSlice out;
   for (uint64_t c = 0; c < 4; ++c) {
-    ASSERT_TRUE(shard->Pull(1, c, Now(), &out).ok());
-    ASSERT_TRUE(shard->Push(1, c, kOnes, Soon()).ok());
+    ASSERT_TRUE(Pull(*shard, 1, c, Now(), &out).ok());
+    ASSERT_TRUE(Push(*shard, 1, c, Soon()).ok());
   }
 }
 
 TEST(SegmentShard, RetriedPushIsAppliedOnce) {
   auto shard = MakeShard(0);
   shard->Register(1, 0, std::nullopt);
-  absl::StatusOr<PushResult> first = shard->Push(1, 0, kOnes, Soon());
-  absl::StatusOr<PushResult> again = shard->Push(1, 0, kOnes, Soon());
+  absl::StatusOr<PushResult> first = Push(*shard, 1, 0, Soon());
+  absl::StatusOr<PushResult> again = Push(*shard, 1, 0, Soon());
   ASSERT_TRUE(first.ok() && again.ok());
   EXPECT_TRUE(first->applied);
   EXPECT_FALSE(again->applied);
@@ -125,8 +142,8 @@ TEST(SegmentShard, PushesThatOvertakeEachOtherApplyInOrder) {
   auto shard = MakeShard(-1);
   shard->Register(1, 0, std::nullopt);
   absl::StatusOr<PushResult> later;
-  std::thread early_arrival([&] { later = shard->Push(1, 1, kOnes, Soon()); });
-  ASSERT_TRUE(shard->Push(1, 0, kOnes, Soon()).ok());
+  std::thread early_arrival([&] { later = Push(*shard, 1, 1, Soon()); });
+  ASSERT_TRUE(Push(*shard, 1, 0, Soon()).ok());
   early_arrival.join();
   ASSERT_TRUE(later.ok()) << later.status();
   EXPECT_EQ(later->next_clock, 2u);
@@ -136,51 +153,51 @@ TEST(SegmentShard, PushesThatOvertakeEachOtherApplyInOrder) {
 TEST(SegmentShard, SkippedClockIsRejectedAndChangesNothing) {
   auto shard = MakeShard(0);
   shard->Register(1, 0, std::nullopt);
-  absl::StatusOr<PushResult> skip = shard->Push(1, 1, kOnes, Now());
+  absl::StatusOr<PushResult> skip = Push(*shard, 1, 1, Now());
   EXPECT_EQ(skip.status().code(), absl::StatusCode::kFailedPrecondition);
-  absl::StatusOr<PushResult> far = shard->Push(1, 9, kOnes, Soon());
+  absl::StatusOr<PushResult> far = Push(*shard, 1, 9, Soon());
   EXPECT_EQ(far.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_NE(std::string(far.status().message()).find("skips ahead"), std::string::npos);
   EXPECT_EQ(shard->Snapshot(), std::vector<float>(kSize, 0.0f));
-  ASSERT_TRUE(shard->Push(1, 0, kOnes, Soon()).ok());  // the right clock still works
+  ASSERT_TRUE(Push(*shard, 1, 0, Soon()).ok());  // the right clock still works
 }
 
 TEST(SegmentShard, PullClockGoingBackwardsIsRejected) {
   auto shard = MakeShard(-1);
   shard->Register(1, 0, std::nullopt);
   v1::TensorSlice out;
-  ASSERT_TRUE(shard->Push(1, 0, kOnes, Soon()).ok());
-  ASSERT_TRUE(shard->Pull(1, 1, Now(), &out).ok());
-  EXPECT_EQ(shard->Pull(1, 0, Now(), &out).status().code(), absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(Push(*shard, 1, 0, Soon()).ok());
+  ASSERT_TRUE(Pull(*shard, 1, 1, Now(), &out).ok());
+  EXPECT_EQ(Pull(*shard, 1, 0, Now(), &out).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST(SegmentShard, ExpiredLeaseStopsHoldingOthersBackAndRejoinCatchesUp) {
   auto shard = MakeShard(0, absl::Milliseconds(200));
   shard->Register(1, 0, std::nullopt);
   shard->Register(2, 1, std::nullopt);
-  ASSERT_TRUE(shard->Push(1, 0, kOnes, Soon()).ok());
+  ASSERT_TRUE(Push(*shard, 1, 0, Soon()).ok());
   // Worker 2 never pushes; the pull returns once its lease runs out, not at the deadline.
   const absl::Time start = absl::Now();
   v1::TensorSlice out;
-  absl::StatusOr<PullResult> r = shard->Pull(1, 1, Soon(), &out);
+  absl::StatusOr<PullResult> r = Pull(*shard, 1, 1, Soon(), &out);
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_LT(absl::Now() - start, absl::Seconds(10));
-  absl::StatusOr<PushResult> late = shard->Push(2, 0, kOnes, Soon());
+  absl::StatusOr<PushResult> late = Push(*shard, 2, 0, Soon());
   EXPECT_EQ(late.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_NE(std::string(late.status().message()).find("register again"), std::string::npos);
   EXPECT_EQ(shard->Snapshot()[0], -1.0f);
   EXPECT_EQ(shard->Register(3, 1, std::nullopt), 1u);  // rejoins at the segment's clock
-  ASSERT_TRUE(shard->Push(3, 1, kOnes, Soon()).ok());
+  ASSERT_TRUE(Push(*shard, 3, 1, Soon()).ok());
 }
 
 TEST(SegmentShard, LeavingWorkerReleasesWaiters) {
   auto shard = MakeShard(0);
   shard->Register(1, 0, std::nullopt);
   shard->Register(2, 1, std::nullopt);
-  ASSERT_TRUE(shard->Push(1, 0, kOnes, Soon()).ok());
+  ASSERT_TRUE(Push(*shard, 1, 0, Soon()).ok());
   absl::StatusOr<PullResult> r;
   v1::TensorSlice out;
-  std::thread puller([&] { r = shard->Pull(1, 1, Soon(), &out); });
+  std::thread puller([&] { r = Pull(*shard, 1, 1, Soon(), &out); });
   ASSERT_TRUE(shard->Leave(2));
   puller.join();
   EXPECT_TRUE(r.ok()) << r.status();

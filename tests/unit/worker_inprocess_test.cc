@@ -50,8 +50,12 @@ v1::JobConfig SeedConfig(uint32_t epochs) {
   return config;
 }
 
-TEST(WorkerInProcess, SynchronousTrainingEqualsSingleProcessReference) {
-  const v1::JobConfig config = SeedConfig(2);
+class SynchronousTraining : public ::testing::TestWithParam<uint64_t> {};
+
+// Whole ranges in one message, and ranges cut into chunks (a few KB here).
+TEST_P(SynchronousTraining, EqualsSingleProcessReference) {
+  v1::JobConfig config = SeedConfig(2);
+  if (GetParam() != 0) config.mutable_cluster()->set_chunk_bytes(GetParam());
   InProcessCluster cluster(config);
   TrainTest data = *LoadData(config);
   std::vector<std::thread> workers;
@@ -74,6 +78,9 @@ TEST(WorkerInProcess, SynchronousTrainingEqualsSingleProcessReference) {
     EXPECT_LT(MaxRelativeError(cluster.Parameters(k), reference[k]), 1e-5) << "segment " << k;
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(ChunkBytes, SynchronousTraining, ::testing::Values(0, 4096),
+                         [](const auto& info) { return info.param == 0 ? std::string("Whole") : std::string("Chunked4096"); });
 
 TEST(WorkerInProcess, WorkerWithAnotherModelIsRefused) {
   const v1::JobConfig config = SeedConfig(1);

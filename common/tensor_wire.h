@@ -1,0 +1,88 @@
+// Tensor payloads on the wire: a TensorSlice's data travels as packed
+// little-endian float32 and is never copied on its way through protobuf and
+// gRPC. A sender hands gRPC the tensor's own buffer as one slice beside a
+// small serialised header; a receiver reads the header and leaves the data in
+// the slices it arrived in, reading it from there once.
+//
+// The bytes are ordinary protobuf: a PushRequest built here parses with any
+// protobuf library, and a PushRequest from any client decodes here.
+#ifndef SEGPS_COMMON_TENSOR_WIRE_H_
+#define SEGPS_COMMON_TENSOR_WIRE_H_
+
+#include <grpcpp/support/byte_buffer.h>
+#include <grpcpp/support/slice.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/functional/function_ref.h"
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+#include "absl/types/span.h"
+#include "google/protobuf/message_lite.h"
+#include "segps/v1/parameter_server.pb.h"
+
+namespace segps {
+
+// The gRPC method paths of the two calls that carry tensors.
+inline constexpr char kPullMethod[] = "/segps.v1.ParameterServer/Pull";
+inline constexpr char kPushMethod[] = "/segps.v1.ParameterServer/Push";
+
+// The data of a tensor slice: byte pieces in order, held in the gRPC slices
+// they arrived in (kept alive here) or borrowed from the caller.
+class Payload {
+ public:
+  Payload() = default;
+  // Borrows `bytes`: the caller keeps them alive while the payload is used.
+  static Payload Borrow(absl::string_view bytes);
+
+  size_t size() const { return size_; }
+
+  // Calls fn(first, block) over consecutive blocks of whole float32 elements
+  // (first: index of the block's first element) covering a payload whose
+  // size is a multiple of 4. Aligned pieces are read in place; the rest pass
+  // through a cache-sized aligned buffer, since slices split elements anywhere.
+  void ForEachFloatBlock(absl::FunctionRef<void(size_t first, absl::Span<const float> block)> fn) const;
+
+  // Copies the payload into `out` (out.size() * 4 == size()).
+  void CopyTo(absl::Span<float> out) const;
+
+ private:
+  friend absl::Status DecodeTensorMessage(const grpc::ByteBuffer&, int, google::protobuf::MessageLite*,
+                                          v1::TensorSlice*, Payload*);
+  std::vector<grpc::Slice> owners_;
+  std::vector<absl::string_view> pieces_;
+  size_t size_ = 0;
+};
+
+// A slice owning an uninitialised array of `count` floats, returned in `data`
+// for the caller to fill before handing the slice to gRPC.
+grpc::Slice NewFloatSlice(size_t count, float** data);
+
+// `header` (which leaves field `tensor_field` unset) followed by `tensor`
+// (whose data is unset) in field `tensor_field`, with `data` as the tensor's
+// data. `data` is referenced, not copied.
+grpc::ByteBuffer EncodeTensorMessage(const google::protobuf::MessageLite& header, int tensor_field,
+                                     const v1::TensorSlice& tensor, const grpc::Slice& data);
+
+// The inverse: parses every field but `tensor_field` into `header`, the
+// tensor's fields but data into `tensor`, and its data into `payload`, which
+// keeps the buffer's slices alive rather than copying them. INVALID_ARGUMENT
+// on bytes that are not such a message.
+absl::Status DecodeTensorMessage(const grpc::ByteBuffer& buffer, int tensor_field, google::protobuf::MessageLite* header,
+                                 v1::TensorSlice* tensor, Payload* payload);
+
+// Checks that `slice` is FLOAT32, lies within [range_offset, range_offset +
+// range_count), and that `payload_bytes` holds exactly its elements. `what`
+// names the slice in the error.
+absl::Status ValidateFloat32Slice(const v1::TensorSlice& slice, size_t payload_bytes, uint64_t range_offset,
+                                  uint64_t range_count, const char* what);
+
+// Plain-protobuf helpers for callers that build whole messages (tools, tests).
+void EncodeFloat32(absl::Span<const float> values, uint64_t offset, v1::TensorSlice* slice);
+void DecodeFloat32(const v1::TensorSlice& slice, absl::Span<float> out);
+
+}  // namespace segps
+
+#endif  // SEGPS_COMMON_TENSOR_WIRE_H_

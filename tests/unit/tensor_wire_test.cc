@@ -1,0 +1,161 @@
+#include "common/tensor_wire.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace segps {
+namespace {
+
+std::vector<float> Ramp(size_t n) {
+  std::vector<float> v(n);
+  for (size_t i = 0; i < n; ++i) v[i] = 0.5f * static_cast<float>(i) - 3.0f;
+  return v;
+}
+
+std::string Flatten(const grpc::ByteBuffer& buffer) {
+  std::vector<grpc::Slice> slices;
+  EXPECT_TRUE(buffer.Dump(&slices).ok());
+  std::string bytes;
+  for (const grpc::Slice& s : slices) bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
+  return bytes;
+}
+
+// `bytes` as a buffer of slices of 1 to 7 bytes: every element split every way.
+grpc::ByteBuffer Shattered(const std::string& bytes, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<grpc::Slice> slices;
+  for (size_t at = 0; at < bytes.size();) {
+    const size_t n = std::min<size_t>(1 + rng() % 7, bytes.size() - at);
+    slices.emplace_back(bytes.data() + at, n);
+    at += n;
+  }
+  return grpc::ByteBuffer(slices.data(), slices.size());
+}
+
+grpc::ByteBuffer Whole(const std::string& bytes) {
+  grpc::Slice slice(bytes);
+  return grpc::ByteBuffer(&slice, 1);
+}
+
+v1::PushRequest PlainPush(const std::vector<float>& values) {
+  v1::PushRequest push;
+  push.set_segment(3);
+  push.set_worker_id(77);
+  push.set_clock(12);
+  EncodeFloat32(values, 100, push.mutable_gradient());
+  return push;
+}
+
+std::vector<float> Blocks(const Payload& payload, size_t n) {
+  std::vector<float> out(n, NAN);
+  size_t expected_first = 0;
+  payload.ForEachFloatBlock([&](size_t first, absl::Span<const float> block) {
+    EXPECT_EQ(first, expected_first);
+    std::copy(block.begin(), block.end(), out.begin() + static_cast<ptrdiff_t>(first));
+    expected_first = first + block.size();
+  });
+  EXPECT_EQ(expected_first, n);
+  return out;
+}
+
+TEST(TensorWire, EncodedMessageIsOrdinaryProtobuf) {
+  const std::vector<float> values = Ramp(1000);
+  float* data = nullptr;
+  grpc::Slice slice = NewFloatSlice(values.size(), &data);
+  std::copy(values.begin(), values.end(), data);
+  v1::PushRequest header = PlainPush({});
+  header.clear_gradient();
+  v1::TensorSlice tensor;
+  tensor.set_offset(100);
+  tensor.set_count(values.size());
+  tensor.set_dtype(v1::FLOAT32);
+  const grpc::ByteBuffer buffer = EncodeTensorMessage(header, v1::PushRequest::kGradientFieldNumber, tensor, slice);
+
+  v1::PushRequest parsed;
+  ASSERT_TRUE(parsed.ParseFromString(Flatten(buffer)));
+  EXPECT_EQ(parsed.SerializeAsString(), PlainPush(values).SerializeAsString());
+}
+
+TEST(TensorWire, DecodesPlainProtobufSplitAnywhere) {
+  const std::vector<float> values = Ramp(20000);  // more than one block
+  const std::string bytes = PlainPush(values).SerializeAsString();
+  for (uint32_t seed : {1u, 2u, 3u}) {
+    v1::PushRequest header;
+    v1::TensorSlice tensor;
+    Payload payload;
+    ASSERT_TRUE(DecodeTensorMessage(Shattered(bytes, seed), v1::PushRequest::kGradientFieldNumber, &header, &tensor,
+                                    &payload)
+                    .ok());
+    EXPECT_EQ(header.segment(), 3u);
+    EXPECT_EQ(header.worker_id(), 77u);
+    EXPECT_EQ(header.clock(), 12u);
+    EXPECT_FALSE(header.has_gradient());
+    EXPECT_EQ(tensor.offset(), 100u);
+    EXPECT_EQ(tensor.count(), values.size());
+    EXPECT_TRUE(tensor.data().empty());
+    ASSERT_EQ(payload.size(), values.size() * sizeof(float));
+    EXPECT_EQ(Blocks(payload, values.size()), values);
+    std::vector<float> copied(values.size());
+    payload.CopyTo(absl::MakeSpan(copied));
+    EXPECT_EQ(copied, values);
+  }
+}
+
+TEST(TensorWire, AcceptsAnyFieldOrderAndUnknownFields) {
+  const std::vector<float> values = Ramp(5);
+  // Gradient first, header fields after it, and a field this version does not know.
+  v1::PushRequest gradient_only;
+  EncodeFloat32(values, 100, gradient_only.mutable_gradient());
+  v1::PushRequest rest = PlainPush({});
+  rest.clear_gradient();
+  std::string bytes = gradient_only.SerializeAsString() + rest.SerializeAsString();
+  bytes += std::string("\xa0\x06\x2a", 3);  // field 100, varint 42
+  v1::PushRequest header;
+  v1::TensorSlice tensor;
+  Payload payload;
+  ASSERT_TRUE(
+      DecodeTensorMessage(Whole(bytes), v1::PushRequest::kGradientFieldNumber, &header, &tensor, &payload).ok());
+  EXPECT_EQ(header.clock(), 12u);
+  EXPECT_EQ(tensor.count(), 5u);
+  EXPECT_EQ(Blocks(payload, values.size()), values);
+}
+
+TEST(TensorWire, RejectsMalformedBytes) {
+  const std::string good = PlainPush(Ramp(16)).SerializeAsString();
+  const std::vector<std::string> bad = {
+      good.substr(0, good.size() - 1),  // data runs past the end
+      std::string("\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff", 11),
+      good + "\x0a",  // a tag without its value
+  };
+  for (const std::string& bytes : bad) {
+    v1::PushRequest header;
+    v1::TensorSlice tensor;
+    Payload payload;
+    absl::Status status =
+        DecodeTensorMessage(Whole(bytes), v1::PushRequest::kGradientFieldNumber, &header, &tensor, &payload);
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(std::string(status.message()).find("malformed message"), std::string::npos) << status;
+  }
+}
+
+TEST(TensorWire, ValidatesChunksAgainstTheShard) {
+  v1::TensorSlice slice;
+  slice.set_dtype(v1::FLOAT32);
+  slice.set_offset(10);
+  slice.set_count(5);
+  EXPECT_TRUE(ValidateFloat32Slice(slice, 20, 10, 5, "x").ok());
+  EXPECT_TRUE(ValidateFloat32Slice(slice, 20, 0, 15, "x").ok());   // a chunk at the end of the shard
+  EXPECT_FALSE(ValidateFloat32Slice(slice, 20, 0, 14, "x").ok());  // runs past it
+  EXPECT_FALSE(ValidateFloat32Slice(slice, 20, 11, 40, "x").ok()); // starts before it
+  EXPECT_FALSE(ValidateFloat32Slice(slice, 19, 10, 5, "x").ok());  // wrong byte count
+  slice.set_dtype(v1::BFLOAT16);
+  EXPECT_NE(std::string(ValidateFloat32Slice(slice, 20, 10, 5, "x").message()).find("not supported yet"),
+            std::string::npos);
+}
+
+}  // namespace
+}  // namespace segps
