@@ -23,6 +23,36 @@ absl::Time WaitDeadline(const grpc::ServerContext* context, absl::Duration cap) 
   return std::min(capped, absl::FromChrono(client));
 }
 
+// Values a reply carries: allocated as a gRPC slice for the shard to copy
+// into, then sent from there.
+class OutgoingValues {
+ public:
+  auto allocator() {
+    return [this](size_t count) {
+      float* values = nullptr;
+      data_ = NewFloatSlice(count, &values);
+      allocated_ = true;
+      return absl::MakeSpan(values, count);
+    };
+  }
+  // `message` (a PullResponse or PushResponse: field `field` is its
+  // `values`) with the values as its values' data, if any were allocated.
+  template <typename Message>
+  grpc::ByteBuffer Encode(Message* message, int field) {
+    if (!allocated_) {
+      grpc::Slice bytes(message->SerializeAsString());
+      return grpc::ByteBuffer(&bytes, 1);
+    }
+    const v1::TensorSlice tensor = std::move(*message->mutable_values());
+    message->clear_values();
+    return EncodeTensorMessage(*message, field, tensor, data_);
+  }
+
+ private:
+  grpc::Slice data_;
+  bool allocated_ = false;
+};
+
 // The ParameterServer service, written out instead of generated so that
 // Pull replies and Push requests are raw byte buffers: tensor data leaves
 // the server from one copy of the range and is read from the received slices
@@ -32,7 +62,7 @@ class Service final : public grpc::Service {
   explicit Service(ParameterServer* server) : server_(server) {
     Add<v1::RegisterRequest, v1::RegisterResponse>("/segps.v1.ParameterServer/Register", &Service::Register);
     Add<v1::PullRequest, grpc::ByteBuffer>(kPullMethod, &Service::Pull);
-    Add<grpc::ByteBuffer, v1::PushResponse>(kPushMethod, &Service::Push);
+    Add<grpc::ByteBuffer, grpc::ByteBuffer>(kPushMethod, &Service::Push);
     Add<v1::HeartbeatRequest, v1::HeartbeatResponse>("/segps.v1.ParameterServer/Heartbeat", &Service::Heartbeat);
     Add<v1::LeaveRequest, v1::LeaveResponse>("/segps.v1.ParameterServer/Leave", &Service::Leave);
     Add<v1::StatsRequest, v1::StatsResponse>("/segps.v1.ParameterServer/Stats", &Service::Stats);
@@ -62,24 +92,15 @@ class Service final : public grpc::Service {
   }
 
   grpc::Status Pull(grpc::ServerContext* context, const v1::PullRequest* request, grpc::ByteBuffer* reply) {
-    grpc::Slice data;
+    OutgoingValues values;
     v1::PullResponse header;
-    absl::Status status = server_->Pull(
-        *request, WaitDeadline(context, server_->max_wait()),
-        [&data](size_t count) {
-          float* values = nullptr;
-          data = NewFloatSlice(count, &values);
-          return absl::MakeSpan(values, count);
-        },
-        &header);
+    absl::Status status = server_->Pull(*request, WaitDeadline(context, server_->max_wait()), values.allocator(), &header);
     if (!status.ok()) return ToGrpcStatus(status);
-    v1::TensorSlice tensor = std::move(*header.mutable_values());
-    header.clear_values();
-    *reply = EncodeTensorMessage(header, v1::PullResponse::kValuesFieldNumber, tensor, data);
+    *reply = values.Encode(&header, v1::PullResponse::kValuesFieldNumber);
     return grpc::Status::OK;
   }
 
-  grpc::Status Push(grpc::ServerContext* context, const grpc::ByteBuffer* request, v1::PushResponse* response) {
+  grpc::Status Push(grpc::ServerContext* context, const grpc::ByteBuffer* request, grpc::ByteBuffer* reply) {
     v1::PushRequest header;
     v1::TensorSlice tensor;
     Payload data;
@@ -87,7 +108,13 @@ class Service final : public grpc::Service {
         DecodeTensorMessage(*request, v1::PushRequest::kGradientFieldNumber, &header, &tensor, &data);
     if (!decoded.ok()) return ToGrpcStatus(absl::InvalidArgumentError(absl::StrCat("Push: ", decoded.message())));
     *header.mutable_gradient() = std::move(tensor);
-    return ToGrpcStatus(server_->Push(header, data, WaitDeadline(context, server_->max_wait()), response));
+    OutgoingValues values;
+    v1::PushResponse response;
+    absl::Status status =
+        server_->Push(header, data, WaitDeadline(context, server_->max_wait()), values.allocator(), &response);
+    if (!status.ok()) return ToGrpcStatus(status);
+    *reply = values.Encode(&response, v1::PushResponse::kValuesFieldNumber);
+    return grpc::Status::OK;
   }
 
   grpc::Status Heartbeat(grpc::ServerContext*, const v1::HeartbeatRequest* request, v1::HeartbeatResponse* response) {

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/config.h"
+#include "common/status_macros.h"
 #include "common/tensor_wire.h"
 #include "server/optimizer.h"
 
@@ -22,6 +23,12 @@ bool AllFinite(absl::Span<const float> values) {
     all_ones_exponent |= static_cast<uint32_t>((bits & 0x7f800000u) == 0x7f800000u);
   }
   return all_ones_exponent == 0;
+}
+
+// `count` floats in `bytes`, for the whole-message calls.
+absl::Span<float> StringBuffer(size_t count, std::string* bytes) {
+  bytes->resize(count * sizeof(float));
+  return absl::MakeSpan(reinterpret_cast<float*>(bytes->data()), count);
 }
 
 }  // namespace
@@ -168,18 +175,13 @@ absl::Status ParameterServer::Pull(const v1::PullRequest& request, absl::Time de
 
 absl::Status ParameterServer::Pull(const v1::PullRequest& request, absl::Time deadline, v1::PullResponse* response) {
   std::string data;
-  absl::Status status = Pull(
-      request, deadline,
-      [&](size_t count) {
-        data.resize(count * sizeof(float));
-        return absl::MakeSpan(reinterpret_cast<float*>(data.data()), count);
-      },
-      response);
+  absl::Status status = Pull(request, deadline, [&](size_t count) { return StringBuffer(count, &data); }, response);
   if (status.ok()) *response->mutable_values()->mutable_data() = std::move(data);
   return status;
 }
 
 absl::Status ParameterServer::Push(const v1::PushRequest& request, const Payload& data, absl::Time deadline,
+                                   absl::FunctionRef<absl::Span<float>(size_t)> allocate,
                                    v1::PushResponse* response) {
   absl::StatusOr<SegmentShard*> shard = ShardFor(request.segment(), "Push");
   if (!shard.ok()) return Reject(request.segment(), shard.status());
@@ -189,6 +191,10 @@ absl::Status ParameterServer::Push(const v1::PushRequest& request, const Payload
   if (!valid.ok()) return Reject(request.segment(), valid);
   if (gradient.count() == 0 && range.count > 0) {
     return Reject(request.segment(), absl::InvalidArgumentError("Push gradient: empty chunk"));
+  }
+  if (request.pull() && gradient.count() != range.count) {
+    return Reject(request.segment(), absl::InvalidArgumentError(
+        "Push: pull is only for a push of the whole range; pull chunks with Pull"));
   }
   // Checked before anything is applied, so that a bad push changes nothing.
   absl::Status finite = absl::OkStatus();
@@ -212,11 +218,25 @@ absl::Status ParameterServer::Push(const v1::PushRequest& request, const Payload
                           result->applied, absl::ToDoubleSeconds(result->apply));
     metrics_->ObserveWorkerClock(segment, result->rank, result->next_clock);
   }
+  if (!request.pull()) return absl::OkStatus();
+  v1::PullRequest pull;
+  pull.set_segment(request.segment());
+  pull.set_worker_id(request.worker_id());
+  pull.set_clock(request.clock() + 1);
+  v1::PullResponse pulled;
+  SEGPS_RETURN_IF_ERROR(Pull(pull, deadline, allocate, &pulled));
+  *response->mutable_values() = std::move(*pulled.mutable_values());
+  response->set_clock(pulled.clock());
+  response->set_updates(pulled.updates());
   return absl::OkStatus();
 }
 
 absl::Status ParameterServer::Push(const v1::PushRequest& request, absl::Time deadline, v1::PushResponse* response) {
-  return Push(request, Payload::Borrow(request.gradient().data()), deadline, response);
+  std::string data;
+  absl::Status status = Push(request, Payload::Borrow(request.gradient().data()), deadline,
+                             [&](size_t count) { return StringBuffer(count, &data); }, response);
+  if (status.ok() && request.pull()) *response->mutable_values()->mutable_data() = std::move(data);
+  return status;
 }
 
 absl::Status ParameterServer::Heartbeat(const v1::HeartbeatRequest& request,

@@ -42,10 +42,11 @@ class ParameterServer {
   // buffer `allocate(count)` returns, called once the request is valid.
   absl::Status Pull(const v1::PullRequest& request, absl::Time deadline,
                     absl::FunctionRef<absl::Span<float>(size_t count)> allocate, v1::PullResponse* response);
-  // Push reads the gradient's data from `data`, not from the request.
+  // Push reads the gradient's data from `data`, not from the request. With
+  // request.pull, the values for clock + 1 go to `allocate(count)` as Pull's.
   absl::Status Push(const v1::PushRequest& request, const Payload& data, absl::Time deadline,
-                    v1::PushResponse* response);
-  // The same for whole messages (values' data in the response, gradient's in the request).
+                    absl::FunctionRef<absl::Span<float>(size_t count)> allocate, v1::PushResponse* response);
+  // The same for whole messages (values' data in the responses, gradient's in the request).
   absl::Status Pull(const v1::PullRequest& request, absl::Time deadline, v1::PullResponse* response);
   absl::Status Push(const v1::PushRequest& request, absl::Time deadline, v1::PushResponse* response);
   absl::Status Heartbeat(const v1::HeartbeatRequest& request, v1::HeartbeatResponse* response);

@@ -14,6 +14,7 @@
 #include "absl/time/clock.h"
 #include "common/config.h"
 #include "common/grpc_status.h"
+#include "common/status_macros.h"
 #include "common/sync.h"
 #include "common/tensor_wire.h"
 #include "segps/v1/parameter_server.grpc.pb.h"
@@ -23,7 +24,9 @@ namespace segps {
 namespace {
 
 struct GrpcEncodedPush final : public EncodedPush {
-  std::vector<std::vector<grpc::ByteBuffer>> chunks;  // per server, in order
+  int segment = 0;
+  uint64_t clock = 0;
+  std::vector<grpc::Slice> data;  // per server: the gradient for its range
 };
 
 // [offset, offset + count) cut into consecutive chunks of at most `floats`
@@ -147,25 +150,16 @@ class GrpcClient final : public ParameterClient {
       }
       absl::Status status = FanOut(
           "Pull", pull_wait_ * 6 + rpc_deadline_, pull_wait_ + rpc_deadline_, pending,
-          [&](size_t i, grpc::ClientContext* context, std::function<void(grpc::Status)> done) {
-            pull_stubs_[i]->UnaryCall(context, kPullMethod, {}, &requests[i], &replies[i], std::move(done));
+          [&](size_t i, grpc::ClientContext* context, grpc::CompletionQueue* cq, Call* call) {
+            call->Start(pull_stubs_[i]->PrepareUnaryCall(context, kPullMethod, requests[i], cq), &replies[i]);
           });
       if (!status.ok()) return status;
       for (size_t i = 0; i < n; ++i) {
         if (!pending[i]) continue;
-        const Range chunk = chunks[i][k];
-        v1::PullResponse header;
-        v1::TensorSlice tensor;
-        Payload values;
-        absl::Status valid =
-            DecodeTensorMessage(replies[i], v1::PullResponse::kValuesFieldNumber, &header, &tensor, &values);
-        if (valid.ok()) valid = ValidateFloat32Slice(tensor, values.size(), chunk.offset, chunk.count, "Pull reply");
-        if (valid.ok() && tensor.offset() != chunk.offset) {
-          valid = absl::InternalError(absl::StrCat("Pull reply: offset ", tensor.offset(), " instead of ", chunk.offset));
-        }
-        if (!valid.ok()) return Annotate(valid, i, "Pull");
-        values.CopyTo(dest.subspan(chunk.offset, chunk.count));
-        min_clock = std::min(min_clock, header.clock());
+        absl::StatusOr<uint64_t> reflected =
+            ReadValues<v1::PullResponse>(replies[i], v1::PullResponse::kValuesFieldNumber, chunks[i][k], dest);
+        if (!reflected.ok()) return Annotate(reflected.status(), i, "Pull");
+        min_clock = std::min(min_clock, *reflected);
       }
     }
     return min_clock;
@@ -174,25 +168,13 @@ class GrpcClient final : public ParameterClient {
   std::unique_ptr<EncodedPush> Encode(int segment, uint64_t clock,
                                       absl::Span<const float> grad) override {
     auto push = std::make_unique<GrpcEncodedPush>();
-    push->chunks.resize(stubs_.size());
+    push->segment = segment;
+    push->clock = clock;
     for (size_t i = 0; i < stubs_.size(); ++i) {
       const Range range = map_.range(segment, static_cast<uint32_t>(i));
       float* copy = nullptr;
-      const grpc::Slice data = NewFloatSlice(range.count, &copy);
+      push->data.push_back(NewFloatSlice(range.count, &copy));
       std::copy_n(grad.begin() + static_cast<ptrdiff_t>(range.offset), range.count, copy);
-      v1::PushRequest header;
-      header.set_segment(segment);
-      header.set_worker_id(worker_ids_[i]);
-      header.set_clock(clock);
-      for (const Range& chunk : Chunks(range, chunk_floats_)) {
-        v1::TensorSlice tensor;
-        tensor.set_offset(chunk.offset);
-        tensor.set_count(chunk.count);
-        tensor.set_dtype(v1::FLOAT32);
-        const size_t begin = (chunk.offset - range.offset) * sizeof(float);
-        push->chunks[i].push_back(EncodeTensorMessage(header, v1::PushRequest::kGradientFieldNumber, tensor,
-                                                      data.sub(begin, begin + chunk.count * sizeof(float))));
-      }
     }
     return push;
   }
@@ -200,21 +182,55 @@ class GrpcClient final : public ParameterClient {
   absl::Status Send(const EncodedPush& encoded) override {
     const auto& push = static_cast<const GrpcEncodedPush&>(encoded);
     const size_t n = stubs_.size();
+    std::vector<std::vector<grpc::ByteBuffer>> chunks(n);  // per server, in order
     size_t rounds = 0;
-    for (const auto& chunks : push.chunks) rounds = std::max(rounds, chunks.size());
-    std::vector<v1::PushResponse> responses(n);
+    for (size_t i = 0; i < n; ++i) {
+      const Range range = map_.range(push.segment, static_cast<uint32_t>(i));
+      for (const Range& chunk : Chunks(range, chunk_floats_)) {
+        chunks[i].push_back(PushMessage(push, i, chunk, /*pull=*/false));
+      }
+      rounds = std::max(rounds, chunks[i].size());
+    }
+    std::vector<grpc::ByteBuffer> replies(n);
     for (size_t k = 0; k < rounds; ++k) {
       std::vector<bool> pending(n);
-      for (size_t i = 0; i < n; ++i) pending[i] = k < push.chunks[i].size();
-      absl::Status status =
-          FanOut("Push", rpc_deadline_ * 2, rpc_deadline_, pending,
-                 [&](size_t i, grpc::ClientContext* context, std::function<void(grpc::Status)> done) {
-                   push_stubs_[i]->UnaryCall(context, kPushMethod, {}, &push.chunks[i][k], &responses[i],
-                                             std::move(done));
-                 });
-      if (!status.ok()) return status;
+      for (size_t i = 0; i < n; ++i) pending[i] = k < chunks[i].size();
+      SEGPS_RETURN_IF_ERROR(FanOut("Push", rpc_deadline_ * 2, rpc_deadline_, pending,
+                                   [&](size_t i, grpc::ClientContext* context, grpc::CompletionQueue* cq, Call* call) {
+                                     call->Start(push_stubs_[i]->PrepareUnaryCall(context, kPushMethod, chunks[i][k], cq),
+                                                 &replies[i]);
+                                   }));
     }
     return absl::OkStatus();
+  }
+
+  absl::StatusOr<uint64_t> SendAndPull(const EncodedPush& encoded, absl::Span<float> dest) override {
+    const auto& push = static_cast<const GrpcEncodedPush&>(encoded);
+    const size_t n = stubs_.size();
+    bool whole = dest.size() == map_.segment_size(push.segment);
+    for (size_t i = 0; i < n; ++i) whole = whole && map_.range(push.segment, static_cast<uint32_t>(i)).count <= chunk_floats_;
+    if (!whole) {
+      SEGPS_RETURN_IF_ERROR(Send(encoded));
+      return Pull(push.segment, push.clock + 1, dest);
+    }
+    std::vector<grpc::ByteBuffer> requests(n), replies(n);
+    for (size_t i = 0; i < n; ++i) {
+      requests[i] = PushMessage(push, i, map_.range(push.segment, static_cast<uint32_t>(i)), /*pull=*/true);
+    }
+    SEGPS_RETURN_IF_ERROR(FanOut("Push", pull_wait_ * 6 + rpc_deadline_, pull_wait_ + rpc_deadline_,
+                                 std::vector<bool>(n, true),
+                                 [&](size_t i, grpc::ClientContext* context, grpc::CompletionQueue* cq, Call* call) {
+                                   call->Start(push_stubs_[i]->PrepareUnaryCall(context, kPushMethod, requests[i], cq),
+                                               &replies[i]);
+                                 }));
+    uint64_t min_clock = UINT64_MAX;
+    for (size_t i = 0; i < n; ++i) {
+      absl::StatusOr<uint64_t> reflected = ReadValues<v1::PushResponse>(
+          replies[i], v1::PushResponse::kValuesFieldNumber, map_.range(push.segment, static_cast<uint32_t>(i)), dest);
+      if (!reflected.ok()) return Annotate(reflected.status(), i, "Push");
+      min_clock = std::min(min_clock, *reflected);
+    }
+    return min_clock;
   }
 
   absl::Status Heartbeat() override {
@@ -223,8 +239,8 @@ class GrpcClient final : public ParameterClient {
     for (size_t i = 0; i < stubs_.size(); ++i) requests[i].set_worker_id(worker_ids_[i]);
     absl::Status status = FanOut(
         "Heartbeat", rpc_deadline_, rpc_deadline_,
-        [&](size_t i, grpc::ClientContext* context, std::function<void(grpc::Status)> done) {
-          stubs_[i]->async()->Heartbeat(context, &requests[i], &responses[i], std::move(done));
+        [&](size_t i, grpc::ClientContext* context, grpc::CompletionQueue* cq, Call* call) {
+          call->Start(stubs_[i]->PrepareAsyncHeartbeat(context, requests[i], cq), &responses[i]);
         });
     if (!status.ok()) return status;
     for (size_t i = 0; i < stubs_.size(); ++i) {
@@ -240,8 +256,8 @@ class GrpcClient final : public ParameterClient {
     std::vector<v1::LeaveResponse> responses(stubs_.size());
     for (size_t i = 0; i < stubs_.size(); ++i) requests[i].set_worker_id(worker_ids_[i]);
     return FanOut("Leave", rpc_deadline_, rpc_deadline_,
-                  [&](size_t i, grpc::ClientContext* context, std::function<void(grpc::Status)> done) {
-                    stubs_[i]->async()->Leave(context, &requests[i], &responses[i], std::move(done));
+                  [&](size_t i, grpc::ClientContext* context, grpc::CompletionQueue* cq, Call* call) {
+                    call->Start(stubs_[i]->PrepareAsyncLeave(context, requests[i], cq), &responses[i]);
                   });
   }
 
@@ -249,15 +265,61 @@ class GrpcClient final : public ParameterClient {
     std::vector<v1::StatsRequest> requests(stubs_.size());
     std::vector<v1::StatsResponse> responses(stubs_.size());
     absl::Status status = FanOut("Stats", rpc_deadline_, rpc_deadline_,
-                                 [&](size_t i, grpc::ClientContext* context, std::function<void(grpc::Status)> done) {
-                                   stubs_[i]->async()->Stats(context, &requests[i], &responses[i], std::move(done));
+                                 [&](size_t i, grpc::ClientContext* context, grpc::CompletionQueue* cq, Call* call) {
+                                   call->Start(stubs_[i]->PrepareAsyncStats(context, requests[i], cq), &responses[i]);
                                  });
     if (!status.ok()) return status;
     return responses;
   }
 
  private:
-  using StartCall = std::function<void(size_t, grpc::ClientContext*, std::function<void(grpc::Status)>)>;
+  // One call of a fan-out: its status, and its reader, which must outlive it.
+  struct Call {
+    grpc::Status status;
+    std::shared_ptr<void> reader;
+    template <typename Response>
+    void Start(std::unique_ptr<grpc::ClientAsyncResponseReader<Response>> call, Response* response) {
+      call->StartCall();
+      call->Finish(response, &status, this);
+      reader = std::move(call);
+    }
+  };
+  // Starts the call to server i on `cq` (with Call::Start).
+  using StartCall = std::function<void(size_t, grpc::ClientContext*, grpc::CompletionQueue*, Call*)>;
+
+  // The message pushing `chunk` of server i's range.
+  grpc::ByteBuffer PushMessage(const GrpcEncodedPush& push, size_t i, Range chunk, bool pull) const {
+    v1::PushRequest header;
+    header.set_segment(push.segment);
+    header.set_worker_id(worker_ids_[i]);
+    header.set_clock(push.clock);
+    header.set_pull(pull);
+    v1::TensorSlice tensor;
+    tensor.set_offset(chunk.offset);
+    tensor.set_count(chunk.count);
+    tensor.set_dtype(v1::FLOAT32);
+    const size_t begin = (chunk.offset - map_.range(push.segment, static_cast<uint32_t>(i)).offset) * sizeof(float);
+    return EncodeTensorMessage(header, v1::PushRequest::kGradientFieldNumber, tensor,
+                               push.data[i].sub(begin, begin + chunk.count * sizeof(float)));
+  }
+
+  // Copies the values `reply` (a Response) carries for `chunk` into `dest`
+  // (the whole segment); returns the clock they reflect.
+  template <typename Response>
+  static absl::StatusOr<uint64_t> ReadValues(const grpc::ByteBuffer& reply, int field, Range chunk,
+                                             absl::Span<float> dest) {
+    Response header;
+    v1::TensorSlice tensor;
+    Payload values;
+    SEGPS_RETURN_IF_ERROR(DecodeTensorMessage(reply, field, &header, &tensor, &values));
+    SEGPS_RETURN_IF_ERROR(ValidateFloat32Slice(tensor, values.size(), chunk.offset, chunk.count, "reply values"));
+    if (tensor.offset() != chunk.offset || tensor.count() != chunk.count) {
+      return absl::InternalError(absl::StrCat("reply values: [", tensor.offset(), ", +", tensor.count(),
+                                              ") instead of [", chunk.offset, ", +", chunk.count, ")"));
+    }
+    values.CopyTo(dest.subspan(chunk.offset, chunk.count));
+    return header.clock();
+  }
 
   absl::Status Annotate(const absl::Status& status, size_t server, const char* call) const {
     return absl::Status(status.code(), absl::StrCat(call, " to server ", server, " (", addresses_[server],
@@ -286,19 +348,32 @@ class GrpcClient final : public ParameterClient {
     std::vector<absl::Status> results(n);
     Backoff backoff(budget);
     while (true) {
-      const size_t count = std::count(pending.begin(), pending.end(), true);
+      // The calling thread drives the queue: replies reach it without a
+      // hand-off from another thread (a step's latency on a busy machine).
+      grpc::CompletionQueue cq;
       std::vector<std::unique_ptr<grpc::ClientContext>> contexts(n);
-      Latch remaining(static_cast<int>(count));
+      std::vector<Call> calls(n);
+      size_t started = 0;
       for (size_t i = 0; i < n; ++i) {
         if (!pending[i]) continue;
         contexts[i] = std::make_unique<grpc::ClientContext>();
         contexts[i]->set_deadline(absl::ToChronoTime(absl::Now() + per_call));
-        start(i, contexts[i].get(), [&results, &remaining, i](grpc::Status status) {
-          results[i] = FromGrpcStatus(status);
-          remaining.CountDown();
-        });
+        start(i, contexts[i].get(), &cq, &calls[i]);
+        ++started;
       }
-      remaining.Wait();
+      for (size_t done = 0; done < started; ++done) {
+        void* tag = nullptr;
+        bool ok = false;
+        cq.Next(&tag, &ok);  // a unary call's Finish always completes, ok or not
+      }
+      cq.Shutdown();
+      void* tag = nullptr;
+      bool ok = false;
+      while (cq.Next(&tag, &ok)) {
+      }
+      for (size_t i = 0; i < n; ++i) {
+        if (pending[i]) results[i] = FromGrpcStatus(calls[i].status);
+      }
       std::optional<size_t> transient;  // first server to retry
       for (size_t i = 0; i < n; ++i) {
         if (!pending[i]) continue;
@@ -321,7 +396,7 @@ class GrpcClient final : public ParameterClient {
   const absl::Duration rpc_deadline_, pull_wait_;
   const uint64_t chunk_floats_;
   using PullStub = grpc::TemplatedGenericStub<grpc::protobuf::MessageLite, grpc::ByteBuffer>;
-  using PushStub = grpc::TemplatedGenericStub<grpc::ByteBuffer, grpc::protobuf::MessageLite>;
+  using PushStub = grpc::TemplatedGenericStub<grpc::ByteBuffer, grpc::ByteBuffer>;
   std::vector<std::unique_ptr<v1::ParameterServer::Stub>> stubs_;  // the control calls
   std::vector<std::unique_ptr<PullStub>> pull_stubs_;
   std::vector<std::unique_ptr<PushStub>> push_stubs_;

@@ -7,6 +7,7 @@
 #include <deque>
 #include <optional>
 #include <thread>
+#include <utility>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
@@ -275,6 +276,10 @@ absl::StatusOr<TrainReport> Train(const v1::JobConfig& config, const TrainerOpti
   if (options.metrics != nullptr) options.metrics->SetRank(rank);
   Pusher pusher(client, PushesInFlight(config, segment), options.metrics, n * sizeof(float));
   Prefetcher prefetcher(client, segment, options.metrics);
+  // Staleness 0: every step waits for the previous push anyway, so each step
+  // pushes and pulls in one call per server instead of overlapping them.
+  const bool synchronous = staleness == 0;
+  std::optional<uint64_t> have_next;  // clock of the values SendAndPull brought
   int fill = 0;  // the pull buffer the outstanding pull fills
   prefetcher.Start(start, absl::MakeSpan(pulled[fill]->data(), n));
 
@@ -328,7 +333,7 @@ absl::StatusOr<TrainReport> Train(const v1::JobConfig& config, const TrainerOpti
         have = *r;
         fill ^= 1;
         // Prefetch for the next step; the server answers once the bound allows.
-        prefetcher.Start(clock + 1, absl::MakeSpan(pulled[fill]->data(), n));
+        if (!synchronous) prefetcher.Start(clock + 1, absl::MakeSpan(pulled[fill]->data(), n));
       }
 
       const size_t rows = *staged;
@@ -355,10 +360,31 @@ absl::StatusOr<TrainReport> Train(const v1::JobConfig& config, const TrainerOpti
         return absl::InternalError(absl::StrCat(tag, ": loss became ", stats.loss_sum, " at clock ", clock,
                                                 "; lower optimizer.learning_rate"));
       }
-      SEGPS_RETURN_IF_ERROR(pusher.Enqueue(client->Encode(segment, clock, absl::MakeConstSpan(grad, n))));
+      std::unique_ptr<EncodedPush> push = client->Encode(segment, clock, absl::MakeConstSpan(grad, n));
+      const bool last = epoch + 1 == epochs && s + 1 == steps_per_epoch;
+      if (synchronous && !last) {
+        // The next step needs this push applied: push and pull in one round trip.
+        const absl::Time wait_start = absl::Now();
+        absl::StatusOr<uint64_t> r = client->SendAndPull(*push, absl::MakeSpan(pulled[fill]->data(), n));
+        const absl::Duration waited = absl::Now() - wait_start;
+        blocked += waited;
+        window.blocked += waited;
+        if (options.metrics != nullptr) {
+          options.metrics->ObserveBlocked(absl::ToDoubleSeconds(waited));
+          options.metrics->ObservePush(absl::ToDoubleSeconds(waited), n * sizeof(float));
+        }
+        if (!r.ok()) return r.status();
+        SEGPS_RETURN_IF_ERROR(backend->Upload(pulled[fill]->data(), model.params(), n * sizeof(float)));
+        SEGPS_RETURN_IF_ERROR(backend->Synchronize());
+        have_next = *r;
+        fill ^= 1;
+      } else {
+        SEGPS_RETURN_IF_ERROR(pusher.Enqueue(std::move(push)));
+      }
       if (options.slowdown > absl::ZeroDuration()) absl::SleepFor(options.slowdown);
 
       const uint64_t lag = clock - std::min(clock, *have);
+      if (have_next.has_value()) have = *std::exchange(have_next, std::nullopt);
       for (Window* w : {&window, &epoch_window}) {
         w->loss += stats.loss_sum;
         w->correct += stats.correct;

@@ -242,6 +242,32 @@ TEST_F(ParameterServerTest, ChunkedPushesEqualWholePushes) {
   EXPECT_EQ(chunked->Pull(pull, absl::Now(), &part).code(), absl::StatusCode::kInvalidArgument);
 }
 
+TEST_F(ParameterServerTest, PushWithPullRepliesWithTheNextClocksValues) {
+  const absl::Time soon = absl::Now() + absl::Seconds(5);
+  v1::PushRequest push = GoodPush(0);
+  push.set_pull(true);
+  v1::PushResponse pushed;
+  ASSERT_TRUE(server_->Push(push, soon, &pushed).ok());
+  EXPECT_TRUE(pushed.applied());
+  EXPECT_EQ(pushed.clock(), 1u);
+  EXPECT_EQ(pushed.updates(), 1u);
+  v1::PullRequest pull;
+  pull.set_segment(0);
+  pull.set_reader(true);
+  v1::PullResponse pulled;
+  ASSERT_TRUE(server_->Pull(pull, absl::Now(), &pulled).ok());
+  EXPECT_EQ(pushed.values().SerializeAsString(), pulled.values().SerializeAsString());
+
+  // A retry is acknowledged, not applied again, and still brings the values.
+  ASSERT_TRUE(server_->Push(push, soon, &pushed).ok());
+  EXPECT_FALSE(pushed.applied());
+  EXPECT_EQ(pushed.values().data(), pulled.values().data());
+
+  v1::PushRequest chunk = Chunk(GoodPush(1), 0, 1);
+  chunk.set_pull(true);
+  ExpectRejected(chunk, absl::StatusCode::kInvalidArgument, "only for a push of the whole range");
+}
+
 TEST_F(ParameterServerTest, ChunkAheadOfItsPredecessorWaitsThenFails) {
   ExpectRejected(Chunk(GoodPush(), 1, range_.count - 1), absl::StatusCode::kFailedPrecondition, "never arrived");
   ExpectRejected(Chunk(GoodPush(), 0, 0), absl::StatusCode::kInvalidArgument, "empty chunk");
