@@ -166,6 +166,11 @@ absl::StatusOr<std::unique_ptr<RunningServer>> StartGrpcServer(ParameterServer* 
   builder.SetMaxReceiveMessageSize(max_bytes);
   builder.SetMaxSendMessageSize(max_bytes);
   builder.RegisterService(service.get());
+  // gRPC's sync server starts a thread whenever its last idle poller takes
+  // a call, and ends one that finishes a call while max pollers are idle:
+  // with the default max of 2, steady traffic creates a thread per call.
+  builder.SetSyncServerOption(grpc::ServerBuilder::MIN_POLLERS, 2);
+  builder.SetSyncServerOption(grpc::ServerBuilder::MAX_POLLERS, 64);
   std::unique_ptr<grpc::Server> grpc_server = builder.BuildAndStart();
   if (grpc_server == nullptr || port == 0) {
     return absl::UnavailableError(absl::StrCat("cannot listen on ", listen,

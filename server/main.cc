@@ -13,6 +13,7 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
+#include "common/malloc_tuning.h"
 #include "common/config.h"
 #include "common/log.h"
 #include "common/metrics.h"
@@ -28,6 +29,7 @@ ABSL_FLAG(std::string, listen, "",
           "127.0.0.1:0 (a free loopback port). Use 0.0.0.0:PORT to serve other hosts.");
 
 int main(int argc, char** argv) {
+  segps::TuneMallocForLargeBuffers();
   absl::SetProgramUsageMessage(
       "segps parameter server.\n  segps-server --config FILE --index I [--listen HOST:PORT]");
   std::vector<char*> positional = absl::ParseCommandLine(argc, argv);

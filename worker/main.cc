@@ -11,6 +11,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/time.h"
+#include "common/malloc_tuning.h"
 #include "common/config.h"
 #include "common/log.h"
 #include "common/metrics.h"
@@ -43,6 +44,7 @@ int Fail(const std::string& message) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  segps::TuneMallocForLargeBuffers();
   absl::SetProgramUsageMessage(
       "segps worker.\n  segps-worker --config FILE --segment K --rank R --servers HOST:PORT,...");
   std::vector<char*> positional = absl::ParseCommandLine(argc, argv);

@@ -26,6 +26,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "common/malloc_tuning.h"
 #include "common/config.h"
 #include "echo.grpc.pb.h"
 #include "tests/support/subprocess.h"
@@ -38,6 +39,7 @@ ABSL_FLAG(double, seconds, 1.0, "Minimum timed seconds per configuration");
 ABSL_FLAG(bool, size_mode, false, "Measure one large segment and the servers' peak memory");
 ABSL_FLAG(double, size_mb, 1024, "Segment size in MB for --size_mode");
 ABSL_FLAG(bool, echo_server, false, "Internal: serve the echo service and print its address");
+ABSL_FLAG(double, chunk_mb, 0, "cluster.chunk_bytes in MB (0: the default)");
 
 namespace segps {
 namespace {
@@ -143,13 +145,14 @@ Result RunEcho(const std::string& address, pid_t pid, size_t bytes, double secon
 std::string ConfigText(size_t floats, int servers, int workers, bool adam) {
   const size_t width = std::max<size_t>(1, floats / 10 - 1);
   const uint64_t max_message = std::max<uint64_t>(256ull << 20, floats * 4 / servers + (16 << 20));
+  const uint64_t chunk = static_cast<uint64_t>(absl::GetFlag(FLAGS_chunk_mb) * (1 << 20));
   return absl::StrFormat(R"pb(
-    cluster { num_servers: %d lease_ms: 600000 pull_wait_ms: 600000 rpc_deadline_ms: 600000 max_message_bytes: %d }
+    cluster { num_servers: %d lease_ms: 600000 pull_wait_ms: 600000 rpc_deadline_ms: 600000 max_message_bytes: %d chunk_bytes: %d }
     model { input_width: %d num_classes: 10 segments { name: "s" layers { units: 10 activation: SOFTMAX } } }
     optimizer { kind: %s learning_rate: 1e-9 }
     training { staleness: -1 workers_per_segment: %d }
     data { source: SYNTHETIC_SEED train_samples: 1 test_samples: 1 }
-  )pb", servers, std::min<uint64_t>(max_message, (1ull << 31) - 1), width, adam ? "ADAM" : "SGD", workers);
+  )pb", servers, std::min<uint64_t>(max_message, (1ull << 31) - 1), chunk, width, adam ? "ADAM" : "SGD", workers);
 }
 
 struct Cluster {
@@ -204,9 +207,10 @@ Result RunRounds(Cluster& cluster, int workers, double seconds, int min_rounds) 
         const double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
         if (static_cast<int>(rounds[w].size()) >= min_rounds && elapsed >= seconds) break;
         const auto t0 = Clock::now();
+        // The round a synchronous worker makes: one call per server, or a
+        // push and then a pull per chunk when a range exceeds chunk_bytes.
         std::unique_ptr<EncodedPush> push = clients[w]->Encode(0, clock, grad);
-        absl::Status sent = clients[w]->Send(*push);
-        absl::StatusOr<uint64_t> pulled = sent.ok() ? clients[w]->Pull(0, clock + 1, absl::MakeSpan(params)) : sent;
+        absl::StatusOr<uint64_t> pulled = clients[w]->SendAndPull(*push, absl::MakeSpan(params));
         if (!pulled.ok()) {
           std::cerr << "worker " << w << ": " << pulled.status() << "\n";
           break;
@@ -289,6 +293,7 @@ int Run() {
 }  // namespace segps
 
 int main(int argc, char** argv) {
+  segps::TuneMallocForLargeBuffers();
   absl::ParseCommandLine(argc, argv);
   if (absl::GetFlag(FLAGS_echo_server)) return segps::ServeEcho();
   return segps::Run();
