@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <iostream>
@@ -245,6 +246,12 @@ int main(int argc, char** argv) {
   for (const char* tool : {"segps-server", "segps-worker", "segps-eval"}) {
     if (access((bin + "/" + tool).c_str(), X_OK) != 0) return Fail(absl::StrCat(bin, "/", tool, " not found (see --bin_dir)"));
   }
+
+  // A CPU worker computes with one BLAS thread; OpenBLAS would otherwise
+  // start a pool per core at load, which spins for ~0.1 s on cores the
+  // servers need (a quarter of the walk-through's run time). A user's own
+  // setting wins.
+  setenv("OPENBLAS_NUM_THREADS", "1", /*overwrite=*/0);
 
   const absl::Time t0 = absl::Now();
   Launcher launcher;
