@@ -3,12 +3,76 @@
 #include <algorithm>
 #include <cmath>
 
+#include "absl/functional/function_ref.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/status_macros.h"
 #include "worker/segment_model.h"
 
 namespace segps {
+
+namespace {
+
+// Runs segment k with `params` over `test`, calling fn(row, probabilities).
+absl::Status ForEachPrediction(const v1::JobConfig& config, int k, const Dataset& test, absl::Span<const float> params,
+                               Backend* backend, absl::FunctionRef<void(size_t, const float*)> fn) {
+  const int classes = static_cast<int>(config.model().num_classes());
+  const size_t n = test.size();
+  const int batch = 1024;
+  absl::StatusOr<SegmentModel> model = SegmentModel::Create(backend, config.model(), k, batch);
+  if (!model.ok()) return model.status();
+  if (params.size() != model->num_params()) {
+    return absl::InvalidArgumentError(absl::StrCat("evaluation: segment ", k, " has ", params.size(),
+                                                   " parameters, expected ", model->num_params()));
+  }
+  SEGPS_RETURN_IF_ERROR(backend->Upload(params.data(), model->params(), params.size() * sizeof(float)));
+  std::vector<float> probs(static_cast<size_t>(batch) * classes);
+  std::vector<uint32_t> order(n);
+  for (size_t i = 0; i < n; ++i) order[i] = static_cast<uint32_t>(i);
+  std::vector<int32_t> labels(batch);
+  std::vector<float> x(static_cast<size_t>(batch) * test.width);
+  for (size_t begin = 0; begin < n; begin += batch) {
+    const size_t rows = std::min<size_t>(batch, n - begin);
+    GatherBatch(test, order, begin, rows, x.data(), labels.data());
+    SEGPS_RETURN_IF_ERROR(backend->Upload(x.data(), model->input(), rows * test.width * sizeof(float)));
+    SEGPS_RETURN_IF_ERROR(model->Predict(static_cast<int>(rows)));
+    SEGPS_RETURN_IF_ERROR(backend->Download(model->probabilities(), probs.data(), rows * classes * sizeof(float)));
+    SEGPS_RETURN_IF_ERROR(backend->Synchronize());
+    for (size_t r = 0; r < rows; ++r) fn(begin + r, &probs[r * classes]);
+  }
+  return absl::OkStatus();
+}
+
+// Accuracy and mean cross-entropy of class probabilities against labels.
+class Scorer {
+ public:
+  explicit Scorer(int classes) : classes_(classes) {}
+  template <typename T>
+  void Add(const T* p, int label) {
+    loss_ -= std::log(std::max(static_cast<double>(p[label]), 1e-12));
+    correct_ += std::max_element(p, p + classes_) - p == label;
+    ++samples_;
+  }
+  Score score(std::string name) const {
+    return {std::move(name), static_cast<double>(correct_) / samples_, loss_ / samples_};
+  }
+
+ private:
+  const int classes_;
+  double loss_ = 0;
+  uint64_t correct_ = 0, samples_ = 0;
+};
+
+}  // namespace
+
+absl::StatusOr<Score> EvaluateSegment(const v1::JobConfig& config, int segment, const Dataset& test,
+                                      absl::Span<const float> params, Backend* backend) {
+  if (test.size() == 0) return absl::InvalidArgumentError("evaluation: the test set is empty");
+  Scorer scorer(static_cast<int>(config.model().num_classes()));
+  SEGPS_RETURN_IF_ERROR(ForEachPrediction(config, segment, test, params, backend,
+                                          [&](size_t row, const float* p) { scorer.Add(p, test.y[row]); }));
+  return scorer.score(config.model().segments(segment).name());
+}
 
 absl::StatusOr<EvalReport> Evaluate(const v1::JobConfig& config, const Dataset& test,
                                     const std::vector<std::vector<float>>& params, Backend* backend) {
@@ -19,57 +83,24 @@ absl::StatusOr<EvalReport> Evaluate(const v1::JobConfig& config, const Dataset& 
   if (params.size() != static_cast<size_t>(segments)) {
     return absl::InvalidArgumentError("evaluation: need parameters for every segment");
   }
-  const int batch = 1024;
   std::vector<double> ensemble(n * classes, 0.0);
   EvalReport report;
   report.samples = n;
   for (int k = 0; k < segments; ++k) {
-    absl::StatusOr<SegmentModel> model = SegmentModel::Create(backend, config.model(), k, batch);
-    if (!model.ok()) return model.status();
-    if (params[k].size() != model->num_params()) {
-      return absl::InvalidArgumentError(absl::StrCat("evaluation: segment ", k, " has ", params[k].size(),
-                                                     " parameters, expected ", model->num_params()));
-    }
-    SEGPS_RETURN_IF_ERROR(backend->Upload(params[k].data(), model->params(), params[k].size() * sizeof(float)));
-    Score score;
-    score.name = config.model().segments(k).name();
-    std::vector<float> probs(static_cast<size_t>(batch) * classes);
-    std::vector<uint32_t> order(n);
-    for (size_t i = 0; i < n; ++i) order[i] = static_cast<uint32_t>(i);
-    std::vector<int32_t> labels(batch);
-    std::vector<float> x(static_cast<size_t>(batch) * test.width);
-    double loss = 0;
-    uint64_t correct = 0;
-    for (size_t begin = 0; begin < n; begin += batch) {
-      const size_t rows = std::min<size_t>(batch, n - begin);
-      GatherBatch(test, order, begin, rows, x.data(), labels.data());
-      SEGPS_RETURN_IF_ERROR(backend->Upload(x.data(), model->input(), rows * test.width * sizeof(float)));
-      SEGPS_RETURN_IF_ERROR(model->Predict(static_cast<int>(rows)));
-      SEGPS_RETURN_IF_ERROR(backend->Download(model->probabilities(), probs.data(), rows * classes * sizeof(float)));
-      SEGPS_RETURN_IF_ERROR(backend->Synchronize());
-      for (size_t r = 0; r < rows; ++r) {
-        const float* p = &probs[r * classes];
-        const int y = labels[r];
-        loss -= std::log(std::max(static_cast<double>(p[y]), 1e-12));
-        correct += std::max_element(p, p + classes) - p == y;
-        for (int c = 0; c < classes; ++c) ensemble[(begin + r) * classes + c] += p[c] / segments;
-      }
-    }
-    score.accuracy = static_cast<double>(correct) / n;
-    score.loss = loss / n;
-    report.segments.push_back(score);
+    Scorer scorer(classes);
+    SEGPS_RETURN_IF_ERROR(ForEachPrediction(config, k, test, params[k], backend, [&](size_t row, const float* p) {
+      scorer.Add(p, test.y[row]);
+      for (int c = 0; c < classes; ++c) ensemble[row * classes + c] += p[c] / segments;
+    }));
+    report.segments.push_back(scorer.score(config.model().segments(k).name()));
   }
-  double loss = 0;
-  uint64_t correct = 0;
+  Scorer scorer(classes);
   std::vector<uint64_t> counts(classes, 0);
   for (size_t i = 0; i < n; ++i) {
-    const double* p = &ensemble[i * classes];
-    const int y = test.y[i];
-    loss -= std::log(std::max(p[y], 1e-12));
-    correct += std::max_element(p, p + classes) - p == y;
-    counts[y] += 1;
+    scorer.Add(&ensemble[i * classes], test.y[i]);
+    counts[test.y[i]] += 1;
   }
-  report.ensemble = {"ensemble", static_cast<double>(correct) / n, loss / n};
+  report.ensemble = scorer.score("ensemble");
   report.chance = static_cast<double>(*std::max_element(counts.begin(), counts.end())) / n;
   return report;
 }

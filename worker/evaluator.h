@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
 #include "segps/v1/config.pb.h"
 #include "worker/backend.h"
 #include "worker/dataset.h"
@@ -29,6 +30,10 @@ struct EvalReport {
 // `params[k]` holds segment k's flat parameters.
 absl::StatusOr<EvalReport> Evaluate(const v1::JobConfig& config, const Dataset& test,
                                     const std::vector<std::vector<float>>& params, Backend* backend);
+
+// Segment `segment` alone with `params` (its flat parameters).
+absl::StatusOr<Score> EvaluateSegment(const v1::JobConfig& config, int segment, const Dataset& test,
+                                      absl::Span<const float> params, Backend* backend);
 
 // The report as JSON (for files and tools).
 std::string ToJson(const v1::JobConfig& config, const EvalReport& report);

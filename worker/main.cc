@@ -104,6 +104,7 @@ int main(int argc, char** argv) {
   options.metrics = metrics.get();
   options.slowdown = absl::Milliseconds(absl::GetFlag(FLAGS_slowdown_ms));
   options.progress_bar = isatty(STDOUT_FILENO) != 0;
+  if (config->training().test_every_epoch()) options.test = &data->test;
   absl::StatusOr<segps::TrainReport> report =
       segps::Train(*config, options, data->train, backend->get(), client->get());
   if (!report.ok()) return Fail(std::string(report.status().message()));

@@ -17,6 +17,7 @@
 #include "common/log.h"
 #include "common/status_macros.h"
 #include "common/sync.h"
+#include "worker/evaluator.h"
 #include "worker/segment_model.h"
 
 namespace segps {
@@ -286,7 +287,7 @@ absl::StatusOr<TrainReport> Train(const v1::JobConfig& config, const TrainerOpti
   TrainReport report;
   std::optional<uint64_t> have;  // clock the model's parameters reflect
   const absl::Time t0 = absl::Now();
-  absl::Duration blocked;
+  absl::Duration blocked, scoring_time;
   double staleness_sum = 0;
   Window window, epoch_window;
   const absl::Duration log_every = absl::Seconds(config.training().log_interval_s());
@@ -428,11 +429,24 @@ absl::StatusOr<TrainReport> Train(const v1::JobConfig& config, const TrainerOpti
     }
     report.last_loss = epoch_window.loss / epoch_window.samples;
     report.last_accuracy = static_cast<double>(epoch_window.correct) / epoch_window.samples;
+    if (options.test != nullptr) {
+      const absl::Time scoring = absl::Now();
+      std::vector<float> params(n);
+      SEGPS_RETURN_IF_ERROR(backend->Download(model.params(), params.data(), n * sizeof(float)));
+      SEGPS_RETURN_IF_ERROR(backend->Synchronize());
+      absl::StatusOr<Score> score = EvaluateSegment(config, segment, *options.test, params, backend);
+      if (!score.ok()) return score.status();
+      const double trained = absl::ToDoubleSeconds(scoring - t0 - scoring_time);
+      report.epochs.push_back({trained, score->accuracy});
+      SEGPS_LOG_INFO << absl::StrFormat("%s: epoch %u test accuracy %.4f after %.2f s of training", tag, epoch + 1,
+                                        score->accuracy, trained);
+      scoring_time += absl::Now() - scoring;
+    }
     if (epoch + 1 < epochs) order = std::move(next_order);
   }
   if (options.progress_bar) std::printf("\n");
   SEGPS_RETURN_IF_ERROR(pusher.Drain());
-  report.seconds = absl::ToDoubleSeconds(absl::Now() - t0);
+  report.seconds = absl::ToDoubleSeconds(absl::Now() - t0 - scoring_time);
   report.blocked_seconds = absl::ToDoubleSeconds(blocked);
   report.mean_staleness = report.steps ? staleness_sum / report.steps : 0;
   // The outstanding prefetch may wait on peers; it is abandoned with the

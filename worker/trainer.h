@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -27,6 +28,13 @@ struct TrainerOptions {
   absl::Duration slowdown = absl::ZeroDuration();
   // Draw a progress bar on stdout (when it is a terminal).
   bool progress_bar = false;
+  // When set, the segment is scored on it after every epoch.
+  const Dataset* test = nullptr;
+};
+
+struct EpochScore {
+  double train_seconds = 0;  // training time up to the epoch's end, scoring excluded
+  double accuracy = 0;       // of the segment on the test set
 };
 
 struct TrainReport {
@@ -38,6 +46,7 @@ struct TrainReport {
   uint64_t max_staleness = 0;  // most clocks a step's parameters lagged behind it
   double mean_staleness = 0;
   double blocked_seconds = 0;  // time waiting for pulls
+  std::vector<EpochScore> epochs;  // with TrainerOptions::test
 };
 
 // Trains a worker of `options.segment` on its slice of `train`

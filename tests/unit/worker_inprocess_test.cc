@@ -82,6 +82,26 @@ TEST_P(SynchronousTraining, EqualsSingleProcessReference) {
 INSTANTIATE_TEST_SUITE_P(ChunkBytes, SynchronousTraining, ::testing::Values(0, 4096),
                          [](const auto& info) { return info.param == 0 ? std::string("Whole") : std::string("Chunked4096"); });
 
+TEST(WorkerInProcess, ScoresTheTestSetAfterEveryEpoch) {
+  const v1::JobConfig config = SeedConfig(3);
+  InProcessCluster cluster(config);
+  TrainTest data = *LoadData(config);
+  std::unique_ptr<Backend> backend = CreateCpuBackend(1);
+  std::unique_ptr<ParameterClient> client = *ConnectGrpc(config, cluster.addresses());
+  TrainerOptions options;
+  options.test = &data.test;
+  absl::StatusOr<TrainReport> report = Train(config, options, data.train, backend.get(), client.get());
+  ASSERT_TRUE(report.ok()) << report.status();
+  ASSERT_EQ(report->epochs.size(), 3u);
+  for (size_t e = 0; e < 3; ++e) {
+    // Random labels: chance is about 10%, and 2000 test samples keep a score near it.
+    EXPECT_GT(report->epochs[e].accuracy, 0.05);
+    EXPECT_LT(report->epochs[e].accuracy, 0.16);
+    if (e > 0) EXPECT_GT(report->epochs[e].train_seconds, report->epochs[e - 1].train_seconds);
+  }
+  EXPECT_LE(report->epochs.back().train_seconds, report->seconds + 1e-9);
+}
+
 TEST(WorkerInProcess, WorkerWithAnotherModelIsRefused) {
   const v1::JobConfig config = SeedConfig(1);
   InProcessCluster cluster(config);
