@@ -192,10 +192,6 @@ absl::Status ParameterServer::Push(const v1::PushRequest& request, const Payload
   if (gradient.count() == 0 && range.count > 0) {
     return Reject(request.segment(), absl::InvalidArgumentError("Push gradient: empty chunk"));
   }
-  if (request.pull() && gradient.count() != range.count) {
-    return Reject(request.segment(), absl::InvalidArgumentError(
-        "Push: pull is only for a push of the whole range; pull chunks with Pull"));
-  }
   // Checked before anything is applied, so that a bad push changes nothing.
   absl::Status finite = absl::OkStatus();
   data.ForEachFloatBlock([&](size_t first, absl::Span<const float> block) {
@@ -223,6 +219,8 @@ absl::Status ParameterServer::Push(const v1::PushRequest& request, const Payload
   pull.set_segment(request.segment());
   pull.set_worker_id(request.worker_id());
   pull.set_clock(request.clock() + 1);
+  pull.set_offset(gradient.offset());
+  pull.set_count(gradient.count());
   v1::PullResponse pulled;
   SEGPS_RETURN_IF_ERROR(Pull(pull, deadline, allocate, &pulled));
   *response->mutable_values() = std::move(*pulled.mutable_values());

@@ -34,6 +34,16 @@ uint64_t SegmentShard::SegmentClock() const {
   return clock == std::numeric_limits<uint64_t>::max() ? highest_clock_ : clock;
 }
 
+bool SegmentShard::Reflects(uint64_t clock, uint64_t end) const {
+  for (const auto& [id, w] : workers_) {
+    if (!w.live || w.next_clock >= clock) continue;
+    // Step clock - 1 partly applied: enough if its chunks already cover [0, end).
+    if (w.next_clock + 1 == clock && w.applied >= end) continue;
+    return false;
+  }
+  return true;
+}
+
 uint64_t SegmentShard::Laggard() const {
   uint64_t laggard = 0, clock = std::numeric_limits<uint64_t>::max();
   for (const auto& [id, w] : workers_) {
@@ -109,7 +119,7 @@ absl::StatusOr<PullResult> SegmentShard::Pull(uint64_t id, uint64_t clock, uint6
     const absl::Time wait_start = now;
     while (true) {
       const absl::Time next_expiry = ExpireLeases(now);
-      if (SegmentClock() >= needed) break;
+      if (Reflects(needed, first + out.size())) break;
       if (now >= deadline) {
         blocked_ += now - wait_start;
         return absl::UnavailableError(absl::StrCat(

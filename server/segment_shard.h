@@ -9,8 +9,9 @@
 // applied at most once and in order, and the step counts once its last
 // chunk is applied. The segment clock is
 // the minimum next_clock over live workers. A pull for clock c with staleness
-// bound s returns once the segment clock is >= c - s, that is once every live
-// worker has pushed every step older than c - s (s = -1: never waits).
+// bound s returns once every live worker has pushed every step older than
+// c - s (s = -1: never waits), for the elements pulled: a chunk of the range
+// is ready as soon as the chunks of those steps covering it have landed.
 //
 // Liveness. A worker is live while it renews its lease (any call) within the
 // lease period. When a lease runs out the worker stops counting towards the
@@ -119,6 +120,10 @@ class SegmentShard {
   absl::Time ExpireLeases(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Minimum next_clock of live workers; the highest clock reached when none is live.
   uint64_t SegmentClock() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether elements [0, end) of the range reflect every live worker's
+  // steps below `clock` (a pull's bound, per element: chunks of the step
+  // just below count as they land).
+  bool Reflects(uint64_t clock, uint64_t end) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The live worker holding the segment clock back (for error messages).
   uint64_t Laggard() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<Worker*> FindLive(uint64_t id, absl::Time now, const char* call)

@@ -59,9 +59,9 @@ class ParameterClient {
   // Sends an encoded push to every server and waits for all of them. Safe
   // to retry: a server applies each (worker, clock) once.
   virtual absl::Status Send(const EncodedPush& push) = 0;
-  // Send, then Pull for the push's clock + 1 into `dest`: one call per
-  // server where the server's range fits one message (a synchronous step's
-  // round trip). Returns the clock the values reflect.
+  // Send, then Pull for the push's clock + 1 into `dest`, in the same calls
+  // (one per server, or per chunk): a synchronous step's round trip.
+  // Returns the clock the values reflect.
   virtual absl::StatusOr<uint64_t> SendAndPull(const EncodedPush& push, absl::Span<float> dest) = 0;
 
   // Renews the lease on every server; FAILED_PRECONDITION if one dropped us.

@@ -278,7 +278,7 @@ absl::StatusOr<TrainReport> Train(const v1::JobConfig& config, const TrainerOpti
   Pusher pusher(client, PushesInFlight(config, segment), options.metrics, n * sizeof(float));
   Prefetcher prefetcher(client, segment, options.metrics);
   // Staleness 0: every step waits for the previous push anyway, so each step
-  // pushes and pulls in one call per server instead of overlapping them.
+  // pushes and pulls in the same calls instead of overlapping them.
   const bool synchronous = staleness == 0;
   std::optional<uint64_t> have_next;  // clock of the values SendAndPull brought
   int fill = 0;  // the pull buffer the outstanding pull fills

@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <chrono>
 #include <fstream>
 #include <iostream>
@@ -294,6 +295,7 @@ int Run() {
 
 int main(int argc, char** argv) {
   segps::TuneMallocForLargeBuffers();
+  setenv("MALLOC_ARENA_MAX", "2", /*overwrite=*/0);  // for the servers it starts, as segps-local does
   absl::ParseCommandLine(argc, argv);
   if (absl::GetFlag(FLAGS_echo_server)) return segps::ServeEcho();
   return segps::Run();

@@ -263,9 +263,15 @@ TEST_F(ParameterServerTest, PushWithPullRepliesWithTheNextClocksValues) {
   EXPECT_FALSE(pushed.applied());
   EXPECT_EQ(pushed.values().data(), pulled.values().data());
 
+  // A chunk's values are ready once the chunks of the step covering them
+  // landed, before the step is complete.
   v1::PushRequest chunk = Chunk(GoodPush(1), 0, 1);
   chunk.set_pull(true);
-  ExpectRejected(chunk, absl::StatusCode::kInvalidArgument, "only for a push of the whole range");
+  ASSERT_TRUE(server_->Push(chunk, absl::Now() + absl::Milliseconds(50), &pushed).ok());
+  EXPECT_EQ(pushed.values().offset(), range_.offset);
+  EXPECT_EQ(pushed.values().count(), 1u);
+  EXPECT_EQ(pushed.values().data().size(), sizeof(float));
+  EXPECT_EQ(pushed.clock(), 1u);  // the step itself is not complete
 }
 
 TEST_F(ParameterServerTest, ChunkAheadOfItsPredecessorWaitsThenFails) {
