@@ -191,9 +191,11 @@ absl::Status DecodeTensorMessage(const grpc::ByteBuffer& buffer, int tensor_fiel
         data_size = size;
         if (!input.Skip(static_cast<int>(size))) return Malformed("tensor data runs past the end");
       }
-      if (input.BytesUntilLimit() != 0) return Malformed("truncated tensor");
+      // ReadTag returns 0 both at a clean end and on a bad tag: tell them apart.
+      if (!input.ConsumedEntireMessage() || input.BytesUntilLimit() != 0) return Malformed("bad tensor field");
       input.PopLimit(limit);
     }
+    if (!input.ConsumedEntireMessage()) return Malformed("bad field");
   }
   if (static_cast<size_t>(input.CurrentPosition()) != total) return Malformed("trailing bytes");
   if (!header->ParseFromString(header_bytes)) return Malformed("bad header fields");

@@ -1,5 +1,6 @@
 // Two segps-server processes on free loopback ports, driven over real gRPC
 // by a test client: register, pull, push, staleness, bad input, shutdown.
+#include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -11,6 +12,7 @@
 #include "absl/time/clock.h"
 #include "common/config.h"
 #include "common/shard_map.h"
+#include "common/sync.h"
 #include "common/tensor_wire.h"
 #include "segps/v1/parameter_server.grpc.pb.h"
 #include "tests/support/subprocess.h"
@@ -44,8 +46,9 @@ class ServerProcessTest : public ::testing::Test {
     for (const std::string& address : started.addresses) {
       grpc::ChannelArguments args;
       args.SetMaxSendMessageSize(64 << 20);
-      stubs_.push_back(v1::ParameterServer::NewStub(
-          grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args)));
+      auto channel = grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+      stubs_.push_back(v1::ParameterServer::NewStub(channel));
+      raw_stubs_.push_back(std::make_unique<grpc::GenericStub>(channel));
     }
   }
 
@@ -105,6 +108,7 @@ class ServerProcessTest : public ::testing::Test {
   std::unique_ptr<ShardMap> map_;
   std::vector<std::unique_ptr<Subprocess>> servers_;
   std::vector<std::unique_ptr<v1::ParameterServer::Stub>> stubs_;
+  std::vector<std::unique_ptr<grpc::GenericStub>> raw_stubs_;  // for bytes the generated stub cannot send
 };
 
 TEST_F(ServerProcessTest, ServesTheSameModelAsASingleProcessInitialisation) {
@@ -157,6 +161,21 @@ TEST_F(ServerProcessTest, StalenessPushesAndBadInput) {
   v1::PushRequest huge = Push(0, a0, 1, 1.0f);
   huge.mutable_gradient()->mutable_data()->resize(2 << 20);  // over max_message_bytes
   EXPECT_EQ(Call(0, huge, &presp).error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  for (const std::string& bytes : {std::string("\x22\xff\xff\xff\x0f", 5), std::string("\xff", 1)}) {
+    // Not a message at all: a length running past the end, a bare bad tag.
+    grpc::Slice slice(bytes);
+    grpc::ByteBuffer request(&slice, 1), reply;
+    grpc::ClientContext ctx;
+    grpc::Status status;
+    Latch done(1);
+    raw_stubs_[0]->UnaryCall(&ctx, kPushMethod, {}, &request, &reply, [&](grpc::Status s) {
+      status = s;
+      done.CountDown();
+    });
+    done.Wait();
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_NE(status.error_message().find("malformed message"), std::string::npos) << status.error_message();
+  }
   v1::RegisterRequest stranger;
   stranger.set_model_fingerprint("0000000000000000");
   stranger.set_shard_fingerprint(map_->fingerprint());

@@ -130,6 +130,7 @@ TEST(TensorWire, RejectsMalformedBytes) {
       good.substr(0, good.size() - 1),  // data runs past the end
       std::string("\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff", 11),
       good + "\x0a",  // a tag without its value
+      std::string("\xff", 1),  // a tag cut short
   };
   for (const std::string& bytes : bad) {
     v1::PushRequest header;
