@@ -156,13 +156,9 @@ class GrpcClient final : public ParameterClient {
         [&](size_t j, grpc::ClientContext* context, grpc::CompletionQueue* cq, Call* call) {
           call->Start(pull_stubs_[servers[j]]->PrepareUnaryCall(context, kPullMethod, requests[j], cq), &replies[j]);
         },
-        [&](size_t j) -> absl::Status {
-          absl::StatusOr<uint64_t> reflected =
-              ReadValues<v1::PullResponse>(replies[j], v1::PullResponse::kValuesFieldNumber, chunks[j], dest);
-          if (!reflected.ok()) return reflected.status();
-          replies[j].Clear();
-          min_clock = std::min(min_clock, *reflected);
-          return absl::OkStatus();
+        [&](size_t j) {
+          return TakeValues<v1::PullResponse>(&replies[j], v1::PullResponse::kValuesFieldNumber, chunks[j], dest,
+                                              &min_clock);
         }));
     return min_clock;
   }
@@ -267,21 +263,15 @@ class GrpcClient final : public ParameterClient {
     std::vector<grpc::ByteBuffer> replies(requests.size());
     uint64_t min_clock = UINT64_MAX;
     const absl::Duration wait = pull ? pull_wait_ : absl::ZeroDuration();
-    // A server applies a worker's chunks in order; the next one's transfer
-    // overlaps the current one's update.
     SEGPS_RETURN_IF_ERROR(FanOut(
         "Push", wait * 6 + rpc_deadline_ * 2, wait + rpc_deadline_, servers, kChunksInFlight,
         [&](size_t j, grpc::ClientContext* context, grpc::CompletionQueue* cq, Call* call) {
           call->Start(push_stubs_[servers[j]]->PrepareUnaryCall(context, kPushMethod, requests[j], cq), &replies[j]);
         },
-        [&](size_t j) -> absl::Status {
+        [&](size_t j) {
           if (!pull) return absl::OkStatus();
-          absl::StatusOr<uint64_t> reflected =
-              ReadValues<v1::PushResponse>(replies[j], v1::PushResponse::kValuesFieldNumber, chunks[j], pull_into);
-          if (!reflected.ok()) return reflected.status();
-          replies[j].Clear();
-          min_clock = std::min(min_clock, *reflected);
-          return absl::OkStatus();
+          return TakeValues<v1::PushResponse>(&replies[j], v1::PushResponse::kValuesFieldNumber, chunks[j], pull_into,
+                                              &min_clock);
         }));
     return min_clock;
   }
@@ -303,21 +293,25 @@ class GrpcClient final : public ParameterClient {
   }
 
   // Copies the values `reply` (a Response) carries for `chunk` into `dest`
-  // (the whole segment); returns the clock they reflect.
+  // (the whole segment), frees the reply, and lowers `min_clock` to the
+  // clock they reflect.
   template <typename Response>
-  static absl::StatusOr<uint64_t> ReadValues(const grpc::ByteBuffer& reply, int field, Range chunk,
-                                             absl::Span<float> dest) {
+  static absl::Status TakeValues(grpc::ByteBuffer* reply, int field, Range chunk, absl::Span<float> dest,
+                                 uint64_t* min_clock) {
     Response header;
     v1::TensorSlice tensor;
     Payload values;
-    SEGPS_RETURN_IF_ERROR(DecodeTensorMessage(reply, field, &header, &tensor, &values));
+    SEGPS_RETURN_IF_ERROR(DecodeTensorMessage(*reply, field, &header, &tensor, &values));
     SEGPS_RETURN_IF_ERROR(ValidateFloat32Slice(tensor, values.size(), chunk.offset, chunk.count, "reply values"));
     if (tensor.offset() != chunk.offset || tensor.count() != chunk.count) {
       return absl::InternalError(absl::StrCat("reply values: [", tensor.offset(), ", +", tensor.count(),
                                               ") instead of [", chunk.offset, ", +", chunk.count, ")"));
     }
     values.CopyTo(dest.subspan(chunk.offset, chunk.count));
-    return header.clock();
+    values = Payload();
+    reply->Clear();
+    *min_clock = std::min(*min_clock, header.clock());
+    return absl::OkStatus();
   }
 
   absl::Status Annotate(const absl::Status& status, size_t server, const char* call) const {
