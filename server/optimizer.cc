@@ -12,7 +12,9 @@ namespace {
 // vectorises them: the server's speed is memory bandwidth. The update
 // kernels are also compiled for AVX2 and picked at run time, so one binary
 // runs everywhere and uses 8-wide sqrt and divide where the CPU has them.
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+// Not under ThreadSanitizer: the loader runs the clones' resolver before the
+// sanitizer's runtime is up.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_THREAD__)
 #define SEGPS_VECTOR_CLONES __attribute__((target_clones("avx2", "default")))
 #else
 #define SEGPS_VECTOR_CLONES
