@@ -93,43 +93,90 @@ Payload Payload::Borrow(absl::string_view bytes) {
   return payload;
 }
 
-void Payload::ForEachFloatBlock(absl::FunctionRef<void(size_t, absl::Span<const float>)> fn) const {
-  std::unique_ptr<float[]> buffer;
-  size_t buffered = 0;  // bytes in buffer
-  size_t done = 0;      // elements handed to fn
-  auto flush = [&] {
-    const size_t n = buffered / sizeof(float);
-    fn(done, absl::Span<const float>(buffer.get(), n));
+size_t DTypeBytes(v1::DType dtype) {
+  switch (dtype) {
+    case v1::FLOAT32:
+      return 4;
+    case v1::BFLOAT16:
+      return 2;
+    default:
+      return 0;
+  }
+}
+
+void ToBfloat16(absl::Span<const float> in, uint16_t* out) {
+  for (size_t i = 0; i < in.size(); ++i) {
+    uint32_t bits;
+    std::memcpy(&bits, &in[i], sizeof(bits));
+    const bool nan = (bits & 0x7fffffffu) > 0x7f800000u;
+    const uint32_t rounded = bits + 0x7fffu + ((bits >> 16) & 1u);  // to nearest, ties to even
+    out[i] = static_cast<uint16_t>(nan ? (bits >> 16) | 0x40u : rounded >> 16);
+  }
+}
+
+void FromBfloat16(const uint16_t* in, absl::Span<float> out) {
+  for (size_t i = 0; i < out.size(); ++i) {
+    const uint32_t bits = static_cast<uint32_t>(in[i]) << 16;
+    std::memcpy(&out[i], &bits, sizeof(bits));
+  }
+}
+
+void Payload::ForEachFloatBlock(v1::DType dtype,
+                                absl::FunctionRef<void(size_t, absl::Span<const float>)> fn) const {
+  const size_t width = DTypeBytes(dtype);
+  std::unique_ptr<float[]> floats;
+  std::unique_ptr<uint16_t[]> halves;
+  size_t done = 0;  // elements handed to fn
+  // Hands fn `n` (<= kBlockFloats) whole elements starting at `p`.
+  auto emit = [&](const char* p, size_t n) {
+    if (width == sizeof(float) && reinterpret_cast<uintptr_t>(p) % alignof(float) == 0) {
+      fn(done, absl::Span<const float>(reinterpret_cast<const float*>(p), n));
+    } else {
+      if (!floats) floats = std::make_unique<float[]>(kBlockFloats);
+      if (width == sizeof(float)) {
+        std::memcpy(floats.get(), p, n * sizeof(float));
+      } else {
+        if (!halves) halves = std::make_unique<uint16_t[]>(kBlockFloats);
+        std::memcpy(halves.get(), p, n * sizeof(uint16_t));
+        FromBfloat16(halves.get(), absl::MakeSpan(floats.get(), n));
+      }
+      fn(done, absl::Span<const float>(floats.get(), n));
+    }
     done += n;
-    const size_t rest = buffered - n * sizeof(float);  // part of an element split between pieces
-    std::memmove(buffer.get(), reinterpret_cast<char*>(buffer.get()) + n * sizeof(float), rest);
-    buffered = rest;
   };
+  char carry[sizeof(float)];  // an element split between pieces
+  size_t carried = 0;
   for (absl::string_view piece : pieces_) {
     const char* p = piece.data();
     size_t left = piece.size();
-    while (left > 0) {
-      if (buffered == 0 && left >= sizeof(float) && reinterpret_cast<uintptr_t>(p) % alignof(float) == 0) {
-        const size_t n = std::min(left / sizeof(float), kBlockFloats);
-        fn(done, absl::Span<const float>(reinterpret_cast<const float*>(p), n));
-        done += n;
-        p += n * sizeof(float);
-        left -= n * sizeof(float);
-        continue;
-      }
-      if (!buffer) buffer = std::make_unique<float[]>(kBlockFloats);
-      const size_t take = std::min(left, kBlockFloats * sizeof(float) - buffered);
-      std::memcpy(reinterpret_cast<char*>(buffer.get()) + buffered, p, take);
-      buffered += take;
+    if (carried > 0) {
+      const size_t take = std::min(left, width - carried);
+      std::memcpy(carry + carried, p, take);
+      carried += take;
       p += take;
       left -= take;
-      if (buffered == kBlockFloats * sizeof(float)) flush();
+      if (carried < width) continue;
+      emit(carry, 1);
+      carried = 0;
     }
+    while (left >= width) {
+      const size_t n = std::min(left / width, kBlockFloats);
+      emit(p, n);
+      p += n * width;
+      left -= n * width;
+    }
+    std::memcpy(carry, p, left);
+    carried = left;
   }
-  if (buffered >= sizeof(float)) flush();
 }
 
-void Payload::CopyTo(absl::Span<float> out) const {
+void Payload::CopyTo(v1::DType dtype, absl::Span<float> out) const {
+  if (dtype != v1::FLOAT32) {
+    ForEachFloatBlock(dtype, [&](size_t first, absl::Span<const float> block) {
+      std::copy(block.begin(), block.end(), out.begin() + static_cast<ptrdiff_t>(first));
+    });
+    return;
+  }
   char* dest = reinterpret_cast<char*>(out.data());
   for (absl::string_view piece : pieces_) {
     if (piece.empty()) continue;
@@ -142,6 +189,18 @@ grpc::Slice NewFloatSlice(size_t count, float** data) {
   float* array = new float[count];
   *data = array;
   return grpc::Slice(array, count * sizeof(float), [](void* p) { delete[] static_cast<float*>(p); });
+}
+
+grpc::Slice EncodeValues(absl::Span<const float> values, v1::DType dtype) {
+  if (dtype == v1::BFLOAT16) {
+    uint16_t* halves = new uint16_t[values.size()];
+    ToBfloat16(values, halves);
+    return grpc::Slice(halves, values.size() * sizeof(uint16_t), [](void* p) { delete[] static_cast<uint16_t*>(p); });
+  }
+  float* copy = nullptr;
+  grpc::Slice slice = NewFloatSlice(values.size(), &copy);
+  std::copy(values.begin(), values.end(), copy);
+  return slice;
 }
 
 grpc::ByteBuffer EncodeTensorMessage(const google::protobuf::MessageLite& header, int tensor_field,
@@ -216,15 +275,16 @@ absl::Status DecodeTensorMessage(const grpc::ByteBuffer& buffer, int tensor_fiel
   return absl::OkStatus();
 }
 
-absl::Status ValidateFloat32Slice(const v1::TensorSlice& slice, size_t payload_bytes, uint64_t range_offset,
-                                  uint64_t range_count, const char* what) {
-  if (slice.dtype() != v1::FLOAT32) {
-    if (slice.dtype() == v1::FLOAT16 || slice.dtype() == v1::BFLOAT16) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          what, ": dtype ", v1::DType_Name(slice.dtype()), " is not supported yet; send FLOAT32"));
+absl::Status ValidateTensorSlice(const v1::TensorSlice& slice, size_t payload_bytes, uint64_t range_offset,
+                                 uint64_t range_count, const char* what) {
+  const size_t width = DTypeBytes(slice.dtype());
+  if (width == 0) {
+    if (slice.dtype() == v1::FLOAT16) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, ": dtype FLOAT16 is not supported yet; send FLOAT32 or BFLOAT16"));
     }
-    return absl::InvalidArgumentError(
-        absl::StrCat(what, ": unknown dtype ", static_cast<int>(slice.dtype()), "; send FLOAT32"));
+    return absl::InvalidArgumentError(absl::StrCat(what, ": unknown dtype ", static_cast<int>(slice.dtype()),
+                                                   "; send FLOAT32 or BFLOAT16"));
   }
   if (slice.offset() < range_offset || slice.count() > range_count ||
       slice.offset() - range_offset > range_count - slice.count()) {
@@ -232,9 +292,10 @@ absl::Status ValidateFloat32Slice(const v1::TensorSlice& slice, size_t payload_b
         what, ": range [", slice.offset(), ", ", slice.offset() + slice.count(),
         ") is not within this server's shard [", range_offset, ", ", range_offset + range_count, ")"));
   }
-  if (payload_bytes != slice.count() * sizeof(float)) {
-    return absl::InvalidArgumentError(absl::StrCat(what, ": ", payload_bytes, " bytes for ", slice.count(),
-                                                   " float32 elements; expected ", slice.count() * sizeof(float)));
+  if (payload_bytes != slice.count() * width) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": ", payload_bytes, " bytes for ", slice.count(), " ",
+                                                   v1::DType_Name(slice.dtype()), " elements; expected ",
+                                                   slice.count() * width));
   }
   return absl::OkStatus();
 }

@@ -1,6 +1,6 @@
 // Tensor payloads on the wire: a TensorSlice's data travels as packed
-// little-endian float32 and is never copied on its way through protobuf and
-// gRPC. A sender hands gRPC the tensor's own buffer as one slice beside a
+// little-endian float32 (or bfloat16, half the bytes) and is never copied on
+// its way through protobuf and gRPC. A sender hands gRPC the tensor's own buffer as one slice beside a
 // small serialised header; a receiver reads the header and leaves the data in
 // the slices it arrived in, reading it from there once.
 //
@@ -39,14 +39,16 @@ class Payload {
 
   size_t size() const { return size_; }
 
-  // Calls fn(first, block) over consecutive blocks of whole float32 elements
-  // (first: index of the block's first element) covering a payload whose
-  // size is a multiple of 4. Aligned pieces are read in place; the rest pass
-  // through a cache-sized aligned buffer, since slices split elements anywhere.
-  void ForEachFloatBlock(absl::FunctionRef<void(size_t first, absl::Span<const float> block)> fn) const;
+  // Calls fn(first, block) over consecutive blocks of whole elements of
+  // `dtype` (FLOAT32 or BFLOAT16) as float32 (first: index of the block's
+  // first element), covering a payload of whole elements. Aligned float32
+  // pieces are read in place; the rest pass through a cache-sized aligned
+  // buffer (slices split elements anywhere; bfloat16 widens there).
+  void ForEachFloatBlock(v1::DType dtype,
+                         absl::FunctionRef<void(size_t first, absl::Span<const float> block)> fn) const;
 
-  // Copies the payload into `out` (out.size() * 4 == size()).
-  void CopyTo(absl::Span<float> out) const;
+  // Copies the payload, elements of `dtype`, into `out` as float32.
+  void CopyTo(v1::DType dtype, absl::Span<float> out) const;
 
  private:
   friend absl::Status DecodeTensorMessage(const grpc::ByteBuffer&, int, google::protobuf::MessageLite*,
@@ -56,9 +58,21 @@ class Payload {
   size_t size_ = 0;
 };
 
+// Bytes per element of the dtypes this version reads and writes (FLOAT32,
+// BFLOAT16); 0 for any other.
+size_t DTypeBytes(v1::DType dtype);
+
+// float32 to bfloat16 (the upper half, rounded to nearest even; NaN stays
+// NaN) and back (exact).
+void ToBfloat16(absl::Span<const float> in, uint16_t* out);
+void FromBfloat16(const uint16_t* in, absl::Span<float> out);
+
 // A slice owning an uninitialised array of `count` floats, returned in `data`
 // for the caller to fill before handing the slice to gRPC.
 grpc::Slice NewFloatSlice(size_t count, float** data);
+
+// `values` as a slice of elements of `dtype` (FLOAT32 or BFLOAT16).
+grpc::Slice EncodeValues(absl::Span<const float> values, v1::DType dtype);
 
 // `header` (which leaves field `tensor_field` unset) followed by `tensor`
 // (whose data is unset) in field `tensor_field`, with `data` as the tensor's
@@ -73,11 +87,11 @@ grpc::ByteBuffer EncodeTensorMessage(const google::protobuf::MessageLite& header
 absl::Status DecodeTensorMessage(const grpc::ByteBuffer& buffer, int tensor_field, google::protobuf::MessageLite* header,
                                  v1::TensorSlice* tensor, Payload* payload);
 
-// Checks that `slice` is FLOAT32, lies within [range_offset, range_offset +
-// range_count), and that `payload_bytes` holds exactly its elements. `what`
-// names the slice in the error.
-absl::Status ValidateFloat32Slice(const v1::TensorSlice& slice, size_t payload_bytes, uint64_t range_offset,
-                                  uint64_t range_count, const char* what);
+// Checks that `slice` is FLOAT32 or BFLOAT16, lies within [range_offset,
+// range_offset + range_count), and that `payload_bytes` holds exactly its
+// elements. `what` names the slice in the error.
+absl::Status ValidateTensorSlice(const v1::TensorSlice& slice, size_t payload_bytes, uint64_t range_offset,
+                                 uint64_t range_count, const char* what);
 
 // Plain-protobuf helpers for callers that build whole messages (tools, tests).
 void EncodeFloat32(absl::Span<const float> values, uint64_t offset, v1::TensorSlice* slice);

@@ -45,6 +45,10 @@ class OutgoingValues {
     }
     const v1::TensorSlice tensor = std::move(*message->mutable_values());
     message->clear_values();
+    if (tensor.dtype() != v1::FLOAT32) {  // narrowed on the way out
+      data_ = EncodeValues(absl::MakeConstSpan(reinterpret_cast<const float*>(data_.begin()), data_.size() / sizeof(float)),
+                           tensor.dtype());
+    }
     return EncodeTensorMessage(*message, field, tensor, data_);
   }
 

@@ -31,6 +31,16 @@ absl::Span<float> StringBuffer(size_t count, std::string* bytes) {
   return absl::MakeSpan(reinterpret_cast<float*>(bytes->data()), count);
 }
 
+// float32 bytes as elements of `dtype`.
+std::string AsDType(std::string floats, v1::DType dtype) {
+  if (dtype != v1::BFLOAT16) return floats;
+  const size_t n = floats.size() / sizeof(float);
+  std::string halves(n * sizeof(uint16_t), '\0');
+  ToBfloat16(absl::MakeConstSpan(reinterpret_cast<const float*>(floats.data()), n),
+             reinterpret_cast<uint16_t*>(halves.data()));
+  return halves;
+}
+
 }  // namespace
 
 ParameterServer::ParameterServer(v1::JobConfig config, uint32_t index, ShardMap map, ServerMetrics* metrics)
@@ -151,6 +161,11 @@ absl::Status ParameterServer::Pull(const v1::PullRequest& request, absl::Time de
           range.offset, ", ", range.end(), ")")));
     }
   }
+  const v1::DType dtype = request.dtype() == v1::DTYPE_UNSPECIFIED ? v1::FLOAT32 : request.dtype();
+  if (DTypeBytes(dtype) == 0) {
+    return Reject(request.segment(), absl::InvalidArgumentError(absl::StrCat(
+        "Pull: dtype ", v1::DType_Name(dtype), " is not supported; ask for FLOAT32 or BFLOAT16")));
+  }
   const absl::Time start = absl::Now();
   const absl::Span<float> out = allocate(chunk.count);
   absl::StatusOr<PullResult> result =
@@ -164,11 +179,11 @@ absl::Status ParameterServer::Pull(const v1::PullRequest& request, absl::Time de
   v1::TensorSlice* values = response->mutable_values();
   values->set_offset(chunk.offset);
   values->set_count(chunk.count);
-  values->set_dtype(v1::FLOAT32);
+  values->set_dtype(dtype);
   if (metrics_ != nullptr) {
     const uint64_t staleness = request.reader() || request.clock() <= result->clock ? 0 : request.clock() - result->clock;
     metrics_->ObservePull(static_cast<int>(request.segment()), absl::ToDoubleSeconds(absl::Now() - start),
-                          chunk.count * sizeof(float), staleness, absl::ToDoubleSeconds(result->blocked));
+                          chunk.count * DTypeBytes(dtype), staleness, absl::ToDoubleSeconds(result->blocked));
   }
   return absl::OkStatus();
 }
@@ -176,7 +191,7 @@ absl::Status ParameterServer::Pull(const v1::PullRequest& request, absl::Time de
 absl::Status ParameterServer::Pull(const v1::PullRequest& request, absl::Time deadline, v1::PullResponse* response) {
   std::string data;
   absl::Status status = Pull(request, deadline, [&](size_t count) { return StringBuffer(count, &data); }, response);
-  if (status.ok()) *response->mutable_values()->mutable_data() = std::move(data);
+  if (status.ok()) *response->mutable_values()->mutable_data() = AsDType(std::move(data), response->values().dtype());
   return status;
 }
 
@@ -187,14 +202,14 @@ absl::Status ParameterServer::Push(const v1::PushRequest& request, const Payload
   if (!shard.ok()) return Reject(request.segment(), shard.status());
   const Range range = map_.range(request.segment(), index_);
   const v1::TensorSlice& gradient = request.gradient();
-  absl::Status valid = ValidateFloat32Slice(gradient, data.size(), range.offset, range.count, "Push gradient");
+  absl::Status valid = ValidateTensorSlice(gradient, data.size(), range.offset, range.count, "Push gradient");
   if (!valid.ok()) return Reject(request.segment(), valid);
   if (gradient.count() == 0 && range.count > 0) {
     return Reject(request.segment(), absl::InvalidArgumentError("Push gradient: empty chunk"));
   }
   // Checked before anything is applied, so that a bad push changes nothing.
   absl::Status finite = absl::OkStatus();
-  data.ForEachFloatBlock([&](size_t first, absl::Span<const float> block) {
+  data.ForEachFloatBlock(gradient.dtype(), [&](size_t first, absl::Span<const float> block) {
     if (!finite.ok() || AllFinite(block)) return;
     const size_t i = std::find_if(block.begin(), block.end(), [](float x) { return !std::isfinite(x); }) - block.begin();
     finite = absl::InvalidArgumentError(absl::StrCat(
@@ -204,7 +219,8 @@ absl::Status ParameterServer::Push(const v1::PushRequest& request, const Payload
   if (!finite.ok()) return Reject(request.segment(), finite);
   const absl::Time start = absl::Now();
   absl::StatusOr<PushResult> result =
-      (*shard)->Push(request.worker_id(), request.clock(), gradient.offset() - range.offset, data, deadline);
+      (*shard)->Push(request.worker_id(), request.clock(), gradient.offset() - range.offset, data, gradient.dtype(),
+                     deadline);
   if (!result.ok()) return Reject(request.segment(), result.status());
   response->set_applied(result->applied);
   response->set_next_clock(result->next_clock);
@@ -221,6 +237,7 @@ absl::Status ParameterServer::Push(const v1::PushRequest& request, const Payload
   pull.set_clock(request.clock() + 1);
   pull.set_offset(gradient.offset());
   pull.set_count(gradient.count());
+  pull.set_dtype(gradient.dtype());
   v1::PullResponse pulled;
   SEGPS_RETURN_IF_ERROR(Pull(pull, deadline, allocate, &pulled));
   *response->mutable_values() = std::move(*pulled.mutable_values());
@@ -233,7 +250,9 @@ absl::Status ParameterServer::Push(const v1::PushRequest& request, absl::Time de
   std::string data;
   absl::Status status = Push(request, Payload::Borrow(request.gradient().data()), deadline,
                              [&](size_t count) { return StringBuffer(count, &data); }, response);
-  if (status.ok() && request.pull()) *response->mutable_values()->mutable_data() = std::move(data);
+  if (status.ok() && request.pull()) {
+    *response->mutable_values()->mutable_data() = AsDType(std::move(data), response->values().dtype());
+  }
   return status;
 }
 

@@ -83,12 +83,12 @@ class SegmentShard {
   absl::StatusOr<PullResult> Pull(uint64_t id, uint64_t clock, uint64_t first, absl::Span<float> out,
                                   absl::Time deadline);
 
-  // Applies `grad` (finite float32 values, checked by the caller) to the
+  // Applies `grad` (finite values of `dtype`, checked by the caller) to the
   // elements from `first` of the range, as the worker's step `clock` or a
   // chunk of it. A push or chunk that arrives ahead of its predecessor
   // waits for it until `deadline`.
   absl::StatusOr<PushResult> Push(uint64_t id, uint64_t clock, uint64_t first, const Payload& grad,
-                                  absl::Time deadline);
+                                  v1::DType dtype, absl::Time deadline);
 
   // The lowest rank below `ranks` that no live worker holds, if any.
   std::optional<uint32_t> FreeRank(uint32_t ranks);

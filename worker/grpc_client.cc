@@ -74,7 +74,8 @@ class GrpcClient final : public ParameterClient {
         fingerprint_(ModelFingerprint(config)),
         rpc_deadline_(absl::Milliseconds(config.cluster().rpc_deadline_ms())),
         pull_wait_(absl::Milliseconds(config.cluster().pull_wait_ms())),
-        chunk_floats_(config.cluster().chunk_bytes() / sizeof(float)) {
+        dtype_(config.cluster().bfloat16_wire() ? v1::BFLOAT16 : v1::FLOAT32),
+        chunk_floats_(config.cluster().chunk_bytes() / DTypeBytes(dtype_)) {
     grpc::ChannelArguments args;
     args.SetMaxReceiveMessageSize(static_cast<int>(config.cluster().max_message_bytes()));
     args.SetMaxSendMessageSize(static_cast<int>(config.cluster().max_message_bytes()));
@@ -141,6 +142,7 @@ class GrpcClient final : public ParameterClient {
         request.set_worker_id(worker_ids_[i]);
         request.set_reader(worker_ids_[i] == 0);
         request.set_clock(clock);
+        request.set_dtype(dtype_);
         if (cut.size() > 1) {  // a whole range is asked for without offset and count
           request.set_offset(chunk.offset);
           request.set_count(chunk.count);
@@ -170,9 +172,7 @@ class GrpcClient final : public ParameterClient {
     push->clock = clock;
     for (size_t i = 0; i < stubs_.size(); ++i) {
       const Range range = map_.range(segment, static_cast<uint32_t>(i));
-      float* copy = nullptr;
-      push->data.push_back(NewFloatSlice(range.count, &copy));
-      std::copy_n(grad.begin() + static_cast<ptrdiff_t>(range.offset), range.count, copy);
+      push->data.push_back(EncodeValues(grad.subspan(range.offset, range.count), dtype_));
     }
     return push;
   }
@@ -286,10 +286,11 @@ class GrpcClient final : public ParameterClient {
     v1::TensorSlice tensor;
     tensor.set_offset(chunk.offset);
     tensor.set_count(chunk.count);
-    tensor.set_dtype(v1::FLOAT32);
-    const size_t begin = (chunk.offset - map_.range(push.segment, static_cast<uint32_t>(i)).offset) * sizeof(float);
+    tensor.set_dtype(dtype_);
+    const size_t width = DTypeBytes(dtype_);
+    const size_t begin = (chunk.offset - map_.range(push.segment, static_cast<uint32_t>(i)).offset) * width;
     return EncodeTensorMessage(header, v1::PushRequest::kGradientFieldNumber, tensor,
-                               push.data[i].sub(begin, begin + chunk.count * sizeof(float)));
+                               push.data[i].sub(begin, begin + chunk.count * width));
   }
 
   // Copies the values `reply` (a Response) carries for `chunk` into `dest`
@@ -302,12 +303,12 @@ class GrpcClient final : public ParameterClient {
     v1::TensorSlice tensor;
     Payload values;
     SEGPS_RETURN_IF_ERROR(DecodeTensorMessage(*reply, field, &header, &tensor, &values));
-    SEGPS_RETURN_IF_ERROR(ValidateFloat32Slice(tensor, values.size(), chunk.offset, chunk.count, "reply values"));
+    SEGPS_RETURN_IF_ERROR(ValidateTensorSlice(tensor, values.size(), chunk.offset, chunk.count, "reply values"));
     if (tensor.offset() != chunk.offset || tensor.count() != chunk.count) {
       return absl::InternalError(absl::StrCat("reply values: [", tensor.offset(), ", +", tensor.count(),
                                               ") instead of [", chunk.offset, ", +", chunk.count, ")"));
     }
-    values.CopyTo(dest.subspan(chunk.offset, chunk.count));
+    values.CopyTo(tensor.dtype(), dest.subspan(chunk.offset, chunk.count));
     values = Payload();
     reply->Clear();
     *min_clock = std::min(*min_clock, header.clock());
@@ -417,7 +418,8 @@ class GrpcClient final : public ParameterClient {
   const std::vector<std::string> addresses_;
   const std::string fingerprint_;
   const absl::Duration rpc_deadline_, pull_wait_;
-  const uint64_t chunk_floats_;
+  const v1::DType dtype_;        // of tensors on the wire
+  const uint64_t chunk_floats_;  // elements per chunk
   using PullStub = grpc::TemplatedGenericStub<grpc::protobuf::MessageLite, grpc::ByteBuffer>;
   using PushStub = grpc::TemplatedGenericStub<grpc::ByteBuffer, grpc::ByteBuffer>;
   std::vector<std::unique_ptr<v1::ParameterServer::Stub>> stubs_;  // the control calls

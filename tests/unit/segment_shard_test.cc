@@ -46,7 +46,7 @@ absl::string_view Bytes(const std::vector<float>& v) {
 
 // A push of ones over the whole range.
 absl::StatusOr<PushResult> Push(SegmentShard& shard, uint64_t id, uint64_t clock, absl::Time deadline) {
-  return shard.Push(id, clock, 0, Payload::Borrow(Bytes(kOnes)), deadline);
+  return shard.Push(id, clock, 0, Payload::Borrow(Bytes(kOnes)), v1::FLOAT32, deadline);
 }
 
 // Updates reflected by a pull reply.

@@ -50,10 +50,10 @@ v1::PushRequest PlainPush(const std::vector<float>& values) {
   return push;
 }
 
-std::vector<float> Blocks(const Payload& payload, size_t n) {
+std::vector<float> Blocks(const Payload& payload, size_t n, v1::DType dtype = v1::FLOAT32) {
   std::vector<float> out(n, NAN);
   size_t expected_first = 0;
-  payload.ForEachFloatBlock([&](size_t first, absl::Span<const float> block) {
+  payload.ForEachFloatBlock(dtype, [&](size_t first, absl::Span<const float> block) {
     EXPECT_EQ(first, expected_first);
     std::copy(block.begin(), block.end(), out.begin() + static_cast<ptrdiff_t>(first));
     expected_first = first + block.size();
@@ -100,7 +100,7 @@ TEST(TensorWire, DecodesPlainProtobufSplitAnywhere) {
     ASSERT_EQ(payload.size(), values.size() * sizeof(float));
     EXPECT_EQ(Blocks(payload, values.size()), values);
     std::vector<float> copied(values.size());
-    payload.CopyTo(absl::MakeSpan(copied));
+    payload.CopyTo(v1::FLOAT32, absl::MakeSpan(copied));
     EXPECT_EQ(copied, values);
   }
 }
@@ -148,14 +148,60 @@ TEST(TensorWire, ValidatesChunksAgainstTheShard) {
   slice.set_dtype(v1::FLOAT32);
   slice.set_offset(10);
   slice.set_count(5);
-  EXPECT_TRUE(ValidateFloat32Slice(slice, 20, 10, 5, "x").ok());
-  EXPECT_TRUE(ValidateFloat32Slice(slice, 20, 0, 15, "x").ok());   // a chunk at the end of the shard
-  EXPECT_FALSE(ValidateFloat32Slice(slice, 20, 0, 14, "x").ok());  // runs past it
-  EXPECT_FALSE(ValidateFloat32Slice(slice, 20, 11, 40, "x").ok()); // starts before it
-  EXPECT_FALSE(ValidateFloat32Slice(slice, 19, 10, 5, "x").ok());  // wrong byte count
-  slice.set_dtype(v1::BFLOAT16);
-  EXPECT_NE(std::string(ValidateFloat32Slice(slice, 20, 10, 5, "x").message()).find("not supported yet"),
+  EXPECT_TRUE(ValidateTensorSlice(slice, 20, 10, 5, "x").ok());
+  EXPECT_TRUE(ValidateTensorSlice(slice, 20, 0, 15, "x").ok());   // a chunk at the end of the shard
+  EXPECT_FALSE(ValidateTensorSlice(slice, 20, 0, 14, "x").ok());  // runs past it
+  EXPECT_FALSE(ValidateTensorSlice(slice, 20, 11, 40, "x").ok()); // starts before it
+  EXPECT_FALSE(ValidateTensorSlice(slice, 19, 10, 5, "x").ok());  // wrong byte count
+  slice.set_dtype(v1::BFLOAT16);  // two bytes an element
+  EXPECT_TRUE(ValidateTensorSlice(slice, 10, 10, 5, "x").ok());
+  EXPECT_FALSE(ValidateTensorSlice(slice, 20, 10, 5, "x").ok());
+  slice.set_dtype(v1::FLOAT16);
+  EXPECT_NE(std::string(ValidateTensorSlice(slice, 10, 10, 5, "x").message()).find("not supported yet"),
             std::string::npos);
+}
+
+TEST(TensorWire, Bfloat16RoundsToNearestEvenAndKeepsSpecials) {
+  // bfloat16 keeps 7 mantissa bits: one step above 1 is 1/128.
+  const float values[] = {1.0f,          -2.5f,    0.0f,     1.0f + 1.0f / 256, 1.0f + 3.0f / 256,
+                          1.0f + 3.0f / 512, 1.0f + 1.0f / 512, INFINITY, NAN,     3.4e38f};
+  constexpr size_t n = sizeof(values) / sizeof(values[0]);
+  uint16_t halves[n];
+  ToBfloat16(values, halves);
+  float back[n];
+  FromBfloat16(halves, absl::MakeSpan(back));
+  EXPECT_EQ(back[0], 1.0f);
+  EXPECT_EQ(back[1], -2.5f);
+  EXPECT_EQ(back[2], 0.0f);
+  EXPECT_EQ(back[3], 1.0f);               // a tie: to the even neighbour, below
+  EXPECT_EQ(back[4], 1.0f + 2.0f / 128);  // a tie: to the even neighbour, above
+  EXPECT_EQ(back[5], 1.0f + 1.0f / 128);  // above half a step: up
+  EXPECT_EQ(back[6], 1.0f);               // below half a step: down
+  EXPECT_EQ(back[7], INFINITY);
+  EXPECT_TRUE(std::isnan(back[8]));
+  EXPECT_TRUE(std::isinf(back[9]));  // beyond bfloat16's largest finite value
+}
+
+TEST(TensorWire, Bfloat16PayloadSplitAnywhereWidens) {
+  std::vector<float> values = Ramp(20001);  // odd: a split element at a block's end
+  std::vector<uint16_t> halves(values.size());
+  ToBfloat16(values, halves.data());
+  std::vector<float> expected(values.size());
+  FromBfloat16(halves.data(), absl::MakeSpan(expected));
+  v1::PushRequest push = PlainPush({});
+  push.mutable_gradient()->set_dtype(v1::BFLOAT16);
+  push.mutable_gradient()->set_count(values.size());
+  push.mutable_gradient()->set_data(std::string(reinterpret_cast<const char*>(halves.data()), halves.size() * 2));
+  v1::PushRequest header;
+  v1::TensorSlice tensor;
+  Payload payload;
+  ASSERT_TRUE(DecodeTensorMessage(Shattered(push.SerializeAsString(), 9), v1::PushRequest::kGradientFieldNumber,
+                                  &header, &tensor, &payload)
+                  .ok());
+  EXPECT_EQ(Blocks(payload, values.size(), v1::BFLOAT16), expected);
+  std::vector<float> copied(values.size());
+  payload.CopyTo(v1::BFLOAT16, absl::MakeSpan(copied));
+  EXPECT_EQ(copied, expected);
 }
 
 }  // namespace

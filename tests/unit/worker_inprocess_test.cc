@@ -2,6 +2,7 @@
 // (port 0): the whole training path without process management.
 #include <gtest/gtest.h>
 
+#include <iostream>
 #include <thread>
 
 #include "common/config.h"
@@ -82,6 +83,35 @@ TEST_P(SynchronousTraining, EqualsSingleProcessReference) {
 INSTANTIATE_TEST_SUITE_P(ChunkBytes, SynchronousTraining, ::testing::Values(0, 4096),
                          [](const auto& info) { return info.param == 0 ? std::string("Whole") : std::string("Chunked4096"); });
 
+// Gradients and pulled values rounded to bfloat16 on the wire, float32 on the
+// servers: the trained parameters stay close to the float32 reference.
+TEST(WorkerInProcess, Bfloat16WireStaysCloseToFloat32) {
+  v1::JobConfig config = SeedConfig(2);
+  config.mutable_cluster()->set_bfloat16_wire(true);
+  config.mutable_cluster()->set_chunk_bytes(4096);  // chunks, too
+  InProcessCluster cluster(config);
+  TrainTest data = *LoadData(config);
+  std::unique_ptr<Backend> backend = CreateCpuBackend(1);
+  std::unique_ptr<ParameterClient> client = *ConnectGrpc(config, cluster.addresses());
+  TrainerOptions options;
+  absl::StatusOr<TrainReport> report = Train(config, options, data.train, backend.get(), client.get());
+  ASSERT_TRUE(report.ok()) << report.status();
+  EXPECT_EQ(report->steps, 80u);
+  const std::vector<float> trained = cluster.Parameters(0);
+  const std::vector<float> reference = TrainReference(config, data.train)[0];
+  ASSERT_EQ(trained.size(), reference.size());
+  double mean = 0, worst = 0;
+  for (size_t i = 0; i < trained.size(); ++i) {
+    const double d = std::abs(trained[i] - reference[i]);
+    mean += d / trained.size();
+    worst = std::max(worst, d);
+  }
+  std::cout << "bfloat16 wire vs float32 reference: mean |difference| " << mean << ", max " << worst << "\n";
+  EXPECT_GT(worst, 0.0) << "bfloat16 rounding left no trace: is the wire really bfloat16?";
+  EXPECT_LT(mean, 2e-3);
+  EXPECT_LT(worst, 2e-2);
+}
+
 TEST(WorkerInProcess, ScoresTheTestSetAfterEveryEpoch) {
   const v1::JobConfig config = SeedConfig(3);
   InProcessCluster cluster(config);
@@ -97,7 +127,9 @@ TEST(WorkerInProcess, ScoresTheTestSetAfterEveryEpoch) {
     // Random labels: chance is about 10%, and 2000 test samples keep a score near it.
     EXPECT_GT(report->epochs[e].accuracy, 0.05);
     EXPECT_LT(report->epochs[e].accuracy, 0.16);
-    if (e > 0) EXPECT_GT(report->epochs[e].train_seconds, report->epochs[e - 1].train_seconds);
+    if (e > 0) {
+      EXPECT_GT(report->epochs[e].train_seconds, report->epochs[e - 1].train_seconds);
+    }
   }
   EXPECT_LE(report->epochs.back().train_seconds, report->seconds + 1e-9);
 }
