@@ -1,9 +1,10 @@
-// ParameterClient over gRPC: the callback API fans each call out to every
-// server concurrently; the calling thread waits for all replies. Pull
-// replies and push requests travel as raw byte buffers (common/tensor_wire.h):
-// a gradient is copied once, into the buffer gRPC sends from, and pulled
-// values once, from the received slices into the caller's tensor. Ranges
-// larger than cluster.chunk_bytes go in consecutive chunks, all servers at once.
+// ParameterClient over gRPC. Each call goes to every server at once from a
+// completion queue the calling thread drives; the thread waits for all
+// replies. Pull replies and push requests travel as raw byte buffers
+// (common/tensor_wire.h): a gradient is copied once, into the buffer gRPC
+// sends from, and pulled values once, from the received slices into the
+// caller's tensor. Ranges larger than cluster.chunk_bytes go in consecutive
+// chunks, one call at a time per server, all servers at once.
 #include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
 
@@ -15,7 +16,6 @@
 #include "common/config.h"
 #include "common/grpc_status.h"
 #include "common/status_macros.h"
-#include "common/sync.h"
 #include "common/tensor_wire.h"
 #include "segps/v1/parameter_server.grpc.pb.h"
 #include "worker/ps_client.h"
@@ -29,19 +29,19 @@ struct GrpcEncodedPush final : public EncodedPush {
   std::vector<grpc::Slice> data;  // per server: the gradient for its range
 };
 
-// [offset, offset + count) cut into consecutive chunks of at most `floats`
-// elements (one empty chunk for an empty range).
 // Chunk calls in flight per server. One: with two, a chunk's transfer
 // overlaps the previous one's update, but on loopback the two then compete
 // for the same cores (4 MB rounds 1.52-1.56 GB/s with two, 1.66-1.73 with
 // one) and twice the memory is in flight.
 constexpr size_t kChunksInFlight = 1;
 
-std::vector<Range> Chunks(Range range, uint64_t floats) {
+// [offset, offset + count) cut into consecutive chunks of at most `elements`
+// (one empty chunk for an empty range).
+std::vector<Range> Chunks(Range range, uint64_t elements) {
   std::vector<Range> chunks;
   uint64_t at = range.offset;
   do {
-    const uint64_t count = std::min(floats, range.end() - at);
+    const uint64_t count = std::min(elements, range.end() - at);
     chunks.push_back({at, count});
     at += count;
   } while (at < range.end());
@@ -75,7 +75,7 @@ class GrpcClient final : public ParameterClient {
         rpc_deadline_(absl::Milliseconds(config.cluster().rpc_deadline_ms())),
         pull_wait_(absl::Milliseconds(config.cluster().pull_wait_ms())),
         dtype_(config.cluster().bfloat16_wire() ? v1::BFLOAT16 : v1::FLOAT32),
-        chunk_floats_(config.cluster().chunk_bytes() / DTypeBytes(dtype_)) {
+        chunk_elements_(config.cluster().chunk_bytes() / DTypeBytes(dtype_)) {
     grpc::ChannelArguments args;
     args.SetMaxReceiveMessageSize(static_cast<int>(config.cluster().max_message_bytes()));
     args.SetMaxSendMessageSize(static_cast<int>(config.cluster().max_message_bytes()));
@@ -135,7 +135,7 @@ class GrpcClient final : public ParameterClient {
     std::vector<Range> chunks;
     std::vector<v1::PullRequest> requests;
     for (size_t i = 0; i < stubs_.size(); ++i) {
-      const std::vector<Range> cut = Chunks(map_.range(segment, static_cast<uint32_t>(i)), chunk_floats_);
+      const std::vector<Range> cut = Chunks(map_.range(segment, static_cast<uint32_t>(i)), chunk_elements_);
       for (const Range& chunk : cut) {
         v1::PullRequest& request = requests.emplace_back();
         request.set_segment(segment);
@@ -254,7 +254,7 @@ class GrpcClient final : public ParameterClient {
     std::vector<Range> chunks;
     std::vector<grpc::ByteBuffer> requests;
     for (size_t i = 0; i < stubs_.size(); ++i) {
-      for (const Range& chunk : Chunks(map_.range(push.segment, static_cast<uint32_t>(i)), chunk_floats_)) {
+      for (const Range& chunk : Chunks(map_.range(push.segment, static_cast<uint32_t>(i)), chunk_elements_)) {
         requests.push_back(PushMessage(push, i, chunk, pull));
         servers.push_back(i);
         chunks.push_back(chunk);
@@ -419,7 +419,7 @@ class GrpcClient final : public ParameterClient {
   const std::string fingerprint_;
   const absl::Duration rpc_deadline_, pull_wait_;
   const v1::DType dtype_;        // of tensors on the wire
-  const uint64_t chunk_floats_;  // elements per chunk
+  const uint64_t chunk_elements_;
   using PullStub = grpc::TemplatedGenericStub<grpc::protobuf::MessageLite, grpc::ByteBuffer>;
   using PushStub = grpc::TemplatedGenericStub<grpc::ByteBuffer, grpc::ByteBuffer>;
   std::vector<std::unique_ptr<v1::ParameterServer::Stub>> stubs_;  // the control calls
