@@ -17,6 +17,7 @@
 #include "common/log.h"
 #include "common/status_macros.h"
 #include "common/sync.h"
+#include "common/tensor_wire.h"
 #include "worker/evaluator.h"
 #include "worker/segment_model.h"
 
@@ -27,8 +28,8 @@ namespace {
 // while the current batch computes. Thread-safe.
 class Prefetcher {
  public:
-  Prefetcher(ParameterClient* client, int segment, WorkerMetrics* metrics)
-      : client_(client), segment_(segment), metrics_(metrics) {
+  Prefetcher(ParameterClient* client, int segment, WorkerMetrics* metrics, uint64_t bytes)
+      : client_(client), segment_(segment), metrics_(metrics), bytes_(bytes) {
     thread_ = std::thread([this] { Loop(); });
   }
   ~Prefetcher() {
@@ -83,7 +84,7 @@ class Prefetcher {
       const absl::Time start = absl::Now();
       absl::StatusOr<uint64_t> result = client_->Pull(segment_, request.clock, request.dest);
       if (metrics_ != nullptr && result.ok()) {
-        metrics_->ObservePull(absl::ToDoubleSeconds(absl::Now() - start), request.dest.size() * sizeof(float));
+        metrics_->ObservePull(absl::ToDoubleSeconds(absl::Now() - start), bytes_);
       }
       MutexLock lock(&mu_);
       busy_ = false;
@@ -96,6 +97,7 @@ class Prefetcher {
   ParameterClient* const client_;
   const int segment_;
   WorkerMetrics* const metrics_;
+  const uint64_t bytes_;  // on the wire per pull
   Mutex mu_;
   CondVar changed_;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
@@ -275,8 +277,9 @@ absl::StatusOr<TrainReport> Train(const v1::JobConfig& config, const TrainerOpti
 
   HeartbeatLoop heartbeat(client, absl::Milliseconds(config.cluster().lease_ms()) / 3);
   if (options.metrics != nullptr) options.metrics->SetRank(rank);
-  Pusher pusher(client, PushesInFlight(config, segment), options.metrics, n * sizeof(float));
-  Prefetcher prefetcher(client, segment, options.metrics);
+  const uint64_t wire_bytes = n * DTypeBytes(config.cluster().bfloat16_wire() ? v1::BFLOAT16 : v1::FLOAT32);
+  Pusher pusher(client, PushesInFlight(config, segment), options.metrics, wire_bytes);
+  Prefetcher prefetcher(client, segment, options.metrics, wire_bytes);
   // Staleness 0: every step waits for the previous push anyway, so each step
   // pushes and pulls in the same calls instead of overlapping them.
   const bool synchronous = staleness == 0;
@@ -372,7 +375,8 @@ absl::StatusOr<TrainReport> Train(const v1::JobConfig& config, const TrainerOpti
         window.blocked += waited;
         if (options.metrics != nullptr) {
           options.metrics->ObserveBlocked(absl::ToDoubleSeconds(waited));
-          options.metrics->ObservePush(absl::ToDoubleSeconds(waited), n * sizeof(float));
+          options.metrics->ObservePush(absl::ToDoubleSeconds(waited), wire_bytes);
+          options.metrics->ObservePull(absl::ToDoubleSeconds(waited), wire_bytes);
         }
         if (!r.ok()) return r.status();
         SEGPS_RETURN_IF_ERROR(backend->Upload(pulled[fill]->data(), model.params(), n * sizeof(float)));
