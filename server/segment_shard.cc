@@ -34,14 +34,14 @@ uint64_t SegmentShard::SegmentClock() const {
   return clock == std::numeric_limits<uint64_t>::max() ? highest_clock_ : clock;
 }
 
-bool SegmentShard::Reflects(uint64_t clock, uint64_t end) const {
+uint64_t SegmentShard::ClockOf(uint64_t end) const {
+  uint64_t clock = std::numeric_limits<uint64_t>::max();
   for (const auto& [id, w] : workers_) {
-    if (!w.live || w.next_clock >= clock) continue;
-    // Step clock - 1 partly applied: enough if its chunks already cover [0, end).
-    if (w.next_clock + 1 == clock && w.applied >= end) continue;
-    return false;
+    if (!w.live) continue;
+    // A step partly applied counts for the elements its chunks already cover.
+    clock = std::min(clock, w.next_clock + (end > 0 && w.applied >= end ? 1 : 0));
   }
-  return true;
+  return clock == std::numeric_limits<uint64_t>::max() ? highest_clock_ : clock;
 }
 
 uint64_t SegmentShard::Laggard() const {
@@ -119,7 +119,7 @@ absl::StatusOr<PullResult> SegmentShard::Pull(uint64_t id, uint64_t clock, uint6
     const absl::Time wait_start = now;
     while (true) {
       const absl::Time next_expiry = ExpireLeases(now);
-      if (Reflects(needed, first + out.size())) break;
+      if (ClockOf(first + out.size()) >= needed) break;
       if (now >= deadline) {
         blocked_ += now - wait_start;
         return absl::UnavailableError(absl::StrCat(
@@ -142,7 +142,7 @@ absl::StatusOr<PullResult> SegmentShard::Pull(uint64_t id, uint64_t clock, uint6
   }
   ++pulls_;
   std::copy_n(values_.begin() + static_cast<ptrdiff_t>(first), out.size(), out.begin());
-  result.clock = SegmentClock();
+  result.clock = ClockOf(first + out.size());
   result.updates = pushes_;
   return result;
 }

@@ -53,7 +53,7 @@ struct ShardOptions {
 };
 
 struct PullResult {
-  uint64_t clock = 0;
+  uint64_t clock = 0;  // the values pulled reflect every step below it
   uint64_t updates = 0;
   absl::Duration blocked;  // time waiting on the staleness bound
 };
@@ -120,10 +120,10 @@ class SegmentShard {
   absl::Time ExpireLeases(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Minimum next_clock of live workers; the highest clock reached when none is live.
   uint64_t SegmentClock() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Whether elements [0, end) of the range reflect every live worker's
-  // steps below `clock` (a pull's bound, per element: chunks of the step
-  // just below count as they land).
-  bool Reflects(uint64_t clock, uint64_t end) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The clock elements [0, end) of the range reflect: every live worker has
+  // applied its steps below it there (a step's chunks count as they land).
+  // SegmentClock() for the whole range.
+  uint64_t ClockOf(uint64_t end) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The live worker holding the segment clock back (for error messages).
   uint64_t Laggard() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<Worker*> FindLive(uint64_t id, absl::Time now, const char* call)

@@ -271,7 +271,10 @@ TEST_F(ParameterServerTest, PushWithPullRepliesWithTheNextClocksValues) {
   EXPECT_EQ(pushed.values().offset(), range_.offset);
   EXPECT_EQ(pushed.values().count(), 1u);
   EXPECT_EQ(pushed.values().data().size(), sizeof(float));
-  EXPECT_EQ(pushed.clock(), 1u);  // the step itself is not complete
+  EXPECT_EQ(pushed.clock(), 2u);  // these elements reflect step 1, though the step is not complete
+  v1::PullResponse whole;
+  ASSERT_TRUE(server_->Pull(pull, absl::Now(), &whole).ok());
+  EXPECT_EQ(whole.clock(), 1u);  // the whole range does not yet
 }
 
 TEST_F(ParameterServerTest, ChunkAheadOfItsPredecessorWaitsThenFails) {

@@ -27,6 +27,12 @@ class InProcessCluster {
     }
   }
   const std::vector<std::string>& addresses() const { return addresses_; }
+  // Pull calls server i served for segment k (each chunk counts).
+  uint64_t Pulls(size_t i, int k) {
+    v1::StatsResponse stats;
+    servers_[i]->Stats(&stats);
+    return stats.segments(k).pulls();
+  }
   // Segment k's parameters, stitched from every server's range.
   std::vector<float> Parameters(int k) {
     std::vector<float> all;
@@ -77,6 +83,14 @@ TEST_P(SynchronousTraining, EqualsSingleProcessReference) {
     EXPECT_EQ(reports[k]->steps, 80u);  // 2 epochs x ceil(5000 / 128)
     EXPECT_EQ(reports[k]->max_staleness, 0u);
     EXPECT_LT(MaxRelativeError(cluster.Parameters(k), reference[k]), 1e-5) << "segment " << k;
+    // One pull per step and chunk: the first step's, then one with each
+    // step's push; none more (a reply must say its values are fresh enough).
+    const ShardMap map = *ShardMap::Create(config.model(), 2);
+    for (uint32_t i = 0; i < 2; ++i) {
+      const uint64_t chunk = config.cluster().chunk_bytes() / sizeof(float);
+      const uint64_t chunks = (map.range(k, i).count + chunk - 1) / chunk;
+      EXPECT_EQ(cluster.Pulls(i, k), chunks * reports[k]->steps) << "segment " << k << " server " << i;
+    }
   }
 }
 
