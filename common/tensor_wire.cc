@@ -185,11 +185,6 @@ void Payload::CopyTo(v1::DType dtype, absl::Span<float> out) const {
   }
 }
 
-grpc::Slice NewFloatSlice(size_t count, float** data) {
-  float* array = new float[count];
-  *data = array;
-  return grpc::Slice(array, count * sizeof(float), [](void* p) { delete[] static_cast<float*>(p); });
-}
 
 grpc::Slice EncodeValues(absl::Span<const float> values, v1::DType dtype) {
   if (dtype == v1::BFLOAT16) {
@@ -197,10 +192,9 @@ grpc::Slice EncodeValues(absl::Span<const float> values, v1::DType dtype) {
     ToBfloat16(values, halves);
     return grpc::Slice(halves, values.size() * sizeof(uint16_t), [](void* p) { delete[] static_cast<uint16_t*>(p); });
   }
-  float* copy = nullptr;
-  grpc::Slice slice = NewFloatSlice(values.size(), &copy);
+  float* copy = new float[values.size()];
   std::copy(values.begin(), values.end(), copy);
-  return slice;
+  return grpc::Slice(copy, values.size() * sizeof(float), [](void* p) { delete[] static_cast<float*>(p); });
 }
 
 grpc::ByteBuffer EncodeTensorMessage(const google::protobuf::MessageLite& header, int tensor_field,

@@ -67,11 +67,8 @@ size_t DTypeBytes(v1::DType dtype);
 void ToBfloat16(absl::Span<const float> in, uint16_t* out);
 void FromBfloat16(const uint16_t* in, absl::Span<float> out);
 
-// A slice owning an uninitialised array of `count` floats, returned in `data`
-// for the caller to fill before handing the slice to gRPC.
-grpc::Slice NewFloatSlice(size_t count, float** data);
-
-// `values` as a slice of elements of `dtype` (FLOAT32 or BFLOAT16).
+// `values` copied into a new slice as elements of `dtype` (FLOAT32 or
+// BFLOAT16), for gRPC to send.
 grpc::Slice EncodeValues(absl::Span<const float> values, v1::DType dtype);
 
 // `header` (which leaves field `tensor_field` unset) followed by `tensor`

@@ -23,38 +23,32 @@ absl::Time WaitDeadline(const grpc::ServerContext* context, absl::Duration cap) 
   return std::min(capped, absl::FromChrono(client));
 }
 
-// Values a reply carries: allocated as a gRPC slice for the shard to copy
-// into, then sent from there.
+// Values a reply carries, encoded straight from the shard into the slice
+// gRPC sends.
 class OutgoingValues {
  public:
-  auto allocator() {
-    return [this](size_t count) {
-      float* values = nullptr;
-      data_ = NewFloatSlice(count, &values);
-      allocated_ = true;
-      return absl::MakeSpan(values, count);
+  auto reader() {
+    return [this](absl::Span<const float> values, v1::DType dtype) {
+      data_ = EncodeValues(values, dtype);
+      present_ = true;
     };
   }
   // `message` (a PullResponse or PushResponse: field `field` is its
-  // `values`) with the values as its values' data, if any were allocated.
+  // `values`) with the values as its values' data, if there are any.
   template <typename Message>
   grpc::ByteBuffer Encode(Message* message, int field) {
-    if (!allocated_) {
+    if (!present_) {
       grpc::Slice bytes(message->SerializeAsString());
       return grpc::ByteBuffer(&bytes, 1);
     }
     const v1::TensorSlice tensor = std::move(*message->mutable_values());
     message->clear_values();
-    if (tensor.dtype() != v1::FLOAT32) {  // narrowed on the way out
-      data_ = EncodeValues(absl::MakeConstSpan(reinterpret_cast<const float*>(data_.begin()), data_.size() / sizeof(float)),
-                           tensor.dtype());
-    }
     return EncodeTensorMessage(*message, field, tensor, data_);
   }
 
  private:
   grpc::Slice data_;
-  bool allocated_ = false;
+  bool present_ = false;
 };
 
 // The ParameterServer service, written out instead of generated so that
@@ -98,7 +92,7 @@ class Service final : public grpc::Service {
   grpc::Status Pull(grpc::ServerContext* context, const v1::PullRequest* request, grpc::ByteBuffer* reply) {
     OutgoingValues values;
     v1::PullResponse header;
-    absl::Status status = server_->Pull(*request, WaitDeadline(context, server_->max_wait()), values.allocator(), &header);
+    absl::Status status = server_->Pull(*request, WaitDeadline(context, server_->max_wait()), values.reader(), &header);
     if (!status.ok()) return ToGrpcStatus(status);
     *reply = values.Encode(&header, v1::PullResponse::kValuesFieldNumber);
     return grpc::Status::OK;
@@ -115,7 +109,7 @@ class Service final : public grpc::Service {
     OutgoingValues values;
     v1::PushResponse response;
     absl::Status status =
-        server_->Push(header, data, WaitDeadline(context, server_->max_wait()), values.allocator(), &response);
+        server_->Push(header, data, WaitDeadline(context, server_->max_wait()), values.reader(), &response);
     if (!status.ok()) return ToGrpcStatus(status);
     *reply = values.Encode(&response, v1::PushResponse::kValuesFieldNumber);
     return grpc::Status::OK;

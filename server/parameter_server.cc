@@ -25,20 +25,10 @@ bool AllFinite(absl::Span<const float> values) {
   return all_ones_exponent == 0;
 }
 
-// `count` floats in `bytes`, for the whole-message calls.
-absl::Span<float> StringBuffer(size_t count, std::string* bytes) {
-  bytes->resize(count * sizeof(float));
-  return absl::MakeSpan(reinterpret_cast<float*>(bytes->data()), count);
-}
-
-// float32 bytes as elements of `dtype`.
-std::string AsDType(std::string floats, v1::DType dtype) {
-  if (dtype != v1::BFLOAT16) return floats;
-  const size_t n = floats.size() / sizeof(float);
-  std::string halves(n * sizeof(uint16_t), '\0');
-  ToBfloat16(absl::MakeConstSpan(reinterpret_cast<const float*>(floats.data()), n),
-             reinterpret_cast<uint16_t*>(halves.data()));
-  return halves;
+// Values in their wire dtype as a string, for the whole-message calls.
+void ReadInto(std::string* bytes, absl::Span<const float> values, v1::DType dtype) {
+  const grpc::Slice encoded = EncodeValues(values, dtype);
+  bytes->assign(reinterpret_cast<const char*>(encoded.begin()), encoded.size());
 }
 
 }  // namespace
@@ -143,8 +133,7 @@ absl::Status ParameterServer::Register(const v1::RegisterRequest& request,
 }
 
 absl::Status ParameterServer::Pull(const v1::PullRequest& request, absl::Time deadline,
-                                   absl::FunctionRef<absl::Span<float>(size_t)> allocate,
-                                   v1::PullResponse* response) {
+                                   ReadValues read, v1::PullResponse* response) {
   absl::StatusOr<SegmentShard*> shard = ShardFor(request.segment(), "Pull");
   if (!shard.ok()) return Reject(request.segment(), shard.status());
   if (request.reader() != (request.worker_id() == 0)) {
@@ -164,12 +153,13 @@ absl::Status ParameterServer::Pull(const v1::PullRequest& request, absl::Time de
   const v1::DType dtype = request.dtype() == v1::DTYPE_UNSPECIFIED ? v1::FLOAT32 : request.dtype();
   if (DTypeBytes(dtype) == 0) {
     return Reject(request.segment(), absl::InvalidArgumentError(absl::StrCat(
-        "Pull: dtype ", v1::DType_Name(dtype), " is not supported; ask for FLOAT32 or BFLOAT16")));
+        "Pull: dtype ", static_cast<int>(dtype), " (", v1::DType_Name(dtype),
+        ") is not supported; ask for FLOAT32 or BFLOAT16")));
   }
   const absl::Time start = absl::Now();
-  const absl::Span<float> out = allocate(chunk.count);
-  absl::StatusOr<PullResult> result =
-      (*shard)->Pull(request.worker_id(), request.clock(), chunk.offset - range.offset, out, deadline);
+  absl::StatusOr<PullResult> result = (*shard)->Pull(
+      request.worker_id(), request.clock(), chunk.offset - range.offset, chunk.count,
+      [&](absl::Span<const float> values) { read(values, dtype); }, deadline);
   if (!result.ok()) {
     return absl::IsUnavailable(result.status()) ? result.status()
                                                 : Reject(request.segment(), result.status());
@@ -190,14 +180,15 @@ absl::Status ParameterServer::Pull(const v1::PullRequest& request, absl::Time de
 
 absl::Status ParameterServer::Pull(const v1::PullRequest& request, absl::Time deadline, v1::PullResponse* response) {
   std::string data;
-  absl::Status status = Pull(request, deadline, [&](size_t count) { return StringBuffer(count, &data); }, response);
-  if (status.ok()) *response->mutable_values()->mutable_data() = AsDType(std::move(data), response->values().dtype());
+  absl::Status status = Pull(
+      request, deadline, [&](absl::Span<const float> values, v1::DType dtype) { ReadInto(&data, values, dtype); },
+      response);
+  if (status.ok()) *response->mutable_values()->mutable_data() = std::move(data);
   return status;
 }
 
 absl::Status ParameterServer::Push(const v1::PushRequest& request, const Payload& data, absl::Time deadline,
-                                   absl::FunctionRef<absl::Span<float>(size_t)> allocate,
-                                   v1::PushResponse* response) {
+                                   ReadValues read, v1::PushResponse* response) {
   absl::StatusOr<SegmentShard*> shard = ShardFor(request.segment(), "Push");
   if (!shard.ok()) return Reject(request.segment(), shard.status());
   const Range range = map_.range(request.segment(), index_);
@@ -239,7 +230,7 @@ absl::Status ParameterServer::Push(const v1::PushRequest& request, const Payload
   pull.set_count(gradient.count());
   pull.set_dtype(gradient.dtype());
   v1::PullResponse pulled;
-  SEGPS_RETURN_IF_ERROR(Pull(pull, deadline, allocate, &pulled));
+  SEGPS_RETURN_IF_ERROR(Pull(pull, deadline, read, &pulled));
   *response->mutable_values() = std::move(*pulled.mutable_values());
   response->set_clock(pulled.clock());
   response->set_updates(pulled.updates());
@@ -248,11 +239,10 @@ absl::Status ParameterServer::Push(const v1::PushRequest& request, const Payload
 
 absl::Status ParameterServer::Push(const v1::PushRequest& request, absl::Time deadline, v1::PushResponse* response) {
   std::string data;
-  absl::Status status = Push(request, Payload::Borrow(request.gradient().data()), deadline,
-                             [&](size_t count) { return StringBuffer(count, &data); }, response);
-  if (status.ok() && request.pull()) {
-    *response->mutable_values()->mutable_data() = AsDType(std::move(data), response->values().dtype());
-  }
+  absl::Status status = Push(
+      request, Payload::Borrow(request.gradient().data()), deadline,
+      [&](absl::Span<const float> values, v1::DType dtype) { ReadInto(&data, values, dtype); }, response);
+  if (status.ok() && request.pull()) *response->mutable_values()->mutable_data() = std::move(data);
   return status;
 }
 

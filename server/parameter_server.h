@@ -38,14 +38,16 @@ class ParameterServer {
   // cluster.pull_wait_ms).
   absl::Status Register(const v1::RegisterRequest& request, v1::RegisterResponse* response);
   //
-  // Pull fills `response` but for values' data: the values go to the
-  // buffer `allocate(count)` returns, called once the request is valid.
-  absl::Status Pull(const v1::PullRequest& request, absl::Time deadline,
-                    absl::FunctionRef<absl::Span<float>(size_t count)> allocate, v1::PullResponse* response);
+  // Pull fills `response` but for values' data: it hands the values and
+  // their wire dtype to `read` (under the shard's lock) once the request is
+  // valid and the staleness bound allows.
+  using ReadValues = absl::FunctionRef<void(absl::Span<const float> values, v1::DType dtype)>;
+  absl::Status Pull(const v1::PullRequest& request, absl::Time deadline, ReadValues read,
+                    v1::PullResponse* response);
   // Push reads the gradient's data from `data`, not from the request. With
-  // request.pull, the values for clock + 1 go to `allocate(count)` as Pull's.
-  absl::Status Push(const v1::PushRequest& request, const Payload& data, absl::Time deadline,
-                    absl::FunctionRef<absl::Span<float>(size_t count)> allocate, v1::PushResponse* response);
+  // request.pull, the values for clock + 1 go to `read` as Pull's.
+  absl::Status Push(const v1::PushRequest& request, const Payload& data, absl::Time deadline, ReadValues read,
+                    v1::PushResponse* response);
   // The same for whole messages (values' data in the responses, gradient's in the request).
   absl::Status Pull(const v1::PullRequest& request, absl::Time deadline, v1::PullResponse* response);
   absl::Status Push(const v1::PushRequest& request, absl::Time deadline, v1::PushResponse* response);

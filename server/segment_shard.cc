@@ -93,8 +93,9 @@ uint64_t SegmentShard::Register(uint64_t id, uint32_t rank, std::optional<uint64
   return start;
 }
 
-absl::StatusOr<PullResult> SegmentShard::Pull(uint64_t id, uint64_t clock, uint64_t first,
-                                              absl::Span<float> out, absl::Time deadline) {
+absl::StatusOr<PullResult> SegmentShard::Pull(uint64_t id, uint64_t clock, uint64_t first, uint64_t count,
+                                              absl::FunctionRef<void(absl::Span<const float>)> read,
+                                              absl::Time deadline) {
   MutexLock lock(&mu_);
   absl::Time now = absl::Now();
   PullResult result;
@@ -119,7 +120,7 @@ absl::StatusOr<PullResult> SegmentShard::Pull(uint64_t id, uint64_t clock, uint6
     const absl::Time wait_start = now;
     while (true) {
       const absl::Time next_expiry = ExpireLeases(now);
-      if (ClockOf(first + out.size()) >= needed) break;
+      if (ClockOf(first + count) >= needed) break;
       if (now >= deadline) {
         blocked_ += now - wait_start;
         return absl::UnavailableError(absl::StrCat(
@@ -141,8 +142,8 @@ absl::StatusOr<PullResult> SegmentShard::Pull(uint64_t id, uint64_t clock, uint6
     result.blocked = now - wait_start;
   }
   ++pulls_;
-  std::copy_n(values_.begin() + static_cast<ptrdiff_t>(first), out.size(), out.begin());
-  result.clock = ClockOf(first + out.size());
+  read(absl::MakeConstSpan(values_).subspan(first, count));
+  result.clock = ClockOf(first + count);
   result.updates = pushes_;
   return result;
 }

@@ -33,6 +33,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
@@ -76,12 +77,12 @@ class SegmentShard {
   // else the segment clock.
   uint64_t Register(uint64_t id, uint32_t rank, std::optional<uint64_t> join_clock);
 
-  // Copies elements [first, first + out.size()) of the range into `out` once
-  // the staleness bound allows a worker at `clock` to compute (id 0: a
-  // reader, which never waits). UNAVAILABLE when `deadline` passes first,
-  // naming the worker it waited for.
-  absl::StatusOr<PullResult> Pull(uint64_t id, uint64_t clock, uint64_t first, absl::Span<float> out,
-                                  absl::Time deadline);
+  // Hands elements [first, first + count) of the range to `read` (under the
+  // shard's lock, to copy or encode them) once the staleness bound allows a
+  // worker at `clock` to compute (id 0: a reader, which never waits).
+  // UNAVAILABLE when `deadline` passes first, naming the worker it waited for.
+  absl::StatusOr<PullResult> Pull(uint64_t id, uint64_t clock, uint64_t first, uint64_t count,
+                                  absl::FunctionRef<void(absl::Span<const float>)> read, absl::Time deadline);
 
   // Applies `grad` (finite values of `dtype`, checked by the caller) to the
   // elements from `first` of the range, as the worker's step `clock` or a

@@ -176,6 +176,14 @@ TEST_F(ParameterServerTest, RejectsMalformedPulls) {
   EXPECT_EQ(server_->Pull(pull, absl::Now(), &response).code(), absl::StatusCode::kInvalidArgument);
   pull.set_segment(2);
   EXPECT_EQ(server_->Pull(pull, absl::Now(), &response).code(), absl::StatusCode::kNotFound);
+  pull.set_segment(0);
+  pull.set_clock(0);
+  for (int dtype : {static_cast<int>(v1::FLOAT16), 42}) {
+    pull.set_dtype(static_cast<v1::DType>(dtype));
+    absl::Status status = server_->Pull(pull, absl::Now(), &response);
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(std::string(status.message()).find("ask for FLOAT32 or BFLOAT16"), std::string::npos) << status;
+  }
   EXPECT_EQ(before, State());
 }
 

@@ -35,9 +35,8 @@ absl::Time Soon() { return absl::Now() + absl::Seconds(30); }
 // The whole range, into a slice.
 absl::StatusOr<PullResult> Pull(SegmentShard& shard, uint64_t id, uint64_t clock, absl::Time deadline,
                                 v1::TensorSlice* out) {
-  EncodeFloat32(std::vector<float>(kSize), 0, out);
-  return shard.Pull(id, clock, 0, absl::MakeSpan(reinterpret_cast<float*>(out->mutable_data()->data()), kSize),
-                    deadline);
+  return shard.Pull(
+      id, clock, 0, kSize, [out](absl::Span<const float> values) { EncodeFloat32(values, 0, out); }, deadline);
 }
 
 absl::string_view Bytes(const std::vector<float>& v) {

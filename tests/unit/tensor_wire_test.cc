@@ -64,9 +64,7 @@ std::vector<float> Blocks(const Payload& payload, size_t n, v1::DType dtype = v1
 
 TEST(TensorWire, EncodedMessageIsOrdinaryProtobuf) {
   const std::vector<float> values = Ramp(1000);
-  float* data = nullptr;
-  grpc::Slice slice = NewFloatSlice(values.size(), &data);
-  std::copy(values.begin(), values.end(), data);
+  const grpc::Slice slice = EncodeValues(values, v1::FLOAT32);
   v1::PushRequest header = PlainPush({});
   header.clear_gradient();
   v1::TensorSlice tensor;
