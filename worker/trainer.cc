@@ -7,7 +7,6 @@
 #include <deque>
 #include <optional>
 #include <thread>
-#include <utility>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
@@ -283,7 +282,6 @@ absl::StatusOr<TrainReport> Train(const v1::JobConfig& config, const TrainerOpti
   // Staleness 0: every step waits for the previous push anyway, so each step
   // pushes and pulls in the same calls instead of overlapping them.
   const bool synchronous = staleness == 0;
-  std::optional<uint64_t> have_next;  // clock of the values SendAndPull brought
   int fill = 0;  // the pull buffer the outstanding pull fills
   prefetcher.Start(start, absl::MakeSpan(pulled[fill]->data(), n));
 
@@ -295,6 +293,11 @@ absl::StatusOr<TrainReport> Train(const v1::JobConfig& config, const TrainerOpti
   Window window, epoch_window;
   const absl::Duration log_every = absl::Seconds(config.training().log_interval_s());
   absl::Time next_log = t0 + log_every;
+  auto count_blocked = [&](absl::Duration waited) {
+    blocked += waited;
+    window.blocked += waited;
+    if (options.metrics != nullptr) options.metrics->ObserveBlocked(absl::ToDoubleSeconds(waited));
+  };
 
   // Gathers step `s` of an epoch's order on the host and enqueues its upload
   // into input slot `slot`; returns its rows.
@@ -326,10 +329,7 @@ absl::StatusOr<TrainReport> Train(const v1::JobConfig& config, const TrainerOpti
           prefetcher.Start(clock, absl::MakeSpan(pulled[fill]->data(), n));
         }
         absl::StatusOr<uint64_t> r = prefetcher.Take();
-        const absl::Duration waited = absl::Now() - wait_start;
-        blocked += waited;
-        window.blocked += waited;
-        if (options.metrics != nullptr) options.metrics->ObserveBlocked(absl::ToDoubleSeconds(waited));
+        count_blocked(absl::Now() - wait_start);
         if (!r.ok()) return r.status();
         SEGPS_RETURN_IF_ERROR(backend->Upload(pulled[fill]->data(), model.params(), n * sizeof(float)));
         // The next pull may land in the buffer just uploaded from: the copy must be done first.
@@ -364,32 +364,33 @@ absl::StatusOr<TrainReport> Train(const v1::JobConfig& config, const TrainerOpti
         return absl::InternalError(absl::StrCat(tag, ": loss became ", stats.loss_sum, " at clock ", clock,
                                                 "; lower optimizer.learning_rate"));
       }
+      const uint64_t lag = clock - std::min(clock, *have);  // clocks this step's parameters lagged
       std::unique_ptr<EncodedPush> push = client->Encode(segment, clock, absl::MakeConstSpan(grad, n));
       const bool last = epoch + 1 == epochs && s + 1 == steps_per_epoch;
       if (synchronous && !last) {
-        // The next step needs this push applied: push and pull in one round trip.
+        // The next step needs this push applied: push and pull in one round
+        // trip. Nothing computes meanwhile, so on the CPU the values land in
+        // the model itself.
+        float* dest = backend->host_addressable() ? model.params() : pulled[fill]->data();
         const absl::Time wait_start = absl::Now();
-        absl::StatusOr<uint64_t> r = client->SendAndPull(*push, absl::MakeSpan(pulled[fill]->data(), n));
+        absl::StatusOr<uint64_t> r = client->SendAndPull(*push, absl::MakeSpan(dest, n));
         const absl::Duration waited = absl::Now() - wait_start;
-        blocked += waited;
-        window.blocked += waited;
+        count_blocked(waited);
         if (options.metrics != nullptr) {
-          options.metrics->ObserveBlocked(absl::ToDoubleSeconds(waited));
           options.metrics->ObservePush(absl::ToDoubleSeconds(waited), wire_bytes);
           options.metrics->ObservePull(absl::ToDoubleSeconds(waited), wire_bytes);
         }
         if (!r.ok()) return r.status();
-        SEGPS_RETURN_IF_ERROR(backend->Upload(pulled[fill]->data(), model.params(), n * sizeof(float)));
-        SEGPS_RETURN_IF_ERROR(backend->Synchronize());
-        have_next = *r;
-        fill ^= 1;
+        if (dest != model.params()) {
+          SEGPS_RETURN_IF_ERROR(backend->Upload(dest, model.params(), n * sizeof(float)));
+          SEGPS_RETURN_IF_ERROR(backend->Synchronize());
+        }
+        have = *r;
       } else {
         SEGPS_RETURN_IF_ERROR(pusher.Enqueue(std::move(push)));
       }
       if (options.slowdown > absl::ZeroDuration()) absl::SleepFor(options.slowdown);
 
-      const uint64_t lag = clock - std::min(clock, *have);
-      if (have_next.has_value()) have = *std::exchange(have_next, std::nullopt);
       for (Window* w : {&window, &epoch_window}) {
         w->loss += stats.loss_sum;
         w->correct += stats.correct;
