@@ -127,7 +127,15 @@ TEST(WorkerInProcess, Bfloat16WireStaysCloseToFloat32) {
 }
 
 TEST(WorkerInProcess, ScoresTheTestSetAfterEveryEpoch) {
-  const v1::JobConfig config = SeedConfig(3);
+  // A learnable task, small: a score far above chance shows the scoring reads
+  // the trained parameters and the right labels.
+  v1::JobConfig config = *LoadConfig(std::string(SEGPS_SOURCE_DIR) + "/deploy/configs/teacher.pbtxt");
+  config.mutable_cluster()->set_lease_ms(60000);
+  config.mutable_training()->set_epochs(3);
+  config.mutable_model()->mutable_segments(0)->set_workers(1);
+  config.mutable_model()->mutable_segments(0)->set_staleness(0);  // deterministic
+  config.mutable_data()->set_train_samples(4000);
+  config.mutable_data()->set_test_samples(1000);
   InProcessCluster cluster(config);
   TrainTest data = *LoadData(config);
   std::unique_ptr<Backend> backend = CreateCpuBackend(1);
@@ -137,13 +145,10 @@ TEST(WorkerInProcess, ScoresTheTestSetAfterEveryEpoch) {
   absl::StatusOr<TrainReport> report = Train(config, options, data.train, backend.get(), client.get());
   ASSERT_TRUE(report.ok()) << report.status();
   ASSERT_EQ(report->epochs.size(), 3u);
-  for (size_t e = 0; e < 3; ++e) {
-    // Random labels: chance is about 10%, and 2000 test samples keep a score near it.
-    EXPECT_GT(report->epochs[e].accuracy, 0.05);
-    EXPECT_LT(report->epochs[e].accuracy, 0.16);
-    if (e > 0) {
-      EXPECT_GT(report->epochs[e].train_seconds, report->epochs[e - 1].train_seconds);
-    }
+  EXPECT_GT(report->epochs[0].accuracy, 0.4);   // chance: about 0.1-0.2
+  EXPECT_GT(report->epochs[2].accuracy, report->epochs[0].accuracy);
+  for (size_t e = 1; e < 3; ++e) {
+    EXPECT_GT(report->epochs[e].train_seconds, report->epochs[e - 1].train_seconds);
   }
   EXPECT_LE(report->epochs.back().train_seconds, report->seconds + 1e-9);
 }
