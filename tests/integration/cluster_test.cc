@@ -122,18 +122,7 @@ TEST(Cluster, LocalLauncherFailsClearlyOnABrokenConfig) {
 
 TEST(Cluster, LocalLauncherLeavesNoProcessBehindOnCtrlC) {
   const std::string dir = MakeTempDir();
-  const std::string config = dir + "/job.pbtxt";
-  WriteFile(config, R"pb(
-    cluster { num_servers: 2 }
-    model {
-      input_width: 50
-      num_classes: 10
-      segments { name: "s" layers { units: 16 activation: RELU } layers { units: 10 activation: SOFTMAX } }
-    }
-    optimizer { kind: ADAM }
-    training { batch_size: 32 epochs: 100000 log_interval_s: 0.05 }
-    data { source: SYNTHETIC_SEED train_samples: 512 test_samples: 64 }
-  )pb");
+  const std::string config = WriteEndlessJob(dir, 2, 0);
   std::unique_ptr<Subprocess> local = Subprocess::Start({BinaryPath("segps-local"), "--config", config});
   ASSERT_TRUE(local->WaitForLine("loss", absl::Seconds(60)).has_value()) << local->output();
   local->Signal(SIGINT);

@@ -101,18 +101,7 @@ void Promtool(const std::string& text, const std::string& dir) {
 
 TEST(Metrics, ServerAndWorkerEndpointsFollowTheExpositionFormat) {
   const std::string dir = MakeTempDir();
-  const std::string config = dir + "/job.pbtxt";
-  WriteFile(config, R"pb(
-    cluster { num_servers: 1 }
-    model {
-      input_width: 50
-      num_classes: 10
-      segments { name: "s" layers { units: 16 activation: RELU } layers { units: 10 activation: SOFTMAX } }
-    }
-    optimizer { kind: ADAM }
-    training { batch_size: 32 epochs: 100000 staleness: 1 log_interval_s: 0.05 }
-    data { source: SYNTHETIC_SEED train_samples: 256 test_samples: 64 }
-  )pb");
+  const std::string config = WriteEndlessJob(dir, 1, 1);
   std::unique_ptr<Subprocess> server = Subprocess::Start({BinaryPath("segps-server"), "--config", config, "--index", "0",
                                                           "--listen", "127.0.0.1:0", "--metrics_listen", "127.0.0.1:0"});
   std::optional<std::string> metrics_line = server->WaitForLine("metrics on http://", absl::Seconds(30));

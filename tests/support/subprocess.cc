@@ -14,6 +14,7 @@
 #include <sstream>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 
 namespace segps {
@@ -136,6 +137,22 @@ std::string MakeTempDir() {
 
 void WriteFile(const std::string& path, const std::string& text) {
   std::ofstream(path) << text;
+}
+
+std::string WriteEndlessJob(const std::string& dir, int num_servers, int staleness) {
+  const std::string path = dir + "/job.pbtxt";
+  WriteFile(path, absl::StrFormat(R"pb(
+    cluster { num_servers: %d }
+    model {
+      input_width: 50
+      num_classes: 10
+      segments { name: "s" layers { units: 16 activation: RELU } layers { units: 10 activation: SOFTMAX } }
+    }
+    optimizer { kind: ADAM }
+    training { batch_size: 32 epochs: 100000 staleness: %d log_interval_s: 0.05 }
+    data { source: SYNTHETIC_SEED train_samples: 512 test_samples: 64 }
+  )pb", num_servers, staleness));
+  return path;
 }
 
 std::string ReadFile(const std::string& path) {

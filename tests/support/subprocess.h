@@ -67,6 +67,10 @@ std::string MakeTempDir();
 void WriteFile(const std::string& path, const std::string& text);
 std::string ReadFile(const std::string& path);
 
+// Writes dir/job.pbtxt, a small job that trains until it is stopped (for
+// tests that stop or watch a running cluster), and returns its path.
+std::string WriteEndlessJob(const std::string& dir, int num_servers, int staleness);
+
 }  // namespace segps
 
 #endif  // SEGPS_TESTS_SUPPORT_SUBPROCESS_H_
