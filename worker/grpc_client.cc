@@ -142,7 +142,9 @@ class GrpcClient final : public ParameterClient {
         request.set_worker_id(worker_ids_[i]);
         request.set_reader(worker_ids_[i] == 0);
         request.set_clock(clock);
-        request.set_dtype(dtype_);
+        // Observers (the evaluator, parameter dumps) read the float32 values
+        // as they are; the wire format is for training traffic.
+        request.set_dtype(worker_ids_[i] == 0 ? v1::FLOAT32 : dtype_);
         if (cut.size() > 1) {  // a whole range is asked for without offset and count
           request.set_offset(chunk.offset);
           request.set_count(chunk.count);

@@ -124,6 +124,12 @@ TEST(WorkerInProcess, Bfloat16WireStaysCloseToFloat32) {
   EXPECT_GT(worst, 0.0) << "bfloat16 rounding left no trace: is the wire really bfloat16?";
   EXPECT_LT(mean, 2e-3);
   EXPECT_LT(worst, 2e-2);
+
+  // An observer (the evaluator, a parameter dump) reads the float32 values unrounded.
+  std::unique_ptr<ParameterClient> reader = *ConnectGrpc(config, cluster.addresses());
+  std::vector<float> read(trained.size());
+  ASSERT_TRUE(reader->Pull(0, 0, absl::MakeSpan(read)).ok());
+  EXPECT_EQ(read, trained);
 }
 
 TEST(WorkerInProcess, ScoresTheTestSetAfterEveryEpoch) {
