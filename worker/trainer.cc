@@ -365,12 +365,12 @@ absl::StatusOr<TrainReport> Train(const v1::JobConfig& config, const TrainerOpti
                                                 "; lower optimizer.learning_rate"));
       }
       const uint64_t lag = clock - std::min(clock, *have);  // clocks this step's parameters lagged
-      std::unique_ptr<EncodedPush> push = client->Encode(segment, clock, absl::MakeConstSpan(grad, n));
       const bool last = epoch + 1 == epochs && s + 1 == steps_per_epoch;
       if (synchronous && !last) {
         // The next step needs this push applied: push and pull in one round
-        // trip. Nothing computes meanwhile, so on the CPU the values land in
-        // the model itself.
+        // trip. Nothing computes meanwhile, so the gradient is sent from
+        // where it lies and, on the CPU, the values land in the model itself.
+        std::unique_ptr<EncodedPush> push = client->Lend(segment, clock, absl::MakeConstSpan(grad, n));
         float* dest = backend->host_addressable() ? model.params() : pulled[fill]->data();
         const absl::Time wait_start = absl::Now();
         absl::StatusOr<uint64_t> r = client->SendAndPull(*push, absl::MakeSpan(dest, n));
@@ -387,7 +387,7 @@ absl::StatusOr<TrainReport> Train(const v1::JobConfig& config, const TrainerOpti
         }
         have = *r;
       } else {
-        SEGPS_RETURN_IF_ERROR(pusher.Enqueue(std::move(push)));
+        SEGPS_RETURN_IF_ERROR(pusher.Enqueue(client->Encode(segment, clock, absl::MakeConstSpan(grad, n))));
       }
       if (options.slowdown > absl::ZeroDuration()) absl::SleepFor(options.slowdown);
 
