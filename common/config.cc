@@ -110,6 +110,15 @@ absl::Status ValidateAndFill(v1::JobConfig& c, const Locator& at) {
                                  "max_message_bytes (", cluster->max_message_bytes(), ") for the message header"));
   }
   if (cluster->rpc_deadline_ms() == 0) cluster->set_rpc_deadline_ms(30000);
+  if (cluster->bfloat16_wire()) {
+    return at.Error({{"cluster", -1}, {"bfloat16_wire", -1}}, "is replaced by wire_dtype: BFLOAT16");
+  }
+  if (cluster->wire_dtype() == v1::DTYPE_UNSPECIFIED) cluster->set_wire_dtype(v1::FLOAT32);
+  if (cluster->wire_dtype() != v1::FLOAT32 && cluster->wire_dtype() != v1::BFLOAT16 &&
+      cluster->wire_dtype() != v1::FLOAT16) {
+    return at.Error({{"cluster", -1}, {"wire_dtype", -1}},
+                    absl::StrCat("is ", static_cast<int>(cluster->wire_dtype()), "; use FLOAT32, BFLOAT16 or FLOAT16"));
+  }
 
   // training (before segments: segments inherit its defaults)
   auto* training = c.mutable_training();
@@ -186,6 +195,10 @@ absl::Status ValidateAndFill(v1::JobConfig& c, const Locator& at) {
       return at.Error({{"model", -1}, {"segments", k}, {"workers", -1}},
                       absl::StrCat("must be in [1, 4096], got ", seg->workers()));
     }
+  }
+  if (!(training->gradient_topk() >= 0 && training->gradient_topk() < 1)) {
+    return at.Error({{"training", -1}, {"gradient_topk", -1}},
+                    absl::StrCat("must be in [0, 1) (0: dense pushes), got ", training->gradient_topk()));
   }
   if (training->pushes_in_flight() > 64) {
     return at.Error({{"training", -1}, {"pushes_in_flight", -1}}, "must be <= 64");

@@ -98,28 +98,25 @@ size_t DTypeBytes(v1::DType dtype) {
     case v1::FLOAT32:
       return 4;
     case v1::BFLOAT16:
+    case v1::FLOAT16:
       return 2;
     default:
       return 0;
   }
 }
 
-void ToBfloat16(absl::Span<const float> in, uint16_t* out) {
-  for (size_t i = 0; i < in.size(); ++i) {
-    uint32_t bits;
-    std::memcpy(&bits, &in[i], sizeof(bits));
-    const bool nan = (bits & 0x7fffffffu) > 0x7f800000u;
-    const uint32_t rounded = bits + 0x7fffu + ((bits >> 16) & 1u);  // to nearest, ties to even
-    out[i] = static_cast<uint16_t>(nan ? (bits >> 16) | 0x40u : rounded >> 16);
+namespace {
+
+// Two-byte elements of `dtype` widened to float32.
+void Widen(v1::DType dtype, const uint16_t* in, absl::Span<float> out) {
+  if (dtype == v1::FLOAT16) {
+    FromFloat16(in, out);
+  } else {
+    FromBfloat16(in, out);
   }
 }
 
-void FromBfloat16(const uint16_t* in, absl::Span<float> out) {
-  for (size_t i = 0; i < out.size(); ++i) {
-    const uint32_t bits = static_cast<uint32_t>(in[i]) << 16;
-    std::memcpy(&out[i], &bits, sizeof(bits));
-  }
-}
+}  // namespace
 
 void Payload::ForEachFloatBlock(v1::DType dtype,
                                 absl::FunctionRef<void(size_t, absl::Span<const float>)> fn) const {
@@ -138,7 +135,7 @@ void Payload::ForEachFloatBlock(v1::DType dtype,
       } else {
         if (!halves) halves = std::make_unique<uint16_t[]>(kBlockFloats);
         std::memcpy(halves.get(), p, n * sizeof(uint16_t));
-        FromBfloat16(halves.get(), absl::MakeSpan(floats.get(), n));
+        Widen(dtype, halves.get(), absl::MakeSpan(floats.get(), n));
       }
       fn(done, absl::Span<const float>(floats.get(), n));
     }
@@ -187,9 +184,13 @@ void Payload::CopyTo(v1::DType dtype, absl::Span<float> out) const {
 
 
 grpc::Slice EncodeValues(absl::Span<const float> values, v1::DType dtype) {
-  if (dtype == v1::BFLOAT16) {
+  if (dtype == v1::BFLOAT16 || dtype == v1::FLOAT16) {
     uint16_t* halves = new uint16_t[values.size()];
-    ToBfloat16(values, halves);
+    if (dtype == v1::FLOAT16) {
+      ToFloat16(values, halves);
+    } else {
+      ToBfloat16(values, halves);
+    }
     return grpc::Slice(halves, values.size() * sizeof(uint16_t), [](void* p) { delete[] static_cast<uint16_t*>(p); });
   }
   float* copy = new float[values.size()];
@@ -269,16 +270,42 @@ absl::Status DecodeTensorMessage(const grpc::ByteBuffer& buffer, int tensor_fiel
   return absl::OkStatus();
 }
 
+namespace {
+
+absl::Status ValidateSparse(const v1::TensorSlice& slice, size_t payload_bytes, size_t width, const char* what) {
+  const std::string& indices = slice.indices();
+  if (indices.size() % sizeof(uint32_t) != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": ", indices.size(), " bytes of indices; expected 4 per index"));
+  }
+  const size_t entries = indices.size() / sizeof(uint32_t);
+  if (payload_bytes != entries * width) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": ", payload_bytes, " bytes for ", entries, " ",
+                                                   v1::DType_Name(slice.dtype()), " sparse entries; expected ",
+                                                   entries * width));
+  }
+  int64_t previous = -1;
+  for (size_t i = 0; i < entries; ++i) {
+    uint32_t index;
+    std::memcpy(&index, indices.data() + i * sizeof(uint32_t), sizeof(index));
+    if (index >= slice.count() || static_cast<int64_t>(index) <= previous) {
+      return absl::InvalidArgumentError(absl::StrCat(what, ": sparse index ", i, " is ", index,
+                                                     "; indices must ascend strictly and stay below the count ",
+                                                     slice.count()));
+    }
+    previous = index;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::Status ValidateTensorSlice(const v1::TensorSlice& slice, size_t payload_bytes, uint64_t range_offset,
                                  uint64_t range_count, const char* what) {
   const size_t width = DTypeBytes(slice.dtype());
   if (width == 0) {
-    if (slice.dtype() == v1::FLOAT16) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(what, ": dtype FLOAT16 is not supported yet; send FLOAT32 or BFLOAT16"));
-    }
     return absl::InvalidArgumentError(absl::StrCat(what, ": unknown dtype ", static_cast<int>(slice.dtype()),
-                                                   "; send FLOAT32 or BFLOAT16"));
+                                                   "; send FLOAT32, BFLOAT16 or FLOAT16"));
   }
   if (slice.offset() < range_offset || slice.count() > range_count ||
       slice.offset() - range_offset > range_count - slice.count()) {
@@ -286,12 +313,37 @@ absl::Status ValidateTensorSlice(const v1::TensorSlice& slice, size_t payload_by
         what, ": range [", slice.offset(), ", ", slice.offset() + slice.count(),
         ") is not within this server's shard [", range_offset, ", ", range_offset + range_count, ")"));
   }
+  if (slice.has_indices()) return ValidateSparse(slice, payload_bytes, width, what);
   if (payload_bytes != slice.count() * width) {
     return absl::InvalidArgumentError(absl::StrCat(what, ": ", payload_bytes, " bytes for ", slice.count(), " ",
                                                    v1::DType_Name(slice.dtype()), " elements; expected ",
                                                    slice.count() * width));
   }
   return absl::OkStatus();
+}
+
+DenseView::DenseView(const v1::TensorSlice& slice, const Payload& data)
+    : data_(data), dtype_(slice.dtype()), count_(slice.count()), sparse_(slice.has_indices()) {
+  if (!sparse_) return;
+  indices_.resize(slice.indices().size() / sizeof(uint32_t));
+  if (!indices_.empty()) std::memcpy(indices_.data(), slice.indices().data(), indices_.size() * sizeof(uint32_t));
+  values_.resize(indices_.size());
+  data.CopyTo(dtype_, absl::MakeSpan(values_));
+}
+
+void DenseView::ForEachFloatBlock(absl::FunctionRef<void(size_t first, absl::Span<const float> block)> fn) const {
+  if (!sparse_) {
+    data_.ForEachFloatBlock(dtype_, fn);
+    return;
+  }
+  std::vector<float> block(std::min<uint64_t>(count_, kBlockFloats));
+  size_t next = 0;  // the first entry not yet placed
+  for (uint64_t first = 0; first < count_; first += block.size()) {
+    const size_t n = static_cast<size_t>(std::min<uint64_t>(block.size(), count_ - first));
+    std::fill_n(block.begin(), n, 0.0f);
+    for (; next < indices_.size() && indices_[next] < first + n; ++next) block[indices_[next] - first] = values_[next];
+    fn(static_cast<size_t>(first), absl::MakeConstSpan(block.data(), n));
+  }
 }
 
 void EncodeFloat32(absl::Span<const float> values, uint64_t offset, v1::TensorSlice* slice) {

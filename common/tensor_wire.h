@@ -1,5 +1,5 @@
 // Tensor payloads on the wire: a TensorSlice's data travels as packed
-// little-endian float32 (or bfloat16, half the bytes) and is never copied on
+// little-endian float32 (or bfloat16 or float16, half the bytes) and is never copied on
 // its way through protobuf and gRPC. A sender hands gRPC the tensor's own buffer as one slice beside a
 // small serialised header; a receiver reads the header and leaves the data in
 // the slices it arrived in, reading it from there once.
@@ -20,6 +20,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
+#include "common/half_float.h"
 #include "google/protobuf/message_lite.h"
 #include "segps/v1/parameter_server.pb.h"
 
@@ -40,10 +41,10 @@ class Payload {
   size_t size() const { return size_; }
 
   // Calls fn(first, block) over consecutive blocks of whole elements of
-  // `dtype` (FLOAT32 or BFLOAT16) as float32 (first: index of the block's
+  // `dtype` (a dtype DTypeBytes knows) as float32 (first: index of the block's
   // first element), covering a payload of whole elements. Aligned float32
   // pieces are read in place; the rest pass through a cache-sized aligned
-  // buffer (slices split elements anywhere; bfloat16 widens there).
+  // buffer (slices split elements anywhere; two-byte dtypes widen there).
   void ForEachFloatBlock(v1::DType dtype,
                          absl::FunctionRef<void(size_t first, absl::Span<const float> block)> fn) const;
 
@@ -59,16 +60,11 @@ class Payload {
 };
 
 // Bytes per element of the dtypes this version reads and writes (FLOAT32,
-// BFLOAT16); 0 for any other.
+// BFLOAT16, FLOAT16); 0 for any other.
 size_t DTypeBytes(v1::DType dtype);
 
-// float32 to bfloat16 (the upper half, rounded to nearest even; NaN stays
-// NaN) and back (exact).
-void ToBfloat16(absl::Span<const float> in, uint16_t* out);
-void FromBfloat16(const uint16_t* in, absl::Span<float> out);
-
-// `values` copied into a new slice as elements of `dtype` (FLOAT32 or
-// BFLOAT16), for gRPC to send.
+// `values` copied into a new slice as elements of `dtype` (a dtype
+// DTypeBytes knows), for gRPC to send.
 grpc::Slice EncodeValues(absl::Span<const float> values, v1::DType dtype);
 
 // `header` (which leaves field `tensor_field` unset) followed by `tensor`
@@ -84,11 +80,32 @@ grpc::ByteBuffer EncodeTensorMessage(const google::protobuf::MessageLite& header
 absl::Status DecodeTensorMessage(const grpc::ByteBuffer& buffer, int tensor_field, google::protobuf::MessageLite* header,
                                  v1::TensorSlice* tensor, Payload* payload);
 
-// Checks that `slice` is FLOAT32 or BFLOAT16, lies within [range_offset,
-// range_offset + range_count), and that `payload_bytes` holds exactly its
-// elements. `what` names the slice in the error.
+// Checks that `slice` has a dtype DTypeBytes knows, lies within
+// [range_offset, range_offset + range_count), and that `payload_bytes` holds
+// exactly its elements (for a sparse slice: one per index, the indices
+// ascending and within the count). `what` names the slice in the error.
 absl::Status ValidateTensorSlice(const v1::TensorSlice& slice, size_t payload_bytes, uint64_t range_offset,
                                  uint64_t range_count, const char* what);
+
+// The elements of a validated tensor slice, dense, as float32: the payload's
+// values, or for a sparse slice, its values at their indices and zeros
+// elsewhere. Refers to `data`, which must outlive it.
+class DenseView {
+ public:
+  DenseView(const v1::TensorSlice& slice, const Payload& data);
+
+  uint64_t count() const { return count_; }
+  // As Payload::ForEachFloatBlock, over all count() elements.
+  void ForEachFloatBlock(absl::FunctionRef<void(size_t first, absl::Span<const float> block)> fn) const;
+
+ private:
+  const Payload& data_;
+  v1::DType dtype_;
+  uint64_t count_;
+  bool sparse_;
+  std::vector<uint32_t> indices_;  // sparse only: positions and their values, widened
+  std::vector<float> values_;
+};
 
 // Plain-protobuf helpers for callers that build whole messages (tools, tests).
 void EncodeFloat32(absl::Span<const float> values, uint64_t offset, v1::TensorSlice* slice);

@@ -154,7 +154,7 @@ absl::Status ParameterServer::Pull(const v1::PullRequest& request, absl::Time de
   if (DTypeBytes(dtype) == 0) {
     return Reject(request.segment(), absl::InvalidArgumentError(absl::StrCat(
         "Pull: dtype ", static_cast<int>(dtype), " (", v1::DType_Name(dtype),
-        ") is not supported; ask for FLOAT32 or BFLOAT16")));
+        ") is not supported; ask for FLOAT32, BFLOAT16 or FLOAT16")));
   }
   const absl::Time start = absl::Now();
   absl::StatusOr<PullResult> result = (*shard)->Pull(
@@ -198,9 +198,10 @@ absl::Status ParameterServer::Push(const v1::PushRequest& request, const Payload
   if (gradient.count() == 0 && range.count > 0) {
     return Reject(request.segment(), absl::InvalidArgumentError("Push gradient: empty chunk"));
   }
+  const DenseView grad(gradient, data);
   // Checked before anything is applied, so that a bad push changes nothing.
   absl::Status finite = absl::OkStatus();
-  data.ForEachFloatBlock(gradient.dtype(), [&](size_t first, absl::Span<const float> block) {
+  grad.ForEachFloatBlock([&](size_t first, absl::Span<const float> block) {
     if (!finite.ok() || AllFinite(block)) return;
     const size_t i = std::find_if(block.begin(), block.end(), [](float x) { return !std::isfinite(x); }) - block.begin();
     finite = absl::InvalidArgumentError(absl::StrCat(
@@ -210,8 +211,7 @@ absl::Status ParameterServer::Push(const v1::PushRequest& request, const Payload
   if (!finite.ok()) return Reject(request.segment(), finite);
   const absl::Time start = absl::Now();
   absl::StatusOr<PushResult> result =
-      (*shard)->Push(request.worker_id(), request.clock(), gradient.offset() - range.offset, data, gradient.dtype(),
-                     deadline);
+      (*shard)->Push(request.worker_id(), request.clock(), gradient.offset() - range.offset, grad, deadline);
   if (!result.ok()) return Reject(request.segment(), result.status());
   response->set_applied(result->applied);
   response->set_next_clock(result->next_clock);

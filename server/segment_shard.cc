@@ -149,8 +149,8 @@ absl::StatusOr<PullResult> SegmentShard::Pull(uint64_t id, uint64_t clock, uint6
 }
 
 absl::StatusOr<PushResult> SegmentShard::Push(uint64_t id, uint64_t clock, uint64_t first,
-                                              const Payload& grad, v1::DType dtype, absl::Time deadline) {
-  const uint64_t count = grad.size() / DTypeBytes(dtype);
+                                              const DenseView& grad, absl::Time deadline) {
+  const uint64_t count = grad.count();
   MutexLock lock(&mu_);
   absl::Time now = absl::Now();
   absl::StatusOr<Worker*> found = FindLive(id, now, "Push");
@@ -191,7 +191,7 @@ absl::StatusOr<PushResult> SegmentShard::Push(uint64_t id, uint64_t clock, uint6
   }
   if (first == 0) w->step = ++steps_begun_;
   const absl::Time apply_start = absl::Now();
-  grad.ForEachFloatBlock(dtype, [&](size_t at, absl::Span<const float> block) {
+  grad.ForEachFloatBlock([&](size_t at, absl::Span<const float> block) {
     optimizer_->Apply(w->step, first + at, absl::MakeSpan(values_).subspan(first + at, block.size()), block);
   });
   const absl::Duration apply = absl::Now() - apply_start;

@@ -84,12 +84,12 @@ class SegmentShard {
   absl::StatusOr<PullResult> Pull(uint64_t id, uint64_t clock, uint64_t first, uint64_t count,
                                   absl::FunctionRef<void(absl::Span<const float>)> read, absl::Time deadline);
 
-  // Applies `grad` (finite values of `dtype`, checked by the caller) to the
-  // elements from `first` of the range, as the worker's step `clock` or a
-  // chunk of it. A push or chunk that arrives ahead of its predecessor
-  // waits for it until `deadline`.
-  absl::StatusOr<PushResult> Push(uint64_t id, uint64_t clock, uint64_t first, const Payload& grad,
-                                  v1::DType dtype, absl::Time deadline);
+  // Applies `grad` (finite values, checked by the caller) to the elements
+  // from `first` of the range, as the worker's step `clock` or a chunk of
+  // it. A push or chunk that arrives ahead of its predecessor waits for it
+  // until `deadline`.
+  absl::StatusOr<PushResult> Push(uint64_t id, uint64_t clock, uint64_t first, const DenseView& grad,
+                                  absl::Time deadline);
 
   // The lowest rank below `ranks` that no live worker holds, if any.
   std::optional<uint32_t> FreeRank(uint32_t ranks);

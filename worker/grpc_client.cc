@@ -9,6 +9,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include <algorithm>
+#include <cstring>
 #include <optional>
 
 #include "absl/strings/str_cat.h"
@@ -57,7 +58,12 @@ struct GrpcEncodedPush final : public EncodedPush {
   int segment = 0;
   uint64_t clock = 0;
   std::unique_ptr<Loan> loan;     // declared before `data`: outlives the slices
-  std::vector<grpc::Slice> data;  // per server: the gradient for its range
+  std::vector<grpc::Slice> data;  // per server: the gradient for its range (sparse: its entries' values)
+  // Sparse only: the entries' positions in the segment, ascending, and the
+  // first entry of each server's range (one more: the end).
+  bool sparse = false;
+  std::vector<uint64_t> indices;
+  std::vector<size_t> server_entries;
 };
 
 // Chunk calls in flight per server. One: with two, a chunk's transfer
@@ -105,7 +111,7 @@ class GrpcClient final : public ParameterClient {
         fingerprint_(ModelFingerprint(config)),
         rpc_deadline_(absl::Milliseconds(config.cluster().rpc_deadline_ms())),
         pull_wait_(absl::Milliseconds(config.cluster().pull_wait_ms())),
-        dtype_(config.cluster().bfloat16_wire() ? v1::BFLOAT16 : v1::FLOAT32),
+        dtype_(config.cluster().wire_dtype()),
         chunk_elements_(config.cluster().chunk_bytes() / DTypeBytes(dtype_)) {
     grpc::ChannelArguments args;
     args.SetMaxReceiveMessageSize(static_cast<int>(config.cluster().max_message_bytes()));
@@ -223,6 +229,24 @@ class GrpcClient final : public ParameterClient {
     return push;
   }
 
+  std::unique_ptr<EncodedPush> EncodeSparse(int segment, uint64_t clock, absl::Span<const uint64_t> indices,
+                                            absl::Span<const float> values) override {
+    auto push = std::make_unique<GrpcEncodedPush>();
+    push->segment = segment;
+    push->clock = clock;
+    push->sparse = true;
+    push->indices.assign(indices.begin(), indices.end());
+    push->server_entries.push_back(0);
+    for (size_t i = 0; i < stubs_.size(); ++i) {
+      const Range range = map_.range(segment, static_cast<uint32_t>(i));
+      const size_t begin = push->server_entries.back();
+      const size_t end = std::lower_bound(indices.begin() + begin, indices.end(), range.end()) - indices.begin();
+      push->data.push_back(EncodeValues(values.subspan(begin, end - begin), dtype_));
+      push->server_entries.push_back(end);
+    }
+    return push;
+  }
+
   absl::Status Send(const EncodedPush& encoded) override {
     return SendChunks(static_cast<const GrpcEncodedPush&>(encoded), {}).status();
   }
@@ -334,9 +358,25 @@ class GrpcClient final : public ParameterClient {
     tensor.set_count(chunk.count);
     tensor.set_dtype(dtype_);
     const size_t width = DTypeBytes(dtype_);
-    const size_t begin = (chunk.offset - map_.range(push.segment, static_cast<uint32_t>(i)).offset) * width;
+    if (!push.sparse) {
+      const size_t begin = (chunk.offset - map_.range(push.segment, static_cast<uint32_t>(i)).offset) * width;
+      return EncodeTensorMessage(header, v1::PushRequest::kGradientFieldNumber, tensor,
+                                 push.data[i].sub(begin, begin + chunk.count * width));
+    }
+    // The server's entries within the chunk, positions relative to it.
+    const auto all = push.indices.begin();
+    const size_t begin = std::lower_bound(all + push.server_entries[i], all + push.server_entries[i + 1],
+                                          chunk.offset) - all;
+    const size_t end = std::lower_bound(all + begin, all + push.server_entries[i + 1], chunk.end()) - all;
+    std::string* indices = tensor.mutable_indices();
+    indices->resize((end - begin) * sizeof(uint32_t));
+    for (size_t e = begin; e < end; ++e) {
+      const uint32_t at = static_cast<uint32_t>(push.indices[e] - chunk.offset);
+      std::memcpy(indices->data() + (e - begin) * sizeof(uint32_t), &at, sizeof(at));
+    }
+    const size_t first = push.server_entries[i];
     return EncodeTensorMessage(header, v1::PushRequest::kGradientFieldNumber, tensor,
-                               push.data[i].sub(begin, begin + chunk.count * width));
+                               push.data[i].sub((begin - first) * width, (end - first) * width));
   }
 
   // Copies the values `reply` (a Response) carries for `chunk` into `dest`
@@ -350,9 +390,10 @@ class GrpcClient final : public ParameterClient {
     Payload values;
     SEGPS_RETURN_IF_ERROR(DecodeTensorMessage(*reply, field, &header, &tensor, &values));
     SEGPS_RETURN_IF_ERROR(ValidateTensorSlice(tensor, values.size(), chunk.offset, chunk.count, "reply values"));
-    if (tensor.offset() != chunk.offset || tensor.count() != chunk.count) {
+    if (tensor.offset() != chunk.offset || tensor.count() != chunk.count || tensor.has_indices()) {
       return absl::InternalError(absl::StrCat("reply values: [", tensor.offset(), ", +", tensor.count(),
-                                              ") instead of [", chunk.offset, ", +", chunk.count, ")"));
+                                              ")", tensor.has_indices() ? " sparse" : "", " instead of [",
+                                              chunk.offset, ", +", chunk.count, ")"));
     }
     values.CopyTo(tensor.dtype(), dest.subspan(chunk.offset, chunk.count));
     values = Payload();

@@ -61,6 +61,10 @@ class ParameterClient {
   // destructor waits until gRPC has let go of it). For a step that waits for
   // its push anyway (staleness 0).
   virtual std::unique_ptr<EncodedPush> Lend(int segment, uint64_t clock, absl::Span<const float> grad) = 0;
+  // A sparse gradient: `values` at the ascending segment positions
+  // `indices`, zeros elsewhere.
+  virtual std::unique_ptr<EncodedPush> EncodeSparse(int segment, uint64_t clock, absl::Span<const uint64_t> indices,
+                                                    absl::Span<const float> values) = 0;
   // Sends an encoded push to every server and waits for all of them. Safe
   // to retry: a server applies each (worker, clock) once.
   virtual absl::Status Send(const EncodedPush& push) = 0;

@@ -19,6 +19,7 @@
 #include "common/tensor_wire.h"
 #include "worker/evaluator.h"
 #include "worker/segment_model.h"
+#include "worker/topk.h"
 
 namespace segps {
 namespace {
@@ -272,13 +273,30 @@ absl::StatusOr<TrainReport> Train(const v1::JobConfig& config, const TrainerOpti
   SEGPS_LOG_INFO << tag << ": registered at clock " << start << " on " << backend->name() << "; "
                  << slice.count << " samples [" << slice.offset << ", " << slice.end() << "), " << epochs
                  << " epochs of " << steps_per_epoch << " steps, batch " << batch << ", staleness "
-                 << (staleness < 0 ? std::string("unbounded") : std::to_string(staleness));
+                 << (staleness < 0 ? std::string("unbounded") : std::to_string(staleness))
+                 << (config.training().gradient_topk() > 0
+                         ? absl::StrCat(", top-k pushes of ", config.training().gradient_topk() * 100, "% of ", n)
+                         : std::string());
 
   HeartbeatLoop heartbeat(client, absl::Milliseconds(config.cluster().lease_ms()) / 3);
   if (options.metrics != nullptr) options.metrics->SetRank(rank);
-  const uint64_t wire_bytes = n * DTypeBytes(config.cluster().bfloat16_wire() ? v1::BFLOAT16 : v1::FLOAT32);
-  Pusher pusher(client, PushesInFlight(config, segment), options.metrics, wire_bytes);
-  Prefetcher prefetcher(client, segment, options.metrics, wire_bytes);
+  // Top-k pushes carry k (index, value) pairs; pulls are always dense.
+  std::optional<TopK> topk;
+  if (config.training().gradient_topk() > 0) topk.emplace(n, config.training().gradient_topk());
+  const size_t element_bytes = DTypeBytes(config.cluster().wire_dtype());
+  const uint64_t pull_bytes = n * element_bytes;
+  const uint64_t push_bytes = topk ? topk->k() * (sizeof(uint32_t) + element_bytes) : pull_bytes;
+  Pusher pusher(client, PushesInFlight(config, segment), options.metrics, push_bytes);
+  Prefetcher prefetcher(client, segment, options.metrics, pull_bytes);
+  // The step's gradient for the wire: lent when the caller waits for the push.
+  auto encode = [&](uint64_t clock, const float* grad, bool lend) {
+    if (topk) {
+      topk->Select(absl::MakeConstSpan(grad, n));
+      return client->EncodeSparse(segment, clock, topk->indices(), topk->values());
+    }
+    return lend ? client->Lend(segment, clock, absl::MakeConstSpan(grad, n))
+                : client->Encode(segment, clock, absl::MakeConstSpan(grad, n));
+  };
   // Staleness 0: every step waits for the previous push anyway, so each step
   // pushes and pulls in the same calls instead of overlapping them.
   const bool synchronous = staleness == 0;
@@ -370,15 +388,15 @@ absl::StatusOr<TrainReport> Train(const v1::JobConfig& config, const TrainerOpti
         // The next step needs this push applied: push and pull in one round
         // trip. Nothing computes meanwhile, so the gradient is sent from
         // where it lies and, on the CPU, the values land in the model itself.
-        std::unique_ptr<EncodedPush> push = client->Lend(segment, clock, absl::MakeConstSpan(grad, n));
+        std::unique_ptr<EncodedPush> push = encode(clock, grad, /*lend=*/true);
         float* dest = backend->host_addressable() ? model.params() : pulled[fill]->data();
         const absl::Time wait_start = absl::Now();
         absl::StatusOr<uint64_t> r = client->SendAndPull(*push, absl::MakeSpan(dest, n));
         const absl::Duration waited = absl::Now() - wait_start;
         count_blocked(waited);
         if (options.metrics != nullptr) {
-          options.metrics->ObservePush(absl::ToDoubleSeconds(waited), wire_bytes);
-          options.metrics->ObservePull(absl::ToDoubleSeconds(waited), wire_bytes);
+          options.metrics->ObservePush(absl::ToDoubleSeconds(waited), push_bytes);
+          options.metrics->ObservePull(absl::ToDoubleSeconds(waited), pull_bytes);
         }
         if (!r.ok()) return r.status();
         if (dest != model.params()) {
@@ -387,7 +405,7 @@ absl::StatusOr<TrainReport> Train(const v1::JobConfig& config, const TrainerOpti
         }
         have = *r;
       } else {
-        SEGPS_RETURN_IF_ERROR(pusher.Enqueue(client->Encode(segment, clock, absl::MakeConstSpan(grad, n))));
+        SEGPS_RETURN_IF_ERROR(pusher.Enqueue(encode(clock, grad, /*lend=*/false)));
       }
       if (options.slowdown > absl::ZeroDuration()) absl::SleepFor(options.slowdown);
 

@@ -151,18 +151,33 @@ size_mb=$([ $quick = 1 ] && echo 256 || echo 1024)
 $bin/segps-bench-transport --size_mode --size_mb $size_mb --servers 4 | tee "$out/size.txt"
 target size_peak_memory_vs_share "$(result size_peak_memory_ratio "$out/size.txt")" 1.2 le
 
-echo "== 7. wire formats: float32 against bfloat16 (cluster.bfloat16_wire)"
-echo "transport, 1 server 1 worker (GB/s counts float32 bytes; the wire carries half of them with bfloat16):"
-$bin/segps-bench-transport --sizes_mb 4,64 --servers 1 --workers 1 --seconds "$secs" --bfloat16_wire | grep -E "^(4|64) MB +1" | sed 's/$/   bfloat16/'
+echo "== 7. wire formats: float32, bfloat16, float16 (cluster.wire_dtype), top-k pushes (training.gradient_topk)"
+echo "transport, 1 server 1 worker (GB/s counts float32 bytes; a 16-bit wire carries half of them):"
+for dtype in BFLOAT16 FLOAT16; do
+  $bin/segps-bench-transport --sizes_mb 4,64 --servers 1 --workers 1 --seconds "$secs" --wire_dtype $dtype |
+    grep -E "^(4|64) MB +1" | sed "s/\$/   $dtype/"
+done
 if [ $quick = 0 ]; then
-  echo "Fashion-MNIST MLP, 1 server, 1 worker, staleness 1, 8 epochs:"
-  printf "%-10s %16s %14s %10s\n" wire "bytes/step each" "train samp/s" accuracy
-  for wire in float32 bfloat16; do
+  echo "Fashion-MNIST MLP (235,146 parameters), 1 server, 1 worker, staleness 1, 8 epochs:"
+  printf "%-18s %12s %12s %14s %10s\n" wire "push B/step" "pull B/step" "train samp/s" accuracy
+  n=235146
+  for wire in float32 bfloat16 float16 topk10 topk1 topk1-bfloat16; do
     fmnist_config "$out/fmw.pbtxt" 1 1 8 1
-    [ $wire = bfloat16 ] && sed -i 's/lease_ms: 10000 }/lease_ms: 10000 bfloat16_wire: true }/' "$out/fmw.pbtxt"
+    dtype=FLOAT32; topk=0
+    case $wire in
+      bfloat16|*-bfloat16) dtype=BFLOAT16 ;;
+      float16) dtype=FLOAT16 ;;
+    esac
+    case $wire in
+      topk10) topk=0.1 ;;
+      topk1*) topk=0.01 ;;
+    esac
+    sed -i "s/lease_ms: 10000 }/lease_ms: 10000 wire_dtype: $dtype }/; s/test_every_epoch: true }/test_every_epoch: true gradient_topk: $topk }/" "$out/fmw.pbtxt"
     $bin/segps-local --config "$out/fmw.pbtxt" --report "$out/fmw.json" > "$out/fmw.txt" 2>&1
     acc=$(sed -n 's/.*"ensemble": {"name": "ensemble", "accuracy": \([0-9.]*\).*/\1/p' "$out/fmw.json")
-    printf "%-10s %16s %14s %10s\n" $wire "$([ $wire = float32 ] && echo 940584 || echo 470292)" "$(train_sps "$out/fmw.txt")" "$acc"
+    width=$([ $dtype = FLOAT32 ] && echo 4 || echo 2)
+    push=$(awk -v n=$n -v w=$width -v t=$topk 'BEGIN{k=int(t*n+0.5); print (t>0) ? k*(4+w) : n*w}')
+    printf "%-18s %12s %12s %14s %10s\n" $wire "$push" $((n * width)) "$(train_sps "$out/fmw.txt")" "$acc"
   done
 fi
 

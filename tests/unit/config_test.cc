@@ -97,6 +97,10 @@ TEST(Config, RejectsEachBrokenField) {
       {"source: SYNTHETIC_SEED", "source: FASHION_MNIST", "FASHION_MNIST needs model.input_width 784"},
       {"num_servers: 2", "num_servers: 2 chunk_bytes: 100", "cluster.chunk_bytes: is 100; it must be at least 4096"},
       {"num_servers: 2", "num_servers: 2 max_message_bytes: 8192 chunk_bytes: 8192", "leave 4096 bytes of max_message_bytes"},
+      {"num_servers: 2", "num_servers: 2 wire_dtype: 7", "cluster.wire_dtype: is 7; use FLOAT32, BFLOAT16 or FLOAT16"},
+      {"num_servers: 2", "num_servers: 2 bfloat16_wire: true", "cluster.bfloat16_wire: is replaced by wire_dtype: BFLOAT16"},
+      {"kind: ADAM }", "kind: ADAM } training { gradient_topk: 1 }", "training.gradient_topk: must be in [0, 1)"},
+      {"kind: ADAM }", "kind: ADAM } training { gradient_topk: -0.1 }", "training.gradient_topk: must be in [0, 1)"},
   };
   for (const BadCase& bad : cases) {
     absl::StatusOr<v1::JobConfig> c = ParseConfig(Replace(kMinimal, bad.from, bad.to), "job.pbtxt");

@@ -45,7 +45,11 @@ absl::string_view Bytes(const std::vector<float>& v) {
 
 // A push of ones over the whole range.
 absl::StatusOr<PushResult> Push(SegmentShard& shard, uint64_t id, uint64_t clock, absl::Time deadline) {
-  return shard.Push(id, clock, 0, Payload::Borrow(Bytes(kOnes)), v1::FLOAT32, deadline);
+  v1::TensorSlice slice;
+  slice.set_count(kOnes.size());
+  slice.set_dtype(v1::FLOAT32);
+  const Payload data = Payload::Borrow(Bytes(kOnes));
+  return shard.Push(id, clock, 0, DenseView(slice, data), deadline);
 }
 
 // Updates reflected by a pull reply.

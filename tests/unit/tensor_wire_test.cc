@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
@@ -155,8 +156,108 @@ TEST(TensorWire, ValidatesChunksAgainstTheShard) {
   EXPECT_TRUE(ValidateTensorSlice(slice, 10, 10, 5, "x").ok());
   EXPECT_FALSE(ValidateTensorSlice(slice, 20, 10, 5, "x").ok());
   slice.set_dtype(v1::FLOAT16);
-  EXPECT_NE(std::string(ValidateTensorSlice(slice, 10, 10, 5, "x").message()).find("not supported yet"),
+  EXPECT_TRUE(ValidateTensorSlice(slice, 10, 10, 5, "x").ok());
+  slice.set_dtype(static_cast<v1::DType>(42));
+  EXPECT_NE(std::string(ValidateTensorSlice(slice, 10, 10, 5, "x").message()).find("unknown dtype 42"),
             std::string::npos);
+}
+
+std::string Indices(const std::vector<uint32_t>& indices) {
+  return std::string(reinterpret_cast<const char*>(indices.data()), indices.size() * sizeof(uint32_t));
+}
+
+TEST(TensorWire, ValidatesSparseSlices) {
+  v1::TensorSlice slice;
+  slice.set_dtype(v1::FLOAT32);
+  slice.set_offset(10);
+  slice.set_count(5);
+  slice.set_indices(Indices({0, 2, 4}));
+  EXPECT_TRUE(ValidateTensorSlice(slice, 12, 10, 5, "x").ok());
+  EXPECT_FALSE(ValidateTensorSlice(slice, 20, 10, 5, "x").ok());  // a dense slice's bytes
+  slice.set_indices("");                                          // present and empty: all zeros
+  EXPECT_TRUE(ValidateTensorSlice(slice, 0, 10, 5, "x").ok());
+  const std::pair<std::string, const char*> bad[] = {
+      {Indices({0, 2, 4}).substr(1), "expected 4 per index"},
+      {Indices({2, 0, 4}), "sparse index 1 is 0"},
+      {Indices({0, 2, 2}), "sparse index 2 is 2"},
+      {Indices({0, 2, 5}), "stay below the count 5"},
+  };
+  for (const auto& [indices, message] : bad) {
+    slice.set_indices(indices);
+    absl::Status status = ValidateTensorSlice(slice, 12, 10, 5, "x");
+    EXPECT_NE(std::string(status.message()).find(message), std::string::npos) << status;
+  }
+}
+
+TEST(TensorWire, SparseSliceReadsAsZerosAndItsValues) {
+  const uint64_t count = 20000;  // several blocks
+  const std::vector<uint32_t> indices = {0, 8191, 8192, 12345, 19999};
+  const std::vector<float> values = {1.5f, -2.0f, 3.0f, 4.25f, -5.0f};
+  v1::TensorSlice slice;
+  slice.set_dtype(v1::FLOAT32);
+  slice.set_count(count);
+  slice.set_indices(Indices(indices));
+  const std::string bytes(reinterpret_cast<const char*>(values.data()), values.size() * sizeof(float));
+  ASSERT_TRUE(ValidateTensorSlice(slice, bytes.size(), 0, count, "x").ok());
+  const Payload payload = Payload::Borrow(bytes);
+  const DenseView view(slice, payload);
+  std::vector<float> dense(count, NAN), expected(count, 0.0f);
+  for (size_t i = 0; i < indices.size(); ++i) expected[indices[i]] = values[i];
+  size_t next = 0;
+  view.ForEachFloatBlock([&](size_t first, absl::Span<const float> block) {
+    EXPECT_EQ(first, next);
+    std::copy(block.begin(), block.end(), dense.begin() + static_cast<ptrdiff_t>(first));
+    next = first + block.size();
+  });
+  EXPECT_EQ(next, count);
+  EXPECT_EQ(dense, expected);
+}
+
+TEST(TensorWire, Float16RoundsToNearestEvenAndKeepsSpecials) {
+  // binary16 keeps 10 mantissa bits: one step above 1 is 2^-10; its smallest
+  // subnormal is 2^-24 and its largest finite value 65504.
+  const float values[] = {1.0f,      -2.5f,         -0.0f,         1.0f + 0x1p-11f, 1.0f + 3 * 0x1p-11f,
+                          65504.0f,  65519.0f,      65520.0f,      0x1p-14f,        0x1p-24f,
+                          0x1p-25f,  3 * 0x1p-25f,  1e-9f,         INFINITY,        -INFINITY,
+                          NAN,       1e-3f};
+  constexpr size_t n = sizeof(values) / sizeof(values[0]);
+  uint16_t halves[n];
+  ToFloat16(values, halves);
+  float back[n];
+  FromFloat16(halves, absl::MakeSpan(back));
+  EXPECT_EQ(back[0], 1.0f);
+  EXPECT_EQ(back[1], -2.5f);
+  EXPECT_TRUE(back[2] == 0.0f && std::signbit(back[2]));
+  EXPECT_EQ(back[3], 1.0f);              // a tie: to the even neighbour, below
+  EXPECT_EQ(back[4], 1.0f + 0x1p-9f);    // a tie: to the even neighbour, above
+  EXPECT_EQ(back[5], 65504.0f);
+  EXPECT_EQ(back[6], 65504.0f);          // below half a step beyond the largest
+  EXPECT_EQ(back[7], INFINITY);          // half a step beyond: overflows
+  EXPECT_EQ(back[8], 0x1p-14f);          // the smallest normal
+  EXPECT_EQ(back[9], 0x1p-24f);          // the smallest subnormal
+  EXPECT_EQ(back[10], 0.0f);             // a tie between 0 and it: to 0
+  EXPECT_EQ(back[11], 0x1p-23f);         // a tie: to the even neighbour, above
+  EXPECT_EQ(back[12], 0.0f);
+  EXPECT_EQ(back[13], INFINITY);
+  EXPECT_EQ(back[14], -INFINITY);
+  EXPECT_TRUE(std::isnan(back[15]));
+  EXPECT_NEAR(back[16], 1e-3f, 1e-3f * 0x1p-11f);  // within half a step
+}
+
+TEST(TensorWire, Float16WidensEveryValueExactly) {
+  for (uint32_t h = 0; h <= 0xffff; ++h) {
+    const uint16_t half = static_cast<uint16_t>(h);
+    float wide;
+    FromFloat16(&half, absl::MakeSpan(&wide, 1));
+    uint16_t again;
+    ToFloat16(absl::MakeConstSpan(&wide, 1), &again);
+    if (std::isnan(wide)) {
+      EXPECT_EQ(again & 0x7c00, 0x7c00) << h;
+      EXPECT_NE(again & 0x3ff, 0) << h;
+    } else {
+      ASSERT_EQ(again, half) << "0x" << std::hex << h << " widened to " << wide;
+    }
+  }
 }
 
 TEST(TensorWire, Bfloat16RoundsToNearestEvenAndKeepsSpecials) {
@@ -180,14 +281,43 @@ TEST(TensorWire, Bfloat16RoundsToNearestEvenAndKeepsSpecials) {
   EXPECT_TRUE(std::isinf(back[9]));  // beyond bfloat16's largest finite value
 }
 
-TEST(TensorWire, Bfloat16PayloadSplitAnywhereWidens) {
+TEST(TensorWire, Float16ConversionsAgreeWithThePortableCode) {
+  std::mt19937 rng(3);
+  std::vector<float> values(100003);  // not a multiple of 8: a tail
+  for (float& v : values) {
+    const uint32_t bits = rng();
+    std::memcpy(&v, &bits, sizeof(v));
+    if (rng() % 2 == 0) v = std::ldexp(static_cast<float>(bits % 100000) / 100000.0f, static_cast<int>(rng() % 48) - 30);
+  }
+  std::vector<uint16_t> fast(values.size()), portable(values.size());
+  ToFloat16(values, fast.data());
+  internal::ToFloat16Portable(values, portable.data());
+  for (size_t i = 0; i < values.size(); ++i) {
+    if (std::isnan(values[i])) continue;  // NaN payloads may differ; both stay NaN (tested above)
+    ASSERT_EQ(fast[i], portable[i]) << values[i];
+  }
+  std::vector<float> wide(portable.size()), wide_portable(portable.size());
+  FromFloat16(portable.data(), absl::MakeSpan(wide));
+  internal::FromFloat16Portable(portable.data(), absl::MakeSpan(wide_portable));
+  EXPECT_EQ(0, std::memcmp(wide.data(), wide_portable.data(), wide.size() * sizeof(float)));
+}
+
+class HalfPayload : public ::testing::TestWithParam<v1::DType> {};
+
+TEST_P(HalfPayload, SplitAnywhereWidens) {
+  const v1::DType dtype = GetParam();
   std::vector<float> values = Ramp(20001);  // odd: a split element at a block's end
   std::vector<uint16_t> halves(values.size());
-  ToBfloat16(values, halves.data());
   std::vector<float> expected(values.size());
-  FromBfloat16(halves.data(), absl::MakeSpan(expected));
+  if (dtype == v1::FLOAT16) {
+    ToFloat16(values, halves.data());
+    FromFloat16(halves.data(), absl::MakeSpan(expected));
+  } else {
+    ToBfloat16(values, halves.data());
+    FromBfloat16(halves.data(), absl::MakeSpan(expected));
+  }
   v1::PushRequest push = PlainPush({});
-  push.mutable_gradient()->set_dtype(v1::BFLOAT16);
+  push.mutable_gradient()->set_dtype(dtype);
   push.mutable_gradient()->set_count(values.size());
   push.mutable_gradient()->set_data(std::string(reinterpret_cast<const char*>(halves.data()), halves.size() * 2));
   v1::PushRequest header;
@@ -196,11 +326,14 @@ TEST(TensorWire, Bfloat16PayloadSplitAnywhereWidens) {
   ASSERT_TRUE(DecodeTensorMessage(Shattered(push.SerializeAsString(), 9), v1::PushRequest::kGradientFieldNumber,
                                   &header, &tensor, &payload)
                   .ok());
-  EXPECT_EQ(Blocks(payload, values.size(), v1::BFLOAT16), expected);
+  EXPECT_EQ(Blocks(payload, values.size(), dtype), expected);
   std::vector<float> copied(values.size());
-  payload.CopyTo(v1::BFLOAT16, absl::MakeSpan(copied));
+  payload.CopyTo(dtype, absl::MakeSpan(copied));
   EXPECT_EQ(copied, expected);
 }
+
+INSTANTIATE_TEST_SUITE_P(Dtypes, HalfPayload, ::testing::Values(v1::BFLOAT16, v1::FLOAT16),
+                         [](const auto& info) { return v1::DType_Name(info.param); });
 
 }  // namespace
 }  // namespace segps

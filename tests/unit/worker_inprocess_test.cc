@@ -97,11 +97,13 @@ TEST_P(SynchronousTraining, EqualsSingleProcessReference) {
 INSTANTIATE_TEST_SUITE_P(ChunkBytes, SynchronousTraining, ::testing::Values(0, 4096),
                          [](const auto& info) { return info.param == 0 ? std::string("Whole") : std::string("Chunked4096"); });
 
-// Gradients and pulled values rounded to bfloat16 on the wire, float32 on the
+// Gradients and pulled values rounded to 16 bits on the wire, float32 on the
 // servers: the trained parameters stay close to the float32 reference.
-TEST(WorkerInProcess, Bfloat16WireStaysCloseToFloat32) {
+class HalfWire : public ::testing::TestWithParam<v1::DType> {};
+
+TEST_P(HalfWire, StaysCloseToFloat32) {
   v1::JobConfig config = SeedConfig(2);
-  config.mutable_cluster()->set_bfloat16_wire(true);
+  config.mutable_cluster()->set_wire_dtype(GetParam());
   config.mutable_cluster()->set_chunk_bytes(4096);  // chunks, too
   InProcessCluster cluster(config);
   TrainTest data = *LoadData(config);
@@ -120,8 +122,9 @@ TEST(WorkerInProcess, Bfloat16WireStaysCloseToFloat32) {
     mean += d / trained.size();
     worst = std::max(worst, d);
   }
-  std::cout << "bfloat16 wire vs float32 reference: mean |difference| " << mean << ", max " << worst << "\n";
-  EXPECT_GT(worst, 0.0) << "bfloat16 rounding left no trace: is the wire really bfloat16?";
+  std::cout << v1::DType_Name(GetParam()) << " wire vs float32 reference: mean |difference| " << mean << ", max "
+            << worst << "\n";
+  EXPECT_GT(worst, 0.0) << "rounding left no trace: is the wire really 16 bits?";
   EXPECT_LT(mean, 2e-3);
   EXPECT_LT(worst, 2e-2);
 
@@ -132,16 +135,49 @@ TEST(WorkerInProcess, Bfloat16WireStaysCloseToFloat32) {
   EXPECT_EQ(read, trained);
 }
 
-TEST(WorkerInProcess, ScoresTheTestSetAfterEveryEpoch) {
-  // A learnable task, small: a score far above chance shows the scoring reads
-  // the trained parameters and the right labels.
+INSTANTIATE_TEST_SUITE_P(Dtypes, HalfWire, ::testing::Values(v1::BFLOAT16, v1::FLOAT16),
+                         [](const auto& info) { return v1::DType_Name(info.param); });
+
+// The teacher task, small and synchronous (deterministic), as one segment.
+v1::JobConfig SmallTeacher() {
   v1::JobConfig config = *LoadConfig(std::string(SEGPS_SOURCE_DIR) + "/deploy/configs/teacher.pbtxt");
   config.mutable_cluster()->set_lease_ms(60000);
   config.mutable_training()->set_epochs(3);
+  config.mutable_model()->mutable_segments()->DeleteSubrange(1, 1);
   config.mutable_model()->mutable_segments(0)->set_workers(1);
-  config.mutable_model()->mutable_segments(0)->set_staleness(0);  // deterministic
+  config.mutable_model()->mutable_segments(0)->set_staleness(0);
   config.mutable_data()->set_train_samples(4000);
   config.mutable_data()->set_test_samples(1000);
+  return config;
+}
+
+// Top-k pushes of 5% of the entries, in 4 KB chunks over two servers: the
+// task is still learnt, the parameters differ from dense training's, and the
+// servers see a tenth of the gradient bytes.
+TEST(WorkerInProcess, TopKPushesLearnTheTeacherTask) {
+  v1::JobConfig config = SmallTeacher();
+  config.mutable_training()->set_gradient_topk(0.05f);
+  config.mutable_cluster()->set_chunk_bytes(4096);
+  InProcessCluster cluster(config);
+  TrainTest data = *LoadData(config);
+  std::unique_ptr<Backend> backend = CreateCpuBackend(1);
+  std::unique_ptr<ParameterClient> client = *ConnectGrpc(config, cluster.addresses());
+  TrainerOptions options;
+  options.test = &data.test;
+  absl::StatusOr<TrainReport> report = Train(config, options, data.train, backend.get(), client.get());
+  ASSERT_TRUE(report.ok()) << report.status();
+  ASSERT_EQ(report->epochs.size(), 3u);
+  std::cout << "top-k 5%: test accuracy by epoch " << report->epochs[0].accuracy << ", "
+            << report->epochs[1].accuracy << ", " << report->epochs[2].accuracy << "\n";
+  EXPECT_GT(report->epochs[2].accuracy, 0.4);  // chance: about 0.1-0.2
+  const std::vector<float> dense = TrainReference(config, data.train)[0];
+  EXPECT_NE(cluster.Parameters(0), dense) << "top-k left no trace: are the pushes really sparse?";
+}
+
+TEST(WorkerInProcess, ScoresTheTestSetAfterEveryEpoch) {
+  // A learnable task, small: a score far above chance shows the scoring reads
+  // the trained parameters and the right labels.
+  const v1::JobConfig config = SmallTeacher();
   InProcessCluster cluster(config);
   TrainTest data = *LoadData(config);
   std::unique_ptr<Backend> backend = CreateCpuBackend(1);
