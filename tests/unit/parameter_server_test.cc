@@ -57,6 +57,15 @@ class ParameterServerTest : public ::testing::Test {
     return p;
   }
 
+  // Another server of the same shard with worker (segment 0, rank 0) registered; its id in `worker`.
+  std::unique_ptr<ParameterServer> Twin(uint64_t* worker) {
+    std::unique_ptr<ParameterServer> twin = *ParameterServer::Create(config_, 1);
+    v1::RegisterResponse registered;
+    EXPECT_TRUE(twin->Register(Registration(0, 0), &registered).ok());
+    *worker = registered.worker_id();
+    return twin;
+  }
+
   // Everything a rejected call must leave alone.
   std::string State() {
     v1::StatsResponse stats;
@@ -141,9 +150,8 @@ TEST_F(ParameterServerTest, RejectsBadSparsePushes) {
 // A sparse push is the dense push with zeros elsewhere, whole or in chunks.
 TEST_F(ParameterServerTest, SparsePushesEqualDensePushesWithZeros) {
   ASSERT_GE(range_.count, 4u);
-  std::unique_ptr<ParameterServer> sparse = *ParameterServer::Create(config_, 1);
-  v1::RegisterResponse registered;
-  ASSERT_TRUE(sparse->Register(Registration(0, 0), &registered).ok());
+  uint64_t twin_worker = 0;
+  std::unique_ptr<ParameterServer> sparse = Twin(&twin_worker);
   const absl::Time soon = absl::Now() + absl::Seconds(5);
   v1::PushResponse response;
   for (uint64_t clock = 0; clock < 2; ++clock) {  // Adam: zeros still move the moments
@@ -158,8 +166,8 @@ TEST_F(ParameterServerTest, SparsePushesEqualDensePushesWithZeros) {
     // The same gradient, sparse, as two chunks split after the middle entry.
     const uint64_t split = at[1] + 1;
     v1::PushRequest first = GoodPush(clock), second = GoodPush(clock);
-    first.set_worker_id(registered.worker_id());
-    second.set_worker_id(registered.worker_id());
+    first.set_worker_id(twin_worker);
+    second.set_worker_id(twin_worker);
     const uint32_t first_at[] = {at[0], at[1]}, second_at[] = {static_cast<uint32_t>(at[2] - split)};
     EncodeFloat32({values[0], values[1]}, range_.offset, first.mutable_gradient());
     first.mutable_gradient()->set_count(split);
@@ -258,9 +266,8 @@ v1::PushRequest Chunk(const v1::PushRequest& push, uint64_t first, uint64_t coun
 
 TEST_F(ParameterServerTest, ChunkedPushesEqualWholePushes) {
   ASSERT_GE(range_.count, 3u);
-  std::unique_ptr<ParameterServer> chunked = *ParameterServer::Create(config_, 1);
-  v1::RegisterResponse registered;
-  ASSERT_TRUE(chunked->Register(Registration(0, 0), &registered).ok());
+  uint64_t twin_worker = 0;
+  std::unique_ptr<ParameterServer> chunked = Twin(&twin_worker);
   const absl::Time soon = absl::Now() + absl::Seconds(5);
   v1::PushResponse response;
   for (uint64_t clock = 0; clock < 2; ++clock) {  // Adam: the second step depends on the first's state
@@ -269,7 +276,7 @@ TEST_F(ParameterServerTest, ChunkedPushesEqualWholePushes) {
       reinterpret_cast<float*>(whole.mutable_gradient()->mutable_data()->data())[i] = 0.1f * (i + 1) * (clock + 1);
     }
     ASSERT_TRUE(server_->Push(whole, soon, &response).ok());
-    whole.set_worker_id(registered.worker_id());
+    whole.set_worker_id(twin_worker);
     ASSERT_TRUE(chunked->Push(Chunk(whole, 0, 1), soon, &response).ok());
     EXPECT_TRUE(response.applied());
     EXPECT_EQ(response.next_clock(), clock);  // the step is not complete yet
