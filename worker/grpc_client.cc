@@ -1,9 +1,9 @@
 // ParameterClient over gRPC. Each call goes to every server at once from a
 // completion queue the calling thread drives; the thread waits for all
 // replies. Pull replies and push requests travel as raw byte buffers
-// (common/tensor_wire.h): a gradient is sent from the caller's tensor (Lend)
-// or from one copy of it (Encode), and pulled values are copied once, from
-// the received slices into the caller's tensor. Ranges larger than cluster.chunk_bytes go in consecutive
+// (common/tensor_wire.h): a gradient is copied once, into the buffer gRPC
+// sends from, and pulled values once, from the received slices into the
+// caller's tensor. Ranges larger than cluster.chunk_bytes go in consecutive
 // chunks, one call at a time per server, all servers at once.
 #include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
@@ -13,7 +13,6 @@
 #include <optional>
 
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "common/config.h"
 #include "common/grpc_status.h"
@@ -25,39 +24,9 @@
 namespace segps {
 namespace {
 
-// Counts the slices that refer to a lent tensor; destroying it waits until
-// gRPC has released them all, which may be a little after a call completes.
-class Loan {
- public:
-  Loan() = default;
-  Loan(const Loan&) = delete;
-  Loan& operator=(const Loan&) = delete;
-  ~Loan() {
-    absl::MutexLock lock(&mu_);
-    mu_.Await(absl::Condition(+[](int* out) { return *out == 0; }, &out_));
-  }
-
-  grpc::Slice Lend(absl::Span<const float> values) {
-    absl::MutexLock lock(&mu_);
-    ++out_;
-    return grpc::Slice(const_cast<float*>(values.data()), values.size() * sizeof(float), &Loan::Return, this);
-  }
-
- private:
-  static void Return(void* loan) {
-    Loan* self = static_cast<Loan*>(loan);
-    absl::MutexLock lock(&self->mu_);
-    --self->out_;
-  }
-
-  absl::Mutex mu_;
-  int out_ ABSL_GUARDED_BY(mu_) = 0;
-};
-
 struct GrpcEncodedPush final : public EncodedPush {
   int segment = 0;
   uint64_t clock = 0;
-  std::unique_ptr<Loan> loan;     // declared before `data`: outlives the slices
   std::vector<grpc::Slice> data;  // per server: the gradient for its range (sparse: its entries' values)
   // Sparse only: the entries' positions in the segment, ascending, and the
   // first entry of each server's range (one more: the end).
@@ -212,19 +181,6 @@ class GrpcClient final : public ParameterClient {
     for (size_t i = 0; i < stubs_.size(); ++i) {
       const Range range = map_.range(segment, static_cast<uint32_t>(i));
       push->data.push_back(EncodeValues(grad.subspan(range.offset, range.count), dtype_));
-    }
-    return push;
-  }
-
-  std::unique_ptr<EncodedPush> Lend(int segment, uint64_t clock, absl::Span<const float> grad) override {
-    if (dtype_ != v1::FLOAT32) return Encode(segment, clock, grad);  // converting is the copy
-    auto push = std::make_unique<GrpcEncodedPush>();
-    push->segment = segment;
-    push->clock = clock;
-    push->loan = std::make_unique<Loan>();
-    for (size_t i = 0; i < stubs_.size(); ++i) {
-      const Range range = map_.range(segment, static_cast<uint32_t>(i));
-      push->data.push_back(push->loan->Lend(grad.subspan(range.offset, range.count)));
     }
     return push;
   }

@@ -26,8 +26,8 @@
 
 namespace segps {
 
-// A gradient ready for the wire: copied (Encode), on the caller's thread so
-// that the caller's buffer is free again at once, or lent (Lend).
+// A gradient already encoded for the wire: the one copy a push makes,
+// done on the caller's thread so that the caller's buffer is free again at once.
 class EncodedPush {
  public:
   virtual ~EncodedPush() = default;
@@ -56,11 +56,6 @@ class ParameterClient {
   // Encodes the gradient of step `clock` (segment_size floats).
   virtual std::unique_ptr<EncodedPush> Encode(int segment, uint64_t clock,
                                               absl::Span<const float> grad) = 0;
-  // Like Encode, without the copy on a float32 wire: the push refers to
-  // `grad`, which must stay unchanged until the push is destroyed (its
-  // destructor waits until gRPC has let go of it). For a step that waits for
-  // its push anyway (staleness 0).
-  virtual std::unique_ptr<EncodedPush> Lend(int segment, uint64_t clock, absl::Span<const float> grad) = 0;
   // A sparse gradient: `values` at the ascending segment positions
   // `indices`, zeros elsewhere.
   virtual std::unique_ptr<EncodedPush> EncodeSparse(int segment, uint64_t clock, absl::Span<const uint64_t> indices,

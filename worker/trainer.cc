@@ -288,14 +288,11 @@ absl::StatusOr<TrainReport> Train(const v1::JobConfig& config, const TrainerOpti
   const uint64_t push_bytes = topk ? topk->k() * (sizeof(uint32_t) + element_bytes) : pull_bytes;
   Pusher pusher(client, PushesInFlight(config, segment), options.metrics, push_bytes);
   Prefetcher prefetcher(client, segment, options.metrics, pull_bytes);
-  // The step's gradient for the wire: lent when the caller waits for the push.
-  auto encode = [&](uint64_t clock, const float* grad, bool lend) {
-    if (topk) {
-      topk->Select(absl::MakeConstSpan(grad, n));
-      return client->EncodeSparse(segment, clock, topk->indices(), topk->values());
-    }
-    return lend ? client->Lend(segment, clock, absl::MakeConstSpan(grad, n))
-                : client->Encode(segment, clock, absl::MakeConstSpan(grad, n));
+  // The step's gradient, encoded for the wire.
+  auto encode = [&](uint64_t clock, const float* grad) {
+    if (!topk) return client->Encode(segment, clock, absl::MakeConstSpan(grad, n));
+    topk->Select(absl::MakeConstSpan(grad, n));
+    return client->EncodeSparse(segment, clock, topk->indices(), topk->values());
   };
   // Staleness 0: every step waits for the previous push anyway, so each step
   // pushes and pulls in the same calls instead of overlapping them.
@@ -386,9 +383,9 @@ absl::StatusOr<TrainReport> Train(const v1::JobConfig& config, const TrainerOpti
       const bool last = epoch + 1 == epochs && s + 1 == steps_per_epoch;
       if (synchronous && !last) {
         // The next step needs this push applied: push and pull in one round
-        // trip. Nothing computes meanwhile, so the gradient is sent from
-        // where it lies and, on the CPU, the values land in the model itself.
-        std::unique_ptr<EncodedPush> push = encode(clock, grad, /*lend=*/true);
+        // trip. Nothing computes meanwhile, so on the CPU the values land in
+        // the model itself.
+        std::unique_ptr<EncodedPush> push = encode(clock, grad);
         float* dest = backend->host_addressable() ? model.params() : pulled[fill]->data();
         const absl::Time wait_start = absl::Now();
         absl::StatusOr<uint64_t> r = client->SendAndPull(*push, absl::MakeSpan(dest, n));
@@ -405,7 +402,7 @@ absl::StatusOr<TrainReport> Train(const v1::JobConfig& config, const TrainerOpti
         }
         have = *r;
       } else {
-        SEGPS_RETURN_IF_ERROR(pusher.Enqueue(encode(clock, grad, /*lend=*/false)));
+        SEGPS_RETURN_IF_ERROR(pusher.Enqueue(encode(clock, grad)));
       }
       if (options.slowdown > absl::ZeroDuration()) absl::SleepFor(options.slowdown);
 

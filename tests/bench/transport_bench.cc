@@ -213,7 +213,7 @@ Result RunRounds(Cluster& cluster, int workers, double seconds, int min_rounds) 
         const auto t0 = Clock::now();
         // The round a synchronous worker makes: one call per server, or a
         // push and then a pull per chunk when a range exceeds chunk_bytes.
-        std::unique_ptr<EncodedPush> push = clients[w]->Lend(0, clock, grad);
+        std::unique_ptr<EncodedPush> push = clients[w]->Encode(0, clock, grad);
         absl::StatusOr<uint64_t> pulled = clients[w]->SendAndPull(*push, absl::MakeSpan(params));
         if (!pulled.ok()) {
           std::cerr << "worker " << w << ": " << pulled.status() << "\n";
