@@ -1,8 +1,10 @@
 // Tensor payloads on the wire: a TensorSlice's data travels as packed
-// little-endian float32 (or bfloat16 or float16, half the bytes) and is never copied on
-// its way through protobuf and gRPC. A sender hands gRPC the tensor's own buffer as one slice beside a
-// small serialised header; a receiver reads the header and leaves the data in
-// the slices it arrived in, reading it from there once.
+// little-endian float32 (or bfloat16 or float16, half the bytes) and is
+// never copied on its way through protobuf and gRPC. A sender hands gRPC the
+// tensor's own buffer as one slice beside a small serialised header; a
+// receiver reads the header and leaves the data in the slices it arrived in,
+// reading it from there once. A sparse slice (gradients only) adds the
+// positions of its values; the rest of it reads as zeros (DenseView).
 //
 // The bytes are ordinary protobuf: a PushRequest built here parses with any
 // protobuf library, and a PushRequest from any client decodes here.
