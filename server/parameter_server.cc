@@ -217,8 +217,9 @@ absl::Status ParameterServer::Push(const v1::PushRequest& request, const Payload
   response->set_next_clock(result->next_clock);
   if (metrics_ != nullptr) {
     const int segment = static_cast<int>(request.segment());
-    metrics_->ObservePush(segment, absl::ToDoubleSeconds(absl::Now() - start), data.size(),
-                          result->applied, absl::ToDoubleSeconds(result->apply));
+    const size_t bytes = data.size() + gradient.indices().size();  // a sparse push's positions count too
+    metrics_->ObservePush(segment, absl::ToDoubleSeconds(absl::Now() - start), bytes, result->applied,
+                          absl::ToDoubleSeconds(result->apply));
     metrics_->ObserveWorkerClock(segment, result->rank, result->next_clock);
   }
   if (!request.pull()) return absl::OkStatus();
