@@ -1,6 +1,7 @@
 #include "common/tensor_wire.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <memory>
 
@@ -322,6 +323,26 @@ absl::Status ValidateTensorSlice(const v1::TensorSlice& slice, size_t payload_by
   return absl::OkStatus();
 }
 
+namespace {
+
+// One branch-free pass (vectorised at -O3): an exponent of all ones is
+// infinity or NaN.
+bool AllFinite(absl::Span<const float> values) {
+  uint32_t all_ones_exponent = 0;
+  for (float v : values) {
+    uint32_t bits;
+    std::memcpy(&bits, &v, sizeof(bits));
+    all_ones_exponent |= static_cast<uint32_t>((bits & 0x7f800000u) == 0x7f800000u);
+  }
+  return all_ones_exponent == 0;
+}
+
+size_t FirstNonFiniteIn(absl::Span<const float> values) {
+  return std::find_if(values.begin(), values.end(), [](float x) { return !std::isfinite(x); }) - values.begin();
+}
+
+}  // namespace
+
 DenseView::DenseView(const v1::TensorSlice& slice, const Payload& data)
     : data_(data), dtype_(slice.dtype()), count_(slice.count()), sparse_(slice.has_indices()) {
   if (!sparse_) return;
@@ -329,6 +350,21 @@ DenseView::DenseView(const v1::TensorSlice& slice, const Payload& data)
   if (!indices_.empty()) std::memcpy(indices_.data(), slice.indices().data(), indices_.size() * sizeof(uint32_t));
   values_.resize(indices_.size());
   data.CopyTo(dtype_, absl::MakeSpan(values_));
+}
+
+std::optional<DenseView::Element> DenseView::FirstNonFinite() const {
+  if (sparse_) {
+    if (AllFinite(values_)) return std::nullopt;
+    const size_t i = FirstNonFiniteIn(values_);
+    return Element{indices_[i], values_[i]};
+  }
+  std::optional<Element> found;
+  data_.ForEachFloatBlock(dtype_, [&](size_t first, absl::Span<const float> block) {
+    if (found.has_value() || AllFinite(block)) return;
+    const size_t i = FirstNonFiniteIn(block);
+    found = Element{first + i, block[i]};
+  });
+  return found;
 }
 
 void DenseView::ForEachFloatBlock(absl::FunctionRef<void(size_t first, absl::Span<const float> block)> fn) const {

@@ -15,6 +15,7 @@
 #include <grpcpp/support/slice.h>
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -99,6 +100,14 @@ class DenseView {
   uint64_t count() const { return count_; }
   // As Payload::ForEachFloatBlock, over all count() elements.
   void ForEachFloatBlock(absl::FunctionRef<void(size_t first, absl::Span<const float> block)> fn) const;
+
+  // The first element that is not finite (its position in the slice and
+  // value), if any. A sparse slice's zeros are not read.
+  struct Element {
+    uint64_t at;
+    float value;
+  };
+  std::optional<Element> FirstNonFinite() const;
 
  private:
   const Payload& data_;

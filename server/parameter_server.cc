@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "common/config.h"
@@ -15,16 +14,6 @@ namespace {
 
 // Branch-free over the exponent bits, so that it vectorises: the check reads
 // every pushed byte once more, and must cost no more than that read.
-bool AllFinite(absl::Span<const float> values) {
-  uint32_t all_ones_exponent = 0;
-  for (float v : values) {
-    uint32_t bits;
-    std::memcpy(&bits, &v, sizeof(bits));
-    all_ones_exponent |= static_cast<uint32_t>((bits & 0x7f800000u) == 0x7f800000u);
-  }
-  return all_ones_exponent == 0;
-}
-
 // Values in their wire dtype as a string, for the whole-message calls.
 void ReadInto(std::string* bytes, absl::Span<const float> values, v1::DType dtype) {
   const grpc::Slice encoded = EncodeValues(values, dtype);
@@ -200,15 +189,14 @@ absl::Status ParameterServer::Push(const v1::PushRequest& request, const Payload
   }
   const DenseView grad(gradient, data);
   // Checked before anything is applied, so that a bad push changes nothing.
-  absl::Status finite = absl::OkStatus();
-  grad.ForEachFloatBlock([&](size_t first, absl::Span<const float> block) {
-    if (!finite.ok() || AllFinite(block)) return;
-    const size_t i = std::find_if(block.begin(), block.end(), [](float x) { return !std::isfinite(x); }) - block.begin();
-    finite = absl::InvalidArgumentError(absl::StrCat(
-        "Push gradient: element ", gradient.offset() + first + i, " of segment ", request.segment(), " is ", block[i],
-        "; gradients must be finite (nothing was applied)"));
-  });
-  if (!finite.ok()) return Reject(request.segment(), finite);
+  if (std::optional<DenseView::Element> bad = grad.FirstNonFinite()) {
+    // float16 turns magnitudes beyond its range into infinity on the way.
+    const bool overflow = gradient.dtype() == v1::FLOAT16 && std::isinf(bad->value);
+    return Reject(request.segment(), absl::InvalidArgumentError(absl::StrCat(
+        "Push gradient: element ", gradient.offset() + bad->at, " of segment ", request.segment(), " is ",
+        bad->value, overflow ? " (beyond float16's 65504: use wire_dtype FLOAT32 or BFLOAT16)" : "",
+        "; gradients must be finite (nothing was applied)")));
+  }
   const absl::Time start = absl::Now();
   absl::StatusOr<PushResult> result =
       (*shard)->Push(request.worker_id(), request.clock(), gradient.offset() - range.offset, grad, deadline);

@@ -351,6 +351,15 @@ class GrpcClient final : public ParameterClient {
                                               ")", tensor.has_indices() ? " sparse" : "", " instead of [",
                                               chunk.offset, ", +", chunk.count, ")"));
     }
+    if (tensor.dtype() == v1::FLOAT16) {
+      // Parameters beyond float16's range arrive as infinity: say so rather
+      // than train on them.
+      if (std::optional<DenseView::Element> bad = DenseView(tensor, values).FirstNonFinite()) {
+        return absl::OutOfRangeError(absl::StrCat(
+            "pulled parameter ", tensor.offset() + bad->at, " is ", bad->value,
+            " on the float16 wire (it holds magnitudes up to 65504): use wire_dtype FLOAT32 or BFLOAT16"));
+      }
+    }
     values.CopyTo(tensor.dtype(), dest.subspan(chunk.offset, chunk.count));
     values = Payload();
     reply->Clear();

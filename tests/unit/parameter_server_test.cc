@@ -6,6 +6,7 @@
 #include <cstring>
 #include <limits>
 
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/config.h"
 #include "common/tensor_wire.h"
@@ -144,7 +145,8 @@ TEST_F(ParameterServerTest, RejectsBadSparsePushes) {
   const uint32_t ascending[] = {1, 2};
   p.mutable_gradient()->set_indices(std::string(reinterpret_cast<const char*>(ascending), sizeof(ascending)));
   std::memcpy(p.mutable_gradient()->mutable_data()->data(), &nan, sizeof(nan));
-  ExpectRejected(p, absl::StatusCode::kInvalidArgument, "gradients must be finite");
+  ExpectRejected(p, absl::StatusCode::kInvalidArgument,
+                 absl::StrCat("element ", range_.offset + 1, " of segment 0 is nan"));  // the entry's position
 }
 
 // A sparse push is the dense push with zeros elsewhere, whole or in chunks.
@@ -191,6 +193,18 @@ TEST_F(ParameterServerTest, RejectsNonFiniteGradients) {
     EncodeFloat32(g, range_.offset, p.mutable_gradient());
     ExpectRejected(p, absl::StatusCode::kInvalidArgument, "gradients must be finite");
   }
+}
+
+TEST_F(ParameterServerTest, NamesFloat16Overflow) {
+  v1::PushRequest p = GoodPush();
+  std::vector<float> g(range_.count, 0.5f);
+  g[2] = 1e5f;  // beyond binary16's largest finite value: infinity on the wire
+  std::vector<uint16_t> halves(g.size());
+  ToFloat16(g, halves.data());
+  p.mutable_gradient()->set_dtype(v1::FLOAT16);
+  p.mutable_gradient()->set_data(std::string(reinterpret_cast<const char*>(halves.data()), halves.size() * 2));
+  ExpectRejected(p, absl::StatusCode::kInvalidArgument,
+                 absl::StrCat("element ", range_.offset + 2, " of segment 0 is inf (beyond float16's 65504"));
 }
 
 TEST_F(ParameterServerTest, RejectsClockThatSkips) {

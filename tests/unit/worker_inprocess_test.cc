@@ -135,6 +135,29 @@ TEST_P(HalfWire, StaysCloseToFloat32) {
   EXPECT_EQ(read, trained);
 }
 
+// Parameters beyond binary16's range reach a float16 worker as infinity: its
+// pull fails naming the range instead of handing them to training.
+TEST(WorkerInProcess, Float16PullOfParametersBeyondItsRangeFails) {
+  v1::JobConfig config = SeedConfig(1);
+  config.mutable_optimizer()->set_kind(v1::SGD);
+  config.mutable_optimizer()->set_learning_rate(1.0f);
+  InProcessCluster cluster(config);
+  std::unique_ptr<ParameterClient> wide = *ConnectGrpc(config, cluster.addresses());
+  ASSERT_TRUE(wide->Register(0, 0).ok());
+  const size_t n = cluster.Parameters(0).size();
+  ASSERT_TRUE(wide->Send(*wide->Encode(0, 0, std::vector<float>(n, -1e5f))).ok());  // every parameter += 1e5
+
+  v1::JobConfig narrow_config = config;
+  narrow_config.mutable_cluster()->set_wire_dtype(v1::FLOAT16);
+  std::unique_ptr<ParameterClient> narrow = *ConnectGrpc(narrow_config, cluster.addresses());
+  absl::StatusOr<Registration> registered = narrow->Register(0, 0);  // replaces the first registration
+  ASSERT_TRUE(registered.ok()) << registered.status();
+  std::vector<float> pulled(n);
+  absl::Status status = narrow->Pull(0, registered->start_clock, absl::MakeSpan(pulled)).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kOutOfRange) << status;
+  EXPECT_NE(std::string(status.message()).find("holds magnitudes up to 65504"), std::string::npos) << status;
+}
+
 INSTANTIATE_TEST_SUITE_P(Dtypes, HalfWire, ::testing::Values(v1::BFLOAT16, v1::FLOAT16),
                          [](const auto& info) { return v1::DType_Name(info.param); });
 
