@@ -109,14 +109,20 @@ bool HasF16c() {
 
 void ToFloat16(absl::Span<const float> in, uint16_t* out) {
 #if defined(__x86_64__)
-  if (HasF16c()) return ToFloat16F16c(in, out);
+  if (HasF16c()) {
+    ToFloat16F16c(in, out);
+    return;
+  }
 #endif
   internal::ToFloat16Portable(in, out);
 }
 
 void FromFloat16(const uint16_t* in, absl::Span<float> out) {
 #if defined(__x86_64__)
-  if (HasF16c()) return FromFloat16F16c(in, out);
+  if (HasF16c()) {
+    FromFloat16F16c(in, out);
+    return;
+  }
 #endif
   internal::FromFloat16Portable(in, out);
 }

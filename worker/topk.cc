@@ -39,14 +39,14 @@ void TopK::Select(absl::Span<const float> grad) {
   const double passing = std::min(1.0, 2.0 * static_cast<double>(k_) / static_cast<double>(n));
   const size_t at = static_cast<size_t>((1.0 - passing) * static_cast<double>(samples - 1));
   std::nth_element(magnitudes_.begin(), magnitudes_.begin() + static_cast<ptrdiff_t>(at), magnitudes_.end());
-  float floor = magnitudes_[at];
-  for (int attempt = 0; attempt < 2; ++attempt, floor = -1.0f) {
+  auto gather = [&](float floor) {
     candidates_.clear();
     for (size_t i = 0; i < n; ++i) {
       if (Magnitude(residual_[i]) >= floor) candidates_.push_back(i);
     }
-    if (candidates_.size() >= k_) break;
-  }
+  };
+  gather(magnitudes_[at]);
+  if (candidates_.size() < k_) gather(-1.0f);  // the sample misled: every entry is a candidate
   // The k-th largest magnitude among the candidates: every candidate above
   // it travels, and as many equal to it as fill k, the lowest positions first.
   const size_t c = candidates_.size();
