@@ -240,6 +240,11 @@ absl::Status ValidateAndFill(v1::JobConfig& c, const Locator& at) {
   if (!(opt->initial_accumulator() >= 0)) {
     return at.Error({{"optimizer", -1}, {"initial_accumulator", -1}}, "must be >= 0");
   }
+  if (opt->momentum_lookahead() && opt->kind() != v1::MOMENTUM && opt->kind() != v1::ADAM) {
+    return at.Error({{"optimizer", -1}, {"momentum_lookahead", -1}},
+                    absl::StrCat("needs an optimizer with momentum (MOMENTUM or ADAM); ",
+                                 v1::OptimizerKind_Name(opt->kind()), " has none"));
+  }
 
   // data
   auto* data = c.mutable_data();

@@ -1,5 +1,6 @@
 #include "server/optimizer.h"
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -38,6 +39,16 @@ SEGPS_VECTOR_CLONES void AdamKernel(float* __restrict w, const float* __restrict
     w[i] -= alpha * m / (std::sqrt(v) + eps);
   }
 }
+// w - c * m / (sqrt(v) + eps) over interleaved moments: Adam's drift.
+SEGPS_VECTOR_CLONES void AdamDriftKernel(const float* __restrict w, const float* __restrict mv, float* __restrict out,
+                                         size_t n, float c, float eps) {
+  for (size_t i = 0; i < n; ++i) out[i] = w[i] - c * mv[2 * i] / (std::sqrt(mv[2 * i + 1]) + eps);
+}
+
+// Drift is geometric in the momentum decay; past this many updates the
+// remaining terms are below float precision for any decay in [0, 0.99].
+constexpr uint64_t kMaxDriftUpdates = 4096;
+
 class Sgd final : public Optimizer {
  public:
   Sgd(float lr, float wd) : lr_(lr), wd_(wd) {}
@@ -64,6 +75,16 @@ class Momentum final : public Optimizer {
       w[i] += v[i];
     }
   }
+  // With no gradient the velocity decays by mu each update: w + (mu + ... + mu^k) v.
+  void Extrapolate(uint64_t, uint64_t updates, uint64_t first, absl::Span<const float> params,
+                   absl::Span<float> out) const override {
+    const double mu = momentum_;
+    const float c = static_cast<float>(mu * (1.0 - std::pow(mu, static_cast<double>(updates))) / (1.0 - mu));
+    const float* __restrict w = params.data();
+    const float* __restrict v = velocity_.data() + first;
+    float* __restrict o = out.data();
+    for (size_t i = 0; i < params.size(); ++i) o[i] = w[i] + c * v[i];
+  }
 
  private:
   const float lr_, momentum_, wd_;
@@ -85,6 +106,20 @@ class Adam final : public Optimizer {
     }
     AdamKernel(params.data(), grad.data(), moments_.data() + 2 * first, params.size(), alpha_, 1.0f - b1_,
                1.0f - b2_, eps_, wd_);
+  }
+  // With no gradient m decays by b1 each update and v by b2; v is held at
+  // its value (b2^k is within 1% of 1 for the few updates a pull looks ahead):
+  // w - (alpha_{t+1} b1 + ... + alpha_{t+k} b1^k) m / (sqrt(v) + eps).
+  void Extrapolate(uint64_t applied, uint64_t updates, uint64_t first, absl::Span<const float> params,
+                   absl::Span<float> out) const override {
+    double c = 0, b1_power = 1;
+    for (uint64_t j = 1; j <= std::min(updates, kMaxDriftUpdates); ++j) {
+      const double t = static_cast<double>(applied + j);
+      b1_power *= b1_;
+      c += b1_power * lr_ * std::sqrt(1.0 - std::pow(b2_, t)) / (1.0 - std::pow(b1_, t));
+    }
+    AdamDriftKernel(params.data(), moments_.data() + 2 * first, out.data(), params.size(), static_cast<float>(c),
+                    eps_);
   }
 
  private:
@@ -119,6 +154,11 @@ class AdaGrad final : public Optimizer {
 };
 
 }  // namespace
+
+void Optimizer::Extrapolate(uint64_t, uint64_t, uint64_t, absl::Span<const float> params,
+                            absl::Span<float> out) const {
+  std::copy(params.begin(), params.end(), out.begin());
+}
 
 absl::StatusOr<std::unique_ptr<Optimizer>> CreateOptimizer(const v1::OptimizerConfig& c,
                                                            uint64_t n) {

@@ -23,6 +23,13 @@ class Optimizer {
   // Applies `grad` to `params`, the elements [first, first + params.size())
   // of the range, as part of update number `step` (1 for the first).
   virtual void Apply(uint64_t step, uint64_t first, absl::Span<float> params, absl::Span<const float> grad) = 0;
+  // Writes to `out` where `updates` more updates carrying no new gradient
+  // would take `params` (elements [first, first + params.size()) of the
+  // range) once `applied` updates have been made: the momentum's own drift.
+  // Pulls use it to compensate a gradient for the updates it will miss.
+  // Optimizers without momentum copy.
+  virtual void Extrapolate(uint64_t applied, uint64_t updates, uint64_t first, absl::Span<const float> params,
+                           absl::Span<float> out) const;
 };
 
 // `config` must be a validated config (defaults filled in).

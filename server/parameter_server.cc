@@ -45,6 +45,7 @@ absl::StatusOr<std::unique_ptr<ParameterServer>> ParameterServer::Create(
     options.staleness = StalenessOf(config, k);
     options.max_clock_ahead = PushesInFlight(config, k) + 1;
     options.lease = absl::Milliseconds(config.cluster().lease_ms());
+    options.momentum_lookahead = config.optimizer().momentum_lookahead();
     std::vector<float> values(options.range.count);
     InitializeRange(server->map_, k, options.range.offset, config.seed(), values.data(),
                     values.size());

@@ -142,7 +142,21 @@ absl::StatusOr<PullResult> SegmentShard::Pull(uint64_t id, uint64_t clock, uint6
     result.blocked = now - wait_start;
   }
   ++pulls_;
-  read(absl::MakeConstSpan(values_).subspan(first, count));
+  const absl::Span<const float> values = absl::MakeConstSpan(values_).subspan(first, count);
+  uint64_t ahead = 0;
+  if (id != 0 && options_.momentum_lookahead) {
+    const uint64_t next = workers_.at(id).next_clock;
+    uint64_t live = 0;
+    for (const auto& [other, w] : workers_) live += w.live ? 1 : 0;
+    ahead = clock > next ? (clock - next) * live : 0;
+  }
+  if (ahead == 0) {
+    read(values);
+  } else {
+    drifted_.resize(count);
+    optimizer_->Extrapolate(steps_begun_, ahead, first, values, absl::MakeSpan(drifted_));
+    read(drifted_);
+  }
   result.clock = ClockOf(first + count);
   result.updates = pushes_;
   return result;

@@ -51,6 +51,9 @@ struct ShardOptions {
   int32_t staleness = 0;           // -1: unbounded
   uint32_t max_clock_ahead = 8;    // how far a push or pull may run ahead of next_clock
   absl::Duration lease = absl::Seconds(3);
+  // Worker pulls return values moved on by the optimizer's drift over the
+  // updates expected before the puller's gradient lands (see Pull).
+  bool momentum_lookahead = false;
 };
 
 struct PullResult {
@@ -81,6 +84,10 @@ class SegmentShard {
   // shard's lock, to copy or encode them) once the staleness bound allows a
   // worker at `clock` to compute (id 0: a reader, which never waits).
   // UNAVAILABLE when `deadline` passes first, naming the worker it waited for.
+  // With momentum_lookahead a worker gets the values the optimizer's drift
+  // would reach after the updates expected before its gradient for `clock`
+  // lands: its own steps not yet applied, times the live workers (peers step
+  // at about its pace).
   absl::StatusOr<PullResult> Pull(uint64_t id, uint64_t clock, uint64_t first, uint64_t count,
                                   absl::FunctionRef<void(absl::Span<const float>)> read, absl::Time deadline);
 
@@ -135,6 +142,7 @@ class SegmentShard {
   Mutex mu_;
   CondVar changed_;
   std::vector<float> values_ ABSL_GUARDED_BY(mu_);
+  std::vector<float> drifted_ ABSL_GUARDED_BY(mu_);  // a lookahead pull's values
   std::unique_ptr<Optimizer> optimizer_ ABSL_GUARDED_BY(mu_);
   std::map<uint64_t, Worker> workers_ ABSL_GUARDED_BY(mu_);
   uint64_t steps_begun_ ABSL_GUARDED_BY(mu_) = 0;

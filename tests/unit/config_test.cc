@@ -101,6 +101,8 @@ TEST(Config, RejectsEachBrokenField) {
       {"num_servers: 2", "num_servers: 2 bfloat16_wire: true", "cluster.bfloat16_wire: is replaced by wire_dtype: BFLOAT16"},
       {"kind: ADAM }", "kind: ADAM } training { gradient_topk: 1 }", "training.gradient_topk: must be in [0, 1)"},
       {"kind: ADAM }", "kind: ADAM } training { gradient_topk: -0.1 }", "training.gradient_topk: must be in [0, 1)"},
+      {"kind: ADAM", "kind: SGD momentum_lookahead: true",
+       "optimizer.momentum_lookahead: needs an optimizer with momentum (MOMENTUM or ADAM); SGD has none"},
   };
   for (const BadCase& bad : cases) {
     absl::StatusOr<v1::JobConfig> c = ParseConfig(Replace(kMinimal, bad.from, bad.to), "job.pbtxt");

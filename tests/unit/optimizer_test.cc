@@ -88,6 +88,48 @@ TEST_P(OptimizerTest, MatchesDoublePrecisionReference) {
   }
 }
 
+// A pull's lookahead is where k updates carrying no gradient would take the
+// parameters. Adam holds v at its value (the reference lets it decay by
+// b2^k), so its drift may differ by ~k/2000 of itself.
+TEST_P(OptimizerTest, ExtrapolateIsUpdatesWithoutGradient) {
+  const size_t n = 257;
+  v1::OptimizerConfig config = Config(GetParam());
+  config.set_weight_decay(0);  // decay would pull on w even without a gradient
+  std::unique_ptr<Optimizer> opt = *CreateOptimizer(config, n);
+  std::mt19937 rng(2);
+  std::normal_distribution<double> normal;
+  Reference ref{config, std::vector<double>(n), std::vector<double>(n, 0.0), std::vector<double>(n, 0.0),
+                std::vector<double>(n, config.initial_accumulator())};
+  std::vector<float> w(n);
+  for (size_t i = 0; i < n; ++i) w[i] = static_cast<float>(ref.w[i] = normal(rng));
+  const int steps = 5;
+  for (int step = 1; step <= steps; ++step) {
+    std::vector<double> g(n);
+    std::vector<float> gf(n);
+    for (size_t i = 0; i < n; ++i) g[i] = gf[i] = static_cast<float>(normal(rng));
+    opt->Apply(step, 0, absl::MakeSpan(w), gf);
+    ref.Step(g);
+  }
+  for (int k : {0, 1, 3}) {
+    Reference ahead = ref;
+    for (int j = 0; j < k; ++j) ahead.Step(std::vector<double>(n, 0.0));
+    std::vector<float> out(n, -1.0f);
+    for (size_t first = 0; first < n; first += 100) {
+      const size_t count = std::min<size_t>(100, n - first);
+      opt->Extrapolate(steps, k, first, absl::MakeConstSpan(w).subspan(first, count),
+                       absl::MakeSpan(out).subspan(first, count));
+    }
+    for (size_t i = 0; i < n; ++i) {
+      const double drift = ahead.w[i] - ref.w[i];
+      EXPECT_NEAR(out[i], ahead.w[i], 2e-3 * std::abs(drift) + 2e-5 * (1 + std::abs(ahead.w[i])))
+          << "element " << i << " after " << k << " updates";
+    }
+    if (k > 0 && (GetParam() == v1::MOMENTUM || GetParam() == v1::ADAM)) {
+      EXPECT_NE(out[0], w[0]) << "momentum must move the parameters";
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(AllKinds, OptimizerTest,
                          ::testing::Values(v1::SGD, v1::MOMENTUM, v1::ADAM, v1::ADAGRAD),
                          [](const auto& info) { return v1::OptimizerKind_Name(info.param); });

@@ -129,6 +129,52 @@ TEST(SegmentShard, UnboundedNeverWaits) {
   }
 }
 
+// Momentum 0.5, lr 1, two workers at staleness 1: after both push ones at
+// clock 0 the velocity is -1.5 and the values -2.5.
+std::unique_ptr<SegmentShard> MakeMomentumShard(bool lookahead) {
+  v1::OptimizerConfig momentum;
+  momentum.set_kind(v1::MOMENTUM);
+  momentum.set_learning_rate(1.0f);
+  momentum.set_momentum(0.5f);
+  ShardOptions options;
+  options.range = {0, kSize};
+  options.staleness = 1;
+  options.max_clock_ahead = 4;
+  options.momentum_lookahead = lookahead;
+  auto shard = std::make_unique<SegmentShard>(options, std::vector<float>(kSize, 0.0f),
+                                              *CreateOptimizer(momentum, kSize));
+  shard->Register(1, 0, std::nullopt);
+  shard->Register(2, 1, std::nullopt);
+  EXPECT_TRUE(Push(*shard, 1, 0, Soon()).ok());
+  EXPECT_TRUE(Push(*shard, 2, 0, Soon()).ok());
+  return shard;
+}
+
+float PulledValue(SegmentShard& shard, uint64_t id, uint64_t clock) {
+  v1::TensorSlice slice;
+  EXPECT_TRUE(Pull(shard, id, clock, Now(), &slice).ok());
+  std::vector<float> v(kSize);
+  DecodeFloat32(slice, absl::MakeSpan(v));
+  return v[kSize - 1];
+}
+
+TEST(SegmentShard, LookaheadMovesWorkerPullsByTheUpdatesTheyWillMiss) {
+  auto shard = MakeMomentumShard(true);
+  // Clock 1 follows the worker's last push: its gradient misses nothing.
+  EXPECT_EQ(PulledValue(*shard, 1, 1), -2.5f);
+  // Clock 2 misses its own step 1 and, at the same pace, its peer's: two
+  // updates of velocity decaying by 0.5: -2.5 + (0.5 + 0.25) * -1.5.
+  EXPECT_EQ(PulledValue(*shard, 1, 2), -3.625f);
+  // Readers get the true values, which the lookahead did not change.
+  EXPECT_EQ(PulledValue(*shard, 0, 0), -2.5f);
+  EXPECT_EQ(shard->Snapshot(), std::vector<float>(kSize, -2.5f));
+}
+
+TEST(SegmentShard, WithoutLookaheadWorkerPullsAreTheValues) {
+  auto shard = MakeMomentumShard(false);
+  EXPECT_EQ(PulledValue(*shard, 1, 2), -2.5f);
+}
+
 TEST(SegmentShard, RetriedPushIsAppliedOnce) {
   auto shard = MakeShard(0);
   shard->Register(1, 0, std::nullopt);
