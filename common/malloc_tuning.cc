@@ -1,5 +1,9 @@
 #include "common/malloc_tuning.h"
 
+// Any C library header defines __GLIBC__; without one the test below is
+// always false and the tuning silently compiles to nothing.
+#include <cstdlib>
+
 #if defined(__GLIBC__)
 #include <malloc.h>
 #endif

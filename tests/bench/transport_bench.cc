@@ -40,6 +40,8 @@ ABSL_FLAG(double, seconds, 1.0, "Minimum timed seconds per configuration");
 ABSL_FLAG(bool, size_mode, false, "Measure one large segment and the servers' peak memory");
 ABSL_FLAG(double, size_mb, 1024, "Segment size in MB for --size_mode");
 ABSL_FLAG(bool, echo_server, false, "Internal: serve the echo service and print its address");
+ABSL_FLAG(double, compute_ms, 0,
+          "Busy time between a worker's rounds, as a training step's compute (0: back to back)");
 ABSL_FLAG(double, chunk_mb, 0, "cluster.chunk_bytes in MB (0: the default)");
 ABSL_FLAG(std::string, wire_dtype, "FLOAT32",
           "cluster.wire_dtype: FLOAT32, BFLOAT16 or FLOAT16 (GB/s still counts float32 bytes)");
@@ -204,12 +206,18 @@ Result RunRounds(Cluster& cluster, int workers, double seconds, int min_rounds) 
   for (auto& s : cluster.servers) cpu0 += CpuSeconds(s->pid());
   const auto start = Clock::now();
   std::vector<std::thread> threads;
+  const double compute = absl::GetFlag(FLAGS_compute_ms);
   for (int w = 0; w < workers; ++w) {
     threads.emplace_back([&, w] {
       std::vector<float> grad(n, 1e-3f), params(n);
       for (uint64_t clock = start_clocks[w];; ++clock) {
         const double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
         if (static_cast<int>(rounds[w].size()) >= min_rounds && elapsed >= seconds) break;
+        if (compute > 0) {
+          const auto busy_until = Clock::now() + std::chrono::duration<double, std::milli>(compute);
+          while (Clock::now() < busy_until) {
+          }
+        }
         const auto t0 = Clock::now();
         // The round a synchronous worker makes: one call per server, or a
         // push and then a pull per chunk when a range exceeds chunk_bytes.
