@@ -108,15 +108,27 @@ if [ $torch = 1 ]; then
   target fmnist_1_trainer_vs_pytorch_rpc "$(div "$fm11" "$rpc1")" 2.0
   target fmnist_2_trainers_vs_pytorch_rpc "$(div "$fm12" "$rpc2")" 2.0
   if [ $quick = 0 ]; then
-    $py "$peers/fmnist_mlp_torch.py" --threads 1 --epochs 10 > "$out/torch_fm.txt" 2>&1
-    tail -1 "$out/torch_fm.txt"
-    t88=$(sed -n 's/.*first>=88%: epoch [0-9]* after \([0-9.]*\)s.*/\1/p' "$out/torch_fm.txt")
-    # segps: 1 server, 1 worker, staleness 1 (the fastest setting above), scored after every epoch.
-    fmnist_config "$out/fm88.pbtxt" 1 1 12 1
-    $bin/segps-local --config "$out/fm88.pbtxt" --report "$out/fm88.json" > "$out/fm88.txt" 2>&1
-    grep "test accuracy" "$out/fm88.txt" | sed 's/.*: epoch/segps epoch/'
-    s88=$(time_to "$out/fm88.txt" 0.88)
-    echo "time to 88% test accuracy: segps ${s88:-not reached} s, PyTorch alone ${t88:-not reached} s"
+    # Which epoch first crosses 88% moves by 1-3 epochs with the seed (the
+    # curves flatten near it), so both sides run seeds 1-3 and the medians
+    # are compared. segps: 1 server, 1 worker, staleness 1 with momentum
+    # lookahead, scored after every epoch.
+    t88s=() s88s=()
+    reached() { if [ -n "${1:-}" ]; then echo "$1 s (epoch $2)"; else echo "not reached"; fi; }
+    for seed in 1 2 3; do
+      $py "$peers/fmnist_mlp_torch.py" --threads 1 --epochs 12 --seed $seed > "$out/torch_fm$seed.txt" 2>&1
+      t=$(sed -n 's/.*first>=88%: epoch \([0-9]*\) after \([0-9.]*\)s.*/\2 \1/p' "$out/torch_fm$seed.txt")
+      fmnist_config "$out/fm88.pbtxt" 1 1 12 1
+      sed -i "s/^seed: 3/seed: $seed/; s/learning_rate: 0.001 }/learning_rate: 0.001 momentum_lookahead: true }/" "$out/fm88.pbtxt"
+      $bin/segps-local --config "$out/fm88.pbtxt" --report "$out/fm88.json" > "$out/fm88_$seed.txt" 2>&1
+      s=$(time_to "$out/fm88_$seed.txt" 0.88)
+      e=$(sed -n 's/.*: epoch \([0-9]*\) test accuracy \([0-9.]*\) after .*/\1 \2/p' "$out/fm88_$seed.txt" | awk '$2 >= 0.88 {print $1; exit}')
+      echo "seed $seed: time to 88% test accuracy: segps $(reached "$s" "$e"), PyTorch alone $(reached $t)"
+      t88s+=("${t% *}") s88s+=("$s")
+    done
+    # Medians over the seeds; a seed that never got there counts as slowest.
+    median() { printf '%s\n' "$@" | sed 's/^$/1e9/' | sort -g | awk '{v[NR] = $1} END{m = v[int((NR + 1) / 2)]; if (m < 1e9) print m}'; }
+    t88=$(median "${t88s[@]}"); s88=$(median "${s88s[@]}")
+    echo "time to 88% test accuracy, median of 3 seeds: segps ${s88:-not reached} s, PyTorch alone ${t88:-not reached} s" | sed 's/not reached s/not reached/g'
     target fmnist_time_to_88_vs_pytorch "$(div "$t88" "$s88")" 1.0
   fi
 fi
@@ -144,6 +156,9 @@ if [ $quick = 0 ]; then
     fmnist_config "$out/fms.pbtxt" 1 2 3 "$s"
     staleness_row "$([ "$s" = -1 ] && echo unbounded || echo "$s")" "$out/fms.pbtxt" 0.85
   done
+  fmnist_config "$out/fms.pbtxt" 1 2 3 1
+  sed -i "s/learning_rate: 0.001 }/learning_rate: 0.001 momentum_lookahead: true }/" "$out/fms.pbtxt"
+  staleness_row "1+lookahead" "$out/fms.pbtxt" 0.85
 fi
 
 echo "== 6. size: one large segment over 4 servers, Adam"

@@ -359,6 +359,49 @@ TEST_F(ParameterServerTest, ChunkAheadOfItsPredecessorWaitsThenFails) {
   ExpectRejected(Chunk(GoodPush(), 0, 0), absl::StatusCode::kInvalidArgument, "empty chunk");
 }
 
+// The config's momentum_lookahead reaches the shards: at staleness 1 a pull
+// for the clock after next is moved on by Adam's drift over one update, and
+// a reader's is not.
+TEST(ParameterServer, LookaheadFromTheConfigMovesWorkerPulls) {
+  std::string text = kConfig;
+  text.replace(text.find("kind: ADAM"), 10, "kind: ADAM momentum_lookahead: true");
+  text.replace(text.find("staleness: 0 workers_per_segment: 2"), 35, "staleness: 1 workers_per_segment: 1");
+  const v1::JobConfig config = *ParseConfig(text, "test");
+  std::unique_ptr<ParameterServer> server = *ParameterServer::Create(config, 0);
+  v1::RegisterRequest reg;
+  reg.set_model_fingerprint(ModelFingerprint(config));
+  reg.set_shard_fingerprint(server->shard_map().fingerprint());
+  v1::RegisterResponse registered;
+  ASSERT_TRUE(server->Register(reg, &registered).ok());
+  const Range range = server->shard_map().range(0, 0);
+  v1::PushRequest push;
+  push.set_worker_id(registered.worker_id());
+  EncodeFloat32(std::vector<float>(range.count, 0.5f), range.offset, push.mutable_gradient());
+  v1::PushResponse pushed;
+  ASSERT_TRUE(server->Push(push, absl::Now() + absl::Seconds(5), &pushed).ok());
+
+  auto pull = [&](uint64_t worker, uint64_t clock) {
+    v1::PullRequest request;
+    request.set_worker_id(worker);
+    request.set_reader(worker == 0);
+    request.set_clock(clock);
+    v1::PullResponse response;
+    EXPECT_TRUE(server->Pull(request, absl::Now(), &response).ok());
+    std::vector<float> values(range.count);
+    DecodeFloat32(response.values(), absl::MakeSpan(values));
+    return values;
+  };
+  const std::vector<float> stored = pull(0, 0);
+  EXPECT_EQ(pull(registered.worker_id(), 1), stored);  // misses no update
+  const std::vector<float> ahead = pull(registered.worker_id(), 2);
+  // After one Adam step with g = 0.5: m = 0.05, v = 2.5e-4; the next step
+  // moves by alpha_2 * b1 * m / (sqrt(v) + eps).
+  const double alpha2 = 0.001 * std::sqrt(1 - 0.999 * 0.999) / (1 - 0.9 * 0.9);
+  const double drift = alpha2 * 0.9 * 0.05 / (std::sqrt(2.5e-4) + 1e-7);
+  for (size_t i = 0; i < range.count; ++i) EXPECT_NEAR(stored[i] - ahead[i], drift, 1e-6) << "element " << i;
+  EXPECT_EQ(pull(0, 0), stored);
+}
+
 TEST(ParameterServer, IndexOutOfRangeIsAnError) {
   v1::JobConfig config = *ParseConfig(kConfig, "test");
   EXPECT_FALSE(ParameterServer::Create(config, 2).ok());
