@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <iostream>
+#include <string>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
@@ -29,7 +30,8 @@ ABSL_FLAG(std::string, rank, "0",
 ABSL_FLAG(std::string, metrics_listen, "", "host:port to serve Prometheus metrics on (/metrics). Default: none.");
 ABSL_FLAG(std::string, servers, "",
           "Comma-separated host:port of every server, in index order. Default: "
-          "cluster.server_addresses.");
+          "cluster.server_addresses. '-' (--servers=-): read the list from the first line of stdin once the data "
+          "is loaded (a launcher can then start workers while its servers start).");
 ABSL_FLAG(std::string, device, "cpu", "Compute device: cpu, cuda:N, or auto.");
 ABSL_FLAG(bool, tf32, false, "On a GPU, let cuBLAS use TF32 tensor cores for float32 products.");
 ABSL_FLAG(int32_t, slowdown_ms, 0, "Extra milliseconds per step (to play a straggler).");
@@ -71,13 +73,18 @@ int main(int argc, char** argv) {
     }
     rank = r;
   }
+  const bool servers_from_stdin = absl::GetFlag(FLAGS_servers) == "-";
   std::vector<std::string> servers;
-  if (!absl::GetFlag(FLAGS_servers).empty()) {
+  if (servers_from_stdin) {
+    // Read below, once everything that does not need the servers is ready.
+  } else if (!absl::GetFlag(FLAGS_servers).empty()) {
     servers = absl::StrSplit(absl::GetFlag(FLAGS_servers), ',', absl::SkipEmpty());
   } else {
     servers.assign(config->cluster().server_addresses().begin(), config->cluster().server_addresses().end());
   }
-  if (servers.empty()) return Fail("--servers is required (the config lists no server_addresses)");
+  if (servers.empty() && !servers_from_stdin) {
+    return Fail("--servers is required (the config lists no server_addresses)");
+  }
 
   std::unique_ptr<segps::MetricsEndpoint> metrics_endpoint;
   std::unique_ptr<segps::WorkerMetrics> metrics;
@@ -95,6 +102,12 @@ int main(int argc, char** argv) {
   if (!backend.ok()) return Fail(std::string(backend.status().message()));
   absl::StatusOr<segps::TrainTest> data = segps::LoadData(*config);
   if (!data.ok()) return Fail(std::string(data.status().message()));
+  if (servers_from_stdin) {
+    std::string line;
+    if (!std::getline(std::cin, line)) return Fail("--servers -: stdin ended before a line of server addresses");
+    servers = absl::StrSplit(line, ',', absl::SkipEmpty());
+    if (servers.empty()) return Fail("--servers -: the line read from stdin names no server");
+  }
   absl::StatusOr<std::unique_ptr<segps::ParameterClient>> client = segps::ConnectGrpc(*config, servers);
   if (!client.ok()) return Fail(std::string(client.status().message()));
 

@@ -2,8 +2,10 @@
 //
 //   segps-local --config job.pbtxt [--report report.json] [--device cpu]
 //
-// Starts the config's servers on free loopback ports and one worker process
-// per (segment, rank), relays their output line by line with a prefix, runs
+// Starts the config's servers on free loopback ports and, alongside them,
+// one worker process per (segment, rank), which loads its data and then reads
+// the servers' addresses from stdin; relays their output line by line with a
+// prefix, runs
 // segps-eval when every worker has finished, and prints its report. Exits
 // non-zero if any process failed. Every child dies with the launcher: on
 // Ctrl-C, SIGTERM, an error, or the launcher's own death (PR_SET_PDEATHSIG).
@@ -48,6 +50,7 @@ struct Child {
   std::string name;
   pid_t pid = -1;
   int fd = -1;          // read end of the child's stdout+stderr
+  int input = -1;       // write end of the child's stdin, if it was given one
   std::string partial;  // an output line not yet complete
   bool running = true;
   int status = 0;
@@ -64,12 +67,21 @@ class Launcher {
     sigaddset(&set, SIGCHLD);
     sigprocmask(SIG_BLOCK, &set, nullptr);
     signal_fd_ = signalfd(-1, &set, SFD_CLOEXEC | SFD_NONBLOCK);
+    // A child that exits before reading its stdin must not kill the launcher.
+    signal(SIGPIPE, SIG_IGN);
   }
   ~Launcher() { KillAll(); }
 
-  Child* Spawn(const std::string& name, std::vector<std::string> argv) {
-    int fds[2];
+  // `with_input`: the child's stdin is a pipe the launcher writes with
+  // SendInput (otherwise it inherits the launcher's).
+  Child* Spawn(const std::string& name, std::vector<std::string> argv, bool with_input = false) {
+    int fds[2], in[2] = {-1, -1};
     if (pipe2(fds, O_CLOEXEC) != 0) return nullptr;
+    if (with_input && pipe2(in, O_CLOEXEC) != 0) {
+      close(fds[0]);
+      close(fds[1]);
+      return nullptr;
+    }
     const pid_t parent = getpid();
     const pid_t pid = fork();
     if (pid == 0) {
@@ -78,9 +90,11 @@ class Launcher {
       sigset_t none;
       sigemptyset(&none);
       sigprocmask(SIG_SETMASK, &none, nullptr);
+      signal(SIGPIPE, SIG_DFL);
       setpgid(0, 0);  // Ctrl-C reaches the launcher, which stops children in order
       dup2(fds[1], STDOUT_FILENO);
       dup2(fds[1], STDERR_FILENO);
+      if (with_input) dup2(in[0], STDIN_FILENO);
       std::vector<char*> args;
       for (std::string& a : argv) args.push_back(a.data());
       args.push_back(nullptr);
@@ -89,16 +103,33 @@ class Launcher {
       _exit(127);
     }
     close(fds[1]);
+    if (with_input) close(in[0]);
     if (pid < 0) {
       close(fds[0]);
+      if (with_input) close(in[1]);
       return nullptr;
     }
     auto child = std::make_unique<Child>();
     child->name = name;
     child->pid = pid;
     child->fd = fds[0];
+    child->input = in[1];
     children_.push_back(std::move(child));
     return children_.back().get();
+  }
+
+  // Writes `text` to a child's stdin and closes it. A child that already
+  // exited is reported by its exit status, not here.
+  void SendInput(Child* child, const std::string& text) {
+    if (child->input < 0) return;
+    for (size_t done = 0; done < text.size();) {
+      const ssize_t n = write(child->input, text.data() + done, text.size() - done);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) break;
+      done += static_cast<size_t>(n);
+    }
+    close(child->input);
+    child->input = -1;
   }
 
   // Relays output and reaps children until `done()` or `deadline`; false on
@@ -272,6 +303,22 @@ int main(int argc, char** argv) {
     };
     servers.push_back(c);
   }
+  // Workers start with the servers and load their data meanwhile; they read
+  // the servers' addresses from stdin once every server listens.
+  std::vector<Child*> workers;
+  for (int k = 0; k < config->model().segments_size(); ++k) {
+    for (uint32_t r = 0; r < segps::WorkersOf(*config, k); ++r) {
+      std::vector<std::string> args = {bin + "/segps-worker", "--config", config_path, "--segment", std::to_string(k),
+                                       "--rank", std::to_string(r), "--servers=-", "--device",
+                                       absl::GetFlag(FLAGS_device)};
+      if (k == 0 && r + 1 == segps::WorkersOf(*config, k) && absl::GetFlag(FLAGS_straggler_ms) > 0) {
+        args.insert(args.end(), {"--slowdown_ms", std::to_string(absl::GetFlag(FLAGS_straggler_ms))});
+      }
+      Child* c = launcher.Spawn(absl::StrCat(config->model().segments(k).name(), "/", r), args, /*with_input=*/true);
+      if (c == nullptr) return Fail("cannot start segps-worker");
+      workers.push_back(c);
+    }
+  }
   auto any_failed = [&](const std::vector<Child*>& group) {
     for (Child* c : group) {
       if (!c->running && !Succeeded(*c)) return true;
@@ -280,7 +327,7 @@ int main(int argc, char** argv) {
   };
   auto servers_ready = [&] {
     for (const auto& a : addresses) {
-      if (a.empty()) return any_failed(servers);
+      if (a.empty()) return any_failed(servers) || any_failed(workers);
     }
     return true;
   };
@@ -288,23 +335,13 @@ int main(int argc, char** argv) {
       any_failed(servers)) {
     return Fail(launcher.interrupted() ? "interrupted" : "servers did not start");
   }
+  for (Child* c : workers) {
+    if (!c->running && !Succeeded(*c)) return Fail(absl::StrCat(c->name, " failed (", Describe(c->status), ")"));
+  }
   const std::string server_list = absl::StrJoin(addresses, ",");
   std::cout << "segps-local: " << num_servers << " servers at " << server_list << std::endl;
+  for (Child* c : workers) launcher.SendInput(c, server_list + "\n");
 
-  std::vector<Child*> workers;
-  for (int k = 0; k < config->model().segments_size(); ++k) {
-    for (uint32_t r = 0; r < segps::WorkersOf(*config, k); ++r) {
-      std::vector<std::string> args = {bin + "/segps-worker", "--config", config_path, "--segment", std::to_string(k),
-                                       "--rank", std::to_string(r), "--servers", server_list, "--device",
-                                       absl::GetFlag(FLAGS_device)};
-      if (k == 0 && r + 1 == segps::WorkersOf(*config, k) && absl::GetFlag(FLAGS_straggler_ms) > 0) {
-        args.insert(args.end(), {"--slowdown_ms", std::to_string(absl::GetFlag(FLAGS_straggler_ms))});
-      }
-      Child* c = launcher.Spawn(absl::StrCat(config->model().segments(k).name(), "/", r), args);
-      if (c == nullptr) return Fail("cannot start segps-worker");
-      workers.push_back(c);
-    }
-  }
   auto workers_done = [&] {
     if (any_failed(workers) || any_failed(servers)) return true;
     for (Child* c : workers) {

@@ -120,6 +120,32 @@ TEST(Cluster, LocalLauncherFailsClearlyOnABrokenConfig) {
       << p->output();
 }
 
+// Workers start alongside the servers; one that fails before training is
+// named, with its own message, and the launcher fails.
+TEST(Cluster, LocalLauncherNamesAWorkerThatFailsAtStart) {
+  std::unique_ptr<Subprocess> p = Subprocess::Start(
+      {BinaryPath("segps-local"), "--config", std::string(SEGPS_SOURCE_DIR) + "/deploy/configs/seed.pbtxt",
+       "--device", "bogus", "--report", MakeTempDir() + "/report.json"});
+  std::optional<int> status = p->Wait(absl::Seconds(60));
+  ASSERT_TRUE(status.has_value());
+  EXPECT_FALSE(ExitedOk(*status));
+  EXPECT_NE(p->output().find("--device bogus: expected cpu, cuda:N or auto"), std::string::npos) << p->output();
+  EXPECT_NE(p->output().find("segps-local: segment"), std::string::npos) << p->output();
+  EXPECT_NE(p->output().find("failed (exit code 1)"), std::string::npos) << p->output();
+}
+
+// `--servers=-` reads the addresses from stdin; without a line it says so.
+TEST(WorkerFlags, ServersFromStdinNeedALine) {
+  std::unique_ptr<Subprocess> p = Subprocess::Start(
+      {BinaryPath("segps-worker"), "--config", std::string(SEGPS_SOURCE_DIR) + "/deploy/configs/seed.pbtxt",
+       "--segment", "0", "--servers=-"});
+  std::optional<int> status = p->Wait(absl::Seconds(60));
+  ASSERT_TRUE(status.has_value());
+  EXPECT_FALSE(ExitedOk(*status));
+  EXPECT_NE(p->output().find("--servers -: stdin ended before a line of server addresses"), std::string::npos)
+      << p->output();
+}
+
 TEST(Cluster, LocalLauncherLeavesNoProcessBehindOnCtrlC) {
   const std::string dir = MakeTempDir();
   const std::string config = WriteEndlessJob(dir, 2, 0);

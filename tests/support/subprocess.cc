@@ -25,6 +25,8 @@ std::unique_ptr<Subprocess> Subprocess::Start(const std::vector<std::string>& ar
   const pid_t pid = fork();
   if (pid == 0) {
     prctl(PR_SET_PDEATHSIG, SIGKILL);  // never outlive the test
+    const int null = open("/dev/null", O_RDONLY | O_CLOEXEC);  // nothing a test starts reads the test's stdin
+    if (null >= 0) dup2(null, STDIN_FILENO);
     dup2(fds[1], STDOUT_FILENO);
     dup2(fds[1], STDERR_FILENO);
     std::vector<char*> args;
