@@ -5,9 +5,8 @@
 // Starts the config's servers on free loopback ports and, alongside them,
 // one worker process per (segment, rank), which loads its data and then reads
 // the servers' addresses from stdin; relays their output line by line with a
-// prefix, runs
-// segps-eval when every worker has finished, and prints its report. Exits
-// non-zero if any process failed. Every child dies with the launcher: on
+// prefix, runs segps-eval when every worker has finished, and prints its
+// report. Exits non-zero if any process failed. Every child dies with the launcher: on
 // Ctrl-C, SIGTERM, an error, or the launcher's own death (PR_SET_PDEATHSIG).
 #include <fcntl.h>
 #include <poll.h>
