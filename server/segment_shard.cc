@@ -143,13 +143,7 @@ absl::StatusOr<PullResult> SegmentShard::Pull(uint64_t id, uint64_t clock, uint6
   }
   ++pulls_;
   const absl::Span<const float> values = absl::MakeConstSpan(values_).subspan(first, count);
-  uint64_t ahead = 0;
-  if (id != 0 && options_.momentum_lookahead) {
-    const uint64_t next = workers_.at(id).next_clock;
-    uint64_t live = 0;
-    for (const auto& [other, w] : workers_) live += w.live ? 1 : 0;
-    ahead = clock > next ? (clock - next) * live : 0;
-  }
+  const uint64_t ahead = id != 0 && options_.momentum_lookahead ? UpdatesAhead(id, clock) : 0;
   if (ahead == 0) {
     read(values);
   } else {
@@ -160,6 +154,14 @@ absl::StatusOr<PullResult> SegmentShard::Pull(uint64_t id, uint64_t clock, uint6
   result.clock = ClockOf(first + count);
   result.updates = pushes_;
   return result;
+}
+
+uint64_t SegmentShard::UpdatesAhead(uint64_t id, uint64_t clock) const {
+  const uint64_t next = workers_.at(id).next_clock;
+  if (clock <= next) return 0;
+  uint64_t live = 0;
+  for (const auto& [other, w] : workers_) live += w.live ? 1 : 0;
+  return (clock - next) * live;
 }
 
 absl::StatusOr<PushResult> SegmentShard::Push(uint64_t id, uint64_t clock, uint64_t first,

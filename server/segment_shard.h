@@ -132,6 +132,9 @@ class SegmentShard {
   // applied its steps below it there (a step's chunks count as they land).
   // SegmentClock() for the whole range.
   uint64_t ClockOf(uint64_t end) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Updates expected before live worker `id`'s gradient for `clock` lands:
+  // its steps not yet applied, times the live workers.
+  uint64_t UpdatesAhead(uint64_t id, uint64_t clock) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The live worker holding the segment clock back (for error messages).
   uint64_t Laggard() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<Worker*> FindLive(uint64_t id, absl::Time now, const char* call)
