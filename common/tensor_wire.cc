@@ -325,8 +325,8 @@ absl::Status ValidateTensorSlice(const v1::TensorSlice& slice, size_t payload_by
 
 namespace {
 
-// One branch-free pass (vectorised at -O3): an exponent of all ones is
-// infinity or NaN.
+// One branch-free pass (vectorised at -O3), so that checking a push costs
+// no more than reading it once: an exponent of all ones is infinity or NaN.
 bool AllFinite(absl::Span<const float> values) {
   uint32_t all_ones_exponent = 0;
   for (float v : values) {

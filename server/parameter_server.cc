@@ -12,8 +12,6 @@
 namespace segps {
 namespace {
 
-// Branch-free over the exponent bits, so that it vectorises: the check reads
-// every pushed byte once more, and must cost no more than that read.
 // Values in their wire dtype as a string, for the whole-message calls.
 void ReadInto(std::string* bytes, absl::Span<const float> values, v1::DType dtype) {
   const grpc::Slice encoded = EncodeValues(values, dtype);
