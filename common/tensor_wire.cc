@@ -337,11 +337,12 @@ bool AllFinite(absl::Span<const float> values) {
   return all_ones_exponent == 0;
 }
 
-size_t FirstNonFiniteIn(absl::Span<const float> values) {
+}  // namespace
+
+std::optional<size_t> FirstNonFinite(absl::Span<const float> values) {
+  if (AllFinite(values)) return std::nullopt;
   return std::find_if(values.begin(), values.end(), [](float x) { return !std::isfinite(x); }) - values.begin();
 }
-
-}  // namespace
 
 DenseView::DenseView(const v1::TensorSlice& slice, const Payload& data)
     : data_(data), dtype_(slice.dtype()), count_(slice.count()), sparse_(slice.has_indices()) {
@@ -354,15 +355,14 @@ DenseView::DenseView(const v1::TensorSlice& slice, const Payload& data)
 
 std::optional<DenseView::Element> DenseView::FirstNonFinite() const {
   if (sparse_) {
-    if (AllFinite(values_)) return std::nullopt;
-    const size_t i = FirstNonFiniteIn(values_);
-    return Element{indices_[i], values_[i]};
+    const std::optional<size_t> i = segps::FirstNonFinite(values_);
+    if (!i) return std::nullopt;
+    return Element{indices_[*i], values_[*i]};
   }
   std::optional<Element> found;
   data_.ForEachFloatBlock(dtype_, [&](size_t first, absl::Span<const float> block) {
-    if (found.has_value() || AllFinite(block)) return;
-    const size_t i = FirstNonFiniteIn(block);
-    found = Element{first + i, block[i]};
+    if (found.has_value()) return;
+    if (const std::optional<size_t> i = segps::FirstNonFinite(block)) found = Element{first + *i, block[*i]};
   });
   return found;
 }

@@ -90,6 +90,9 @@ absl::Status DecodeTensorMessage(const grpc::ByteBuffer& buffer, int tensor_fiel
 absl::Status ValidateTensorSlice(const v1::TensorSlice& slice, size_t payload_bytes, uint64_t range_offset,
                                  uint64_t range_count, const char* what);
 
+// The position of the first value that is not finite (infinity or NaN), if any.
+std::optional<size_t> FirstNonFinite(absl::Span<const float> values);
+
 // The elements of a validated tensor slice, dense, as float32: the payload's
 // values, or for a sparse slice, its values at their indices and zeros
 // elsewhere. Refers to `data`, which must outlive it.

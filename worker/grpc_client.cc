@@ -338,7 +338,8 @@ class GrpcClient final : public ParameterClient {
 
   // Copies the values `reply` (a Response) carries for `chunk` into `dest`
   // (the whole segment), frees the reply, and lowers `min_clock` to the
-  // clock they reflect.
+  // clock they reflect. A float16 reply with non-finite values fails after
+  // landing them (the caller stops on it).
   template <typename Response>
   static absl::Status TakeValues(grpc::ByteBuffer* reply, int field, Range chunk, absl::Span<float> dest,
                                  uint64_t* min_clock) {
@@ -352,16 +353,17 @@ class GrpcClient final : public ParameterClient {
                                               ")", tensor.has_indices() ? " sparse" : "", " instead of [",
                                               chunk.offset, ", +", chunk.count, ")"));
     }
+    const absl::Span<float> landed = dest.subspan(chunk.offset, chunk.count);
+    values.CopyTo(tensor.dtype(), landed);
     if (tensor.dtype() == v1::FLOAT16) {
       // Parameters beyond float16's range arrive as infinity: say so rather
-      // than train on them.
-      if (std::optional<DenseView::Element> bad = DenseView(tensor, values).FirstNonFinite()) {
+      // than train on them (checked on the widened values, still in cache).
+      if (const std::optional<size_t> bad = FirstNonFinite(landed)) {
         return absl::OutOfRangeError(absl::StrCat(
-            "pulled parameter ", tensor.offset() + bad->at, " is ", bad->value,
+            "pulled parameter ", tensor.offset() + *bad, " is ", landed[*bad],
             " on the float16 wire (it holds magnitudes up to 65504): use wire_dtype FLOAT32 or BFLOAT16"));
       }
     }
-    values.CopyTo(tensor.dtype(), dest.subspan(chunk.offset, chunk.count));
     values = Payload();
     reply->Clear();
     *min_clock = std::min(*min_clock, header.clock());
