@@ -59,32 +59,47 @@ v1::OptimizerConfig Config(v1::OptimizerKind kind) {
 
 class OptimizerTest : public ::testing::TestWithParam<v1::OptimizerKind> {};
 
+// An optimizer and its double-precision reference, from the same random start.
+struct Twins {
+  std::unique_ptr<Optimizer> opt;
+  Reference ref;
+  std::vector<float> w;
+  std::mt19937 rng;
+  std::normal_distribution<double> normal;
+
+  Twins(const v1::OptimizerConfig& config, size_t n, uint32_t seed)
+      : opt(*CreateOptimizer(config, n)),
+        ref{config, std::vector<double>(n), std::vector<double>(n, 0.0), std::vector<double>(n, 0.0),
+            std::vector<double>(n, config.initial_accumulator())},
+        w(n),
+        rng(seed) {
+    for (size_t i = 0; i < n; ++i) w[i] = static_cast<float>(ref.w[i] = normal(rng));
+  }
+  // A random gradient, as floats and as the doubles the reference steps with.
+  std::vector<float> Gradient(std::vector<double>* g) {
+    std::vector<float> gf(w.size());
+    g->resize(w.size());
+    for (size_t i = 0; i < w.size(); ++i) (*g)[i] = gf[i] = static_cast<float>(normal(rng));
+    return gf;
+  }
+};
+
 TEST_P(OptimizerTest, MatchesDoublePrecisionReference) {
   const size_t n = 257;
-  const v1::OptimizerConfig config = Config(GetParam());
-  std::unique_ptr<Optimizer> opt = *CreateOptimizer(config, n);
-  std::mt19937 rng(1);
-  std::normal_distribution<double> normal;
-  Reference ref{config, std::vector<double>(n), std::vector<double>(n, 0.0), std::vector<double>(n, 0.0),
-                std::vector<double>(n, config.initial_accumulator())};
-  std::vector<float> w(n);
-  for (size_t i = 0; i < n; ++i) w[i] = static_cast<float>(ref.w[i] = normal(rng));
+  Twins t(Config(GetParam()), n, 1);
   for (int step = 0; step < 20; ++step) {
-    std::vector<double> g(n);
-    std::vector<float> gf(n);
-    for (size_t i = 0; i < n; ++i) {
-      gf[i] = static_cast<float>(normal(rng));
-      g[i] = gf[i];
-    }
+    std::vector<double> g;
+    const std::vector<float> gf = t.Gradient(&g);
     // In blocks, as chunked pushes arrive: the state follows each block's place.
     for (size_t first = 0; first < n; first += 100) {
       const size_t count = std::min<size_t>(100, n - first);
-      opt->Apply(step + 1, first, absl::MakeSpan(w).subspan(first, count), absl::MakeConstSpan(gf).subspan(first, count));
+      t.opt->Apply(step + 1, first, absl::MakeSpan(t.w).subspan(first, count),
+                   absl::MakeConstSpan(gf).subspan(first, count));
     }
-    ref.Step(g);
+    t.ref.Step(g);
   }
   for (size_t i = 0; i < n; ++i) {
-    EXPECT_NEAR(w[i], ref.w[i], 2e-5 * (1 + std::abs(ref.w[i]))) << "element " << i;
+    EXPECT_NEAR(t.w[i], t.ref.w[i], 2e-5 * (1 + std::abs(t.ref.w[i]))) << "element " << i;
   }
 }
 
@@ -95,20 +110,15 @@ TEST_P(OptimizerTest, ExtrapolateIsUpdatesWithoutGradient) {
   const size_t n = 257;
   v1::OptimizerConfig config = Config(GetParam());
   config.set_weight_decay(0);  // decay would pull on w even without a gradient
-  std::unique_ptr<Optimizer> opt = *CreateOptimizer(config, n);
-  std::mt19937 rng(2);
-  std::normal_distribution<double> normal;
-  Reference ref{config, std::vector<double>(n), std::vector<double>(n, 0.0), std::vector<double>(n, 0.0),
-                std::vector<double>(n, config.initial_accumulator())};
-  std::vector<float> w(n);
-  for (size_t i = 0; i < n; ++i) w[i] = static_cast<float>(ref.w[i] = normal(rng));
+  Twins t(config, n, 2);
+  const Reference& ref = t.ref;
+  const std::vector<float>& w = t.w;
   const int steps = 5;
   for (int step = 1; step <= steps; ++step) {
-    std::vector<double> g(n);
-    std::vector<float> gf(n);
-    for (size_t i = 0; i < n; ++i) g[i] = gf[i] = static_cast<float>(normal(rng));
-    opt->Apply(step, 0, absl::MakeSpan(w), gf);
-    ref.Step(g);
+    std::vector<double> g;
+    const std::vector<float> gf = t.Gradient(&g);
+    t.opt->Apply(step, 0, absl::MakeSpan(t.w), gf);
+    t.ref.Step(g);
   }
   for (int k : {0, 1, 3}) {
     Reference ahead = ref;
@@ -116,7 +126,7 @@ TEST_P(OptimizerTest, ExtrapolateIsUpdatesWithoutGradient) {
     std::vector<float> out(n, -1.0f);
     for (size_t first = 0; first < n; first += 100) {
       const size_t count = std::min<size_t>(100, n - first);
-      opt->Extrapolate(steps, k, first, absl::MakeConstSpan(w).subspan(first, count),
+      t.opt->Extrapolate(steps, k, first, absl::MakeConstSpan(w).subspan(first, count),
                        absl::MakeSpan(out).subspan(first, count));
     }
     for (size_t i = 0; i < n; ++i) {
