@@ -105,15 +105,22 @@ class Backend {
                                            float* dlogits, float* stats) = 0;
 };
 
-// The OpenBLAS backend. Sets OpenBLAS to `threads` threads (1 suits one
-// worker process per core).
+// The OpenBLAS backend. Sets OpenBLAS (one pool per process) to `threads`
+// threads.
 std::unique_ptr<Backend> CreateCpuBackend(int threads = 1);
+
+// The most threads a CPU backend accepts.
+inline constexpr int kMaxCpuThreads = 256;
 
 // Creates the backend named by a --device flag: "cpu", "cuda:N" or "auto"
 // (a GPU when one is usable, else the CPU). A GPU name on a machine or build
 // without one is an error that says so. `allow_tf32` lets a GPU use TF32
 // tensor cores for float32 products (faster, about 1e-3 relative error).
-absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(const std::string& device, bool allow_tf32 = false);
+// `cpu_threads` (1..kMaxCpuThreads) is the CPU backend's thread count: 1
+// suits a worker per core; more suit a worker whose servers are idle while it
+// computes, as under staleness 0.
+absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(const std::string& device, bool allow_tf32 = false,
+                                                       int cpu_threads = 1);
 
 }  // namespace segps
 

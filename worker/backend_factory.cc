@@ -48,12 +48,17 @@ const CudaPlugin& LoadCudaPlugin() {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(const std::string& device, bool allow_tf32) {
-  if (device == "cpu") return CreateCpuBackend(1);
+absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(const std::string& device, bool allow_tf32,
+                                                       int cpu_threads) {
+  if (cpu_threads < 1 || cpu_threads > kMaxCpuThreads) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--cpu_threads ", cpu_threads, ": expected 1..", kMaxCpuThreads));
+  }
+  if (device == "cpu") return CreateCpuBackend(cpu_threads);
   if (device == "auto") {
     const CudaPlugin& cuda = LoadCudaPlugin();
     if (cuda.api != nullptr && cuda.api->device_count() > 0) return cuda.api->create(0, allow_tf32);
-    return CreateCpuBackend(1);
+    return CreateCpuBackend(cpu_threads);
   }
   if (absl::StartsWith(device, "cuda:")) {
     int index = -1;

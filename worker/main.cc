@@ -33,6 +33,9 @@ ABSL_FLAG(std::string, servers, "",
           "cluster.server_addresses. '-' (--servers=-): read the list from the first line of stdin once the data "
           "is loaded (a launcher can then start workers while its servers start).");
 ABSL_FLAG(std::string, device, "cpu", "Compute device: cpu, cuda:N, or auto.");
+ABSL_FLAG(int32_t, cpu_threads, 1,
+          "On the CPU, threads to compute with. More than 1 pays when the servers "
+          "sharing the machine are idle while this worker computes (staleness 0).");
 ABSL_FLAG(bool, tf32, false, "On a GPU, let cuBLAS use TF32 tensor cores for float32 products.");
 ABSL_FLAG(int32_t, slowdown_ms, 0, "Extra milliseconds per step (to play a straggler).");
 
@@ -98,7 +101,8 @@ int main(int argc, char** argv) {
     SEGPS_LOG_INFO << "metrics on http://" << metrics_endpoint->address() << "/metrics";
   }
 
-  absl::StatusOr<std::unique_ptr<segps::Backend>> backend = segps::CreateBackend(absl::GetFlag(FLAGS_device), absl::GetFlag(FLAGS_tf32));
+  absl::StatusOr<std::unique_ptr<segps::Backend>> backend = segps::CreateBackend(absl::GetFlag(FLAGS_device), absl::GetFlag(FLAGS_tf32),
+                                                                                absl::GetFlag(FLAGS_cpu_threads));
   if (!backend.ok()) return Fail(std::string(backend.status().message()));
   absl::StatusOr<segps::TrainTest> data = segps::LoadData(*config);
   if (!data.ok()) return Fail(std::string(data.status().message()));

@@ -1,6 +1,6 @@
 // segps-local: a whole cluster on this machine, one command.
 //
-//   segps-local --config job.pbtxt [--report report.json] [--device cpu]
+//   segps-local --config job.pbtxt [--report report.json] [--device cpu] [--cpu_threads 1]
 //
 // Starts the config's servers on free loopback ports and, alongside them,
 // one worker process per (segment, rank), which loads its data and then reads
@@ -38,6 +38,7 @@ ABSL_FLAG(std::string, config, "", "Job config file (*.pbtxt). Required.");
 ABSL_FLAG(std::string, report, "segps-report.json", "Where the evaluation writes its JSON report.");
 ABSL_FLAG(std::string, params_dir, "", "If set, the evaluation writes each segment's trained parameters to DIR/<segment>.npy.");
 ABSL_FLAG(std::string, device, "cpu", "Device for every worker: cpu, cuda:N or auto.");
+ABSL_FLAG(int32_t, cpu_threads, 1, "Threads each CPU worker computes with (see segps-worker --cpu_threads).");
 ABSL_FLAG(std::string, bin_dir, "", "Directory of segps-server, segps-worker and segps-eval. Default: this binary's.");
 ABSL_FLAG(int32_t, straggler_ms, 0,
           "Slow the last worker of the first segment by this many milliseconds per step (staleness experiments).");
@@ -309,7 +310,8 @@ int main(int argc, char** argv) {
     for (uint32_t r = 0; r < segps::WorkersOf(*config, k); ++r) {
       std::vector<std::string> args = {bin + "/segps-worker", "--config", config_path, "--segment", std::to_string(k),
                                        "--rank", std::to_string(r), "--servers=-", "--device",
-                                       absl::GetFlag(FLAGS_device)};
+                                       absl::GetFlag(FLAGS_device), "--cpu_threads",
+                                       std::to_string(absl::GetFlag(FLAGS_cpu_threads))};
       if (k == 0 && r + 1 == segps::WorkersOf(*config, k) && absl::GetFlag(FLAGS_straggler_ms) > 0) {
         args.insert(args.end(), {"--slowdown_ms", std::to_string(absl::GetFlag(FLAGS_straggler_ms))});
       }

@@ -21,6 +21,7 @@
 
 ABSL_FLAG(std::string, device, "cpu", "cpu, cuda:N or auto");
 ABSL_FLAG(bool, tf32, false, "Allow TF32 tensor cores on a GPU");
+ABSL_FLAG(int32_t, cpu_threads, 1, "Threads of the CPU backend");
 ABSL_FLAG(std::string, models, "50-64-10@128,784-256-128-10@128,1024-1024-1024-10@4096,4096-4096-4096-10@4096,8192-8192-8192-10@4096",
           "Comma-separated MLPs as WIDTHS@BATCH: input-hidden...-classes, ReLU hidden layers");
 ABSL_FLAG(int32_t, steps, 20, "Timed steps per model (after 3 warm-up steps)");
@@ -34,7 +35,7 @@ double Median(std::vector<double> v) {
 
 int Run() {
   absl::StatusOr<std::unique_ptr<segps::Backend>> backend =
-      segps::CreateBackend(absl::GetFlag(FLAGS_device), absl::GetFlag(FLAGS_tf32));
+      segps::CreateBackend(absl::GetFlag(FLAGS_device), absl::GetFlag(FLAGS_tf32), absl::GetFlag(FLAGS_cpu_threads));
   if (!backend.ok()) {
     std::cerr << backend.status().message() << "\n";
     return 1;

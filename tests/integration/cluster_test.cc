@@ -146,6 +146,16 @@ TEST(WorkerFlags, ServersFromStdinNeedALine) {
       << p->output();
 }
 
+TEST(WorkerFlags, CpuThreadsOutOfRangeAreNamed) {
+  std::unique_ptr<Subprocess> p = Subprocess::Start(
+      {BinaryPath("segps-worker"), "--config", std::string(SEGPS_SOURCE_DIR) + "/deploy/configs/seed.pbtxt",
+       "--segment", "0", "--servers", "127.0.0.1:1", "--cpu_threads", "0"});
+  std::optional<int> status = p->Wait(absl::Seconds(60));
+  ASSERT_TRUE(status.has_value());
+  EXPECT_FALSE(ExitedOk(*status));
+  EXPECT_NE(p->output().find("--cpu_threads 0: expected 1..256"), std::string::npos) << p->output();
+}
+
 TEST(Cluster, LocalLauncherLeavesNoProcessBehindOnCtrlC) {
   const std::string dir = MakeTempDir();
   const std::string config = WriteEndlessJob(dir, 2, 0);
