@@ -2,6 +2,7 @@
 // whole training step against a double-precision reference on random inputs.
 #include <gtest/gtest.h>
 
+#include <array>
 #include <cmath>
 #include <random>
 #include <vector>
@@ -17,6 +18,7 @@ struct BackendParam {
   std::string device;
   bool tf32;
   double tolerance;  // relative error bound
+  int cpu_threads = 1;
 };
 
 void PrintTo(const BackendParam& p, std::ostream* os) { *os << p.name; }
@@ -24,7 +26,7 @@ void PrintTo(const BackendParam& p, std::ostream* os) { *os << p.name; }
 class BackendTest : public ::testing::TestWithParam<BackendParam> {
  protected:
   void SetUp() override {
-    absl::StatusOr<std::unique_ptr<Backend>> b = CreateBackend(GetParam().device, GetParam().tf32);
+    absl::StatusOr<std::unique_ptr<Backend>> b = CreateBackend(GetParam().device, GetParam().tf32, GetParam().cpu_threads);
     if (!b.ok()) GTEST_SKIP() << GetParam().device << " unavailable: " << b.status().message();
     backend_ = *std::move(b);
   }
@@ -60,24 +62,26 @@ class BackendTest : public ::testing::TestWithParam<BackendParam> {
   std::mt19937 rng_{17};
 };
 
+// Small, and large enough (m n k > 262144) for OpenBLAS to use its threads.
 TEST_P(BackendTest, GemmAllTranspositions) {
-  const int m = 37, n = 29, k = 41;
-  for (bool ta : {false, true}) {
-    for (bool tb : {false, true}) {
-      std::vector<float> a = Random(m * k), b = Random(k * n), c = Random(m * n);
-      Buffer da = ToDevice(a), db = ToDevice(b), dc = ToDevice(c);
-      ASSERT_TRUE(backend_->Gemm(ta, tb, m, n, k, 0.5f, da.data(), db.data(), 2.0f, dc.data()).ok());
-      std::vector<double> want(m * n);
-      for (int i = 0; i < m; ++i) {
-        for (int j = 0; j < n; ++j) {
-          double s = 0;
-          for (int p = 0; p < k; ++p) {
-            s += static_cast<double>(ta ? a[p * m + i] : a[i * k + p]) * (tb ? b[j * k + p] : b[p * n + j]);
+  for (const auto& [m, n, k] : {std::array<int, 3>{37, 29, 41}, std::array<int, 3>{130, 70, 90}}) {
+    for (bool ta : {false, true}) {
+      for (bool tb : {false, true}) {
+        std::vector<float> a = Random(m * k), b = Random(k * n), c = Random(m * n);
+        Buffer da = ToDevice(a), db = ToDevice(b), dc = ToDevice(c);
+        ASSERT_TRUE(backend_->Gemm(ta, tb, m, n, k, 0.5f, da.data(), db.data(), 2.0f, dc.data()).ok());
+        std::vector<double> want(m * n);
+        for (int i = 0; i < m; ++i) {
+          for (int j = 0; j < n; ++j) {
+            double s = 0;
+            for (int p = 0; p < k; ++p) {
+              s += static_cast<double>(ta ? a[p * m + i] : a[i * k + p]) * (tb ? b[j * k + p] : b[p * n + j]);
+            }
+            want[i * n + j] = 0.5 * s + 2.0 * c[i * n + j];
           }
-          want[i * n + j] = 0.5 * s + 2.0 * c[i * n + j];
         }
+        ExpectClose(ToHost(dc.data(), m * n), want, ta ? (tb ? "gemm TT" : "gemm TN") : (tb ? "gemm NT" : "gemm NN"));
       }
-      ExpectClose(ToHost(dc.data(), m * n), want, ta ? (tb ? "gemm TT" : "gemm TN") : (tb ? "gemm NT" : "gemm NN"));
     }
   }
 }
@@ -231,7 +235,8 @@ std::vector<BackendParam> Backends() {
   // TF32 keeps 10 mantissa bits: products are good to about 1e-3 relative.
   return {{"cuda", "cuda:0", false, 1e-5}, {"cuda_tf32", "cuda:0", true, 5e-3}};
 #else
-  return {{"cpu", "cpu", false, 1e-5}};
+  // OpenBLAS splits a product over its threads: the sums regroup, the bound holds.
+  return {{"cpu", "cpu", false, 1e-5}, {"cpu_2_threads", "cpu", false, 1e-5, 2}};
 #endif
 }
 
@@ -242,6 +247,15 @@ TEST(CreateBackend, RejectsUnknownDevices) {
   EXPECT_EQ(CreateBackend("tpu").status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(CreateBackend("cuda:x").status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE(CreateBackend("auto").ok());
+}
+
+TEST(CreateBackend, RejectsThreadCountsOutOfRange) {
+  for (int threads : {0, -1, kMaxCpuThreads + 1}) {
+    absl::StatusOr<std::unique_ptr<Backend>> b = CreateBackend("cpu", false, threads);
+    EXPECT_EQ(b.status().code(), absl::StatusCode::kInvalidArgument) << threads;
+    EXPECT_NE(b.status().message().find("--cpu_threads"), std::string::npos) << b.status().message();
+  }
+  EXPECT_TRUE(CreateBackend("cpu", false, 2).ok());
 }
 
 }  // namespace
