@@ -244,13 +244,16 @@ absl::StatusOr<TrainReport> Train(const v1::JobConfig& config, const TrainerOpti
   const size_t width = static_cast<size_t>(train.width);
 
   // Pinned staging: two pull buffers (one being filled while the other uploads),
-  // one gradient buffer (encoded for the wire before reuse), and a batch for
-  // each of the model's two input slots (the next uploads while one computes).
+  // one gradient buffer (encoded for the wire before reuse), and, on a
+  // device, a batch for each of the model's two input slots (the next
+  // uploads while one computes).
   auto host = [&](size_t bytes) { return backend->AllocateHost(bytes); };
   absl::StatusOr<Buffer> pulled0 = host(n * sizeof(float)), pulled1 = host(n * sizeof(float));
   absl::StatusOr<Buffer> grad_host = host(n * sizeof(float));
-  absl::StatusOr<Buffer> batch_x0 = host(batch * width * sizeof(float)), batch_x1 = host(batch * width * sizeof(float));
-  absl::StatusOr<Buffer> batch_y0 = host(batch * sizeof(int32_t)), batch_y1 = host(batch * sizeof(int32_t));
+  const size_t staged_rows = backend->host_addressable() ? 0 : batch;
+  absl::StatusOr<Buffer> batch_x0 = host(staged_rows * width * sizeof(float));
+  absl::StatusOr<Buffer> batch_x1 = host(staged_rows * width * sizeof(float));
+  absl::StatusOr<Buffer> batch_y0 = host(staged_rows * sizeof(int32_t)), batch_y1 = host(staged_rows * sizeof(int32_t));
   for (auto* b : {&pulled0, &pulled1, &grad_host, &batch_x0, &batch_x1, &batch_y0, &batch_y1}) {
     if (!b->ok()) return b->status();
   }
@@ -315,10 +318,15 @@ absl::StatusOr<TrainReport> Train(const v1::JobConfig& config, const TrainerOpti
   };
 
   // Gathers step `s` of an epoch's order on the host and enqueues its upload
-  // into input slot `slot`; returns its rows.
+  // into input slot `slot` (on the CPU, gathers straight into the slot);
+  // returns its rows.
   auto stage = [&](const std::vector<uint32_t>& order, uint64_t s, int slot) -> absl::StatusOr<size_t> {
     const size_t begin = s * batch;
     const size_t rows = std::min<size_t>(batch, slice.count - begin);
+    if (backend->host_addressable()) {
+      GatherBatch(train, order, begin, rows, model.input(slot), model.labels(slot));
+      return rows;
+    }
     GatherBatch(train, order, begin, rows, batch_x[slot]->data(), batch_y[slot]->data<int32_t>());
     SEGPS_RETURN_IF_ERROR(backend->Upload(batch_x[slot]->data(), model.input(slot), rows * width * sizeof(float)));
     SEGPS_RETURN_IF_ERROR(backend->Upload(batch_y[slot]->data(), model.labels(slot), rows * sizeof(int32_t)));
