@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
+
 namespace segps {
 namespace {
 
@@ -211,6 +213,53 @@ TEST(TensorWire, SparseSliceReadsAsZerosAndItsValues) {
   });
   EXPECT_EQ(next, count);
   EXPECT_EQ(dense, expected);
+}
+
+// A push's check for infinities and NaNs, in every wire type, with the
+// payload split every way: the first one is found, with its position and
+// value, wherever it lies (first and last element, block boundaries), and
+// large finite values are not mistaken for one.
+TEST(TensorWire, FindsTheFirstNonFiniteElementInEveryDtype) {
+  const size_t n = 20000;  // more than two blocks
+  for (v1::DType dtype : {v1::FLOAT32, v1::FLOAT16, v1::BFLOAT16}) {
+    for (const size_t at : {size_t{0}, size_t{1}, size_t{8191}, size_t{8192}, n - 1, n}) {  // n: none
+      for (const float special : {INFINITY, -INFINITY, NAN}) {
+        std::vector<float> values = Ramp(n);
+        values[7] = dtype == v1::BFLOAT16 ? 3e38f : 65504.0f;  // the largest finite magnitudes
+        values[9] = dtype == v1::BFLOAT16 ? -3e38f : -65504.0f;
+        if (at < n) values[at] = special;
+        if (at < n && at + 1 < n) values[at + 1] = NAN;  // only the first is named
+        const grpc::Slice data = EncodeValues(values, dtype);
+        const std::string bytes(reinterpret_cast<const char*>(data.begin()), data.size());
+        v1::TensorSlice tensor;
+        tensor.set_count(n);
+        tensor.set_dtype(dtype);
+        for (uint32_t seed : {1u, 2u}) {
+          v1::PushRequest header;
+          v1::TensorSlice decoded;
+          Payload payload;
+          const grpc::ByteBuffer message =
+              EncodeTensorMessage(header, v1::PushRequest::kGradientFieldNumber, tensor, grpc::Slice(bytes));
+          ASSERT_TRUE(DecodeTensorMessage(Shattered(Flatten(message), seed), v1::PushRequest::kGradientFieldNumber,
+                                          &header, &decoded, &payload)
+                          .ok());
+          const std::optional<DenseView::Element> found = DenseView(decoded, payload).FirstNonFinite();
+          const std::string where = absl::StrCat(v1::DType_Name(dtype), " at ", at, " ", special, " seed ", seed);
+          if (at == n) {
+            EXPECT_FALSE(found.has_value()) << where << ": " << found->at;
+            continue;
+          }
+          ASSERT_TRUE(found.has_value()) << where;
+          EXPECT_EQ(found->at, at) << where;
+          if (std::isnan(special)) {
+            EXPECT_TRUE(std::isnan(found->value)) << where;
+          } else {
+            EXPECT_EQ(found->value, special) << where;
+          }
+        }
+      }
+    }
+  }
 }
 
 TEST(TensorWire, Float16RoundsToNearestEvenAndKeepsSpecials) {
