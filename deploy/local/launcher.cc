@@ -278,9 +278,9 @@ int main(int argc, char** argv) {
     if (access((bin + "/" + tool).c_str(), X_OK) != 0) return Fail(absl::StrCat(bin, "/", tool, " not found (see --bin_dir)"));
   }
 
-  // A CPU worker computes with one BLAS thread; OpenBLAS would otherwise
-  // start a pool per core at load, which spins for ~0.1 s on cores the
-  // servers need (a quarter of the walk-through's run time). A user's own
+  // OpenBLAS would start a pool per core at load, which spins for ~0.1 s on
+  // cores the servers need (a quarter of the walk-through's run time); a
+  // CPU worker then sets its own count (--cpu_threads). A user's own
   // setting wins.
   setenv("OPENBLAS_NUM_THREADS", "1", /*overwrite=*/0);
   // Servers keep large freed buffers for reuse; two malloc arenas keep that
