@@ -117,10 +117,6 @@ void Widen(v1::DType dtype, const uint16_t* in, absl::Span<float> out) {
   }
 }
 
-}  // namespace
-
-namespace {
-
 // 1 when some element of `halves` has every bit of `exponent` set; one
 // branch-free pass (vectorised at -O3).
 uint32_t AnyExponentAllOnes(const char* halves, size_t count, uint16_t exponent) {

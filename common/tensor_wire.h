@@ -55,8 +55,7 @@ class Payload {
   void CopyTo(v1::DType dtype, absl::Span<float> out) const;
 
   // Whether an element of a two-byte `dtype` (FLOAT16, BFLOAT16) is
-  // infinity or NaN, read from the bits where they lie: a quarter of the
-  // work of widening them to check.
+  // infinity or NaN, read from the bits where they lie, without widening.
   bool HasNonFinite16(v1::DType dtype) const;
 
  private:

@@ -101,8 +101,8 @@ int main(int argc, char** argv) {
     SEGPS_LOG_INFO << "metrics on http://" << metrics_endpoint->address() << "/metrics";
   }
 
-  absl::StatusOr<std::unique_ptr<segps::Backend>> backend = segps::CreateBackend(absl::GetFlag(FLAGS_device), absl::GetFlag(FLAGS_tf32),
-                                                                                absl::GetFlag(FLAGS_cpu_threads));
+  absl::StatusOr<std::unique_ptr<segps::Backend>> backend = segps::CreateBackend(
+      absl::GetFlag(FLAGS_device), absl::GetFlag(FLAGS_tf32), absl::GetFlag(FLAGS_cpu_threads));
   if (!backend.ok()) return Fail(std::string(backend.status().message()));
   absl::StatusOr<segps::TrainTest> data = segps::LoadData(*config);
   if (!data.ok()) return Fail(std::string(data.status().message()));
