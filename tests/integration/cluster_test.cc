@@ -109,51 +109,43 @@ TEST(DataTool, ExportsWhatTheWorkersTrainOn) {
   EXPECT_NE(ReadFile(dir + "/test_y.npy").find("'shape': (2000,)"), std::string::npos);
 }
 
+// Runs `args` to its end and expects it to fail; returns its output.
+std::string FailureOf(const std::vector<std::string>& args) {
+  std::unique_ptr<Subprocess> p = Subprocess::Start(args);
+  std::optional<int> status = p->Wait(absl::Seconds(60));
+  EXPECT_TRUE(status.has_value()) << "still running: " << args[0];
+  EXPECT_FALSE(status.has_value() && ExitedOk(*status)) << "succeeded: " << args[0];
+  return p->output();
+}
+
 TEST(Cluster, LocalLauncherFailsClearlyOnABrokenConfig) {
   const std::string dir = MakeTempDir();
   WriteFile(dir + "/broken.pbtxt", "cluster { num_servers: 0 }");
-  std::unique_ptr<Subprocess> p = Subprocess::Start({BinaryPath("segps-local"), "--config", dir + "/broken.pbtxt"});
-  std::optional<int> status = p->Wait(absl::Seconds(30));
-  ASSERT_TRUE(status.has_value());
-  EXPECT_FALSE(ExitedOk(*status));
-  EXPECT_NE(p->output().find("broken.pbtxt line 1: cluster.num_servers: must be >= 1"), std::string::npos)
-      << p->output();
+  const std::string output = FailureOf({BinaryPath("segps-local"), "--config", dir + "/broken.pbtxt"});
+  EXPECT_NE(output.find("broken.pbtxt line 1: cluster.num_servers: must be >= 1"), std::string::npos) << output;
 }
 
 // Workers start alongside the servers; one that fails before training is
 // named, with its own message, and the launcher fails.
 TEST(Cluster, LocalLauncherNamesAWorkerThatFailsAtStart) {
-  std::unique_ptr<Subprocess> p = Subprocess::Start(
-      {BinaryPath("segps-local"), "--config", std::string(SEGPS_SOURCE_DIR) + "/deploy/configs/seed.pbtxt",
-       "--device", "bogus", "--report", MakeTempDir() + "/report.json"});
-  std::optional<int> status = p->Wait(absl::Seconds(60));
-  ASSERT_TRUE(status.has_value());
-  EXPECT_FALSE(ExitedOk(*status));
-  EXPECT_NE(p->output().find("--device bogus: expected cpu, cuda:N or auto"), std::string::npos) << p->output();
-  EXPECT_NE(p->output().find("segps-local: segment"), std::string::npos) << p->output();
-  EXPECT_NE(p->output().find("failed (exit code 1)"), std::string::npos) << p->output();
+  const std::string output = FailureOf({BinaryPath("segps-local"), "--config", Config("seed.pbtxt"), "--device",
+                                        "bogus", "--report", MakeTempDir() + "/report.json"});
+  EXPECT_NE(output.find("--device bogus: expected cpu, cuda:N or auto"), std::string::npos) << output;
+  EXPECT_NE(output.find("segps-local: segment"), std::string::npos) << output;
+  EXPECT_NE(output.find("failed (exit code 1)"), std::string::npos) << output;
 }
 
 // `--servers=-` reads the addresses from stdin; without a line it says so.
 TEST(WorkerFlags, ServersFromStdinNeedALine) {
-  std::unique_ptr<Subprocess> p = Subprocess::Start(
-      {BinaryPath("segps-worker"), "--config", std::string(SEGPS_SOURCE_DIR) + "/deploy/configs/seed.pbtxt",
-       "--segment", "0", "--servers=-"});
-  std::optional<int> status = p->Wait(absl::Seconds(60));
-  ASSERT_TRUE(status.has_value());
-  EXPECT_FALSE(ExitedOk(*status));
-  EXPECT_NE(p->output().find("--servers -: stdin ended before a line of server addresses"), std::string::npos)
-      << p->output();
+  const std::string output =
+      FailureOf({BinaryPath("segps-worker"), "--config", Config("seed.pbtxt"), "--segment", "0", "--servers=-"});
+  EXPECT_NE(output.find("--servers -: stdin ended before a line of server addresses"), std::string::npos) << output;
 }
 
 TEST(WorkerFlags, CpuThreadsOutOfRangeAreNamed) {
-  std::unique_ptr<Subprocess> p = Subprocess::Start(
-      {BinaryPath("segps-worker"), "--config", std::string(SEGPS_SOURCE_DIR) + "/deploy/configs/seed.pbtxt",
-       "--segment", "0", "--servers", "127.0.0.1:1", "--cpu_threads", "0"});
-  std::optional<int> status = p->Wait(absl::Seconds(60));
-  ASSERT_TRUE(status.has_value());
-  EXPECT_FALSE(ExitedOk(*status));
-  EXPECT_NE(p->output().find("--cpu_threads 0: expected 1..256"), std::string::npos) << p->output();
+  const std::string output = FailureOf({BinaryPath("segps-worker"), "--config", Config("seed.pbtxt"), "--segment",
+                                        "0", "--servers", "127.0.0.1:1", "--cpu_threads", "0"});
+  EXPECT_NE(output.find("--cpu_threads 0: expected 1..256"), std::string::npos) << output;
 }
 
 TEST(Cluster, LocalLauncherLeavesNoProcessBehindOnCtrlC) {
