@@ -76,17 +76,17 @@ int main(int argc, char** argv) {
     }
     rank = r;
   }
+  // With --servers=- the list is read below, once everything that does not
+  // need the servers is ready.
   const bool servers_from_stdin = absl::GetFlag(FLAGS_servers) == "-";
   std::vector<std::string> servers;
-  if (servers_from_stdin) {
-    // Read below, once everything that does not need the servers is ready.
-  } else if (!absl::GetFlag(FLAGS_servers).empty()) {
-    servers = absl::StrSplit(absl::GetFlag(FLAGS_servers), ',', absl::SkipEmpty());
-  } else {
-    servers.assign(config->cluster().server_addresses().begin(), config->cluster().server_addresses().end());
-  }
-  if (servers.empty() && !servers_from_stdin) {
-    return Fail("--servers is required (the config lists no server_addresses)");
+  if (!servers_from_stdin) {
+    if (!absl::GetFlag(FLAGS_servers).empty()) {
+      servers = absl::StrSplit(absl::GetFlag(FLAGS_servers), ',', absl::SkipEmpty());
+    } else {
+      servers.assign(config->cluster().server_addresses().begin(), config->cluster().server_addresses().end());
+    }
+    if (servers.empty()) return Fail("--servers is required (the config lists no server_addresses)");
   }
 
   std::unique_ptr<segps::MetricsEndpoint> metrics_endpoint;

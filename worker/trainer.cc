@@ -243,14 +243,15 @@ absl::StatusOr<TrainReport> Train(const v1::JobConfig& config, const TrainerOpti
   const size_t n = model.num_params();
   const size_t width = static_cast<size_t>(train.width);
 
-  // Pinned staging: two pull buffers (one being filled while the other uploads),
-  // one gradient buffer (encoded for the wire before reuse), and, on a
-  // device, a batch for each of the model's two input slots (the next
-  // uploads while one computes).
+  // Pinned staging: two pull buffers (one being filled while the other
+  // uploads), and, on a device (a CPU model is read and filled in place), one
+  // gradient buffer (encoded for the wire before reuse) and a batch for each
+  // of the model's two input slots (the next uploads while one computes).
   auto host = [&](size_t bytes) { return backend->AllocateHost(bytes); };
   absl::StatusOr<Buffer> pulled0 = host(n * sizeof(float)), pulled1 = host(n * sizeof(float));
-  absl::StatusOr<Buffer> grad_host = host(n * sizeof(float));
-  const size_t staged_rows = backend->host_addressable() ? 0 : batch;
+  const bool device = !backend->host_addressable();
+  absl::StatusOr<Buffer> grad_host = host(device ? n * sizeof(float) : 0);
+  const size_t staged_rows = device ? batch : 0;
   absl::StatusOr<Buffer> batch_x0 = host(staged_rows * width * sizeof(float));
   absl::StatusOr<Buffer> batch_x1 = host(staged_rows * width * sizeof(float));
   absl::StatusOr<Buffer> batch_y0 = host(staged_rows * sizeof(int32_t)), batch_y1 = host(staged_rows * sizeof(int32_t));
