@@ -13,6 +13,7 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
+#include "common/lock_checks.h"
 #include "common/malloc_tuning.h"
 #include "common/config.h"
 #include "common/log.h"
@@ -30,6 +31,7 @@ ABSL_FLAG(std::string, listen, "",
 
 int main(int argc, char** argv) {
   segps::TuneMallocForLargeBuffers();
+  segps::SkipMutexDeadlockDetection();
   absl::SetProgramUsageMessage(
       "segps parameter server.\n  segps-server --config FILE --index I [--listen HOST:PORT]");
   std::vector<char*> positional = absl::ParseCommandLine(argc, argv);

@@ -12,6 +12,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "common/lock_checks.h"
 #include "common/malloc_tuning.h"
 #include "common/config.h"
 #include "common/shard_map.h"
@@ -63,6 +64,7 @@ absl::Status WaitForTraining(segps::ParameterClient& client, absl::Duration time
 
 int main(int argc, char** argv) {
   segps::TuneMallocForLargeBuffers();
+  segps::SkipMutexDeadlockDetection();
   absl::SetProgramUsageMessage("segps evaluator.\n  segps-eval --config FILE --servers HOST:PORT,... [--report FILE]");
   std::vector<char*> positional = absl::ParseCommandLine(argc, argv);
   if (positional.size() > 1) return Fail(std::string("unexpected argument '") + positional[1] + "'");

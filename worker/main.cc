@@ -12,6 +12,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/time.h"
+#include "common/lock_checks.h"
 #include "common/malloc_tuning.h"
 #include "common/config.h"
 #include "common/log.h"
@@ -50,6 +51,7 @@ int Fail(const std::string& message) {
 
 int main(int argc, char** argv) {
   segps::TuneMallocForLargeBuffers();
+  segps::SkipMutexDeadlockDetection();
   absl::SetProgramUsageMessage(
       "segps worker.\n  segps-worker --config FILE --segment K --rank R --servers HOST:PORT,...");
   std::vector<char*> positional = absl::ParseCommandLine(argc, argv);
