@@ -29,9 +29,10 @@
 
 namespace segps {
 
-// The gRPC method paths of the two calls that carry tensors.
+// The gRPC method paths of the calls that carry tensors.
 inline constexpr char kPullMethod[] = "/segps.v1.ParameterServer/Pull";
 inline constexpr char kPushMethod[] = "/segps.v1.ParameterServer/Push";
+inline constexpr char kPushStreamMethod[] = "/segps.v1.ParameterServer/PushStream";
 
 // The data of a tensor slice: byte pieces in order, held in the gRPC slices
 // they arrived in (kept alive here) or borrowed from the caller.

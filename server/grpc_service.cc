@@ -61,6 +61,13 @@ class Service final : public grpc::Service {
     Add<v1::RegisterRequest, v1::RegisterResponse>("/segps.v1.ParameterServer/Register", &Service::Register);
     Add<v1::PullRequest, grpc::ByteBuffer>(kPullMethod, &Service::Pull);
     Add<grpc::ByteBuffer, grpc::ByteBuffer>(kPushMethod, &Service::Push);
+    AddMethod(new grpc::internal::RpcServiceMethod(
+        kPushStreamMethod, grpc::internal::RpcMethod::BIDI_STREAMING,
+        new grpc::internal::BidiStreamingHandler<Service, grpc::ByteBuffer, grpc::ByteBuffer>(
+            [](Service* service, grpc::ServerContext* context, PushStreamIo* stream) {
+              return service->PushStream(context, stream);
+            },
+            this)));
     Add<v1::HeartbeatRequest, v1::HeartbeatResponse>("/segps.v1.ParameterServer/Heartbeat", &Service::Heartbeat);
     Add<v1::LeaveRequest, v1::LeaveResponse>("/segps.v1.ParameterServer/Leave", &Service::Leave);
     Add<v1::StatsRequest, v1::StatsResponse>("/segps.v1.ParameterServer/Stats", &Service::Stats);
@@ -112,6 +119,22 @@ class Service final : public grpc::Service {
         server_->Push(header, data, WaitDeadline(context, server_->max_wait()), values.reader(), &response);
     if (!status.ok()) return ToGrpcStatus(status);
     *reply = values.Encode(&response, v1::PushResponse::kValuesFieldNumber);
+    return grpc::Status::OK;
+  }
+
+  using PushStreamIo = grpc::ServerReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer>;
+
+  // Each message is a Push, answered in order. The stream has no deadline of
+  // its own, so a push's wait is capped by the server's limit alone.
+  grpc::Status PushStream(grpc::ServerContext* context, PushStreamIo* stream) {
+    grpc::ByteBuffer request;
+    while (stream->Read(&request)) {
+      grpc::ByteBuffer reply;
+      grpc::Status status = Push(context, &request, &reply);
+      if (!status.ok()) return status;
+      request.Clear();
+      if (!stream->Write(reply)) break;  // the client went away
+    }
     return grpc::Status::OK;
   }
 

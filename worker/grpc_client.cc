@@ -1,10 +1,11 @@
 // ParameterClient over gRPC. Each call goes to every server at once from a
 // completion queue the calling thread drives; the thread waits for all
-// replies. Pull replies and push requests travel as raw byte buffers
-// (common/tensor_wire.h): a gradient is copied once, into the buffer gRPC
-// sends from, and pulled values once, from the received slices into the
+// replies. Pushes go as messages on a stream per server that stays open
+// (worker/push_streams.h). Pull replies and push requests travel as raw byte
+// buffers (common/tensor_wire.h): a gradient is copied once, into the buffer
+// gRPC sends from, and pulled values once, from the received slices into the
 // caller's tensor. Ranges larger than cluster.chunk_bytes go in consecutive
-// chunks, one call at a time per server, all servers at once.
+// chunks, at most two unanswered per server, all servers at once.
 #include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
 
@@ -13,6 +14,7 @@
 #include <optional>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "common/config.h"
 #include "common/grpc_status.h"
@@ -20,6 +22,7 @@
 #include "common/tensor_wire.h"
 #include "segps/v1/parameter_server.grpc.pb.h"
 #include "worker/ps_client.h"
+#include "worker/push_streams.h"
 
 namespace segps {
 namespace {
@@ -86,12 +89,13 @@ class GrpcClient final : public ParameterClient {
     grpc::ChannelArguments args;
     args.SetMaxReceiveMessageSize(static_cast<int>(config.cluster().max_message_bytes()));
     args.SetMaxSendMessageSize(static_cast<int>(config.cluster().max_message_bytes()));
+    std::vector<std::shared_ptr<grpc::Channel>> channels;
     for (const std::string& address : addresses_) {
-      auto channel = grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
-      stubs_.push_back(v1::ParameterServer::NewStub(channel));
-      pull_stubs_.push_back(std::make_unique<PullStub>(channel));
-      push_stubs_.push_back(std::make_unique<PushStub>(channel));
+      channels.push_back(grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args));
+      stubs_.push_back(v1::ParameterServer::NewStub(channels.back()));
+      pull_stubs_.push_back(std::make_unique<PullStub>(channels.back()));
     }
+    push_streams_ = std::make_unique<PushStreams>(channels);
     worker_ids_.assign(addresses_.size(), 0);
   }
 
@@ -287,19 +291,19 @@ class GrpcClient final : public ParameterClient {
         chunks.push_back(chunk);
       }
     }
-    std::vector<grpc::ByteBuffer> replies(requests.size());
     uint64_t min_clock = UINT64_MAX;
     const absl::Duration wait = pull ? pull_wait_ : absl::ZeroDuration();
-    SEGPS_RETURN_IF_ERROR(FanOut(
-        "Push", wait * 6 + rpc_deadline_ * 2, wait + rpc_deadline_, servers, kChunksInFlight,
-        [&](size_t j, grpc::ClientContext* context, grpc::CompletionQueue* cq, Call* call) {
-          call->Start(push_stubs_[servers[j]]->PrepareUnaryCall(context, kPushMethod, requests[j], cq), &replies[j]);
-        },
-        [&](size_t j) {
-          if (!pull) return absl::OkStatus();
-          return TakeValues<v1::PushResponse>(&replies[j], v1::PushResponse::kValuesFieldNumber, chunks[j], pull_into,
-                                              &min_clock);
-        }));
+    absl::MutexLock lock(&push_mu_);
+    SEGPS_RETURN_IF_ERROR(FanOut("Push", wait * 6 + rpc_deadline_ * 2, servers, [&](std::vector<size_t>* pending) {
+      return push_streams_->Exchange(
+          servers, requests, kChunksInFlight, wait + rpc_deadline_,
+          [&](size_t j, grpc::ByteBuffer* reply) {
+            if (!pull) return absl::OkStatus();
+            return TakeValues<v1::PushResponse>(reply, v1::PushResponse::kValuesFieldNumber, chunks[j], pull_into,
+                                                &min_clock);
+          },
+          pending);
+    }));
     return min_clock;
   }
 
@@ -399,11 +403,25 @@ class GrpcClient final : public ParameterClient {
   absl::Status FanOut(const char* call, absl::Duration budget, absl::Duration per_call,
                       const std::vector<size_t>& servers, size_t window, const StartCall& start,
                       const Finished& finished = nullptr) {
+    return FanOut(call, budget, servers, [&](std::vector<size_t>* pending) {
+      return RunWindowed(per_call, servers, window, start, finished, pending);
+    });
+  }
+
+  // One attempt at the requests in `pending` (request j goes to server
+  // servers[j]): leaves in it those that failed and returns their errors in
+  // the same order.
+  using Attempt = std::function<std::vector<absl::Status>(std::vector<size_t>* pending)>;
+
+  // Makes attempts at requests 0..servers.size()-1 until each succeeded,
+  // one failed for good, or `budget` ran out; backs off between attempts.
+  absl::Status FanOut(const char* call, absl::Duration budget, const std::vector<size_t>& servers,
+                      const Attempt& attempt) {
     std::vector<size_t> pending(servers.size());
     for (size_t j = 0; j < pending.size(); ++j) pending[j] = j;
     Backoff backoff(budget);
     while (true) {
-      std::vector<absl::Status> failed = RunWindowed(per_call, servers, window, start, finished, &pending);
+      std::vector<absl::Status> failed = attempt(&pending);
       std::optional<size_t> transient;  // first call to retry
       for (size_t k = 0; k < pending.size(); ++k) {
         if (!IsTransient(failed[k])) return Annotate(failed[k], servers[pending[k]], call);
@@ -476,10 +494,10 @@ class GrpcClient final : public ParameterClient {
   const v1::DType dtype_;        // of tensors on the wire
   const uint64_t chunk_elements_;
   using PullStub = grpc::TemplatedGenericStub<grpc::protobuf::MessageLite, grpc::ByteBuffer>;
-  using PushStub = grpc::TemplatedGenericStub<grpc::ByteBuffer, grpc::ByteBuffer>;
   std::vector<std::unique_ptr<v1::ParameterServer::Stub>> stubs_;  // the control calls
   std::vector<std::unique_ptr<PullStub>> pull_stubs_;
-  std::vector<std::unique_ptr<PushStub>> push_stubs_;
+  absl::Mutex push_mu_;  // one push at a time on the streams
+  std::unique_ptr<PushStreams> push_streams_ ABSL_GUARDED_BY(push_mu_);
   std::vector<uint64_t> worker_ids_;  // per server; 0 until registered
 };
 

@@ -2,9 +2,10 @@
 // cluster: one call per server per step, all servers at once, each slice
 // landing straight in the caller's buffer.
 //
-// Every call has a deadline and retries transient failures (UNAVAILABLE,
-// DEADLINE_EXCEEDED) with exponential backoff within the config's budget;
-// other errors come back at once, naming the server.
+// Every call has a deadline (a push, sent on a stream that stays open, a
+// time within which its reply must come) and retries transient failures
+// (UNAVAILABLE, DEADLINE_EXCEEDED) with exponential backoff within the
+// config's budget; other errors come back at once, naming the server.
 //
 // Thread safety: Pull, Push and Heartbeat may run concurrently from
 // different threads (the trainer pulls, pushes and heartbeats on separate

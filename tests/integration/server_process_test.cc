@@ -194,6 +194,43 @@ TEST_F(ServerProcessTest, StalenessPushesAndBadInput) {
   EXPECT_GE(stats.segments(0).rejected(), 5u);
 }
 
+TEST_F(ServerProcessTest, PushStreamAnswersInOrderAndEndsAtTheFirstBadPush) {
+  const uint64_t a0 = Register(0, 0);
+  const std::vector<float> before = Read(0);
+  v1::PushResponse reply;
+  {
+    grpc::ClientContext ctx;
+    auto stream = stubs_[0]->PushStream(&ctx);
+    ASSERT_TRUE(stream->Write(Push(0, a0, 0, 1.0f)));
+    ASSERT_TRUE(stream->Read(&reply));
+    EXPECT_TRUE(reply.applied());
+    EXPECT_EQ(reply.next_clock(), 1u);
+    ASSERT_TRUE(stream->Write(Push(0, a0, 0, 1.0f)));  // a resend: acknowledged, not applied again
+    ASSERT_TRUE(stream->Read(&reply));
+    EXPECT_FALSE(reply.applied());
+    EXPECT_FLOAT_EQ(Read(0)[0], before[0] - 1.0f);
+
+    // The bad push ends the stream with its own status; the one behind it is never read.
+    const std::vector<float> snapshot = Read(0);
+    stream->Write(Push(0, a0, 1, NAN));
+    stream->Write(Push(0, a0, 1, 1.0f));
+    EXPECT_FALSE(stream->Read(&reply));
+    grpc::Status status = stream->Finish();
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << status.error_message();
+    EXPECT_NE(status.error_message().find("gradients must be finite"), std::string::npos) << status.error_message();
+    EXPECT_EQ(Read(0), snapshot);
+  }
+  // A new stream goes on from there.
+  grpc::ClientContext ctx;
+  auto stream = stubs_[0]->PushStream(&ctx);
+  ASSERT_TRUE(stream->Write(Push(0, a0, 1, 1.0f)));
+  ASSERT_TRUE(stream->Read(&reply));
+  EXPECT_TRUE(reply.applied());
+  EXPECT_EQ(reply.next_clock(), 2u);
+  ASSERT_TRUE(stream->WritesDone());
+  EXPECT_TRUE(stream->Finish().ok());
+}
+
 TEST_F(ServerProcessTest, ShutsDownCleanlyOnSigtermAndSigint) {
   servers_[0]->Signal(SIGTERM);
   servers_[1]->Signal(SIGINT);

@@ -2,6 +2,7 @@
 // (port 0): the whole training path without process management.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <iostream>
 #include <thread>
 
@@ -156,6 +157,35 @@ TEST(WorkerInProcess, Float16PullOfParametersBeyondItsRangeFails) {
   absl::Status status = narrow->Pull(0, registered->start_clock, absl::MakeSpan(pulled)).status();
   EXPECT_EQ(status.code(), absl::StatusCode::kOutOfRange) << status;
   EXPECT_NE(std::string(status.message()).find("holds magnitudes up to 65504"), std::string::npos) << status;
+}
+
+// A push the server rejects ends that server's push stream: the error names
+// the element, nothing is applied, and the next push opens a new stream.
+TEST(WorkerInProcess, RejectedPushIsNamedAndTheNextPushGoesThrough) {
+  v1::JobConfig config = SeedConfig(1);
+  config.mutable_cluster()->set_num_servers(1);
+  config.mutable_optimizer()->set_kind(v1::SGD);
+  config.mutable_optimizer()->set_learning_rate(1.0f);
+  InProcessCluster cluster(config);
+  std::unique_ptr<ParameterClient> client = *ConnectGrpc(config, cluster.addresses());
+  ASSERT_TRUE(client->Register(0, 0).ok());
+  const std::vector<float> before = cluster.Parameters(0);
+  const size_t n = before.size();
+
+  std::vector<float> bad(n, 1.0f);
+  bad[7] = NAN;
+  absl::Status rejected = client->Send(*client->Encode(0, 0, bad));
+  EXPECT_EQ(rejected.code(), absl::StatusCode::kInvalidArgument) << rejected;
+  EXPECT_NE(std::string(rejected.message()).find("element 7 of segment 0 is nan"), std::string::npos) << rejected;
+  EXPECT_EQ(cluster.Parameters(0), before);
+
+  std::vector<float> pulled(n);
+  absl::StatusOr<uint64_t> clock = client->SendAndPull(*client->Encode(0, 0, std::vector<float>(n, 0.5f)),
+                                                       absl::MakeSpan(pulled));
+  ASSERT_TRUE(clock.ok()) << clock.status();
+  EXPECT_EQ(*clock, 1u);
+  EXPECT_EQ(pulled, cluster.Parameters(0));
+  EXPECT_FLOAT_EQ(pulled[7], before[7] - 0.5f);
 }
 
 INSTANTIATE_TEST_SUITE_P(Dtypes, HalfWire, ::testing::Values(v1::BFLOAT16, v1::FLOAT16),
