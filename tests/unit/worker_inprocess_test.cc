@@ -28,6 +28,8 @@ class InProcessCluster {
     }
   }
   const std::vector<std::string>& addresses() const { return addresses_; }
+  // Stops server i's gRPC service at once (its open streams are cancelled).
+  void StopServing(size_t i) { running_[i]->Shutdown(absl::ZeroDuration()); }
   // Pull calls server i served for segment k (each chunk counts).
   uint64_t Pulls(size_t i, int k) {
     v1::StatsResponse stats;
@@ -186,6 +188,24 @@ TEST(WorkerInProcess, RejectedPushIsNamedAndTheNextPushGoesThrough) {
   EXPECT_EQ(*clock, 1u);
   EXPECT_EQ(pulled, cluster.Parameters(0));
   EXPECT_FLOAT_EQ(pulled[7], before[7] - 0.5f);
+}
+
+// A server that stops serving ends the push stream from its side: the
+// worker sees a transient failure (retried, then reported naming the
+// server), not a cancellation it never asked for.
+TEST(WorkerInProcess, PushesToAServerThatStoppedFailAsUnavailable) {
+  v1::JobConfig config = SeedConfig(1);
+  config.mutable_cluster()->set_num_servers(1);
+  config.mutable_cluster()->set_rpc_deadline_ms(200);
+  InProcessCluster cluster(config);
+  std::unique_ptr<ParameterClient> client = *ConnectGrpc(config, cluster.addresses());
+  ASSERT_TRUE(client->Register(0, 0).ok());
+  const size_t n = cluster.Parameters(0).size();
+  ASSERT_TRUE(client->Send(*client->Encode(0, 0, std::vector<float>(n, 0.5f))).ok());  // the stream is open
+  cluster.StopServing(0);
+  absl::Status status = client->Send(*client->Encode(0, 1, std::vector<float>(n, 0.5f)));
+  EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable) << status;
+  EXPECT_NE(std::string(status.message()).find("Push to server 0"), std::string::npos) << status;
 }
 
 INSTANTIATE_TEST_SUITE_P(Dtypes, HalfWire, ::testing::Values(v1::BFLOAT16, v1::FLOAT16),
