@@ -294,7 +294,7 @@ class GrpcClient final : public ParameterClient {
     uint64_t min_clock = UINT64_MAX;
     const absl::Duration wait = pull ? pull_wait_ : absl::ZeroDuration();
     absl::MutexLock lock(&push_mu_);
-    SEGPS_RETURN_IF_ERROR(FanOut("Push", wait * 6 + rpc_deadline_ * 2, servers, [&](std::vector<size_t>* pending) {
+    SEGPS_RETURN_IF_ERROR(FanOut("Push", wait * 6 + rpc_deadline_ * 2, servers, [&](const std::vector<size_t>& pending) {
       return push_streams_->Exchange(
           servers, requests, kChunksInFlight, wait + rpc_deadline_,
           [&](size_t j, grpc::ByteBuffer* reply) {
@@ -403,15 +403,14 @@ class GrpcClient final : public ParameterClient {
   absl::Status FanOut(const char* call, absl::Duration budget, absl::Duration per_call,
                       const std::vector<size_t>& servers, size_t window, const StartCall& start,
                       const Finished& finished = nullptr) {
-    return FanOut(call, budget, servers, [&](std::vector<size_t>* pending) {
+    return FanOut(call, budget, servers, [&](const std::vector<size_t>& pending) {
       return RunWindowed(per_call, servers, window, start, finished, pending);
     });
   }
 
   // One attempt at the requests in `pending` (request j goes to server
-  // servers[j]): leaves in it those that failed and returns their errors in
-  // the same order.
-  using Attempt = std::function<std::vector<absl::Status>(std::vector<size_t>* pending)>;
+  // servers[j]): the status of each, in the same order.
+  using Attempt = std::function<std::vector<absl::Status>(const std::vector<size_t>& pending)>;
 
   // Makes attempts at requests 0..servers.size()-1 until each succeeded,
   // one failed for good, or `budget` ran out; backs off between attempts.
@@ -421,26 +420,29 @@ class GrpcClient final : public ParameterClient {
     for (size_t j = 0; j < pending.size(); ++j) pending[j] = j;
     Backoff backoff(budget);
     while (true) {
-      std::vector<absl::Status> failed = attempt(&pending);
-      std::optional<size_t> transient;  // first call to retry
+      std::vector<absl::Status> results = attempt(pending);
+      std::vector<size_t> failed;  // to retry, if every failure is transient
+      absl::Status first_failure;
       for (size_t k = 0; k < pending.size(); ++k) {
-        if (!IsTransient(failed[k])) return Annotate(failed[k], servers[pending[k]], call);
-        if (!transient.has_value()) transient = k;
+        if (results[k].ok()) continue;
+        if (!IsTransient(results[k])) return Annotate(results[k], servers[pending[k]], call);
+        if (failed.empty()) first_failure = Annotate(results[k], servers[pending[k]], call);
+        failed.push_back(pending[k]);
       }
-      if (!transient.has_value()) return absl::OkStatus();
-      if (!backoff.Wait()) return Annotate(failed[*transient], servers[pending[*transient]], call);
+      if (failed.empty()) return absl::OkStatus();
+      if (!backoff.Wait()) return first_failure;
+      pending = std::move(failed);
     }
   }
 
-  // One attempt at the calls in `pending`; leaves in it those that failed,
-  // and returns their errors in the same order.
+  // One attempt at the calls in `pending`: the status of each.
   std::vector<absl::Status> RunWindowed(absl::Duration per_call, const std::vector<size_t>& servers, size_t window,
                                         const StartCall& start, const Finished& finished,
-                                        std::vector<size_t>* pending) {
+                                        const std::vector<size_t>& pending) {
     // The calling thread drives the queue: replies reach it without a
     // hand-off from another thread (a step's latency on a busy machine).
     grpc::CompletionQueue cq;
-    const size_t count = pending->size();
+    const size_t count = pending.size();
     std::vector<std::unique_ptr<grpc::ClientContext>> contexts(count);
     std::vector<Call> calls(count);
     std::vector<absl::Status> results(count);
@@ -448,8 +450,8 @@ class GrpcClient final : public ParameterClient {
     size_t next = 0, started = 0, done = 0;
     auto start_ready = [&] {
       // Calls start in order; a call waits while its server's window is full.
-      while (next < count && in_flight[servers[(*pending)[next]]] < window) {
-        const size_t j = (*pending)[next];
+      while (next < count && in_flight[servers[pending[next]]] < window) {
+        const size_t j = pending[next];
         contexts[next] = std::make_unique<grpc::ClientContext>();
         contexts[next]->set_deadline(absl::ToChronoTime(absl::Now() + per_call));
         calls[next].index = next;
@@ -467,8 +469,8 @@ class GrpcClient final : public ParameterClient {
       ++done;
       const size_t k = static_cast<Call*>(tag)->index;
       results[k] = FromGrpcStatus(calls[k].status);
-      if (results[k].ok() && finished) results[k] = finished((*pending)[k]);
-      --in_flight[servers[(*pending)[k]]];
+      if (results[k].ok() && finished) results[k] = finished(pending[k]);
+      --in_flight[servers[pending[k]]];
       start_ready();
     }
     cq.Shutdown();
@@ -476,15 +478,7 @@ class GrpcClient final : public ParameterClient {
     bool ok = false;
     while (cq.Next(&tag, &ok)) {
     }
-    std::vector<size_t> still;
-    std::vector<absl::Status> failed;
-    for (size_t k = 0; k < count; ++k) {
-      if (results[k].ok()) continue;
-      still.push_back((*pending)[k]);
-      failed.push_back(std::move(results[k]));
-    }
-    *pending = std::move(still);
-    return failed;
+    return results;
   }
 
   const ShardMap map_;

@@ -104,19 +104,19 @@ void PushStreams::FinishIfIdle(size_t server) {
 std::vector<absl::Status> PushStreams::Exchange(const std::vector<size_t>& servers,
                                                 const std::vector<grpc::ByteBuffer>& requests, size_t window,
                                                 absl::Duration patience, const TakeReply& take,
-                                                std::vector<size_t>* pending) {
-  const size_t count = pending->size();
+                                                const std::vector<size_t>& pending) {
+  const size_t count = pending.size();
   std::vector<absl::Status> results(count);
   size_t remaining = count;
   auto settle = [&](size_t k, absl::Status status) {
     results[k] = std::move(status);
     --remaining;
   };
-  for (size_t k = 0; k < count; ++k) streams_[servers[(*pending)[k]]].unsent.push_back(k);
+  for (size_t k = 0; k < count; ++k) streams_[servers[pending[k]]].unsent.push_back(k);
   for (size_t i = 0; i < streams_.size(); ++i) {
     if (streams_[i].unsent.empty()) continue;
     if (streams_[i].io == nullptr) Open(i);
-    Pump(i, window, *pending, requests);
+    Pump(i, window, pending, requests);
   }
   auto busy = [this] {
     for (const Stream& s : streams_) {
@@ -156,7 +156,7 @@ std::vector<absl::Status> PushStreams::Exchange(const std::vector<size_t>& serve
         if (ok) {
           const size_t k = s.unanswered.front();
           s.unanswered.pop_front();
-          settle(k, take((*pending)[k], &s.reply));
+          settle(k, take(pending[k], &s.reply));
           s.reply.Clear();
         }
         break;
@@ -176,17 +176,9 @@ std::vector<absl::Status> PushStreams::Exchange(const std::vector<size_t>& serve
     }
     if (!ok) Break(i, absl::OkStatus());
     FinishIfIdle(i);
-    Pump(i, window, *pending, requests);
+    Pump(i, window, pending, requests);
   }
-  std::vector<size_t> still;
-  std::vector<absl::Status> failed;
-  for (size_t k = 0; k < count; ++k) {
-    if (results[k].ok()) continue;
-    still.push_back((*pending)[k]);
-    failed.push_back(std::move(results[k]));
-  }
-  *pending = std::move(still);
-  return failed;
+  return results;
 }
 
 }  // namespace segps

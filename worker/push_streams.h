@@ -42,11 +42,10 @@ class PushStreams {
   // and hands each reply to `take`. A request fails with its stream's status
   // if the stream breaks before its reply, with DEADLINE_EXCEEDED if no
   // reply or other progress comes within `patience`, or with take's error.
-  // Leaves in `pending` the requests that failed and returns their errors in
-  // the same order (the contract of one attempt of a fan-out).
+  // Returns the status of each request in `pending`, in the same order.
   std::vector<absl::Status> Exchange(const std::vector<size_t>& servers, const std::vector<grpc::ByteBuffer>& requests,
                                      size_t window, absl::Duration patience, const TakeReply& take,
-                                     std::vector<size_t>* pending);
+                                     const std::vector<size_t>& pending);
 
  private:
   enum class Op { kStart, kWrite, kRead, kFinish };
