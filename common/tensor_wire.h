@@ -33,6 +33,7 @@ namespace segps {
 inline constexpr char kPullMethod[] = "/segps.v1.ParameterServer/Pull";
 inline constexpr char kPushMethod[] = "/segps.v1.ParameterServer/Push";
 inline constexpr char kPushStreamMethod[] = "/segps.v1.ParameterServer/PushStream";
+inline constexpr char kPullStreamMethod[] = "/segps.v1.ParameterServer/PullStream";
 
 // The data of a tensor slice: byte pieces in order, held in the gRPC slices
 // they arrived in (kept alive here) or borrowed from the caller.

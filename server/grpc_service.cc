@@ -61,13 +61,8 @@ class Service final : public grpc::Service {
     Add<v1::RegisterRequest, v1::RegisterResponse>("/segps.v1.ParameterServer/Register", &Service::Register);
     Add<v1::PullRequest, grpc::ByteBuffer>(kPullMethod, &Service::Pull);
     Add<grpc::ByteBuffer, grpc::ByteBuffer>(kPushMethod, &Service::Push);
-    AddMethod(new grpc::internal::RpcServiceMethod(
-        kPushStreamMethod, grpc::internal::RpcMethod::BIDI_STREAMING,
-        new grpc::internal::BidiStreamingHandler<Service, grpc::ByteBuffer, grpc::ByteBuffer>(
-            [](Service* service, grpc::ServerContext* context, PushStreamIo* stream) {
-              return service->PushStream(context, stream);
-            },
-            this)));
+    AddStream(kPushStreamMethod, &Service::PushStream);
+    AddStream(kPullStreamMethod, &Service::PullStream);
     Add<v1::HeartbeatRequest, v1::HeartbeatResponse>("/segps.v1.ParameterServer/Heartbeat", &Service::Heartbeat);
     Add<v1::LeaveRequest, v1::LeaveResponse>("/segps.v1.ParameterServer/Leave", &Service::Leave);
     Add<v1::StatsRequest, v1::StatsResponse>("/segps.v1.ParameterServer/Stats", &Service::Stats);
@@ -122,20 +117,49 @@ class Service final : public grpc::Service {
     return grpc::Status::OK;
   }
 
-  using PushStreamIo = grpc::ServerReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer>;
+  using StreamIo = grpc::ServerReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer>;
 
-  // Each message is a Push, answered in order. The stream has no deadline of
-  // its own, so a push's wait is capped by the server's limit alone.
-  grpc::Status PushStream(grpc::ServerContext* context, PushStreamIo* stream) {
+  void AddStream(const char* path, grpc::Status (Service::*method)(grpc::ServerContext*, StreamIo*)) {
+    AddMethod(new grpc::internal::RpcServiceMethod(
+        path, grpc::internal::RpcMethod::BIDI_STREAMING,
+        new grpc::internal::BidiStreamingHandler<Service, grpc::ByteBuffer, grpc::ByteBuffer>(
+            [method](Service* service, grpc::ServerContext* context, StreamIo* stream) {
+              return (service->*method)(context, stream);
+            },
+            this)));
+  }
+
+  // Answers each request on `stream` with `handle`, in order, until the
+  // client stops or a request fails (whose status ends the stream). The
+  // stream has no deadline of its own, so a request's wait is capped by the
+  // server's limit alone.
+  template <typename Handle>
+  static grpc::Status Serve(StreamIo* stream, Handle handle) {
     grpc::ByteBuffer request;
     while (stream->Read(&request)) {
       grpc::ByteBuffer reply;
-      grpc::Status status = Push(context, &request, &reply);
+      grpc::Status status = handle(&request, &reply);
       if (!status.ok()) return status;
       request.Clear();
       if (!stream->Write(reply)) break;  // the client went away
     }
     return grpc::Status::OK;
+  }
+
+  grpc::Status PushStream(grpc::ServerContext* context, StreamIo* stream) {
+    return Serve(stream, [&](grpc::ByteBuffer* request, grpc::ByteBuffer* reply) {
+      return Push(context, request, reply);
+    });
+  }
+
+  grpc::Status PullStream(grpc::ServerContext* context, StreamIo* stream) {
+    return Serve(stream, [&](grpc::ByteBuffer* bytes, grpc::ByteBuffer* reply) {
+      v1::PullRequest request;
+      if (!grpc::SerializationTraits<v1::PullRequest>::Deserialize(bytes, &request).ok()) {
+        return ToGrpcStatus(absl::InvalidArgumentError("PullStream: malformed PullRequest"));
+      }
+      return Pull(context, &request, reply);
+    });
   }
 
   grpc::Status Heartbeat(grpc::ServerContext*, const v1::HeartbeatRequest* request, v1::HeartbeatResponse* response) {

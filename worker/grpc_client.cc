@@ -1,9 +1,10 @@
-// ParameterClient over gRPC. Each call goes to every server at once from a
-// completion queue the calling thread drives; the thread waits for all
-// replies. Pushes go as messages on a stream per server that stays open
-// (worker/push_streams.h). Pull replies and push requests travel as raw byte
-// buffers (common/tensor_wire.h): a gradient is copied once, into the buffer
-// gRPC sends from, and pulled values once, from the received slices into the
+// ParameterClient over gRPC. Each request goes to every server at once from
+// a completion queue the calling thread drives; the thread waits for all
+// replies. Pushes and pulls go as messages on streams, one per server for
+// each, that stay open (worker/request_streams.h); the control calls are
+// unary. Pull replies and push requests travel as raw byte buffers
+// (common/tensor_wire.h): a gradient is copied once, into the buffer gRPC
+// sends from, and pulled values once, from the received slices into the
 // caller's tensor. Ranges larger than cluster.chunk_bytes go in consecutive
 // chunks, at most two unanswered per server, all servers at once.
 #include <grpcpp/generic/generic_stub.h>
@@ -22,7 +23,7 @@
 #include "common/tensor_wire.h"
 #include "segps/v1/parameter_server.grpc.pb.h"
 #include "worker/ps_client.h"
-#include "worker/push_streams.h"
+#include "worker/request_streams.h"
 
 namespace segps {
 namespace {
@@ -38,7 +39,7 @@ struct GrpcEncodedPush final : public EncodedPush {
   std::vector<size_t> server_entries;
 };
 
-// Chunk calls in flight per server. Two: a chunk's transfer overlaps the
+// Chunks unanswered per server. Two: a chunk's transfer overlaps the
 // previous one's update and reply, for one more chunk of memory in flight per
 // server (1 server, 1 worker, medians of 5 alternating runs: 4 MB rounds
 // 1.56 -> 1.77 GB/s, 64 MB 1.43 -> 1.74; three or four gain nothing more).
@@ -93,9 +94,9 @@ class GrpcClient final : public ParameterClient {
     for (const std::string& address : addresses_) {
       channels.push_back(grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args));
       stubs_.push_back(v1::ParameterServer::NewStub(channels.back()));
-      pull_stubs_.push_back(std::make_unique<PullStub>(channels.back()));
     }
-    push_streams_ = std::make_unique<PushStreams>(channels);
+    push_streams_ = std::make_unique<RequestStreams>(channels, kPushStreamMethod);
+    pull_streams_ = std::make_unique<RequestStreams>(channels, kPullStreamMethod);
     worker_ids_.assign(addresses_.size(), 0);
   }
 
@@ -144,11 +145,11 @@ class GrpcClient final : public ParameterClient {
     }
     std::vector<size_t> servers;
     std::vector<Range> chunks;
-    std::vector<v1::PullRequest> requests;
+    std::vector<grpc::ByteBuffer> requests;
     for (size_t i = 0; i < stubs_.size(); ++i) {
       const std::vector<Range> cut = Chunks(map_.range(segment, static_cast<uint32_t>(i)), chunk_elements_);
       for (const Range& chunk : cut) {
-        v1::PullRequest& request = requests.emplace_back();
+        v1::PullRequest request;
         request.set_segment(segment);
         request.set_worker_id(worker_ids_[i]);
         request.set_reader(worker_ids_[i] == 0);
@@ -160,21 +161,23 @@ class GrpcClient final : public ParameterClient {
           request.set_offset(chunk.offset);
           request.set_count(chunk.count);
         }
+        grpc::Slice bytes(request.SerializeAsString());
+        requests.emplace_back(&bytes, 1);
         servers.push_back(i);
         chunks.push_back(chunk);
       }
     }
-    std::vector<grpc::ByteBuffer> replies(requests.size());
     uint64_t min_clock = UINT64_MAX;
-    SEGPS_RETURN_IF_ERROR(FanOut(
-        "Pull", pull_wait_ * 6 + rpc_deadline_, pull_wait_ + rpc_deadline_, servers, kChunksInFlight,
-        [&](size_t j, grpc::ClientContext* context, grpc::CompletionQueue* cq, Call* call) {
-          call->Start(pull_stubs_[servers[j]]->PrepareUnaryCall(context, kPullMethod, requests[j], cq), &replies[j]);
-        },
-        [&](size_t j) {
-          return TakeValues<v1::PullResponse>(&replies[j], v1::PullResponse::kValuesFieldNumber, chunks[j], dest,
-                                              &min_clock);
-        }));
+    absl::MutexLock lock(&pull_mu_);
+    SEGPS_RETURN_IF_ERROR(FanOut("Pull", pull_wait_ * 6 + rpc_deadline_, servers, [&](const std::vector<size_t>& pending) {
+      return pull_streams_->Exchange(
+          servers, requests, kChunksInFlight, pull_wait_ + rpc_deadline_,
+          [&](size_t j, grpc::ByteBuffer* reply) {
+            return TakeValues<v1::PullResponse>(reply, v1::PullResponse::kValuesFieldNumber, chunks[j], dest,
+                                                &min_clock);
+          },
+          pending);
+    }));
     return min_clock;
   }
 
@@ -268,10 +271,8 @@ class GrpcClient final : public ParameterClient {
       reader = std::move(call);
     }
   };
-  // Starts call j (the call to server j, for a plain fan-out) on `cq`, with Call::Start.
+  // Starts the call to server i on `cq`, with Call::Start.
   using StartCall = std::function<void(size_t, grpc::ClientContext*, grpc::CompletionQueue*, Call*)>;
-  // Handles the reply of call j once it succeeded; an error fails the call for good.
-  using Finished = std::function<absl::Status(size_t)>;
 
   // Pushes every chunk of every server's range; with a destination, each
   // chunk's call also pulls that chunk for the push's clock + 1 into it, and
@@ -394,17 +395,8 @@ class GrpcClient final : public ParameterClient {
   absl::Status FanOut(const char* call, absl::Duration budget, absl::Duration per_call, const StartCall& start) {
     std::vector<size_t> servers(stubs_.size());
     for (size_t i = 0; i < servers.size(); ++i) servers[i] = i;
-    return FanOut(call, budget, per_call, servers, 1, start);
-  }
-
-  // Runs calls 0..servers.size()-1, call j to server servers[j], at most
-  // `window` in flight per server, each server's in order of j; retries the
-  // ones that failed transiently. start(j, ...) starts call j.
-  absl::Status FanOut(const char* call, absl::Duration budget, absl::Duration per_call,
-                      const std::vector<size_t>& servers, size_t window, const StartCall& start,
-                      const Finished& finished = nullptr) {
     return FanOut(call, budget, servers, [&](const std::vector<size_t>& pending) {
-      return RunWindowed(per_call, servers, window, start, finished, pending);
+      return RunCalls(per_call, start, pending);
     });
   }
 
@@ -435,43 +427,27 @@ class GrpcClient final : public ParameterClient {
     }
   }
 
-  // One attempt at the calls in `pending`: the status of each.
-  std::vector<absl::Status> RunWindowed(absl::Duration per_call, const std::vector<size_t>& servers, size_t window,
-                                        const StartCall& start, const Finished& finished,
-                                        const std::vector<size_t>& pending) {
+  // One attempt at the calls to the servers in `pending`: the status of each.
+  std::vector<absl::Status> RunCalls(absl::Duration per_call, const StartCall& start,
+                                     const std::vector<size_t>& pending) {
     // The calling thread drives the queue: replies reach it without a
-    // hand-off from another thread (a step's latency on a busy machine).
+    // hand-off from another thread (latency on a busy machine).
     grpc::CompletionQueue cq;
     const size_t count = pending.size();
-    std::vector<std::unique_ptr<grpc::ClientContext>> contexts(count);
+    std::vector<grpc::ClientContext> contexts(count);
     std::vector<Call> calls(count);
+    for (size_t k = 0; k < count; ++k) {
+      contexts[k].set_deadline(absl::ToChronoTime(absl::Now() + per_call));
+      calls[k].index = k;
+      start(pending[k], &contexts[k], &cq, &calls[k]);
+    }
     std::vector<absl::Status> results(count);
-    std::vector<size_t> in_flight(stubs_.size(), 0);
-    size_t next = 0, started = 0, done = 0;
-    auto start_ready = [&] {
-      // Calls start in order; a call waits while its server's window is full.
-      while (next < count && in_flight[servers[pending[next]]] < window) {
-        const size_t j = pending[next];
-        contexts[next] = std::make_unique<grpc::ClientContext>();
-        contexts[next]->set_deadline(absl::ToChronoTime(absl::Now() + per_call));
-        calls[next].index = next;
-        start(j, contexts[next].get(), &cq, &calls[next]);
-        ++in_flight[servers[j]];
-        ++next;
-        ++started;
-      }
-    };
-    start_ready();
-    while (done < started) {
+    for (size_t done = 0; done < count; ++done) {
       void* tag = nullptr;
       bool ok = false;
       cq.Next(&tag, &ok);  // a unary call's Finish always completes, ok or not
-      ++done;
       const size_t k = static_cast<Call*>(tag)->index;
       results[k] = FromGrpcStatus(calls[k].status);
-      if (results[k].ok() && finished) results[k] = finished(pending[k]);
-      --in_flight[servers[pending[k]]];
-      start_ready();
     }
     cq.Shutdown();
     void* tag = nullptr;
@@ -487,11 +463,10 @@ class GrpcClient final : public ParameterClient {
   const absl::Duration rpc_deadline_, pull_wait_;
   const v1::DType dtype_;        // of tensors on the wire
   const uint64_t chunk_elements_;
-  using PullStub = grpc::TemplatedGenericStub<grpc::protobuf::MessageLite, grpc::ByteBuffer>;
   std::vector<std::unique_ptr<v1::ParameterServer::Stub>> stubs_;  // the control calls
-  std::vector<std::unique_ptr<PullStub>> pull_stubs_;
-  absl::Mutex push_mu_;  // one push at a time on the streams
-  std::unique_ptr<PushStreams> push_streams_ ABSL_GUARDED_BY(push_mu_);
+  absl::Mutex push_mu_, pull_mu_;  // one exchange at a time on each set of streams
+  std::unique_ptr<RequestStreams> push_streams_ ABSL_GUARDED_BY(push_mu_);
+  std::unique_ptr<RequestStreams> pull_streams_ ABSL_GUARDED_BY(pull_mu_);
   std::vector<uint64_t> worker_ids_;  // per server; 0 until registered
 };
 

@@ -231,6 +231,49 @@ TEST_F(ServerProcessTest, PushStreamAnswersInOrderAndEndsAtTheFirstBadPush) {
   EXPECT_TRUE(stream->Finish().ok());
 }
 
+TEST_F(ServerProcessTest, PullStreamAnswersEachRequestAndNamesAMalformedOne) {
+  v1::PullRequest request;
+  request.set_segment(0);
+  request.set_reader(true);
+  {
+    grpc::ClientContext ctx;
+    auto stream = stubs_[1]->PullStream(&ctx);
+    for (int round = 0; round < 2; ++round) {
+      ASSERT_TRUE(stream->Write(request));
+      v1::PullResponse reply;
+      ASSERT_TRUE(stream->Read(&reply));
+      std::vector<float> values(reply.values().count());
+      DecodeFloat32(reply.values(), absl::MakeSpan(values));
+      EXPECT_EQ(values, Read(1)) << "round " << round;
+    }
+    ASSERT_TRUE(stream->WritesDone());
+    EXPECT_TRUE(stream->Finish().ok());
+  }
+  // Bytes that are no PullRequest end the stream with a status naming them.
+  grpc::CompletionQueue cq;
+  grpc::ClientContext ctx;
+  std::unique_ptr<grpc::GenericClientAsyncReaderWriter> raw = raw_stubs_[1]->PrepareCall(&ctx, kPullStreamMethod, &cq);
+  auto next = [&cq] {
+    void* tag = nullptr;
+    bool ok = false;
+    EXPECT_TRUE(cq.Next(&tag, &ok));
+    return ok;
+  };
+  raw->StartCall(nullptr);
+  ASSERT_TRUE(next());
+  grpc::Slice bytes(std::string("\xff", 1));
+  raw->Write(grpc::ByteBuffer(&bytes, 1), nullptr);
+  next();
+  grpc::ByteBuffer reply;
+  raw->Read(&reply, nullptr);
+  EXPECT_FALSE(next());
+  grpc::Status status;
+  raw->Finish(&status, nullptr);
+  next();
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << status.error_message();
+  EXPECT_NE(status.error_message().find("malformed PullRequest"), std::string::npos) << status.error_message();
+}
+
 TEST_F(ServerProcessTest, ShutsDownCleanlyOnSigtermAndSigint) {
   servers_[0]->Signal(SIGTERM);
   servers_[1]->Signal(SIGINT);

@@ -1,13 +1,13 @@
-#include "worker/push_streams.h"
+#include "worker/request_streams.h"
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/grpc_status.h"
-#include "common/tensor_wire.h"
 
 namespace segps {
 
-PushStreams::PushStreams(const std::vector<std::shared_ptr<grpc::Channel>>& channels) : streams_(channels.size()) {
+RequestStreams::RequestStreams(const std::vector<std::shared_ptr<grpc::Channel>>& channels, const char* method)
+    : method_(method), streams_(channels.size()) {
   for (size_t i = 0; i < channels.size(); ++i) {
     stubs_.push_back(std::make_unique<grpc::GenericStub>(channels[i]));
     for (Op op : {Op::kStart, Op::kWrite, Op::kRead, Op::kFinish}) {
@@ -16,7 +16,7 @@ PushStreams::PushStreams(const std::vector<std::shared_ptr<grpc::Channel>>& chan
   }
 }
 
-PushStreams::~PushStreams() {
+RequestStreams::~RequestStreams() {
   auto open = [this] {
     for (const Stream& s : streams_) {
       if (s.io != nullptr) return true;
@@ -51,10 +51,10 @@ PushStreams::~PushStreams() {
   }
 }
 
-void PushStreams::Open(size_t server) {
+void RequestStreams::Open(size_t server) {
   Stream& s = streams_[server];
   s.context = std::make_unique<grpc::ClientContext>();
-  s.io = stubs_[server]->PrepareCall(s.context.get(), kPushStreamMethod, &cq_);
+  s.io = stubs_[server]->PrepareCall(s.context.get(), method_, &cq_);
   s.started = s.broken = false;
   s.status = grpc::Status();
   s.break_cause = absl::OkStatus();
@@ -62,7 +62,7 @@ void PushStreams::Open(size_t server) {
   s.starting = true;
 }
 
-void PushStreams::Pump(size_t server, size_t window, const std::vector<size_t>& pending,
+void RequestStreams::Pump(size_t server, size_t window, const std::vector<size_t>& pending,
                        const std::vector<grpc::ByteBuffer>& requests) {
   Stream& s = streams_[server];
   if (s.io == nullptr || !s.started || s.broken) return;
@@ -80,7 +80,7 @@ void PushStreams::Pump(size_t server, size_t window, const std::vector<size_t>& 
   }
 }
 
-void PushStreams::Break(size_t server, absl::Status cause) {
+void RequestStreams::Break(size_t server, absl::Status cause) {
   Stream& s = streams_[server];
   if (!s.broken) {
     s.broken = true;
@@ -94,14 +94,14 @@ void PushStreams::Break(size_t server, absl::Status cause) {
   FinishIfIdle(server);
 }
 
-void PushStreams::FinishIfIdle(size_t server) {
+void RequestStreams::FinishIfIdle(size_t server) {
   Stream& s = streams_[server];
   if (s.io == nullptr || !s.broken || Busy(s)) return;
   s.io->Finish(&s.status, &s.tags[static_cast<int>(Op::kFinish)]);
   s.finishing = true;
 }
 
-std::vector<absl::Status> PushStreams::Exchange(const std::vector<size_t>& servers,
+std::vector<absl::Status> RequestStreams::Exchange(const std::vector<size_t>& servers,
                                                 const std::vector<grpc::ByteBuffer>& requests, size_t window,
                                                 absl::Duration patience, const TakeReply& take,
                                                 const std::vector<size_t>& pending) {
@@ -134,7 +134,7 @@ std::vector<absl::Status> PushStreams::Exchange(const std::vector<size_t>& serve
         const Stream& s = streams_[i];
         if (!s.unsent.empty() || !s.unanswered.empty()) {
           Break(i, absl::DeadlineExceededError(
-                       absl::StrCat("no push reply within ", absl::FormatDuration(patience))));
+                       absl::StrCat("no reply within ", absl::FormatDuration(patience))));
         }
       }
       progress = absl::Now();
@@ -163,7 +163,7 @@ std::vector<absl::Status> PushStreams::Exchange(const std::vector<size_t>& serve
       case Op::kFinish: {
         s.finishing = false;
         absl::Status status = !s.break_cause.ok() ? s.break_cause
-                              : s.status.ok()     ? absl::UnavailableError("the server ended the push stream")
+                              : s.status.ok()     ? absl::UnavailableError("the server ended the stream")
                                                   : FromGrpcStatus(s.status);
         for (std::deque<size_t>* left : {&s.unanswered, &s.unsent}) {
           for (size_t k : *left) settle(k, status);

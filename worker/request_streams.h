@@ -1,18 +1,18 @@
-// A worker's pushes as one long-lived PushStream per server: a message each
-// way per push (or chunk) instead of a call. On this 2-core machine an 8 KB
+// A worker's tensor traffic as one long-lived stream per server
+// (PushStream, PullStream): a message each way per request (a push, a pull,
+// or a chunk of either) instead of a call. On this 2-core machine an 8 KB
 // round costs ~140 us of CPU as stream messages against ~275 us as unary
-// calls (client and server together), and the walk-through's steps are
-// such rounds.
+// calls (client and server together).
 //
 // A stream opens on first use and stays open across steps. One that breaks
-// (the server rejected a push, went away, or sent no reply in time) fails
-// its unanswered pushes with its status and is opened again on the next
-// exchange: the server applies each (worker, clock) once, so resending is
-// safe.
+// (the server rejected a request, went away, or sent no reply in time)
+// fails its unanswered requests with its status and is opened again on the
+// next exchange: the server applies each (worker, clock) push once and a
+// pull changes nothing, so resending is safe.
 //
 // Not thread-safe: one exchange at a time, driven by the calling thread.
-#ifndef SEGPS_WORKER_PUSH_STREAMS_H_
-#define SEGPS_WORKER_PUSH_STREAMS_H_
+#ifndef SEGPS_WORKER_REQUEST_STREAMS_H_
+#define SEGPS_WORKER_REQUEST_STREAMS_H_
 
 #include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
@@ -27,12 +27,14 @@
 
 namespace segps {
 
-class PushStreams {
+class RequestStreams {
  public:
-  explicit PushStreams(const std::vector<std::shared_ptr<grpc::Channel>>& channels);
-  ~PushStreams();  // cancels the open streams and waits for them to end
-  PushStreams(const PushStreams&) = delete;
-  PushStreams& operator=(const PushStreams&) = delete;
+  // Streams of the bidirectional method `method` (a path, e.g.
+  // kPushStreamMethod), one per channel.
+  RequestStreams(const std::vector<std::shared_ptr<grpc::Channel>>& channels, const char* method);
+  ~RequestStreams();  // cancels the open streams and waits for them to end
+  RequestStreams(const RequestStreams&) = delete;
+  RequestStreams& operator=(const RequestStreams&) = delete;
 
   // Called with each reply, in the order the requests were written per server.
   using TakeReply = std::function<absl::Status(size_t request, grpc::ByteBuffer* reply)>;
@@ -73,6 +75,7 @@ class PushStreams {
   void FinishIfIdle(size_t server);
   bool Busy(const Stream& s) const { return s.starting || s.writing || s.reading || s.finishing; }
 
+  const char* const method_;
   std::vector<std::unique_ptr<grpc::GenericStub>> stubs_;
   std::vector<Stream> streams_;
   grpc::CompletionQueue cq_;
@@ -80,4 +83,4 @@ class PushStreams {
 
 }  // namespace segps
 
-#endif  // SEGPS_WORKER_PUSH_STREAMS_H_
+#endif  // SEGPS_WORKER_REQUEST_STREAMS_H_
