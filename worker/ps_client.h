@@ -2,8 +2,8 @@
 // cluster: one call per server per step, all servers at once, each slice
 // landing straight in the caller's buffer.
 //
-// Every call has a deadline (a push, sent on a stream that stays open, a
-// time within which its reply must come) and retries transient failures
+// Every call has a deadline (a push or pull, sent on a stream that stays
+// open, a time within which its reply must come) and retries transient failures
 // (UNAVAILABLE, DEADLINE_EXCEEDED) with exponential backoff within the
 // config's budget; other errors come back at once, naming the server.
 //

@@ -63,7 +63,7 @@ void RequestStreams::Open(size_t server) {
 }
 
 void RequestStreams::Pump(size_t server, size_t window, const std::vector<size_t>& pending,
-                       const std::vector<grpc::ByteBuffer>& requests) {
+                          const std::vector<grpc::ByteBuffer>& requests) {
   Stream& s = streams_[server];
   if (s.io == nullptr || !s.started || s.broken) return;
   // gRPC allows one write and one read outstanding per stream.
@@ -102,9 +102,9 @@ void RequestStreams::FinishIfIdle(size_t server) {
 }
 
 std::vector<absl::Status> RequestStreams::Exchange(const std::vector<size_t>& servers,
-                                                const std::vector<grpc::ByteBuffer>& requests, size_t window,
-                                                absl::Duration patience, const TakeReply& take,
-                                                const std::vector<size_t>& pending) {
+                                                   const std::vector<grpc::ByteBuffer>& requests, size_t window,
+                                                   absl::Duration patience, const TakeReply& take,
+                                                   const std::vector<size_t>& pending) {
   const size_t count = pending.size();
   std::vector<absl::Status> results(count);
   size_t remaining = count;

@@ -70,7 +70,8 @@ class RequestStreams {
   void Open(size_t server);
   void Pump(size_t server, size_t window, const std::vector<size_t>& pending,
             const std::vector<grpc::ByteBuffer>& requests);
-  // Cancels the stream (once) and, when nothing is outstanding, asks for its status.
+  // Marks the stream broken (cancelling it, for `cause`, when the client is
+  // the one giving up) and, once nothing is outstanding, asks for its status.
   void Break(size_t server, absl::Status cause);
   void FinishIfIdle(size_t server);
   bool Busy(const Stream& s) const { return s.starting || s.writing || s.reading || s.finishing; }
