@@ -198,16 +198,18 @@ TEST_F(ServerProcessTest, PushStreamAnswersInOrderAndEndsAtTheFirstBadPush) {
   const uint64_t a0 = Register(0, 0);
   const std::vector<float> before = Read(0);
   v1::PushResponse reply;
+  // Writes worker a0's push of `clock` and checks its answer.
+  auto push = [&](auto& stream, uint64_t clock, bool applied, uint64_t next_clock) {
+    ASSERT_TRUE(stream->Write(Push(0, a0, clock, 1.0f)));
+    ASSERT_TRUE(stream->Read(&reply));
+    EXPECT_EQ(reply.applied(), applied) << "clock " << clock;
+    EXPECT_EQ(reply.next_clock(), next_clock) << "clock " << clock;
+  };
   {
     grpc::ClientContext ctx;
     auto stream = stubs_[0]->PushStream(&ctx);
-    ASSERT_TRUE(stream->Write(Push(0, a0, 0, 1.0f)));
-    ASSERT_TRUE(stream->Read(&reply));
-    EXPECT_TRUE(reply.applied());
-    EXPECT_EQ(reply.next_clock(), 1u);
-    ASSERT_TRUE(stream->Write(Push(0, a0, 0, 1.0f)));  // a resend: acknowledged, not applied again
-    ASSERT_TRUE(stream->Read(&reply));
-    EXPECT_FALSE(reply.applied());
+    push(stream, 0, true, 1);
+    push(stream, 0, false, 1);  // a resend: acknowledged, not applied again
     EXPECT_FLOAT_EQ(Read(0)[0], before[0] - 1.0f);
 
     // The bad push ends the stream with its own status; the one behind it is never read.
@@ -223,10 +225,7 @@ TEST_F(ServerProcessTest, PushStreamAnswersInOrderAndEndsAtTheFirstBadPush) {
   // A new stream goes on from there.
   grpc::ClientContext ctx;
   auto stream = stubs_[0]->PushStream(&ctx);
-  ASSERT_TRUE(stream->Write(Push(0, a0, 1, 1.0f)));
-  ASSERT_TRUE(stream->Read(&reply));
-  EXPECT_TRUE(reply.applied());
-  EXPECT_EQ(reply.next_clock(), 2u);
+  push(stream, 1, true, 2);
   ASSERT_TRUE(stream->WritesDone());
   EXPECT_TRUE(stream->Finish().ok());
 }
