@@ -2,6 +2,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <atomic>
 #include <chrono>
 #include <type_traits>
 
@@ -134,7 +135,12 @@ class Service final : public grpc::Service {
   // stream has no deadline of its own, so a request's wait is capped by the
   // server's limit alone.
   template <typename Handle>
-  static grpc::Status Serve(StreamIo* stream, Handle handle) {
+  grpc::Status Serve(StreamIo* stream, Handle handle) {
+    struct Counted {
+      std::atomic<uint32_t>& count;
+      explicit Counted(std::atomic<uint32_t>& c) : count(c) { ++count; }
+      ~Counted() { --count; }
+    } counted(open_streams_);
     grpc::ByteBuffer request;
     while (stream->Read(&request)) {
       grpc::ByteBuffer reply;
@@ -170,10 +176,12 @@ class Service final : public grpc::Service {
   }
   grpc::Status Stats(grpc::ServerContext*, const v1::StatsRequest*, v1::StatsResponse* response) {
     server_->Stats(response);
+    response->set_open_streams(open_streams_.load());
     return grpc::Status::OK;
   }
 
   ParameterServer* const server_;
+  std::atomic<uint32_t> open_streams_{0};
 };
 
 class GrpcRunningServer final : public RunningServer {
@@ -210,6 +218,14 @@ absl::StatusOr<std::unique_ptr<RunningServer>> StartGrpcServer(ParameterServer* 
   const int max_bytes = static_cast<int>(server->config().cluster().max_message_bytes());
   builder.SetMaxReceiveMessageSize(max_bytes);
   builder.SetMaxSendMessageSize(max_bytes);
+  // A worker's streams stay open between its requests, each holding a
+  // handler thread in Read. A host that dies without closing its sockets
+  // would hold them for ever; pinging every lease period and giving up after
+  // another ends them, as the lease itself ends the worker's membership.
+  const int lease_ms = static_cast<int>(server->config().cluster().lease_ms());
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, lease_ms);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, lease_ms);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);  // idle streams are the point
   builder.RegisterService(service.get());
   // gRPC's sync server starts a thread whenever its last idle poller takes
   // a call, and ends one that finishes a call while max pollers are idle:

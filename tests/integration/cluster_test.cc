@@ -3,13 +3,16 @@
 #include <signal.h>
 #include <sys/wait.h>
 
+#include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstring>
 #include <fstream>
 #include <regex>
 
 #include "common/config.h"
+#include "segps/v1/parameter_server.grpc.pb.h"
 #include "tests/support/reference_training.h"
 #include "tests/support/subprocess.h"
 #include "worker/dataset.h"
@@ -163,6 +166,48 @@ TEST(Cluster, LocalLauncherLeavesNoProcessBehindOnCtrlC) {
   std::optional<int> found = pgrep->Wait(absl::Seconds(30));
   ASSERT_TRUE(found.has_value());
   EXPECT_EQ(WEXITSTATUS(*found), 1) << "processes left behind: " << pgrep->output();
+}
+
+// A worker whose host stops answering (here: the process frozen, its socket
+// left open) must not hold its server's stream handlers for ever: the
+// server's keepalive pings go unanswered and the streams end.
+TEST(Cluster, FrozenWorkerReleasesItsServerStreams) {
+  const std::string dir = MakeTempDir();
+  const std::string config = dir + "/job.pbtxt";
+  WriteFile(config, R"pb(
+    cluster { num_servers: 1 lease_ms: 1000 }
+    model {
+      input_width: 50
+      num_classes: 10
+      segments { name: "s" layers { units: 32 activation: RELU } layers { units: 10 activation: SOFTMAX } }
+    }
+    optimizer { kind: ADAM }
+    training { batch_size: 32 epochs: 1000 staleness: 1 log_interval_s: 0.05 }
+    data { source: SYNTHETIC_TEACHER train_samples: 2000 test_samples: 100 }
+  )pb");
+  ServerProcesses servers = StartServers(config, 1);
+  ASSERT_TRUE(servers.ok()) << servers.Output();
+  auto stub = v1::ParameterServer::NewStub(
+      grpc::CreateChannel(servers.addresses[0], grpc::InsecureChannelCredentials()));
+  auto open_streams = [&]() -> int64_t {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    v1::StatsResponse stats;
+    return stub->Stats(&context, v1::StatsRequest(), &stats).ok() ? stats.open_streams() : -1;
+  };
+  std::unique_ptr<Subprocess> worker = Subprocess::Start({BinaryPath("segps-worker"), "--config", config, "--segment",
+                                                          "s", "--rank", "0", "--servers", servers.Joined()});
+  ASSERT_TRUE(worker->WaitForLine("epoch 1/1000 step", absl::Seconds(60)).has_value()) << worker->output();
+  EXPECT_EQ(open_streams(), 2);  // its pushes and its pulls
+  worker->Signal(SIGSTOP);
+  // Polled: nothing in the server announces the end of a stream.
+  const absl::Time give_up = absl::Now() + absl::Seconds(20);
+  int64_t open = open_streams();
+  while (open != 0 && absl::Now() < give_up) {
+    absl::SleepFor(absl::Milliseconds(100));
+    open = open_streams();
+  }
+  EXPECT_EQ(open, 0) << "a frozen worker still holds server streams after 20 s";
 }
 
 TEST(Cluster, KilledWorkerDoesNotHangItsPeers) {
