@@ -324,7 +324,7 @@ absl::StatusOr<TrainReport> Train(const v1::JobConfig& config, const TrainerOpti
   auto stage = [&](const std::vector<uint32_t>& order, uint64_t s, int slot) -> absl::StatusOr<size_t> {
     const size_t begin = s * batch;
     const size_t rows = std::min<size_t>(batch, slice.count - begin);
-    if (backend->host_addressable()) {
+    if (!device) {
       GatherBatch(train, order, begin, rows, model.input(slot), model.labels(slot));
       return rows;
     }
@@ -368,7 +368,7 @@ absl::StatusOr<TrainReport> Train(const v1::JobConfig& config, const TrainerOpti
       SEGPS_RETURN_IF_ERROR(model.TrainStep(static_cast<int>(rows), slot));
       // On the CPU the gradient is read where it is; a GPU's comes back through pinned memory.
       const float* grad = model.grad();
-      if (!backend->host_addressable()) {
+      if (device) {
         SEGPS_RETURN_IF_ERROR(backend->Download(model.grad(), grad_host->data(), n * sizeof(float)));
         grad = grad_host->data();
       }
@@ -395,7 +395,7 @@ absl::StatusOr<TrainReport> Train(const v1::JobConfig& config, const TrainerOpti
         // trip. Nothing computes meanwhile, so on the CPU the values land in
         // the model itself.
         std::unique_ptr<EncodedPush> push = encode(clock, grad);
-        float* dest = backend->host_addressable() ? model.params() : pulled[fill]->data();
+        float* dest = device ? pulled[fill]->data() : model.params();
         const absl::Time wait_start = absl::Now();
         absl::StatusOr<uint64_t> r = client->SendAndPull(*push, absl::MakeSpan(dest, n));
         const absl::Duration waited = absl::Now() - wait_start;
