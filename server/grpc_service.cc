@@ -2,8 +2,10 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdint>
 #include <type_traits>
 
 #include "absl/strings/str_cat.h"
@@ -222,7 +224,7 @@ absl::StatusOr<std::unique_ptr<RunningServer>> StartGrpcServer(ParameterServer* 
   // handler thread in Read. A host that dies without closing its sockets
   // would hold them for ever; pinging every lease period and giving up after
   // another ends them, as the lease itself ends the worker's membership.
-  const int lease_ms = static_cast<int>(server->config().cluster().lease_ms());
+  const int lease_ms = static_cast<int>(std::min<uint32_t>(server->config().cluster().lease_ms(), INT32_MAX));
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, lease_ms);
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, lease_ms);
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);  // idle streams are the point
