@@ -11,6 +11,7 @@
 #include <fstream>
 #include <regex>
 
+#include "absl/strings/str_cat.h"
 #include "common/config.h"
 #include "segps/v1/parameter_server.grpc.pb.h"
 #include "tests/support/reference_training.h"
@@ -168,23 +169,28 @@ TEST(Cluster, LocalLauncherLeavesNoProcessBehindOnCtrlC) {
   EXPECT_EQ(WEXITSTATUS(*found), 1) << "processes left behind: " << pgrep->output();
 }
 
-// A worker whose host stops answering (here: the process frozen, its socket
-// left open) must not hold its server's stream handlers for ever: the
-// server's keepalive pings go unanswered and the streams end.
-TEST(Cluster, FrozenWorkerReleasesItsServerStreams) {
-  const std::string dir = MakeTempDir();
-  const std::string config = dir + "/job.pbtxt";
-  WriteFile(config, R"pb(
-    cluster { num_servers: 1 lease_ms: 1000 }
+// A one-segment teacher job with 1-second leases, written to a fresh
+// directory; `training` is the training block's fields. Returns its path.
+std::string SmallTeacherJob(int servers, const std::string& training, int train_samples) {
+  const std::string config = MakeTempDir() + "/job.pbtxt";
+  WriteFile(config, absl::StrCat(R"pb(
+    cluster { num_servers: )pb", servers, R"pb( lease_ms: 1000 }
     model {
       input_width: 50
       num_classes: 10
       segments { name: "s" layers { units: 32 activation: RELU } layers { units: 10 activation: SOFTMAX } }
     }
     optimizer { kind: ADAM }
-    training { batch_size: 32 epochs: 1000 staleness: 1 log_interval_s: 0.05 }
-    data { source: SYNTHETIC_TEACHER train_samples: 2000 test_samples: 100 }
-  )pb");
+    training { batch_size: 32 log_interval_s: 0.05 )pb", training, R"pb( }
+    data { source: SYNTHETIC_TEACHER test_samples: 500 train_samples: )pb", train_samples, " }\n"));
+  return config;
+}
+
+// A worker whose host stops answering (here: the process frozen, its socket
+// left open) must not hold its server's stream handlers for ever: the
+// server's keepalive pings go unanswered and the streams end.
+TEST(Cluster, FrozenWorkerReleasesItsServerStreams) {
+  const std::string config = SmallTeacherJob(1, "epochs: 1000 staleness: 1", 2000);
   ServerProcesses servers = StartServers(config, 1);
   ASSERT_TRUE(servers.ok()) << servers.Output();
   auto stub = v1::ParameterServer::NewStub(
@@ -211,19 +217,7 @@ TEST(Cluster, FrozenWorkerReleasesItsServerStreams) {
 }
 
 TEST(Cluster, KilledWorkerDoesNotHangItsPeers) {
-  const std::string dir = MakeTempDir();
-  const std::string config = dir + "/job.pbtxt";
-  WriteFile(config, R"pb(
-    cluster { num_servers: 2 lease_ms: 1000 }
-    model {
-      input_width: 50
-      num_classes: 10
-      segments { name: "s" layers { units: 32 activation: RELU } layers { units: 10 activation: SOFTMAX } }
-    }
-    optimizer { kind: ADAM }
-    training { batch_size: 32 epochs: 4 staleness: 0 workers_per_segment: 2 log_interval_s: 0.05 }
-    data { source: SYNTHETIC_TEACHER train_samples: 8000 test_samples: 500 }
-  )pb");
+  const std::string config = SmallTeacherJob(2, "epochs: 4 staleness: 0 workers_per_segment: 2", 8000);
   ServerProcesses servers = StartServers(config, 2);
   ASSERT_TRUE(servers.ok()) << servers.Output();
   const std::string addresses = servers.Joined();
