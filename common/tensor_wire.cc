@@ -117,6 +117,16 @@ void Widen(v1::DType dtype, const uint16_t* in, absl::Span<float> out) {
   }
 }
 
+// `n` two-byte elements at `p` as an aligned array: in place when `p` is
+// aligned, else copied into `*scratch` (kBlockFloats elements, allocated on
+// first use).
+const uint16_t* Halves(const char* p, size_t n, std::unique_ptr<uint16_t[]>* scratch) {
+  if (reinterpret_cast<uintptr_t>(p) % alignof(uint16_t) == 0) return reinterpret_cast<const uint16_t*>(p);
+  if (!*scratch) *scratch = std::make_unique<uint16_t[]>(kBlockFloats);
+  std::memcpy(scratch->get(), p, n * sizeof(uint16_t));
+  return scratch->get();
+}
+
 // 1 when some element of `halves` has every bit of `exponent` set; one
 // branch-free pass (vectorised at -O3).
 uint32_t AnyExponentAllOnes(const char* halves, size_t count, uint16_t exponent) {
@@ -154,29 +164,8 @@ bool Payload::HasNonFinite16(v1::DType dtype) const {
   return found != 0;
 }
 
-void Payload::ForEachFloatBlock(v1::DType dtype,
-                                absl::FunctionRef<void(size_t, absl::Span<const float>)> fn) const {
-  const size_t width = DTypeBytes(dtype);
-  std::unique_ptr<float[]> floats;
-  std::unique_ptr<uint16_t[]> halves;
-  size_t done = 0;  // elements handed to fn
-  // Hands fn `n` (<= kBlockFloats) whole elements starting at `p`.
-  auto emit = [&](const char* p, size_t n) {
-    if (width == sizeof(float) && reinterpret_cast<uintptr_t>(p) % alignof(float) == 0) {
-      fn(done, absl::Span<const float>(reinterpret_cast<const float*>(p), n));
-    } else {
-      if (!floats) floats = std::make_unique<float[]>(kBlockFloats);
-      if (width == sizeof(float)) {
-        std::memcpy(floats.get(), p, n * sizeof(float));
-      } else {
-        if (!halves) halves = std::make_unique<uint16_t[]>(kBlockFloats);
-        std::memcpy(halves.get(), p, n * sizeof(uint16_t));
-        Widen(dtype, halves.get(), absl::MakeSpan(floats.get(), n));
-      }
-      fn(done, absl::Span<const float>(floats.get(), n));
-    }
-    done += n;
-  };
+void Payload::ForEachRun(size_t width, absl::FunctionRef<void(size_t, const char*, size_t)> fn) const {
+  size_t done = 0;             // elements handed to fn
   char carry[sizeof(float)];  // an element split between pieces
   size_t carried = 0;
   for (absl::string_view piece : pieces_) {
@@ -189,12 +178,13 @@ void Payload::ForEachFloatBlock(v1::DType dtype,
       p += take;
       left -= take;
       if (carried < width) continue;
-      emit(carry, 1);
+      fn(done++, carry, 1);
       carried = 0;
     }
     while (left >= width) {
       const size_t n = std::min(left / width, kBlockFloats);
-      emit(p, n);
+      fn(done, p, n);
+      done += n;
       p += n * width;
       left -= n * width;
     }
@@ -203,10 +193,33 @@ void Payload::ForEachFloatBlock(v1::DType dtype,
   }
 }
 
+void Payload::ForEachFloatBlock(v1::DType dtype,
+                                absl::FunctionRef<void(size_t, absl::Span<const float>)> fn) const {
+  const size_t width = DTypeBytes(dtype);
+  std::unique_ptr<float[]> floats;
+  std::unique_ptr<uint16_t[]> halves;
+  ForEachRun(width, [&](size_t first, const char* p, size_t n) {
+    if (width == sizeof(float) && reinterpret_cast<uintptr_t>(p) % alignof(float) == 0) {
+      fn(first, absl::Span<const float>(reinterpret_cast<const float*>(p), n));
+      return;
+    }
+    if (!floats) floats = std::make_unique<float[]>(kBlockFloats);
+    const absl::Span<float> block(floats.get(), n);
+    if (width == sizeof(float)) {
+      std::memcpy(floats.get(), p, n * sizeof(float));
+    } else {
+      Widen(dtype, Halves(p, n, &halves), block);
+    }
+    fn(first, block);
+  });
+}
+
 void Payload::CopyTo(v1::DType dtype, absl::Span<float> out) const {
   if (dtype != v1::FLOAT32) {
-    ForEachFloatBlock(dtype, [&](size_t first, absl::Span<const float> block) {
-      std::copy(block.begin(), block.end(), out.begin() + static_cast<ptrdiff_t>(first));
+    // Widened straight into `out`: a pull lands in one pass over its bytes.
+    std::unique_ptr<uint16_t[]> halves;
+    ForEachRun(DTypeBytes(dtype), [&](size_t first, const char* p, size_t n) {
+      Widen(dtype, Halves(p, n, &halves), out.subspan(first, n));
     });
     return;
   }
@@ -217,7 +230,6 @@ void Payload::CopyTo(v1::DType dtype, absl::Span<float> out) const {
     dest += piece.size();
   }
 }
-
 
 grpc::Slice EncodeValues(absl::Span<const float> values, v1::DType dtype) {
   if (dtype == v1::BFLOAT16 || dtype == v1::FLOAT16) {

@@ -63,6 +63,11 @@ class Payload {
  private:
   friend absl::Status DecodeTensorMessage(const grpc::ByteBuffer&, int, google::protobuf::MessageLite*,
                                           v1::TensorSlice*, Payload*);
+  // Calls fn(first, p, n) over consecutive runs of n (<= a block) whole
+  // elements of `width` bytes at p, the first of them element `first`; an
+  // element split between pieces comes alone, from a copy.
+  void ForEachRun(size_t width, absl::FunctionRef<void(size_t first, const char* p, size_t n)> fn) const;
+
   std::vector<grpc::Slice> owners_;
   std::vector<absl::string_view> pieces_;
   size_t size_ = 0;
