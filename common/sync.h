@@ -21,6 +21,7 @@ namespace segps {
 class ABSL_LOCKABLE Mutex {
  public:
   void Lock() ABSL_EXCLUSIVE_LOCK_FUNCTION() { mu_.lock(); }
+  bool TryLock() ABSL_EXCLUSIVE_TRYLOCK_FUNCTION(true) { return mu_.try_lock(); }
   void Unlock() ABSL_UNLOCK_FUNCTION() { mu_.unlock(); }
 
  private:

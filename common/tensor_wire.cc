@@ -164,13 +164,21 @@ bool Payload::HasNonFinite16(v1::DType dtype) const {
   return found != 0;
 }
 
-void Payload::ForEachRun(size_t width, absl::FunctionRef<void(size_t, const char*, size_t)> fn) const {
-  size_t done = 0;             // elements handed to fn
-  char carry[sizeof(float)];  // an element split between pieces
+void Payload::ForEachRun(size_t width, size_t begin, size_t end,
+                         absl::FunctionRef<void(size_t, const char*, size_t)> fn) const {
+  size_t done = begin;         // the next element to hand to fn
+  size_t skip = begin * width;  // bytes before it not yet passed
+  char carry[sizeof(float)];    // an element split between pieces
   size_t carried = 0;
   for (absl::string_view piece : pieces_) {
-    const char* p = piece.data();
-    size_t left = piece.size();
+    if (done >= end) return;
+    if (skip >= piece.size()) {
+      skip -= piece.size();
+      continue;
+    }
+    const char* p = piece.data() + skip;
+    size_t left = piece.size() - skip;
+    skip = 0;
     if (carried > 0) {
       const size_t take = std::min(left, width - carried);
       std::memcpy(carry + carried, p, take);
@@ -181,13 +189,14 @@ void Payload::ForEachRun(size_t width, absl::FunctionRef<void(size_t, const char
       fn(done++, carry, 1);
       carried = 0;
     }
-    while (left >= width) {
-      const size_t n = std::min(left / width, kBlockFloats);
+    while (left >= width && done < end) {
+      const size_t n = std::min({left / width, kBlockFloats, end - done});
       fn(done, p, n);
       done += n;
       p += n * width;
       left -= n * width;
     }
+    if (done >= end) return;
     std::memcpy(carry, p, left);
     carried = left;
   }
@@ -196,9 +205,15 @@ void Payload::ForEachRun(size_t width, absl::FunctionRef<void(size_t, const char
 void Payload::ForEachFloatBlock(v1::DType dtype,
                                 absl::FunctionRef<void(size_t, absl::Span<const float>)> fn) const {
   const size_t width = DTypeBytes(dtype);
+  ForEachFloatBlock(dtype, 0, width == 0 ? 0 : size_ / width, fn);
+}
+
+void Payload::ForEachFloatBlock(v1::DType dtype, size_t begin, size_t end,
+                                absl::FunctionRef<void(size_t, absl::Span<const float>)> fn) const {
+  const size_t width = DTypeBytes(dtype);
   std::unique_ptr<float[]> floats;
   std::unique_ptr<uint16_t[]> halves;
-  ForEachRun(width, [&](size_t first, const char* p, size_t n) {
+  ForEachRun(width, begin, end, [&](size_t first, const char* p, size_t n) {
     if (width == sizeof(float) && reinterpret_cast<uintptr_t>(p) % alignof(float) == 0) {
       fn(first, absl::Span<const float>(reinterpret_cast<const float*>(p), n));
       return;
@@ -218,7 +233,8 @@ void Payload::CopyTo(v1::DType dtype, absl::Span<float> out) const {
   if (dtype != v1::FLOAT32) {
     // Widened straight into `out`: a pull lands in one pass over its bytes.
     std::unique_ptr<uint16_t[]> halves;
-    ForEachRun(DTypeBytes(dtype), [&](size_t first, const char* p, size_t n) {
+    const size_t width = DTypeBytes(dtype);
+    ForEachRun(width, 0, size_ / width, [&](size_t first, const char* p, size_t n) {
       Widen(dtype, Halves(p, n, &halves), out.subspan(first, n));
     });
     return;
@@ -416,14 +432,20 @@ std::optional<DenseView::Element> DenseView::FirstNonFinite() const {
 }
 
 void DenseView::ForEachFloatBlock(absl::FunctionRef<void(size_t first, absl::Span<const float> block)> fn) const {
+  ForEachFloatBlock(0, count_, fn);
+}
+
+void DenseView::ForEachFloatBlock(uint64_t begin, uint64_t end,
+                                  absl::FunctionRef<void(size_t first, absl::Span<const float> block)> fn) const {
   if (!sparse_) {
-    data_.ForEachFloatBlock(dtype_, fn);
+    data_.ForEachFloatBlock(dtype_, begin, end, fn);
     return;
   }
-  std::vector<float> block(std::min<uint64_t>(count_, kBlockFloats));
-  size_t next = 0;  // the first entry not yet placed
-  for (uint64_t first = 0; first < count_; first += block.size()) {
-    const size_t n = static_cast<size_t>(std::min<uint64_t>(block.size(), count_ - first));
+  std::vector<float> block(std::min<uint64_t>(end - begin, kBlockFloats));
+  // The first entry not yet placed.
+  size_t next = std::lower_bound(indices_.begin(), indices_.end(), begin) - indices_.begin();
+  for (uint64_t first = begin; first < end; first += block.size()) {
+    const size_t n = static_cast<size_t>(std::min<uint64_t>(block.size(), end - first));
     std::fill_n(block.begin(), n, 0.0f);
     for (; next < indices_.size() && indices_[next] < first + n; ++next) block[indices_[next] - first] = values_[next];
     fn(static_cast<size_t>(first), absl::MakeConstSpan(block.data(), n));

@@ -52,6 +52,9 @@ class Payload {
   // buffer (slices split elements anywhere; two-byte dtypes widen there).
   void ForEachFloatBlock(v1::DType dtype,
                          absl::FunctionRef<void(size_t first, absl::Span<const float> block)> fn) const;
+  // The same over elements [begin, end) only (first counts from the payload's start).
+  void ForEachFloatBlock(v1::DType dtype, size_t begin, size_t end,
+                         absl::FunctionRef<void(size_t first, absl::Span<const float> block)> fn) const;
 
   // Copies the payload, elements of `dtype`, into `out` as float32.
   void CopyTo(v1::DType dtype, absl::Span<float> out) const;
@@ -63,10 +66,12 @@ class Payload {
  private:
   friend absl::Status DecodeTensorMessage(const grpc::ByteBuffer&, int, google::protobuf::MessageLite*,
                                           v1::TensorSlice*, Payload*);
-  // Calls fn(first, p, n) over consecutive runs of n (<= a block) whole
-  // elements of `width` bytes at p, the first of them element `first`; an
-  // element split between pieces comes alone, from a copy.
-  void ForEachRun(size_t width, absl::FunctionRef<void(size_t first, const char* p, size_t n)> fn) const;
+  // Calls fn(first, p, n) over consecutive runs, covering elements [begin,
+  // end), of n (<= a block) whole elements of `width` bytes at p, the first
+  // of them element `first`; an element split between pieces comes alone,
+  // from a copy.
+  void ForEachRun(size_t width, size_t begin, size_t end,
+                  absl::FunctionRef<void(size_t first, const char* p, size_t n)> fn) const;
 
   std::vector<grpc::Slice> owners_;
   std::vector<absl::string_view> pieces_;
@@ -112,8 +117,11 @@ class DenseView {
   DenseView(const v1::TensorSlice& slice, const Payload& data);
 
   uint64_t count() const { return count_; }
-  // As Payload::ForEachFloatBlock, over all count() elements.
+  // As Payload::ForEachFloatBlock, over all count() elements or over
+  // [begin, end) of them (a sparse slice's entries found by bisection).
   void ForEachFloatBlock(absl::FunctionRef<void(size_t first, absl::Span<const float> block)> fn) const;
+  void ForEachFloatBlock(uint64_t begin, uint64_t end,
+                         absl::FunctionRef<void(size_t first, absl::Span<const float> block)> fn) const;
 
   // The first element that is not finite (its position in the slice and
   // value), if any. A sparse slice's zeros are not read.

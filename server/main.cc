@@ -25,6 +25,9 @@ ABSL_FLAG(std::string, config, "", "Job config file (*.pbtxt). Required.");
 ABSL_FLAG(int32_t, index, -1, "This server's index in [0, cluster.num_servers). Required.");
 ABSL_FLAG(std::string, metrics_listen, "",
           "host:port to serve Prometheus metrics on (/metrics). Default: no metrics.");
+ABSL_FLAG(int32_t, apply_threads, 1,
+          "Threads a push's optimizer update is split over (updates of 64K elements or more). More than one "
+          "shortens a synchronous worker's wait where the server has idle cores.");
 ABSL_FLAG(std::string, listen, "",
           "host:port to serve on. Default: cluster.server_addresses[index] if listed, else "
           "127.0.0.1:0 (a free loopback port). Use 0.0.0.0:PORT to serve other hosts.");
@@ -33,7 +36,7 @@ int main(int argc, char** argv) {
   segps::TuneMallocForLargeBuffers();
   segps::SkipMutexDeadlockDetection();
   absl::SetProgramUsageMessage(
-      "segps parameter server.\n  segps-server --config FILE --index I [--listen HOST:PORT]");
+      "segps parameter server.\n  segps-server --config FILE --index I [--listen HOST:PORT] [--apply_threads N]");
   std::vector<char*> positional = absl::ParseCommandLine(argc, argv);
   if (positional.size() > 1) {
     std::cerr << "segps-server: unexpected argument '" << positional[1] << "' (see --help)\n";
@@ -53,6 +56,11 @@ int main(int argc, char** argv) {
   if (index < 0 || index >= static_cast<int32_t>(config->cluster().num_servers())) {
     std::cerr << "segps-server: --index must be in [0, " << config->cluster().num_servers()
               << ") for this config, got " << index << "\n";
+    return 2;
+  }
+  const int32_t apply_threads = absl::GetFlag(FLAGS_apply_threads);
+  if (apply_threads < 1 || apply_threads > 256) {
+    std::cerr << "segps-server: --apply_threads must be in [1, 256], got " << apply_threads << "\n";
     return 2;
   }
   std::string listen = absl::GetFlag(FLAGS_listen);
@@ -84,7 +92,7 @@ int main(int argc, char** argv) {
     std::cout << "segps-server metrics on http://" << metrics_endpoint->address() << "/metrics" << std::endl;
   }
   absl::StatusOr<std::unique_ptr<segps::ParameterServer>> server =
-      segps::ParameterServer::Create(*config, static_cast<uint32_t>(index), metrics.get());
+      segps::ParameterServer::Create(*config, static_cast<uint32_t>(index), metrics.get(), apply_threads);
   if (!server.ok()) {
     std::cerr << "segps-server: " << server.status().message() << "\n";
     return 1;

@@ -4,7 +4,8 @@
 // blocks (chunked pushes, payloads read block by block), so Apply takes the
 // block's place in the range and the number of the update it belongs to.
 //
-// Thread safety: none; the owner (SegmentShard) serialises calls.
+// Thread safety: Apply calls on disjoint element ranges may run at once (an
+// update split over threads); the owner (SegmentShard) serialises the rest.
 #ifndef SEGPS_SERVER_OPTIMIZER_H_
 #define SEGPS_SERVER_OPTIMIZER_H_
 

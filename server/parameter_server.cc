@@ -26,7 +26,7 @@ ParameterServer::ParameterServer(v1::JobConfig config, uint32_t index, ShardMap 
       max_wait_(absl::Milliseconds(config_.cluster().pull_wait_ms())), metrics_(metrics) {}
 
 absl::StatusOr<std::unique_ptr<ParameterServer>> ParameterServer::Create(
-    const v1::JobConfig& config, uint32_t index, ServerMetrics* metrics) {
+    const v1::JobConfig& config, uint32_t index, ServerMetrics* metrics, int apply_threads) {
   if (index >= config.cluster().num_servers()) {
     return absl::InvalidArgumentError(absl::StrCat("server index ", index, " is out of range: the config has ",
                                                    config.cluster().num_servers(), " servers"));
@@ -35,6 +35,7 @@ absl::StatusOr<std::unique_ptr<ParameterServer>> ParameterServer::Create(
   if (!map.ok()) return map.status();
   std::unique_ptr<ParameterServer> server(new ParameterServer(config, index, *std::move(map), metrics));
   const int segments = server->map_.num_segments();
+  if (apply_threads > 1) server->apply_pool_ = std::make_unique<ApplyPool>(apply_threads);
   server->rejected_ = std::make_unique<std::atomic<uint64_t>[]>(segments + 1);
   for (int k = 0; k < segments; ++k) {
     ShardOptions options;
@@ -44,6 +45,7 @@ absl::StatusOr<std::unique_ptr<ParameterServer>> ParameterServer::Create(
     options.max_clock_ahead = PushesInFlight(config, k) + 1;
     options.lease = absl::Milliseconds(config.cluster().lease_ms());
     options.momentum_lookahead = config.optimizer().momentum_lookahead();
+    options.apply_pool = server->apply_pool_.get();
     std::vector<float> values(options.range.count);
     InitializeRange(server->map_, k, options.range.offset, config.seed(), values.data(),
                     values.size());

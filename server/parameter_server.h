@@ -19,6 +19,7 @@
 #include "common/tensor_wire.h"
 #include "segps/v1/config.pb.h"
 #include "segps/v1/parameter_server.pb.h"
+#include "server/apply_pool.h"
 #include "server/segment_shard.h"
 #include "server/server_metrics.h"
 
@@ -27,11 +28,12 @@ namespace segps {
 class ParameterServer {
  public:
   // `config` must come from LoadConfig. Allocates and initialises this
-  // server's ranges of every segment.
-  // `metrics`, when given, must outlive the server.
+  // server's ranges of every segment. `metrics`, when given, must outlive
+  // the server. A push's update is split over up to `apply_threads`.
   static absl::StatusOr<std::unique_ptr<ParameterServer>> Create(const v1::JobConfig& config,
                                                                  uint32_t index,
-                                                                 ServerMetrics* metrics = nullptr);
+                                                                 ServerMetrics* metrics = nullptr,
+                                                                 int apply_threads = 1);
 
   // Each call validates its request; a rejected call changes nothing.
   // `deadline` bounds any wait (the client's deadline, capped by
@@ -72,6 +74,7 @@ class ParameterServer {
   const std::string model_fingerprint_;
   const absl::Duration max_wait_;
   ServerMetrics* const metrics_;  // may be null
+  std::unique_ptr<ApplyPool> apply_pool_;  // null with one apply thread; outlives the shards
   std::vector<std::unique_ptr<SegmentShard>> shards_;
   std::unique_ptr<std::atomic<uint64_t>[]> rejected_;
   std::atomic<uint64_t> next_worker_id_{1};

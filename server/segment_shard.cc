@@ -6,6 +6,22 @@
 #include "absl/strings/str_cat.h"
 
 namespace segps {
+namespace {
+
+// Elements a part of a split update has at least: a helper thread takes
+// tens of microseconds to wake, about what Adam takes over 64K elements.
+constexpr uint64_t kMinPartElements = 1 << 16;
+
+// Parts to split an update of `count` elements into over `pool`.
+size_t ApplyParts(const ApplyPool* pool, uint64_t count) {
+  if (pool == nullptr) return 1;
+  return static_cast<size_t>(std::clamp<uint64_t>(count / kMinPartElements, 1, pool->threads()));
+}
+
+// The first element of part `part` (of `parts`, over `count` elements).
+uint64_t PartStart(uint64_t count, size_t parts, size_t part) { return count * part / parts; }
+
+}  // namespace
 
 SegmentShard::SegmentShard(const ShardOptions& options, std::vector<float> initial,
                            std::unique_ptr<Optimizer> optimizer)
@@ -207,9 +223,24 @@ absl::StatusOr<PushResult> SegmentShard::Push(uint64_t id, uint64_t clock, uint6
   }
   if (first == 0) w->step = ++steps_begun_;
   const absl::Time apply_start = absl::Now();
-  grad.ForEachFloatBlock([&](size_t at, absl::Span<const float> block) {
-    optimizer_->Apply(w->step, first + at, absl::MakeSpan(values_).subspan(first + at, block.size()), block);
-  });
+  Optimizer* const optimizer = optimizer_.get();
+  const absl::Span<float> values = absl::MakeSpan(values_);
+  const uint64_t step = w->step;
+  auto apply_part = [&](uint64_t begin, uint64_t end) {
+    grad.ForEachFloatBlock(begin, end, [&](size_t at, absl::Span<const float> block) {
+      optimizer->Apply(step, first + at, values.subspan(first + at, block.size()), block);
+    });
+  };
+  // Helpers update disjoint parts of the values and the optimizer's state
+  // while this thread holds the lock for them: Run returns once all are done.
+  const size_t parts = ApplyParts(options_.apply_pool, count);
+  if (parts == 1) {
+    apply_part(0, count);
+  } else {
+    options_.apply_pool->Run(parts, [&](size_t part) {
+      apply_part(PartStart(count, parts, part), PartStart(count, parts, part + 1));
+    });
+  }
   const absl::Duration apply = absl::Now() - apply_start;
   w->applied += count;
   if (w->applied == options_.range.count) {

@@ -41,6 +41,7 @@
 #include "common/sync.h"
 #include "common/tensor_wire.h"
 #include "segps/v1/parameter_server.pb.h"
+#include "server/apply_pool.h"
 #include "server/optimizer.h"
 
 namespace segps {
@@ -54,6 +55,9 @@ struct ShardOptions {
   // Worker pulls return values moved on by the optimizer's drift over the
   // updates expected before the puller's gradient lands (see Pull).
   bool momentum_lookahead = false;
+  // Threads a large push's update is split over (null: the handler's only).
+  // Must outlive the shard.
+  ApplyPool* apply_pool = nullptr;
 };
 
 struct PullResult {

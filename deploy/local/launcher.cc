@@ -1,6 +1,6 @@
 // segps-local: a whole cluster on this machine, one command.
 //
-//   segps-local --config job.pbtxt [--report report.json] [--device cpu] [--cpu_threads 1]
+//   segps-local --config job.pbtxt [--report report.json] [--device cpu] [--cpu_threads 1] [--apply_threads 1]
 //
 // Starts the config's servers on free loopback ports and, alongside them,
 // one worker process per (segment, rank), which loads its data and then reads
@@ -39,6 +39,7 @@ ABSL_FLAG(std::string, report, "segps-report.json", "Where the evaluation writes
 ABSL_FLAG(std::string, params_dir, "", "If set, the evaluation writes each segment's trained parameters to DIR/<segment>.npy.");
 ABSL_FLAG(std::string, device, "cpu", "Device for every worker: cpu, cuda:N or auto.");
 ABSL_FLAG(int32_t, cpu_threads, 1, "Threads each CPU worker computes with (see segps-worker --cpu_threads).");
+ABSL_FLAG(int32_t, apply_threads, 1, "Threads each server splits an update over (see segps-server --apply_threads).");
 ABSL_FLAG(std::string, bin_dir, "", "Directory of segps-server, segps-worker and segps-eval. Default: this binary's.");
 ABSL_FLAG(int32_t, straggler_ms, 0,
           "Slow the last worker of the first segment by this many milliseconds per step (staleness experiments).");
@@ -314,7 +315,8 @@ int main(int argc, char** argv) {
   for (uint32_t i = 0; i < num_servers; ++i) {
     Child* c = launcher.Spawn(absl::StrCat("server", i),
                               {bin + "/segps-server", "--config", config_path, "--index", std::to_string(i),
-                               "--listen", "127.0.0.1:0"});
+                               "--listen", "127.0.0.1:0", "--apply_threads",
+                               std::to_string(absl::GetFlag(FLAGS_apply_threads))});
     if (c == nullptr) return Fail("cannot start segps-server");
     c->on_line = [&addresses, i](const std::string& line) {
       static const std::string kReady = "segps-server listening on ";

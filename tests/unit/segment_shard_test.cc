@@ -252,5 +252,45 @@ TEST(SegmentShard, LeavingWorkerReleasesWaiters) {
   EXPECT_TRUE(r.ok()) << r.status();
 }
 
+// An update split over threads lands exactly as one applied on the handler's
+// thread alone: Adam, a range several parts long, float16 gradients.
+TEST(SegmentShard, UpdateSplitOverThreadsMatchesOneThread) {
+  constexpr size_t n = 300001;
+  v1::OptimizerConfig adam;
+  adam.set_kind(v1::ADAM);
+  adam.set_learning_rate(0.01f);
+  adam.set_beta1(0.9f);
+  adam.set_beta2(0.999f);
+  adam.set_epsilon(1e-7f);
+  std::vector<float> initial(n);
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
+  for (float& v : initial) v = uniform(rng);
+  ApplyPool pool(3);
+  std::vector<std::unique_ptr<SegmentShard>> shards;
+  for (ApplyPool* p : {static_cast<ApplyPool*>(nullptr), &pool}) {
+    ShardOptions options;
+    options.range = {0, n};
+    options.apply_pool = p;
+    shards.push_back(std::make_unique<SegmentShard>(options, initial, *CreateOptimizer(adam, n)));
+    shards.back()->Register(1, 0, std::nullopt);
+  }
+  for (uint64_t clock = 0; clock < 3; ++clock) {
+    std::vector<float> grad(n);
+    for (float& g : grad) g = uniform(rng);
+    std::vector<uint16_t> halves(n);
+    ToFloat16(grad, halves.data());
+    v1::TensorSlice slice;
+    slice.set_count(n);
+    slice.set_dtype(v1::FLOAT16);
+    const Payload data =
+        Payload::Borrow(absl::string_view(reinterpret_cast<const char*>(halves.data()), n * sizeof(uint16_t)));
+    for (auto& shard : shards) ASSERT_TRUE(shard->Push(1, clock, 0, DenseView(slice, data), Soon()).ok());
+  }
+  const std::vector<float> alone = shards[0]->Snapshot(), split = shards[1]->Snapshot();
+  ASSERT_NE(alone, initial);
+  EXPECT_EQ(alone, split);
+}
+
 }  // namespace
 }  // namespace segps

@@ -65,6 +65,20 @@ std::vector<float> Blocks(const Payload& payload, size_t n, v1::DType dtype = v1
   return out;
 }
 
+// What the blocks of elements [begin, end) read, in order and contiguous.
+template <typename Source>
+std::vector<float> BlocksIn(const Source& read, size_t begin, size_t end) {
+  std::vector<float> out;
+  size_t expected_first = begin;
+  read(begin, end, [&](size_t first, absl::Span<const float> block) {
+    EXPECT_EQ(first, expected_first);
+    out.insert(out.end(), block.begin(), block.end());
+    expected_first = first + block.size();
+  });
+  EXPECT_EQ(expected_first, end);
+  return out;
+}
+
 TEST(TensorWire, EncodedMessageIsOrdinaryProtobuf) {
   const std::vector<float> values = Ramp(1000);
   const grpc::Slice slice = EncodeValues(values, v1::FLOAT32);
@@ -103,6 +117,10 @@ TEST(TensorWire, DecodesPlainProtobufSplitAnywhere) {
     std::vector<float> copied(values.size());
     payload.CopyTo(v1::FLOAT32, absl::MakeSpan(copied));
     EXPECT_EQ(copied, values);
+    auto read = [&](size_t begin, size_t end, auto fn) { payload.ForEachFloatBlock(v1::FLOAT32, begin, end, fn); };
+    for (auto [begin, end] : std::vector<std::pair<size_t, size_t>>{{0, 3}, {3, 8195}, {10000, 20000}}) {
+      EXPECT_EQ(BlocksIn(read, begin, end), std::vector<float>(values.begin() + begin, values.begin() + end));
+    }
   }
 }
 
@@ -213,6 +231,13 @@ TEST(TensorWire, SparseSliceReadsAsZerosAndItsValues) {
   });
   EXPECT_EQ(next, count);
   EXPECT_EQ(dense, expected);
+  // Any sub-range reads as the same elements.
+  auto read = [&](uint64_t begin, uint64_t end, auto fn) { view.ForEachFloatBlock(begin, end, fn); };
+  for (auto [begin, end] : std::vector<std::pair<size_t, size_t>>{{0, 1}, {1, 8192}, {8191, 8193}, {12345, 20000},
+                                                                  {5000, 5000}, {100, 19000}}) {
+    EXPECT_EQ(BlocksIn(read, begin, end), std::vector<float>(expected.begin() + begin, expected.begin() + end))
+        << begin << ".." << end;
+  }
 }
 
 // A push's check for infinities and NaNs, in every wire type, with the
@@ -380,6 +405,13 @@ TEST_P(HalfPayload, SplitAnywhereWidens) {
     std::vector<float> copied(values.size());
     payload.CopyTo(dtype, absl::MakeSpan(copied));
     EXPECT_EQ(copied, expected);
+    // Parts of the payload, as an update split over threads reads them.
+    auto read = [&](size_t begin, size_t end, auto fn) { payload.ForEachFloatBlock(dtype, begin, end, fn); };
+    for (auto [begin, end] : std::vector<std::pair<size_t, size_t>>{{0, 7}, {7, 8200}, {8191, 16385}, {19999, 20001},
+                                                                    {300, 300}}) {
+      EXPECT_EQ(BlocksIn(read, begin, end), std::vector<float>(expected.begin() + begin, expected.begin() + end))
+          << begin << ".." << end;
+    }
   }
 }
 
