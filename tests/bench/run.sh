@@ -112,8 +112,9 @@ if [ $torch = 1 ]; then
     # Which epoch first crosses 88% moves by 1-3 epochs with the seed (the
     # curves flatten near it), so both sides run seeds 1-3 and the medians
     # are compared. segps: 1 server, 1 worker, staleness 0 (no extra epochs
-    # for staleness), float16 on the wire, and the worker computing on both
-    # cores while the server waits (--cpu_threads 2); scored after every
+    # for staleness), float16 on the wire, the worker computing on both
+    # cores while the server waits (--cpu_threads 2) and the server updating
+    # on both while the worker waits (--apply_threads 2); scored after every
     # epoch. PyTorch runs with 1 thread (the target) and with 2 BLAS threads.
     t88s=() t88s2=() s88s=()
     reached() { if [ -n "${1:-}" ]; then echo "$1 s (epoch $2)"; else echo "not reached"; fi; }
@@ -124,7 +125,7 @@ if [ $torch = 1 ]; then
       t=$(torch88 "$out/torch_fm$seed.txt") t2=$(torch88 "$out/torch2_fm$seed.txt")
       fmnist_config "$out/fm88.pbtxt" 1 1 12 0
       sed -i "s/^seed: 3/seed: $seed/; s/lease_ms: 10000 }/lease_ms: 10000 wire_dtype: FLOAT16 }/" "$out/fm88.pbtxt"
-      $bin/segps-local --config "$out/fm88.pbtxt" --cpu_threads 2 --report "$out/fm88.json" > "$out/fm88_$seed.txt" 2>&1
+      $bin/segps-local --config "$out/fm88.pbtxt" --cpu_threads 2 --apply_threads 2 --report "$out/fm88.json" > "$out/fm88_$seed.txt" 2>&1
       s=$(time_to "$out/fm88_$seed.txt" 0.88)
       e=$(sed -n 's/.*: epoch \([0-9]*\) test accuracy \([0-9.]*\) after .*/\1 \2/p' "$out/fm88_$seed.txt" | awk '$2 >= 0.88 {print $1; exit}')
       echo "seed $seed: time to 88% test accuracy: segps $(reached "$s" "$e"), PyTorch alone $(reached $t), with 2 BLAS threads $(reached $t2)"

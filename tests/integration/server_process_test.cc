@@ -295,6 +295,7 @@ TEST(ServerFlags, WrongFlagsGetClearErrors) {
       {{"--config", dir + "/missing.pbtxt", "--index", "0"}, "cannot be opened"},
       {{"--config", dir + "/job.pbtxt", "--index", "0", "--bogus"}, "Unknown command line flag 'bogus'"},
       {{"--config", dir + "/job.pbtxt", "--index", "0", "--listen", "256.1.1.1:1"}, "cannot listen on"},
+      {{"--config", dir + "/job.pbtxt", "--index", "0", "--apply_threads", "0"}, "--apply_threads must be in [1, 256], got 0"},
   };
   for (const Case& c : cases) {
     std::vector<std::string> argv = {BinaryPath("segps-server")};
