@@ -26,7 +26,7 @@ ABSL_FLAG(int32_t, index, -1, "This server's index in [0, cluster.num_servers). 
 ABSL_FLAG(std::string, metrics_listen, "",
           "host:port to serve Prometheus metrics on (/metrics). Default: no metrics.");
 ABSL_FLAG(int32_t, apply_threads, 1,
-          "Threads a push's optimizer update is split over (updates of 64K elements or more). More than one "
+          "Threads a push's optimizer update is split over (updates of 128K elements or more). More than one "
           "shortens a synchronous worker's wait where the server has idle cores.");
 ABSL_FLAG(std::string, listen, "",
           "host:port to serve on. Default: cluster.server_addresses[index] if listed, else "
