@@ -20,7 +20,8 @@
 //
 // Thread safety: every method is safe to call concurrently. One mutex guards
 // the whole shard, so applies, pulls and clock changes of one segment on one
-// server are serialised while other segments proceed independently. Waiters
+// server are serialised while other segments proceed independently (a large
+// apply may run on the apply pool's threads too, within the caller's hold). Waiters
 // (pulls behind the bound, pushes that arrived ahead of their predecessor)
 // sleep on a condition variable with a deadline and never hold the mutex.
 #ifndef SEGPS_SERVER_SEGMENT_SHARD_H_

@@ -109,7 +109,7 @@ if [ $torch = 1 ]; then
   target fmnist_1_trainer_vs_pytorch_rpc "$(div "$fm11" "$rpc1")" 2.0
   target fmnist_2_trainers_vs_pytorch_rpc "$(div "$fm12" "$rpc2")" 2.0
   if [ $quick = 0 ]; then
-    # Which epoch first crosses 88% moves between 5 and 9 with the seed on
+    # Which epoch first crosses 88% moves between 4 and 9 with the seed on
     # both sides (the curves flatten near it), so both run seeds 1-6 and the
     # medians are compared (three seeds left a median off by an epoch, 15%,
     # by chance). segps: 1 server, 1 worker, staleness 0 (no extra epochs
