@@ -205,7 +205,7 @@ void Payload::ForEachRun(size_t width, size_t begin, size_t end,
 void Payload::ForEachFloatBlock(v1::DType dtype,
                                 absl::FunctionRef<void(size_t, absl::Span<const float>)> fn) const {
   const size_t width = DTypeBytes(dtype);
-  ForEachFloatBlock(dtype, 0, width == 0 ? 0 : size_ / width, fn);
+  ForEachFloatBlock(dtype, 0, Elements(width), fn);
 }
 
 void Payload::ForEachFloatBlock(v1::DType dtype, size_t begin, size_t end,
@@ -234,7 +234,7 @@ void Payload::CopyTo(v1::DType dtype, absl::Span<float> out) const {
     // Widened straight into `out`: a pull lands in one pass over its bytes.
     std::unique_ptr<uint16_t[]> halves;
     const size_t width = DTypeBytes(dtype);
-    ForEachRun(width, 0, size_ / width, [&](size_t first, const char* p, size_t n) {
+    ForEachRun(width, 0, Elements(width), [&](size_t first, const char* p, size_t n) {
       Widen(dtype, Halves(p, n, &halves), out.subspan(first, n));
     });
     return;
@@ -429,10 +429,6 @@ std::optional<DenseView::Element> DenseView::FirstNonFinite() const {
     if (const std::optional<size_t> i = segps::FirstNonFinite(block)) found = Element{first + *i, block[*i]};
   });
   return found;
-}
-
-void DenseView::ForEachFloatBlock(absl::FunctionRef<void(size_t first, absl::Span<const float> block)> fn) const {
-  ForEachFloatBlock(0, count_, fn);
 }
 
 void DenseView::ForEachFloatBlock(uint64_t begin, uint64_t end,

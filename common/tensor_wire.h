@@ -72,6 +72,8 @@ class Payload {
   // from a copy.
   void ForEachRun(size_t width, size_t begin, size_t end,
                   absl::FunctionRef<void(size_t first, const char* p, size_t n)> fn) const;
+  // Whole elements of `width` bytes held (none for an unknown dtype's 0).
+  size_t Elements(size_t width) const { return width == 0 ? 0 : size_ / width; }
 
   std::vector<grpc::Slice> owners_;
   std::vector<absl::string_view> pieces_;
@@ -117,9 +119,8 @@ class DenseView {
   DenseView(const v1::TensorSlice& slice, const Payload& data);
 
   uint64_t count() const { return count_; }
-  // As Payload::ForEachFloatBlock, over all count() elements or over
-  // [begin, end) of them (a sparse slice's entries found by bisection).
-  void ForEachFloatBlock(absl::FunctionRef<void(size_t first, absl::Span<const float> block)> fn) const;
+  // As Payload::ForEachFloatBlock, over elements [begin, end) of the
+  // count() (a sparse slice's entries found by bisection).
   void ForEachFloatBlock(uint64_t begin, uint64_t end,
                          absl::FunctionRef<void(size_t first, absl::Span<const float> block)> fn) const;
 

@@ -224,7 +224,7 @@ TEST(TensorWire, SparseSliceReadsAsZerosAndItsValues) {
   std::vector<float> dense(count, NAN), expected(count, 0.0f);
   for (size_t i = 0; i < indices.size(); ++i) expected[indices[i]] = values[i];
   size_t next = 0;
-  view.ForEachFloatBlock([&](size_t first, absl::Span<const float> block) {
+  view.ForEachFloatBlock(0, count, [&](size_t first, absl::Span<const float> block) {
     EXPECT_EQ(first, next);
     std::copy(block.begin(), block.end(), dense.begin() + static_cast<ptrdiff_t>(first));
     next = first + block.size();
