@@ -1,6 +1,7 @@
 #include "common/config.h"
 
 #include <algorithm>
+#include <cmath>
 #include <fstream>
 #include <sstream>
 #include <vector>
@@ -250,7 +251,7 @@ absl::Status ValidateAndFill(v1::JobConfig& c, const Locator& at) {
   auto* data = c.mutable_data();
   if (data->source() == v1::DATA_SOURCE_UNSPECIFIED) {
     return at.Error({{"data", -1}, {"source", -1}},
-                    "is required: SYNTHETIC_SEED, SYNTHETIC_TEACHER or FASHION_MNIST");
+                    "is required: SYNTHETIC_SEED, SYNTHETIC_TEACHER, FASHION_MNIST, NPY or CSV");
   }
   if (data->split() == v1::SPLIT_UNSPECIFIED) data->set_split(v1::BY_SEGMENT);
   if (data->train_samples() == 0) data->set_train_samples(10000);
@@ -266,6 +267,61 @@ absl::Status ValidateAndFill(v1::JobConfig& c, const Locator& at) {
       (model->input_width() != 784 || model->num_classes() != 10)) {
     return at.Error({{"model", -1}, {"input_width", -1}},
                     "FASHION_MNIST needs model.input_width 784 and model.num_classes 10");
+  }
+  if (data->normalize() == v1::NORMALIZE_UNSPECIFIED) data->set_normalize(v1::NONE);
+  const bool npy = data->source() == v1::NPY, csv = data->source() == v1::CSV;
+  // Fields of one file source are refused under another, so that a typo in
+  // `source` does not silently train on something else.
+  struct FileField {
+    const char* name;
+    const std::string& value;
+    bool belongs;
+  };
+  for (const FileField& f : {FileField{"train_x", data->train_x(), npy}, FileField{"train_y", data->train_y(), npy},
+                             FileField{"test_x", data->test_x(), npy}, FileField{"test_y", data->test_y(), npy},
+                             FileField{"train_csv", data->train_csv(), csv},
+                             FileField{"test_csv", data->test_csv(), csv},
+                             FileField{"label_column", data->label_column(), csv},
+                             FileField{"delimiter", data->delimiter(), csv}}) {
+    if (!f.value.empty() && !f.belongs) {
+      return at.Error({{"data", -1}, {f.name, -1}},
+                      absl::StrCat("is not used by data.source ", v1::DataSource_Name(data->source())));
+    }
+  }
+  if (data->has_scale() && !npy) return at.Error({{"data", -1}, {"scale", -1}}, "is used by data.source NPY only");
+  if (data->has_header() && !csv) return at.Error({{"data", -1}, {"header", -1}}, "is used by data.source CSV only");
+  if (npy) {
+    if (data->train_x().empty()) return at.Error({{"data", -1}, {"train_x", -1}}, "is required for NPY: an .npy file of inputs [n, input_width]");
+    if (data->train_y().empty()) return at.Error({{"data", -1}, {"train_y", -1}}, "is required for NPY: an .npy file of labels [n]");
+    if (data->test_x().empty() != data->test_y().empty()) {
+      return at.Error({{"data", -1}, {data->test_x().empty() ? "test_x" : "test_y", -1}},
+                      "is missing: give test_x and test_y together, or neither (then test_fraction holds out a split)");
+    }
+    if (data->has_scale() && !(data->scale() > 0 && std::isfinite(data->scale()))) {
+      return at.Error({{"data", -1}, {"scale", -1}}, absl::StrCat("must be finite and > 0, got ", data->scale()));
+    }
+  }
+  if (csv) {
+    if (data->train_csv().empty()) return at.Error({{"data", -1}, {"train_csv", -1}}, "is required for CSV");
+    if (data->delimiter().empty()) data->set_delimiter(",");
+    if (data->delimiter().size() != 1 || data->delimiter() == "\"" || data->delimiter() == "\n") {
+      return at.Error({{"data", -1}, {"delimiter", -1}},
+                      absl::StrCat("must be one character other than a quote or a newline, got \"", data->delimiter(), "\""));
+    }
+    if (!data->has_header()) data->set_header(true);
+  }
+  if (npy || csv) {
+    const bool has_test = !data->test_x().empty() || !data->test_csv().empty();
+    if (has_test && data->has_test_fraction()) {
+      return at.Error({{"data", -1}, {"test_fraction", -1}}, "applies only without test files, and test files are given");
+    }
+    if (!has_test && !data->has_test_fraction()) data->set_test_fraction(0.2f);
+    if (!has_test && !(data->test_fraction() > 0 && data->test_fraction() < 1)) {
+      return at.Error({{"data", -1}, {"test_fraction", -1}},
+                      absl::StrCat("must be in (0, 1), got ", data->test_fraction()));
+    }
+  } else if (data->has_test_fraction()) {
+    return at.Error({{"data", -1}, {"test_fraction", -1}}, "is used by data.source NPY and CSV only");
   }
   return absl::OkStatus();
 }
@@ -293,7 +349,17 @@ absl::StatusOr<v1::JobConfig> LoadConfig(const std::string& path) {
   if (!in) return absl::NotFoundError(absl::StrCat("config file ", path, ": cannot be opened"));
   std::ostringstream text;
   text << in.rdbuf();
-  return ParseConfig(text.str(), path);
+  absl::StatusOr<v1::JobConfig> config = ParseConfig(text.str(), path);
+  if (!config.ok()) return config;
+  // Data files are named relative to the config file, wherever it is read from.
+  const size_t slash = path.rfind('/');
+  const std::string dir = slash == std::string::npos ? "" : path.substr(0, slash + 1);
+  auto* data = config->mutable_data();
+  for (std::string* file : {data->mutable_train_x(), data->mutable_train_y(), data->mutable_test_x(),
+                            data->mutable_test_y(), data->mutable_train_csv(), data->mutable_test_csv()}) {
+    if (!file->empty() && (*file)[0] != '/') *file = dir + *file;
+  }
+  return config;
 }
 
 uint32_t PushesInFlight(const v1::JobConfig& config, int segment) {

@@ -1,10 +1,17 @@
 // Training and test data for workers and the evaluator: the sources a config
-// can name, how the training set is split over segments and workers, and the
-// order a worker visits its slice in each epoch.
+// can name (built-in sets, the user's .npy arrays and CSV tables), feature
+// standardisation, how the training set is split over segments and workers,
+// and the order a worker visits its slice in each epoch.
+//
+// A data set's features live in memory, or (NPY) in a file that is
+// memory-mapped a window at a time: MapRows maps the rows a process is about
+// to read, and checks them, so that a worker touches only its own slice.
 #ifndef SEGPS_WORKER_DATASET_H_
 #define SEGPS_WORKER_DATASET_H_
 
 #include <cstdint>
+#include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -14,13 +21,35 @@
 
 namespace segps {
 
+class FeatureFile;
+
 // Row-major float inputs [size x width] and integer labels in [0, classes).
+//
+// Thread safety: reading rows (CopyRow, GatherBatch) may run concurrently;
+// MapRows must not overlap any other use of the same data set.
 struct Dataset {
   int width = 0;
   int classes = 0;
+  // In-memory features [size x width], standardised when `mean` is set;
+  // empty when `file` holds them.
   std::vector<float> x;
   std::vector<int32_t> y;
+  // File-backed features (NPY): readable only within the rows MapRows mapped.
+  std::shared_ptr<FeatureFile> file;
+  // Standardisation (data.normalize): feature j is (x * scale - mean[j]) /
+  // std[j]. Empty: none.
+  std::vector<float> mean, std;
+  // The multiplier raw file values get as they are read (data.scale).
+  float scale = 1;
+
   size_t size() const { return y.size(); }
+  // Makes rows [rows.offset, rows.end()) readable, after which rows outside
+  // them must not be read: a file-backed set maps the file's bytes of those
+  // rows (only them) and checks that every value is finite, naming the file,
+  // row and column of one that is not. In-memory sets: nothing to do.
+  absl::Status MapRows(Range rows) const;
+  // Row i's features, as the model sees them, into out[width].
+  void CopyRow(size_t i, float* out) const;
 };
 
 struct TrainTest {
@@ -28,8 +57,19 @@ struct TrainTest {
   Dataset test;
 };
 
-// Builds the config's data (data.source), deterministically.
+// Builds the config's data (data.source), deterministically, checking every
+// label and (in memory) every feature; with data.normalize STANDARDIZE, the
+// statistics come from one pass over the whole training set. File-backed
+// sets come back with no rows mapped.
 absl::StatusOr<TrainTest> LoadData(const v1::JobConfig& config);
+
+// Maps and checks every row of `data`, a window at a time: a whole-file check
+// that needs no more memory than one window.
+absl::Status CheckAllRows(const Dataset& data);
+
+// The features of an .npy array [n, width] for inference (segps-predict):
+// mapped whole, with `scale`, `mean` and `std` as in Dataset, labels all 0.
+absl::StatusOr<Dataset> OpenNpyFeatures(const std::string& path, int width, std::optional<float> scale);
 
 // Reads Fashion-MNIST IDX files (gzip) from `dir`: pixels scaled to [0, 1].
 absl::StatusOr<TrainTest> LoadFashionMnist(const std::string& dir);

@@ -14,12 +14,13 @@ namespace segps {
 namespace {
 
 // Runs segment k with `params` over `test`, calling fn(row, probabilities).
-absl::Status ForEachPrediction(const v1::JobConfig& config, int k, const Dataset& test, absl::Span<const float> params,
+absl::Status ForEachPrediction(const v1::ModelConfig& config, int k, const Dataset& test, absl::Span<const float> params,
                                Backend* backend, absl::FunctionRef<void(size_t, const float*)> fn) {
-  const int classes = static_cast<int>(config.model().num_classes());
+  const int classes = static_cast<int>(config.num_classes());
   const size_t n = test.size();
   const int batch = 1024;
-  absl::StatusOr<SegmentModel> model = SegmentModel::Create(backend, config.model(), k, batch);
+  SEGPS_RETURN_IF_ERROR(test.MapRows({0, n}));
+  absl::StatusOr<SegmentModel> model = SegmentModel::Create(backend, config, k, batch);
   if (!model.ok()) return model.status();
   if (params.size() != model->num_params()) {
     return absl::InvalidArgumentError(absl::StrCat("evaluation: segment ", k, " has ", params.size(),
@@ -69,9 +70,54 @@ absl::StatusOr<Score> EvaluateSegment(const v1::JobConfig& config, int segment, 
                                       absl::Span<const float> params, Backend* backend) {
   if (test.size() == 0) return absl::InvalidArgumentError("evaluation: the test set is empty");
   Scorer scorer(static_cast<int>(config.model().num_classes()));
-  SEGPS_RETURN_IF_ERROR(ForEachPrediction(config, segment, test, params, backend,
+  SEGPS_RETURN_IF_ERROR(ForEachPrediction(config.model(), segment, test, params, backend,
                                           [&](size_t row, const float* p) { scorer.Add(p, test.y[row]); }));
   return scorer.score(config.model().segments(segment).name());
+}
+
+namespace {
+
+// The ensemble's probabilities [n x classes]: the mean of every segment's
+// softmax outputs, summed in double; `each(k, row, p)` sees segment k's.
+absl::StatusOr<std::vector<double>> Ensemble(const v1::ModelConfig& model, const Dataset& data,
+                                             const std::vector<std::vector<float>>& params, Backend* backend,
+                                             absl::FunctionRef<void(int, size_t, const float*)> each) {
+  const int segments = model.segments_size();
+  const int classes = static_cast<int>(model.num_classes());
+  if (params.size() != static_cast<size_t>(segments)) {
+    return absl::InvalidArgumentError("evaluation: need parameters for every segment");
+  }
+  std::vector<double> ensemble(data.size() * classes, 0.0);
+  for (int k = 0; k < segments; ++k) {
+    SEGPS_RETURN_IF_ERROR(ForEachPrediction(model, k, data, params[k], backend, [&](size_t row, const float* p) {
+      each(k, row, p);
+      for (int c = 0; c < classes; ++c) ensemble[row * classes + c] += p[c] / segments;
+    }));
+  }
+  return ensemble;
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<float>> Predict(const v1::ModelConfig& model, const Dataset& data,
+                                           const std::vector<std::vector<float>>& params, int segment,
+                                           Backend* backend) {
+  const int classes = static_cast<int>(model.num_classes());
+  std::vector<float> out(data.size() * classes);
+  if (segment >= 0) {
+    if (segment >= model.segments_size() || static_cast<size_t>(segment) >= params.size()) {
+      return absl::InvalidArgumentError(absl::StrCat("prediction: no segment ", segment));
+    }
+    SEGPS_RETURN_IF_ERROR(ForEachPrediction(model, segment, data, params[segment], backend,
+                                            [&](size_t row, const float* p) {
+                                              std::copy_n(p, classes, &out[row * classes]);
+                                            }));
+    return out;
+  }
+  absl::StatusOr<std::vector<double>> ensemble = Ensemble(model, data, params, backend, [](int, size_t, const float*) {});
+  if (!ensemble.ok()) return ensemble.status();
+  for (size_t i = 0; i < out.size(); ++i) out[i] = static_cast<float>((*ensemble)[i]);
+  return out;
 }
 
 absl::StatusOr<EvalReport> Evaluate(const v1::JobConfig& config, const Dataset& test,
@@ -80,25 +126,23 @@ absl::StatusOr<EvalReport> Evaluate(const v1::JobConfig& config, const Dataset& 
   const int classes = static_cast<int>(config.model().num_classes());
   const size_t n = test.size();
   if (n == 0) return absl::InvalidArgumentError("evaluation: the test set is empty");
-  if (params.size() != static_cast<size_t>(segments)) {
-    return absl::InvalidArgumentError("evaluation: need parameters for every segment");
-  }
-  std::vector<double> ensemble(n * classes, 0.0);
+  std::vector<Scorer> scorers(segments, Scorer(classes));
+  absl::StatusOr<std::vector<double>> ensemble =
+      Ensemble(config.model(), test, params, backend,
+               [&](int k, size_t row, const float* p) { scorers[k].Add(p, test.y[row]); });
+  if (!ensemble.ok()) return ensemble.status();
   EvalReport report;
   report.samples = n;
-  for (int k = 0; k < segments; ++k) {
-    Scorer scorer(classes);
-    SEGPS_RETURN_IF_ERROR(ForEachPrediction(config, k, test, params[k], backend, [&](size_t row, const float* p) {
-      scorer.Add(p, test.y[row]);
-      for (int c = 0; c < classes; ++c) ensemble[row * classes + c] += p[c] / segments;
-    }));
-    report.segments.push_back(scorer.score(config.model().segments(k).name()));
-  }
+  for (int k = 0; k < segments; ++k) report.segments.push_back(scorers[k].score(config.model().segments(k).name()));
   Scorer scorer(classes);
   std::vector<uint64_t> counts(classes, 0);
+  report.probabilities.resize(n * classes);
   for (size_t i = 0; i < n; ++i) {
-    scorer.Add(&ensemble[i * classes], test.y[i]);
+    scorer.Add(&(*ensemble)[i * classes], test.y[i]);
     counts[test.y[i]] += 1;
+  }
+  for (size_t i = 0; i < report.probabilities.size(); ++i) {
+    report.probabilities[i] = static_cast<float>((*ensemble)[i]);
   }
   report.ensemble = scorer.score("ensemble");
   report.chance = static_cast<double>(*std::max_element(counts.begin(), counts.end())) / n;

@@ -25,6 +25,7 @@ struct EvalReport {
   Score ensemble;
   uint64_t samples = 0;
   double chance = 0;  // accuracy of guessing the most frequent test label
+  std::vector<float> probabilities;  // the ensemble's, [samples x classes]
 };
 
 // `params[k]` holds segment k's flat parameters.
@@ -34,6 +35,13 @@ absl::StatusOr<EvalReport> Evaluate(const v1::JobConfig& config, const Dataset& 
 // Segment `segment` alone with `params` (its flat parameters).
 absl::StatusOr<Score> EvaluateSegment(const v1::JobConfig& config, int segment, const Dataset& test,
                                       absl::Span<const float> params, Backend* backend);
+
+// Class probabilities [data.size() x num_classes], row-major, of segment
+// `segment` alone, or (segment -1) of the ensemble: the mean of every
+// segment's softmax outputs, summed in double, exactly as Evaluate scores it.
+absl::StatusOr<std::vector<float>> Predict(const v1::ModelConfig& model, const Dataset& data,
+                                           const std::vector<std::vector<float>>& params, int segment,
+                                           Backend* backend);
 
 // The report as JSON (for files and tools).
 std::string ToJson(const v1::JobConfig& config, const EvalReport& report);

@@ -272,6 +272,8 @@ absl::StatusOr<TrainReport> Train(const v1::JobConfig& config, const TrainerOpti
     return absl::FailedPreconditionError(absl::StrCat(tag, ": its data slice is empty (", train.size(),
                                                       " training samples for too many workers)"));
   }
+  // A file-backed data set maps only this worker's rows.
+  SEGPS_RETURN_IF_ERROR(train.MapRows(slice));
   const uint64_t steps_per_epoch = StepsPerEpoch(slice.count, batch);
   const uint64_t total_steps = steps_per_epoch * epochs;
   SEGPS_LOG_INFO << tag << ": registered at clock " << start << " on " << backend->name() << "; "
