@@ -15,10 +15,10 @@
 #include "common/lock_checks.h"
 #include "common/malloc_tuning.h"
 #include "common/config.h"
-#include "common/shard_map.h"
 #include "worker/backend.h"
 #include "worker/dataset.h"
 #include "worker/evaluator.h"
+#include "worker/model_file.h"
 #include "worker/ps_client.h"
 
 ABSL_FLAG(std::string, config, "", "Job config file (*.pbtxt). Required.");
@@ -28,6 +28,8 @@ ABSL_FLAG(bool, wait_for_training, false,
           "First wait until training has finished: every segment updated and no live worker left.");
 ABSL_FLAG(int32_t, wait_timeout_s, 7200, "Longest wait for training, in seconds.");
 ABSL_FLAG(std::string, dump_params, "", "Write each segment's flat parameters to DIR/<segment>.npy.");
+ABSL_FLAG(std::string, probabilities_out, "",
+          "Write the ensemble's class probabilities on the test set to this .npy file (float32 [samples, classes]).");
 
 namespace {
 int Fail(const std::string& message) {
@@ -79,28 +81,23 @@ int main(int argc, char** argv) {
   }
   absl::StatusOr<std::unique_ptr<segps::ParameterClient>> client = segps::ConnectGrpc(*config, servers);
   if (!client.ok()) return Fail(std::string(client.status().message()));
-  absl::StatusOr<segps::ShardMap> map = segps::ShardMap::Create(config->model(), config->cluster().num_servers());
-  if (!map.ok()) return Fail(std::string(map.status().message()));
 
   if (absl::GetFlag(FLAGS_wait_for_training)) {
     absl::Status waited = WaitForTraining(**client, absl::Seconds(absl::GetFlag(FLAGS_wait_timeout_s)));
     if (!waited.ok()) return Fail(std::string(waited.message()));
   }
-  std::vector<std::vector<float>> params;
-  for (int k = 0; k < map->num_segments(); ++k) {
-    params.emplace_back(map->segment_size(k));
-    absl::StatusOr<uint64_t> clock = (*client)->Pull(k, 0, absl::MakeSpan(params.back()));
-    if (!clock.ok()) return Fail(std::string(clock.status().message()));
-    if (!absl::GetFlag(FLAGS_dump_params).empty()) {
-      const std::string path = absl::GetFlag(FLAGS_dump_params) + "/" + config->model().segments(k).name() + ".npy";
-      absl::Status written = segps::WriteNpyFloat32(path, params.back().data(), {params.back().size()});
-      if (!written.ok()) return Fail(std::string(written.message()));
-    }
+  absl::StatusOr<std::vector<std::vector<float>>> params =
+      segps::PullParameters(**client, config->model(), config->cluster().num_servers());
+  if (!params.ok()) return Fail(std::string(params.status().message()));
+  for (size_t k = 0; k < params->size() && !absl::GetFlag(FLAGS_dump_params).empty(); ++k) {
+    const std::string path = absl::GetFlag(FLAGS_dump_params) + "/" + config->model().segments(k).name() + ".npy";
+    absl::Status written = segps::WriteNpyFloat32(path, (*params)[k].data(), {(*params)[k].size()});
+    if (!written.ok()) return Fail(std::string(written.message()));
   }
   absl::StatusOr<segps::TrainTest> data = segps::LoadData(*config);
   if (!data.ok()) return Fail(std::string(data.status().message()));
   std::unique_ptr<segps::Backend> backend = segps::CreateCpuBackend(1);
-  absl::StatusOr<segps::EvalReport> report = segps::Evaluate(*config, data->test, params, backend.get());
+  absl::StatusOr<segps::EvalReport> report = segps::Evaluate(*config, data->test, *params, backend.get());
   if (!report.ok()) return Fail(std::string(report.status().message()));
 
   std::cout << absl::StrFormat("== segps evaluation: %s, %d test samples ==\n", config->name(), report->samples);
@@ -113,6 +110,11 @@ int main(int argc, char** argv) {
   if (config->data().source() == segps::v1::SYNTHETIC_SEED) {
     std::cout << "note: SYNTHETIC_SEED labels are drawn at random, independently of the inputs, so no model can\n"
                  "      beat chance on held-out data: an accuracy near chance is the correct result here.\n";
+  }
+  if (!absl::GetFlag(FLAGS_probabilities_out).empty()) {
+    absl::Status written = segps::WriteNpyFloat32(absl::GetFlag(FLAGS_probabilities_out), report->probabilities.data(),
+                                                  {report->samples, config->model().num_classes()});
+    if (!written.ok()) return Fail(std::string(written.message()));
   }
   if (!absl::GetFlag(FLAGS_report).empty()) {
     std::ofstream out(absl::GetFlag(FLAGS_report));

@@ -1,12 +1,13 @@
 // segps-local: a whole cluster on this machine, one command.
 //
 //   segps-local --config job.pbtxt [--report report.json] [--device cpu] [--cpu_threads 1] [--apply_threads 1]
+//               [--export model.safetensors] [--onnx model.onnx]
 //
 // Starts the config's servers on free loopback ports and, alongside them,
 // one worker process per (segment, rank), which loads its data and then reads
 // the servers' addresses from stdin; relays their output line by line with a
 // prefix, runs segps-eval when every worker has finished, and prints its
-// report. Exits non-zero if any process failed. Every child dies with the launcher: on
+// report (then segps-export, if asked). Exits non-zero if any process failed. Every child dies with the launcher: on
 // Ctrl-C, SIGTERM, an error, or the launcher's own death (PR_SET_PDEATHSIG).
 #include <fcntl.h>
 #include <poll.h>
@@ -33,6 +34,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/config.h"
+#include "worker/dataset.h"
 
 ABSL_FLAG(std::string, config, "", "Job config file (*.pbtxt). Required.");
 ABSL_FLAG(std::string, report, "segps-report.json", "Where the evaluation writes its JSON report.");
@@ -44,6 +46,10 @@ ABSL_FLAG(std::string, bin_dir, "", "Directory of segps-server, segps-worker and
 ABSL_FLAG(int32_t, straggler_ms, 0,
           "Slow the last worker of the first segment by this many milliseconds per step (staleness experiments).");
 ABSL_FLAG(int32_t, start_timeout_s, 60, "Seconds to wait for servers to start listening.");
+ABSL_FLAG(std::string, export, "", "After training, write the model as safetensors to this file (segps-export --out).");
+ABSL_FLAG(std::string, onnx, "", "After training, write the model as an ONNX graph to this file (segps-export --onnx).");
+ABSL_FLAG(std::string, probabilities_out, "",
+          "The evaluation writes the ensemble's test-set probabilities to this .npy file.");
 
 namespace {
 
@@ -275,7 +281,7 @@ int main(int argc, char** argv) {
   absl::StatusOr<segps::v1::JobConfig> config = segps::LoadConfig(config_path);
   if (!config.ok()) return Fail(std::string(config.status().message()));
   const std::string bin = absl::GetFlag(FLAGS_bin_dir).empty() ? SelfDir() : absl::GetFlag(FLAGS_bin_dir);
-  for (const char* tool : {"segps-server", "segps-worker", "segps-eval"}) {
+  for (const char* tool : {"segps-server", "segps-worker", "segps-eval", "segps-export"}) {
     if (access((bin + "/" + tool).c_str(), X_OK) != 0) return Fail(absl::StrCat(bin, "/", tool, " not found (see --bin_dir)"));
   }
 
@@ -287,6 +293,19 @@ int main(int argc, char** argv) {
   // Servers keep large freed buffers for reuse; two malloc arenas keep that
   // from multiplying by their threads (common/malloc_tuning.h).
   setenv("MALLOC_ARENA_MAX", "2", /*overwrite=*/0);
+
+  // A user's files are checked whole before anything starts, so that a bad
+  // row stops the job with its file, row and column instead of one worker
+  // failing midway. Built-in sets are right by construction.
+  const auto source = config->data().source();
+  if (source == segps::v1::NPY || source == segps::v1::CSV) {
+    absl::StatusOr<segps::TrainTest> data = segps::LoadData(*config);
+    absl::Status checked = data.ok() ? segps::CheckAllRows(data->train) : data.status();
+    if (checked.ok()) checked = segps::CheckAllRows(data->test);
+    if (!checked.ok()) return Fail(absl::StrCat("data: ", checked.message()));
+    std::cout << "segps-local: data: " << data->train.size() << " training and " << data->test.size()
+              << " test samples of " << data->train.width << " features" << std::endl;
+  }
 
   const absl::Time t0 = absl::Now();
   Launcher launcher;
@@ -369,10 +388,23 @@ int main(int argc, char** argv) {
   if (!absl::GetFlag(FLAGS_params_dir).empty()) {
     eval_args.insert(eval_args.end(), {"--dump_params", absl::GetFlag(FLAGS_params_dir)});
   }
-  Child* eval = launcher.Spawn("eval", eval_args);
-  if (eval == nullptr) return Fail("cannot start segps-eval");
-  if (!launcher.RunUntil([&] { return !eval->running && eval->fd < 0; })) return Fail("interrupted");
-  if (!Succeeded(*eval)) return Fail(absl::StrCat("evaluation failed (", Describe(eval->status), ")"));
+  if (!absl::GetFlag(FLAGS_probabilities_out).empty()) {
+    eval_args.insert(eval_args.end(), {"--probabilities_out", absl::GetFlag(FLAGS_probabilities_out)});
+  }
+  // Runs a tool against the servers to its end; what went wrong, if anything.
+  auto run_tool = [&](const std::string& name, const std::vector<std::string>& args) -> std::string {
+    Child* tool = launcher.Spawn(name, args);
+    if (tool == nullptr) return "cannot start " + args[0];
+    if (!launcher.RunUntil([&] { return !tool->running && tool->fd < 0; })) return "interrupted";
+    return Succeeded(*tool) ? "" : absl::StrCat(name, " failed (", Describe(tool->status), ")");
+  };
+  if (std::string failed = run_tool("eval", eval_args); !failed.empty()) return Fail(failed);
+  if (!absl::GetFlag(FLAGS_export).empty() || !absl::GetFlag(FLAGS_onnx).empty()) {
+    std::vector<std::string> export_args = {bin + "/segps-export", "--config", config_path, "--servers", server_list};
+    if (!absl::GetFlag(FLAGS_export).empty()) export_args.insert(export_args.end(), {"--out", absl::GetFlag(FLAGS_export)});
+    if (!absl::GetFlag(FLAGS_onnx).empty()) export_args.insert(export_args.end(), {"--onnx", absl::GetFlag(FLAGS_onnx)});
+    if (std::string failed = run_tool("export", export_args); !failed.empty()) return Fail(failed);
+  }
   launcher.KillAll();
   for (Child* c : servers) {
     if (!(WIFEXITED(c->status) && WEXITSTATUS(c->status) == 0)) {

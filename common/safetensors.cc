@@ -1,0 +1,212 @@
+#include "common/safetensors.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "google/protobuf/struct.pb.h"
+#include "google/protobuf/util/json_util.h"
+
+namespace segps {
+namespace {
+
+int DTypeBytes(const std::string& dtype) {
+  static const std::map<std::string, int> sizes = {
+      {"BOOL", 1}, {"U8", 1}, {"I8", 1},  {"F8_E5M2", 1}, {"F8_E4M3", 1}, {"I16", 2}, {"U16", 2}, {"F16", 2},
+      {"BF16", 2}, {"I32", 4}, {"U32", 4}, {"F32", 4},     {"F64", 8},     {"I64", 8}, {"U64", 8}};
+  auto it = sizes.find(dtype);
+  return it == sizes.end() ? 0 : it->second;
+}
+
+// A JSON number that must be a whole, non-negative integer below 2^53.
+bool WholeNumber(const google::protobuf::Value& v, uint64_t* out) {
+  if (v.kind_case() != google::protobuf::Value::kNumberValue) return false;
+  const double d = v.number_value();
+  if (!(d >= 0 && d < 9007199254740992.0) || d != std::floor(d)) return false;
+  *out = static_cast<uint64_t>(d);
+  return true;
+}
+
+}  // namespace
+
+std::string JsonQuote(absl::string_view s) {
+  std::string out = "\"";
+  for (const char c : s) {
+    switch (c) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\n': out += "\\n"; break;
+      case '\t': out += "\\t"; break;
+      case '\r': out += "\\r"; break;
+      default:
+        if (static_cast<unsigned char>(c) < 0x20) {
+          out += absl::StrFormat("\\u%04x", c);
+        } else {
+          out += c;
+        }
+    }
+  }
+  return out + "\"";
+}
+
+absl::Status WriteSafetensors(const std::string& path, const std::vector<TensorToWrite>& tensors,
+                              const std::map<std::string, std::string>& metadata) {
+  std::vector<std::string> entries;
+  if (!metadata.empty()) {
+    std::vector<std::string> pairs;
+    for (const auto& [key, value] : metadata) pairs.push_back(absl::StrCat(JsonQuote(key), ":", JsonQuote(value)));
+    entries.push_back(absl::StrCat("\"__metadata__\":{", absl::StrJoin(pairs, ","), "}"));
+  }
+  uint64_t offset = 0;
+  for (const TensorToWrite& t : tensors) {
+    uint64_t n = 1;
+    for (uint64_t d : t.shape) n *= d;
+    if (n != t.values.size()) {
+      return absl::InvalidArgumentError(absl::StrCat("safetensors: tensor ", t.name, " has ", t.values.size(),
+                                                     " values for shape [", absl::StrJoin(t.shape, ", "), "]"));
+    }
+    entries.push_back(absl::StrCat(JsonQuote(t.name), ":{\"dtype\":\"F32\",\"shape\":[", absl::StrJoin(t.shape, ","),
+                                   "],\"data_offsets\":[", offset, ",", offset + n * sizeof(float), "]}"));
+    offset += n * sizeof(float);
+  }
+  std::string header = absl::StrCat("{", absl::StrJoin(entries, ","), "}");
+  header.append((8 - header.size() % 8) % 8, ' ');  // keeps the data 8-byte aligned
+  std::string bytes(8, '\0');
+  for (int i = 0; i < 8; ++i) bytes[i] = static_cast<char>((static_cast<uint64_t>(header.size()) >> (8 * i)) & 0xff);
+  bytes += header;
+  bytes.reserve(bytes.size() + offset);
+  for (const TensorToWrite& t : tensors) {
+    bytes.append(reinterpret_cast<const char*>(t.values.data()), t.values.size() * sizeof(float));
+  }
+  return WriteFileAtomically(path, bytes);
+}
+
+absl::StatusOr<SafetensorsFile> SafetensorsFile::Read(const std::string& path) {
+  SafetensorsFile file;
+  file.path_ = path;
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot open"));
+  std::ostringstream text;
+  text << in.rdbuf();
+  file.contents_ = text.str();
+  auto bad = [&](const std::string& what) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": not a valid safetensors file: ", what));
+  };
+  const std::string& c = file.contents_;
+  if (c.size() < 8) return bad("shorter than its 8-byte header length");
+  uint64_t header_len = 0;
+  for (int i = 0; i < 8; ++i) header_len |= static_cast<uint64_t>(static_cast<uint8_t>(c[i])) << (8 * i);
+  if (header_len > c.size() - 8 || header_len > (100u << 20)) {
+    return bad(absl::StrCat("header length ", header_len, " exceeds the file (", c.size(), " bytes)"));
+  }
+  google::protobuf::Struct header;
+  google::protobuf::util::JsonParseOptions options;
+  if (!google::protobuf::util::JsonStringToMessage(c.substr(8, header_len), &header, options).ok()) {
+    return bad("the header is not a JSON object");
+  }
+  const absl::string_view data = absl::string_view(c).substr(8 + header_len);
+  std::vector<std::pair<uint64_t, uint64_t>> ranges;
+  for (const auto& [name, value] : header.fields()) {
+    if (name == "__metadata__") {
+      if (value.kind_case() != google::protobuf::Value::kStructValue) return bad("__metadata__ is not an object");
+      for (const auto& [key, v] : value.struct_value().fields()) {
+        if (v.kind_case() != google::protobuf::Value::kStringValue) {
+          return bad(absl::StrCat("__metadata__ value ", key, " is not a string"));
+        }
+        file.metadata_[key] = v.string_value();
+      }
+      continue;
+    }
+    auto tensor_bad = [&](const std::string& what) { return bad(absl::StrCat("tensor ", name, ": ", what)); };
+    if (value.kind_case() != google::protobuf::Value::kStructValue) return tensor_bad("is not an object");
+    const auto& fields = value.struct_value().fields();
+    auto dtype = fields.find("dtype"), shape = fields.find("shape"), offsets = fields.find("data_offsets");
+    if (dtype == fields.end() || shape == fields.end() || offsets == fields.end()) {
+      return tensor_bad("needs dtype, shape and data_offsets");
+    }
+    Tensor t;
+    t.dtype = dtype->second.string_value();
+    const int item = DTypeBytes(t.dtype);
+    if (item == 0) return tensor_bad(absl::StrCat("unknown dtype \"", t.dtype, "\""));
+    if (shape->second.kind_case() != google::protobuf::Value::kListValue) return tensor_bad("shape is not a list");
+    uint64_t bytes = static_cast<uint64_t>(item);
+    for (const auto& d : shape->second.list_value().values()) {
+      uint64_t dim = 0;
+      if (!WholeNumber(d, &dim)) return tensor_bad("shape holds something other than a whole number");
+      if (dim != 0 && bytes > data.size() / dim) return tensor_bad("shape exceeds the file");
+      bytes *= dim;
+      t.shape.push_back(dim);
+    }
+    uint64_t begin = 0, end = 0;
+    if (offsets->second.kind_case() != google::protobuf::Value::kListValue ||
+        offsets->second.list_value().values_size() != 2 ||
+        !WholeNumber(offsets->second.list_value().values(0), &begin) ||
+        !WholeNumber(offsets->second.list_value().values(1), &end) || begin > end) {
+      return tensor_bad("data_offsets is not [begin, end]");
+    }
+    if (end > data.size()) return tensor_bad(absl::StrCat("data ends at ", end, ", past the file's ", data.size()));
+    if (end - begin != bytes) {
+      return tensor_bad(absl::StrCat("holds ", end - begin, " bytes, but its dtype and shape need ", bytes));
+    }
+    t.bytes = data.substr(begin, end - begin);
+    ranges.emplace_back(begin, end);
+    file.tensors_[name] = std::move(t);
+  }
+  std::sort(ranges.begin(), ranges.end());
+  for (size_t i = 1; i < ranges.size(); ++i) {
+    if (ranges[i].first < ranges[i - 1].second) return bad("two tensors' data overlap");
+  }
+  return file;
+}
+
+absl::StatusOr<std::vector<float>> SafetensorsFile::Float32(const std::string& name,
+                                                            const std::vector<uint64_t>& shape) const {
+  auto it = tensors_.find(name);
+  if (it == tensors_.end()) return absl::NotFoundError(absl::StrCat(path_, ": no tensor ", name));
+  if (it->second.dtype != "F32" || it->second.shape != shape) {
+    return absl::InvalidArgumentError(absl::StrCat(path_, ": tensor ", name, " is ", it->second.dtype, " [",
+                                                   absl::StrJoin(it->second.shape, ", "), "]; expected F32 [",
+                                                   absl::StrJoin(shape, ", "), "]"));
+  }
+  std::vector<float> values(it->second.bytes.size() / sizeof(float));
+  std::memcpy(values.data(), it->second.bytes.data(), it->second.bytes.size());
+  return values;
+}
+
+absl::Status WriteFileAtomically(const std::string& path, absl::string_view bytes) {
+  const std::string temp = absl::StrCat(path, ".tmp.", getpid());
+  const int fd = open(temp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return absl::PermissionDeniedError(absl::StrCat(path, ": cannot write: ", std::strerror(errno)));
+  size_t done = 0;
+  while (done < bytes.size()) {
+    const ssize_t n = write(fd, bytes.data() + done, bytes.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    done += static_cast<size_t>(n);
+  }
+  const int err = errno;
+  const bool ok = done == bytes.size() && fsync(fd) == 0;
+  close(fd);
+  if (!ok || rename(temp.c_str(), path.c_str()) != 0) {
+    unlink(temp.c_str());
+    return absl::DataLossError(absl::StrCat(path, ": write failed: ", std::strerror(ok ? errno : err)));
+  }
+  const size_t slash = path.rfind('/');
+  const std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
+  const int dir_fd = open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dir_fd >= 0) {
+    fsync(dir_fd);
+    close(dir_fd);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace segps
