@@ -141,7 +141,7 @@ absl::StatusOr<SafetensorsFile> SafetensorsFile::Read(const std::string& path) {
     for (const auto& d : shape->second.list_value().values()) {
       uint64_t dim = 0;
       if (!WholeNumber(d, &dim)) return tensor_bad("shape holds something other than a whole number");
-      if (dim != 0 && bytes > data.size() / dim) return tensor_bad("shape exceeds the file");
+      if (dim != 0 && bytes > (1ull << 62) / dim) return tensor_bad("shape is too large");
       bytes *= dim;
       t.shape.push_back(dim);
     }

@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <string>
 
 namespace segps {
@@ -103,6 +104,25 @@ TEST(Config, RejectsEachBrokenField) {
       {"kind: ADAM }", "kind: ADAM } training { gradient_topk: -0.1 }", "training.gradient_topk: must be in [0, 1)"},
       {"kind: ADAM", "kind: SGD momentum_lookahead: true",
        "optimizer.momentum_lookahead: needs an optimizer with momentum (MOMENTUM or ADAM); SGD has none"},
+      {"source: SYNTHETIC_SEED", "source: NPY train_y: \"y.npy\"", "data.train_x: is required for NPY"},
+      {"source: SYNTHETIC_SEED", "source: NPY train_x: \"x.npy\"", "data.train_y: is required for NPY"},
+      {"source: SYNTHETIC_SEED", "source: NPY train_x: \"x.npy\" train_y: \"y.npy\" test_x: \"t.npy\"",
+       "data.test_y: is missing: give test_x and test_y together"},
+      {"source: SYNTHETIC_SEED", "source: NPY train_x: \"x.npy\" train_y: \"y.npy\" train_csv: \"a.csv\"",
+       "data.train_csv: is not used by data.source NPY"},
+      {"source: SYNTHETIC_SEED", "source: NPY train_x: \"x.npy\" train_y: \"y.npy\" scale: 0",
+       "data.scale: must be finite and > 0"},
+      {"source: SYNTHETIC_SEED",
+       "source: NPY train_x: \"x.npy\" train_y: \"y.npy\" test_x: \"t.npy\" test_y: \"u.npy\" test_fraction: 0.1",
+       "data.test_fraction: applies only without test files"},
+      {"source: SYNTHETIC_SEED", "source: CSV train_csv: \"a.csv\" test_fraction: 1",
+       "data.test_fraction: must be in (0, 1), got 1"},
+      {"source: SYNTHETIC_SEED", "source: CSV", "data.train_csv: is required for CSV"},
+      {"source: SYNTHETIC_SEED", "source: CSV train_csv: \"a.csv\" delimiter: \";;\"",
+       "data.delimiter: must be one character"},
+      {"source: SYNTHETIC_SEED", "source: CSV train_csv: \"a.csv\" scale: 2", "data.scale: is used by data.source NPY only"},
+      {"source: SYNTHETIC_SEED", "source: SYNTHETIC_SEED test_fraction: 0.5",
+       "data.test_fraction: is used by data.source NPY and CSV only"},
   };
   for (const BadCase& bad : cases) {
     absl::StatusOr<v1::JobConfig> c = ParseConfig(Replace(kMinimal, bad.from, bad.to), "job.pbtxt");
@@ -110,6 +130,24 @@ TEST(Config, RejectsEachBrokenField) {
     EXPECT_NE(std::string(c.status().message()).find(bad.expect), std::string::npos)
         << "got: " << c.status().message() << "\nexpected: " << bad.expect;
   }
+}
+
+TEST(Config, DataFilesAreRelativeToTheConfigFile) {
+  char dir[] = "/tmp/segps_config_XXXXXX";
+  ASSERT_NE(mkdtemp(dir), nullptr);
+  const std::string path = std::string(dir) + "/job.pbtxt";
+  std::string text = Replace(kMinimal, "source: SYNTHETIC_SEED",
+                             "source: NPY train_x: \"data/x.npy\" train_y: \"/abs/y.npy\"");
+  FILE* f = std::fopen(path.c_str(), "w");
+  ASSERT_NE(f, nullptr);
+  std::fputs(text.c_str(), f);
+  std::fclose(f);
+  absl::StatusOr<v1::JobConfig> c = LoadConfig(path);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->data().train_x(), std::string(dir) + "/data/x.npy");
+  EXPECT_EQ(c->data().train_y(), "/abs/y.npy");
+  EXPECT_FLOAT_EQ(c->data().test_fraction(), 0.2f);
+  EXPECT_EQ(c->data().normalize(), v1::NONE);
 }
 
 TEST(Config, MissingFileIsNotFound) {

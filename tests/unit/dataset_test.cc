@@ -11,8 +11,11 @@
 #include <sstream>
 
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "common/config.h"
+#include "tests/support/subprocess.h"
+#include "worker/npy.h"
 #include "worker/numpy_random.h"
 
 namespace segps {
@@ -180,6 +183,272 @@ TEST(ExportNpy, WritesAValidHeaderAndThePayload) {
   float last;
   std::memcpy(&last, bytes.data() + bytes.size() - 4, 4);
   EXPECT_EQ(last, 6.0f);
+}
+
+// --- The user's own data: NPY and CSV ---
+
+std::string TempDir() {
+  char dir[] = "/tmp/segps_data_XXXXXX";
+  EXPECT_NE(mkdtemp(dir), nullptr);
+  return dir;
+}
+
+void Write(const std::string& path, const std::string& text) {
+  std::ofstream out(path, std::ios::binary);
+  out << text;
+}
+
+template <typename T>
+void WriteArray(const std::string& path, const char* descr, const std::vector<T>& values,
+                const std::vector<uint64_t>& shape) {
+  ASSERT_TRUE(WriteNpy(path, descr, values.data(), values.size() * sizeof(T), shape).ok()) << path;
+}
+
+// A job of 3 features and 4 classes on `data` (a data { ... } body).
+absl::StatusOr<v1::JobConfig> FileJob(const std::string& data) {
+  return ParseConfig(absl::StrCat(R"(
+    cluster { num_servers: 1 }
+    model { input_width: 3 num_classes: 4
+            segments { name: "s" layers { units: 4 activation: SOFTMAX } } }
+    optimizer { kind: SGD }
+    data { )", data, " }"), "job.pbtxt");
+}
+
+std::vector<float> Row(const Dataset& d, size_t i) {
+  std::vector<float> row(d.width);
+  d.CopyRow(i, row.data());
+  return row;
+}
+
+// Loads `data` and maps every row; the first error either gives.
+absl::Status LoadAndCheck(const std::string& data) {
+  absl::StatusOr<v1::JobConfig> config = FileJob(data);
+  if (!config.ok()) return config.status();
+  absl::StatusOr<TrainTest> loaded = LoadData(*config);
+  if (!loaded.ok()) return loaded.status();
+  absl::Status status = CheckAllRows(loaded->train);
+  return status.ok() ? CheckAllRows(loaded->test) : status;
+}
+
+TEST(NpyData, ReadsFloat32Float64AndUint8InputsAndAnyIntegerLabels) {
+  const std::string dir = TempDir();
+  WriteArray<float>(dir + "/x32.npy", "<f4", {0.5f, 1, 2, 3, 4, 5}, {2, 3});
+  WriteArray<double>(dir + "/x64.npy", "<f8", {0.5, 1, 2, 3, 4, 5}, {2, 3});
+  WriteArray<uint8_t>(dir + "/x8.npy", "|u1", {0, 51, 255, 1, 2, 3}, {2, 3});
+  WriteArray<int64_t>(dir + "/y64.npy", "<i8", {3, 0}, {2});
+  WriteArray<uint8_t>(dir + "/y8.npy", "|u1", {1, 2}, {2});
+  for (const char* x : {"x32", "x64"}) {
+    absl::StatusOr<v1::JobConfig> config = FileJob(absl::StrCat("source: NPY train_x: \"", dir, "/", x,
+                                                                ".npy\" train_y: \"", dir, "/y64.npy\" test_x: \"",
+                                                                dir, "/", x, ".npy\" test_y: \"", dir, "/y8.npy\""));
+    ASSERT_TRUE(config.ok()) << config.status();
+    absl::StatusOr<TrainTest> data = LoadData(*config);
+    ASSERT_TRUE(data.ok()) << data.status();
+    ASSERT_TRUE(data->train.MapRows({0, 2}).ok());
+    EXPECT_EQ(Row(data->train, 1), (std::vector<float>{3, 4, 5})) << x;
+    EXPECT_EQ(data->train.y, (std::vector<int32_t>{3, 0}));
+    EXPECT_EQ(data->test.y, (std::vector<int32_t>{1, 2}));
+  }
+  absl::StatusOr<TrainTest> pixels = LoadData(*FileJob(absl::StrCat(
+      "source: NPY train_x: \"", dir, "/x8.npy\" train_y: \"", dir, "/y64.npy\" test_x: \"", dir,
+      "/x8.npy\" test_y: \"", dir, "/y64.npy\"")));
+  ASSERT_TRUE(pixels.ok()) << pixels.status();
+  ASSERT_TRUE(pixels->train.MapRows({0, 2}).ok());
+  EXPECT_EQ(Row(pixels->train, 0), (std::vector<float>{0, 51 * (1.0f / 255), 255 * (1.0f / 255)}));
+}
+
+TEST(NpyData, MapsOnlyTheRowsAskedFor) {
+  const std::string dir = TempDir();
+  std::vector<float> x(3 * 5000);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(i);
+  WriteArray<float>(dir + "/x.npy", "<f4", x, {5000, 3});
+  WriteArray<int32_t>(dir + "/y.npy", "<i4", std::vector<int32_t>(5000, 1), {5000});
+  absl::StatusOr<TrainTest> data = LoadData(*FileJob(absl::StrCat(
+      "source: NPY train_x: \"", dir, "/x.npy\" train_y: \"", dir, "/y.npy\" test_fraction: 0.1")));
+  ASSERT_TRUE(data.ok()) << data.status();
+  // The file's bytes of those rows, and no more than a page either side.
+  auto mapped_bytes = [] {
+    std::ifstream maps("/proc/self/maps");
+    std::string line;
+    uint64_t total = 0;
+    while (std::getline(maps, line)) {
+      if (line.find("/x.npy") == std::string::npos) continue;
+      uint64_t lo = 0, hi = 0;
+      std::vector<std::string> range = absl::StrSplit(line.substr(0, line.find(' ')), '-');
+      absl::SimpleHexAtoi(range[0], &lo);
+      absl::SimpleHexAtoi(range[1], &hi);
+      total += hi - lo;
+    }
+    return total;
+  };
+  ASSERT_TRUE(data->train.MapRows({1000, 2000}).ok());
+  // Row r of the file holds 3r, 3r+1, 3r+2: the first feature names the file row.
+  const uint64_t first = static_cast<uint64_t>(Row(data->train, 1000)[0]) / 3;
+  const uint64_t last = static_cast<uint64_t>(Row(data->train, 2999)[0]) / 3;
+  EXPECT_GE(last - first + 1, 2000u);
+  EXPECT_LT(last - first + 1, 2400u);  // the held-out rows in between, about a tenth
+  EXPECT_GE(mapped_bytes(), (last - first + 1) * 12);
+  EXPECT_LE(mapped_bytes(), (last - first + 1) * 12 + 2 * 4096);
+  ASSERT_TRUE(data->train.MapRows({0, 0}).ok());
+  EXPECT_EQ(mapped_bytes(), 0u);
+}
+
+TEST(NpyData, TestFractionHoldsOutASeededSplitInFileOrder) {
+  const std::string dir = TempDir();
+  std::vector<float> x(3 * 1000);
+  std::vector<int32_t> y(1000);
+  for (size_t i = 0; i < 1000; ++i) x[3 * i] = static_cast<float>(i), y[i] = static_cast<int32_t>(i % 4);
+  WriteArray<float>(dir + "/x.npy", "<f4", x, {1000, 3});
+  WriteArray<int32_t>(dir + "/y.npy", "<i4", y, {1000});
+  auto load = [&](int seed) {
+    TrainTest data = *LoadData(*FileJob(absl::StrCat("source: NPY train_x: \"", dir, "/x.npy\" train_y: \"", dir,
+                                                     "/y.npy\" test_fraction: 0.25 data_seed: ", seed)));
+    EXPECT_TRUE(CheckAllRows(data.train).ok());
+    EXPECT_TRUE(data.train.MapRows({0, data.train.size()}).ok());
+    EXPECT_TRUE(data.test.MapRows({0, data.test.size()}).ok());
+    std::vector<int> train, test;
+    for (size_t i = 0; i < data.train.size(); ++i) {
+      train.push_back(static_cast<int>(Row(data.train, i)[0]));
+      EXPECT_EQ(data.train.y[i], train.back() % 4);
+    }
+    for (size_t i = 0; i < data.test.size(); ++i) test.push_back(static_cast<int>(Row(data.test, i)[0]));
+    return std::pair{train, test};
+  };
+  auto [train, test] = load(1);
+  EXPECT_EQ(train.size(), 750u);
+  EXPECT_EQ(test.size(), 250u);
+  EXPECT_TRUE(std::is_sorted(train.begin(), train.end()));
+  std::set<int> all(train.begin(), train.end());
+  all.insert(test.begin(), test.end());
+  EXPECT_EQ(all.size(), 1000u);  // disjoint, and every row is somewhere
+  EXPECT_EQ(load(1).second, test);
+  EXPECT_NE(load(2).second, test);
+}
+
+TEST(NpyData, EachMalformedInputGetsItsMessage) {
+  const std::string dir = TempDir();
+  WriteArray<float>(dir + "/x.npy", "<f4", {1, 2, 3, 4, 5, 6}, {2, 3});
+  WriteArray<int32_t>(dir + "/y.npy", "<i4", {0, 1}, {2});
+  WriteArray<int32_t>(dir + "/x_int.npy", "<i4", {1, 2, 3, 4, 5, 6}, {2, 3});
+  WriteArray<float>(dir + "/x_flat.npy", "<f4", {1, 2, 3, 4, 5, 6}, {6});
+  WriteArray<float>(dir + "/x_wide.npy", "<f4", {1, 2, 3, 4, 5, 6, 7, 8}, {2, 4});
+  WriteArray<float>(dir + "/x_nan.npy", "<f4", {1, 2, 3, 4, std::nanf(""), 6}, {2, 3});
+  WriteArray<float>(dir + "/x_inf.npy", "<f4", {1, 2, 3, 4, 5, INFINITY}, {2, 3});
+  WriteArray<int32_t>(dir + "/y3.npy", "<i4", {0, 1, 2}, {3});
+  WriteArray<int32_t>(dir + "/y_range.npy", "<i4", {0, 4}, {2});
+  WriteArray<int32_t>(dir + "/y_neg.npy", "<i4", {-1, 0}, {2});
+  WriteArray<float>(dir + "/y_float.npy", "<f4", {0, 1}, {2});
+  WriteArray<float>(dir + "/x_empty_rows.npy", "<f4", {}, {0, 3});
+  Write(dir + "/empty.npy", "");
+  Write(dir + "/text.npy", "a,b,c\n1,2,3\n");
+  const std::string x = ReadFile(dir + "/x.npy");
+  Write(dir + "/x_truncated.npy", x.substr(0, x.size() - 5));
+  std::string fortran = x;
+  fortran.replace(fortran.find("False"), 5, "True ");
+  Write(dir + "/x_fortran.npy", fortran);
+  std::string big = x;
+  big.replace(big.find("<f4"), 3, ">f4");
+  Write(dir + "/x_big.npy", big);
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"x_int.npy", "x_int.npy: inputs have dtype '<i4'; they must be float32, float64 or uint8"},
+      {"x_flat.npy", "x_flat.npy: inputs have 1 dimensions; they must have shape [n, 3]"},
+      {"x_wide.npy", "x_wide.npy: rows have 4 features, but model.input_width is 3"},
+      {"x_nan.npy", "x_nan.npy: row 1 column 1: feature is nan"},
+      {"x_inf.npy", "x_inf.npy: row 1 column 2: feature is inf"},
+      {"x_empty_rows.npy", "x_empty_rows.npy: holds no samples"},
+      {"empty.npy", "empty.npy: empty file"},
+      {"text.npy", "text.npy: not a .npy file"},
+      {"x_truncated.npy", "(truncated or not a .npy file)"},
+      {"x_fortran.npy", "x_fortran.npy: is in Fortran order"},
+      {"x_big.npy", "x_big.npy: dtype '>f4' is big-endian"},
+      {"missing.npy", "missing.npy: cannot open"},
+  };
+  for (const auto& [file, message] : cases) {
+    absl::Status status = LoadAndCheck(absl::StrCat("source: NPY train_x: \"", dir, "/", file, "\" train_y: \"", dir,
+                                                    "/y.npy\""));
+    EXPECT_NE(std::string(status.message()).find(message), std::string::npos) << file << ": " << status;
+  }
+  const std::vector<std::pair<std::string, std::string>> label_cases = {
+      {"y3.npy", "y3.npy: 3 labels for the 2 samples of"},
+      {"y_range.npy", "y_range.npy: row 1: label 4 is outside [0, 4)"},
+      {"y_neg.npy", "y_neg.npy: row 0: label -1 is outside [0, 4)"},
+      {"y_float.npy", "y_float.npy: labels have dtype '<f4'; they must be integers"},
+  };
+  for (const auto& [file, message] : label_cases) {
+    absl::Status status = LoadAndCheck(absl::StrCat("source: NPY train_x: \"", dir, "/x.npy\" train_y: \"", dir, "/",
+                                                    file, "\""));
+    EXPECT_NE(std::string(status.message()).find(message), std::string::npos) << file << ": " << status;
+  }
+}
+
+TEST(CsvData, ReadsLabelsByNameOrIndexWithAnyDelimiter) {
+  const std::string dir = TempDir();
+  Write(dir + "/named.csv", "a,label,b,c\n1,3,2,3\r\n4,0,5,6\n\n");
+  Write(dir + "/plain.csv", "1;2;3;2\n4;5;6;1\n");
+  absl::StatusOr<TrainTest> named = LoadData(*FileJob(absl::StrCat(
+      "source: CSV train_csv: \"", dir, "/named.csv\" test_csv: \"", dir, "/named.csv\" label_column: \"label\"")));
+  ASSERT_TRUE(named.ok()) << named.status();
+  EXPECT_EQ(named->train.x, (std::vector<float>{1, 2, 3, 4, 5, 6}));
+  EXPECT_EQ(named->train.y, (std::vector<int32_t>{3, 0}));
+  absl::StatusOr<TrainTest> by_index = LoadData(*FileJob(absl::StrCat(
+      "source: CSV train_csv: \"", dir, "/named.csv\" test_csv: \"", dir, "/named.csv\" label_column: \"1\"")));
+  ASSERT_TRUE(by_index.ok()) << by_index.status();
+  EXPECT_EQ(by_index->test.y, named->test.y);
+  absl::StatusOr<TrainTest> plain = LoadData(*FileJob(absl::StrCat(
+      "source: CSV train_csv: \"", dir, "/plain.csv\" test_csv: \"", dir, "/plain.csv\" header: false delimiter: \";\"")));
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_EQ(plain->train.x, (std::vector<float>{1, 2, 3, 4, 5, 6}));
+  EXPECT_EQ(plain->train.y, (std::vector<int32_t>{2, 1}));  // default: the last column
+}
+
+TEST(CsvData, EachMalformedRowNamesFileLineAndColumn) {
+  const std::string dir = TempDir();
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"a,b,c,label\n1,2,3,0\n1,2,0\n", "bad.csv: line 3: 3 fields, but the header has 4"},
+      {"a,b,c,label\n1,2,3,0\n1,x2,3,0\n", "bad.csv: line 3 column 2 (\"b\"): 'x2' is not a number"},
+      {"a,b,c,label\n1,nan,3,0\n", "bad.csv: line 2 column 2 (\"b\"): 'nan' is not finite"},
+      {"a,b,c,label\n1,2,inf,0\n", "bad.csv: line 2 column 3 (\"c\"): 'inf' is not finite"},
+      {"a,b,c,label\n1,2,3,4\n", "bad.csv: line 2 column 4 (\"label\"): label '4' is not a class in [0, 4)"},
+      {"a,b,c,label\n1,2,3,1.5\n", "label '1.5' is not a class in [0, 4)"},
+      {"a,b,label\n1,2,0\n", "bad.csv: line 1: 2 feature columns (3 columns, one the label), but model.input_width is 3"},
+      {"", "bad.csv: empty file"},
+      {"a,b,c,label\n", "bad.csv: holds no data rows"},
+  };
+  for (const auto& [text, message] : cases) {
+    Write(dir + "/bad.csv", text);
+    absl::Status status = LoadAndCheck(absl::StrCat("source: CSV train_csv: \"", dir, "/bad.csv\""));
+    EXPECT_NE(std::string(status.message()).find(message), std::string::npos) << text << ": " << status;
+  }
+  Write(dir + "/bad.csv", "a,b,c,d\n1,2,3,0\n");
+  absl::Status status = LoadAndCheck(absl::StrCat("source: CSV train_csv: \"", dir, "/bad.csv\" label_column: \"y\""));
+  EXPECT_NE(std::string(status.message()).find("data.label_column \"y\" is neither a column name"), std::string::npos)
+      << status;
+}
+
+TEST(Standardize, TakesTrainingStatisticsOnlyAndTreatsFilesAndTablesAlike) {
+  const std::string dir = TempDir();
+  // Feature 0 has mean 2 and std 1 over the training rows; feature 2 is constant.
+  Write(dir + "/train.csv", "a,b,c,y\n1,10,7,0\n3,30,7,1\n");
+  Write(dir + "/test.csv", "a,b,c,y\n5,20,7,2\n");
+  WriteArray<float>(dir + "/train_x.npy", "<f4", {1, 10, 7, 3, 30, 7}, {2, 3});
+  WriteArray<float>(dir + "/test_x.npy", "<f4", {5, 20, 7}, {1, 3});
+  WriteArray<int32_t>(dir + "/train_y.npy", "<i4", {0, 1}, {2});
+  WriteArray<int32_t>(dir + "/test_y.npy", "<i4", {2}, {1});
+  absl::StatusOr<TrainTest> csv = LoadData(*FileJob(absl::StrCat("source: CSV normalize: STANDARDIZE train_csv: \"",
+                                                                 dir, "/train.csv\" test_csv: \"", dir, "/test.csv\"")));
+  ASSERT_TRUE(csv.ok()) << csv.status();
+  EXPECT_EQ(csv->train.mean, (std::vector<float>{2, 20, 7}));
+  EXPECT_EQ(csv->train.std, (std::vector<float>{1, 10, 1}));
+  EXPECT_EQ(csv->test.mean, csv->train.mean);
+  EXPECT_EQ(Row(csv->train, 0), (std::vector<float>{-1, -1, 0}));
+  EXPECT_EQ(Row(csv->test, 0), (std::vector<float>{3, 0, 0}));
+  absl::StatusOr<TrainTest> npy = LoadData(*FileJob(absl::StrCat(
+      "source: NPY normalize: STANDARDIZE train_x: \"", dir, "/train_x.npy\" train_y: \"", dir,
+      "/train_y.npy\" test_x: \"", dir, "/test_x.npy\" test_y: \"", dir, "/test_y.npy\"")));
+  ASSERT_TRUE(npy.ok()) << npy.status();
+  ASSERT_TRUE(npy->test.MapRows({0, 1}).ok());
+  EXPECT_EQ(npy->train.mean, csv->train.mean);
+  EXPECT_EQ(Row(npy->test, 0), Row(csv->test, 0));
 }
 
 }  // namespace
