@@ -11,6 +11,7 @@ packages=(
   libopenblas-dev zlib1g-dev prometheus-cpp-dev
   dataset-fashion-mnist
   python3 procps
+  python3-numpy python3-onnx
 )
 
 missing=()
