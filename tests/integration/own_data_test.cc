@@ -72,11 +72,13 @@ std::vector<float> ReadNpyFloats(const std::string& path) {
   return v;
 }
 
+// Standardised, so that the export's preprocessing is checked everywhere too.
 TEST(OwnData, NpyFilesTrainAndTheExportReproducesTheEvaluatorElsewhere) {
   const std::string dir = MakeTempDir();
   WriteTeacherNpy(dir);
-  const std::string config = TeacherWith(
-      dir, "source: NPY train_x: \"train_x.npy\" train_y: \"train_y.npy\" test_x: \"test_x.npy\" test_y: \"test_y.npy\"");
+  const std::string config = TeacherWith(dir,
+                                         "source: NPY train_x: \"train_x.npy\" train_y: \"train_y.npy\" "
+                                         "test_x: \"test_x.npy\" test_y: \"test_y.npy\" normalize: STANDARDIZE");
   Finished run = RunToEnd({BinaryPath("segps-local"), "--config", config, "--report", dir + "/report.json", "--export",
                       dir + "/model.safetensors", "--onnx", dir + "/model.onnx", "--probabilities_out",
                       dir + "/eval_probs.npy"},
@@ -103,6 +105,7 @@ TEST(OwnData, NpyFilesTrainAndTheExportReproducesTheEvaluatorElsewhere) {
                         absl::Minutes(2));
   EXPECT_TRUE(python.ok) << python.output;
   EXPECT_NE(python.output.find("onnx: checker accepts"), std::string::npos) << python.output;
+  EXPECT_NE(ReadFile(dir + "/model.safetensors").find("\"segps.normalize\":\"STANDARDIZE\""), std::string::npos);
   std::cout << python.output;
 }
 
