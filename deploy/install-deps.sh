@@ -12,6 +12,7 @@ packages=(
   dataset-fashion-mnist
   python3 procps
   python3-numpy python3-onnx
+  prometheus
 )
 
 missing=()
