@@ -11,7 +11,7 @@ packages=(
   libopenblas-dev zlib1g-dev prometheus-cpp-dev
   dataset-fashion-mnist
   python3 procps
-  python3-numpy python3-onnx
+  python3-numpy python3-onnx python3-matplotlib
   prometheus
 )
 

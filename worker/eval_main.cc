@@ -19,6 +19,7 @@
 #include "worker/dataset.h"
 #include "worker/evaluator.h"
 #include "worker/model_file.h"
+#include "worker/run_history.h"
 #include "worker/ps_client.h"
 
 ABSL_FLAG(std::string, config, "", "Job config file (*.pbtxt). Required.");
@@ -28,6 +29,9 @@ ABSL_FLAG(bool, wait_for_training, false,
           "First wait until training has finished: every segment updated and no live worker left.");
 ABSL_FLAG(int32_t, wait_timeout_s, 7200, "Longest wait for training, in seconds.");
 ABSL_FLAG(std::string, dump_params, "", "Write each segment's flat parameters to DIR/<segment>.npy.");
+ABSL_FLAG(std::string, history_dir, "",
+          "Put the workers' per-epoch histories found in DIR (segps-worker --history_dir) into the report, with "
+          "the ensemble's test accuracy after each epoch where every segment saved its probabilities.");
 ABSL_FLAG(std::string, probabilities_out, "",
           "Write the ensemble's class probabilities on the test set to this .npy file (float32 [samples, classes]).");
 
@@ -99,6 +103,12 @@ int main(int argc, char** argv) {
   std::unique_ptr<segps::Backend> backend = segps::CreateCpuBackend(1);
   absl::StatusOr<segps::EvalReport> report = segps::Evaluate(*config, data->test, *params, backend.get());
   if (!report.ok()) return Fail(std::string(report.status().message()));
+  if (!absl::GetFlag(FLAGS_history_dir).empty()) {
+    absl::StatusOr<segps::v1::RunHistory> history =
+        segps::ReadHistory(absl::GetFlag(FLAGS_history_dir), *config, data->test);
+    if (!history.ok()) return Fail(std::string(history.status().message()));
+    report->history = *std::move(history);
+  }
 
   std::cout << absl::StrFormat("== segps evaluation: %s, %d test samples ==\n", config->name(), report->samples);
   for (const segps::Score& s : report->segments) {

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/status_macros.h"
+#include "google/protobuf/util/json_util.h"
 #include "worker/segment_model.h"
 
 namespace segps {
@@ -66,13 +67,15 @@ class Scorer {
 
 }  // namespace
 
-absl::StatusOr<Score> EvaluateSegment(const v1::JobConfig& config, int segment, const Dataset& test,
-                                      absl::Span<const float> params, Backend* backend) {
-  if (test.size() == 0) return absl::InvalidArgumentError("evaluation: the test set is empty");
-  Scorer scorer(static_cast<int>(config.model().num_classes()));
-  SEGPS_RETURN_IF_ERROR(ForEachPrediction(config.model(), segment, test, params, backend,
-                                          [&](size_t row, const float* p) { scorer.Add(p, test.y[row]); }));
-  return scorer.score(config.model().segments(segment).name());
+double Accuracy(absl::Span<const float> probs, absl::Span<const int32_t> labels) {
+  if (labels.empty()) return 0;
+  const size_t classes = probs.size() / labels.size();
+  uint64_t correct = 0;
+  for (size_t i = 0; i < labels.size(); ++i) {
+    const float* p = &probs[i * classes];
+    correct += std::max_element(p, p + classes) - p == labels[i];
+  }
+  return static_cast<double>(correct) / labels.size();
 }
 
 namespace {
@@ -153,14 +156,25 @@ std::string ToJson(const v1::JobConfig& config, const EvalReport& report) {
   auto score = [](const Score& s) {
     return absl::StrFormat("{\"name\": \"%s\", \"accuracy\": %.6f, \"loss\": %.6f}", s.name, s.accuracy, s.loss);
   };
-  std::string out = absl::StrFormat("{\n  \"job\": \"%s\",\n  \"data_source\": \"%s\",\n  \"test_samples\": %d,\n",
-                                    config.name(), v1::DataSource_Name(config.data().source()), report.samples);
+  std::string out = absl::StrFormat(
+      "{\n  \"job\": \"%s\",\n  \"data_source\": \"%s\",\n  \"epochs\": %d,\n  \"test_samples\": %d,\n", config.name(),
+      v1::DataSource_Name(config.data().source()), config.training().epochs(), report.samples);
   absl::StrAppend(&out, "  \"segments\": [");
   for (size_t k = 0; k < report.segments.size(); ++k) {
     absl::StrAppend(&out, k ? ", " : "", score(report.segments[k]));
   }
   absl::StrAppend(&out, "],\n  \"ensemble\": ", score(report.ensemble), ",\n");
-  absl::StrAppend(&out, absl::StrFormat("  \"chance_accuracy\": %.6f\n}\n", report.chance));
+  absl::StrAppend(&out, absl::StrFormat("  \"chance_accuracy\": %.6f", report.chance));
+  if (report.history.workers_size() > 0) {
+    std::string history;
+    google::protobuf::util::JsonPrintOptions options;
+    options.preserve_proto_field_names = true;
+    options.always_print_primitive_fields = true;
+    if (google::protobuf::util::MessageToJsonString(report.history, &history, options).ok()) {
+      absl::StrAppend(&out, ",\n  \"history\": ", history);
+    }
+  }
+  absl::StrAppend(&out, "\n}\n");
   return out;
 }
 

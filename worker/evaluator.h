@@ -9,6 +9,7 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "segps/v1/config.pb.h"
+#include "segps/v1/report.pb.h"
 #include "worker/backend.h"
 #include "worker/dataset.h"
 
@@ -26,15 +27,16 @@ struct EvalReport {
   uint64_t samples = 0;
   double chance = 0;  // accuracy of guessing the most frequent test label
   std::vector<float> probabilities;  // the ensemble's, [samples x classes]
+  v1::RunHistory history;            // per epoch, where the workers kept it
 };
 
 // `params[k]` holds segment k's flat parameters.
 absl::StatusOr<EvalReport> Evaluate(const v1::JobConfig& config, const Dataset& test,
                                     const std::vector<std::vector<float>>& params, Backend* backend);
 
-// Segment `segment` alone with `params` (its flat parameters).
-absl::StatusOr<Score> EvaluateSegment(const v1::JobConfig& config, int segment, const Dataset& test,
-                                      absl::Span<const float> params, Backend* backend);
+// The share of rows whose most probable class (the first, on ties) is
+// their label; `probs` holds labels.size() rows.
+double Accuracy(absl::Span<const float> probs, absl::Span<const int32_t> labels);
 
 // Class probabilities [data.size() x num_classes], row-major, of segment
 // `segment` alone, or (segment -1) of the ensemble: the mean of every

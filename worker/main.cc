@@ -20,6 +20,7 @@
 #include "worker/backend.h"
 #include "worker/dataset.h"
 #include "worker/ps_client.h"
+#include "worker/run_history.h"
 #include "worker/trainer.h"
 #include "worker/worker_metrics.h"
 
@@ -39,6 +40,10 @@ ABSL_FLAG(int32_t, cpu_threads, 1,
           "sharing the machine are idle while this worker computes (staleness 0).");
 ABSL_FLAG(bool, tf32, false, "On a GPU, let cuBLAS use TF32 tensor cores for float32 products.");
 ABSL_FLAG(int32_t, slowdown_ms, 0, "Extra milliseconds per step (to play a straggler).");
+ABSL_FLAG(std::string, history_dir, "",
+          "Write this worker's per-epoch history to DIR/SEGMENT.RANK.json (segps.v1.WorkerHistory) and, with "
+          "training.test_every_epoch, its test-set probabilities after each epoch to DIR/SEGMENT.RANK.test_probs.npy "
+          "([epochs, test samples, classes]), for segps-eval --history_dir.");
 
 namespace {
 
@@ -123,10 +128,19 @@ int main(int argc, char** argv) {
   options.metrics = metrics.get();
   options.slowdown = absl::Milliseconds(absl::GetFlag(FLAGS_slowdown_ms));
   options.progress_bar = isatty(STDOUT_FILENO) != 0;
-  if (config->training().test_every_epoch()) options.test = &data->test;
+  std::vector<std::vector<float>> test_probabilities;
+  if (config->training().test_every_epoch()) {
+    options.test = &data->test;
+    if (!absl::GetFlag(FLAGS_history_dir).empty()) options.test_probabilities = &test_probabilities;
+  }
   absl::StatusOr<segps::TrainReport> report =
       segps::Train(*config, options, data->train, backend->get(), client->get());
   if (!report.ok()) return Fail(std::string(report.status().message()));
+  if (!absl::GetFlag(FLAGS_history_dir).empty()) {
+    absl::Status written = segps::WriteHistory(absl::GetFlag(FLAGS_history_dir), report->history, test_probabilities,
+                                               config->model().num_classes());
+    if (!written.ok()) return Fail(std::string(written.message()));
+  }
   SEGPS_LOG_INFO << config->model().segments(segment).name() << ": done: " << report->steps
                  << " steps, " << report->samples << " samples in " << report->seconds << " s ("
                  << static_cast<int64_t>(report->samples / std::max(1e-9, report->seconds))

@@ -317,6 +317,7 @@ absl::StatusOr<TrainReport> Train(const v1::JobConfig& config, const TrainerOpti
   auto count_blocked = [&](absl::Duration waited) {
     blocked += waited;
     window.blocked += waited;
+    epoch_window.blocked += waited;
     if (options.metrics != nullptr) options.metrics->ObserveBlocked(absl::ToDoubleSeconds(waited));
   };
 
@@ -342,6 +343,7 @@ absl::StatusOr<TrainReport> Train(const v1::JobConfig& config, const TrainerOpti
 
   for (uint32_t epoch = 0; epoch < epochs; ++epoch) {
     epoch_window = Window();
+    epoch_window.start = absl::Now();
     for (uint64_t s = 0; s < steps_per_epoch; ++s) {
       const uint64_t clock = start + epoch * steps_per_epoch + s;
       // Parameters reflecting clock r may serve step `clock` when r >= clock - staleness.
@@ -460,17 +462,29 @@ absl::StatusOr<TrainReport> Train(const v1::JobConfig& config, const TrainerOpti
     }
     report.last_loss = epoch_window.loss / epoch_window.samples;
     report.last_accuracy = static_cast<double>(epoch_window.correct) / epoch_window.samples;
+    v1::EpochRecord* record = report.history.add_epochs();
+    record->set_epoch(epoch + 1);
+    record->set_train_seconds(absl::ToDoubleSeconds(absl::Now() - t0 - scoring_time));
+    record->set_loss(report.last_loss);
+    record->set_accuracy(report.last_accuracy);
+    record->set_samples_per_second(
+        epoch_window.samples / std::max(1e-9, absl::ToDoubleSeconds(absl::Now() - epoch_window.start)));
+    record->set_mean_staleness(epoch_window.staleness / epoch_window.steps);
+    record->set_blocked_seconds(absl::ToDoubleSeconds(epoch_window.blocked));
     if (options.test != nullptr) {
       const absl::Time scoring = absl::Now();
       std::vector<float> params(n);
       SEGPS_RETURN_IF_ERROR(backend->Download(model.params(), params.data(), n * sizeof(float)));
       SEGPS_RETURN_IF_ERROR(backend->Synchronize());
-      absl::StatusOr<Score> score = EvaluateSegment(config, segment, *options.test, params, backend);
-      if (!score.ok()) return score.status();
-      const double trained = absl::ToDoubleSeconds(scoring - t0 - scoring_time);
-      report.epochs.push_back({trained, score->accuracy});
+      std::vector<std::vector<float>> segments(config.model().segments_size());
+      segments[segment] = std::move(params);
+      absl::StatusOr<std::vector<float>> probs = Predict(config.model(), *options.test, segments, segment, backend);
+      if (!probs.ok()) return probs.status();
+      const double accuracy = Accuracy(*probs, options.test->y);
+      record->set_test_accuracy(accuracy);
+      if (options.test_probabilities != nullptr) options.test_probabilities->push_back(*std::move(probs));
       SEGPS_LOG_INFO << absl::StrFormat("%s: epoch %u test accuracy %.4f after %.2f s of training", tag, epoch + 1,
-                                        score->accuracy, trained);
+                                        accuracy, record->train_seconds());
       scoring_time += absl::Now() - scoring;
     }
     if (epoch + 1 < epochs) order = std::move(next_order);
@@ -479,6 +493,8 @@ absl::StatusOr<TrainReport> Train(const v1::JobConfig& config, const TrainerOpti
   SEGPS_RETURN_IF_ERROR(pusher.Drain());
   report.seconds = absl::ToDoubleSeconds(absl::Now() - t0 - scoring_time);
   report.blocked_seconds = absl::ToDoubleSeconds(blocked);
+  report.history.set_segment(seg.name());
+  report.history.set_rank(rank);
   report.mean_staleness = report.steps ? staleness_sum / report.steps : 0;
   // The outstanding prefetch may wait on peers; it is abandoned with the
   // prefetcher once we leave (the server answers it or its deadline ends it).

@@ -12,6 +12,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "segps/v1/config.pb.h"
+#include "segps/v1/report.pb.h"
 #include "worker/backend.h"
 #include "worker/dataset.h"
 #include "worker/ps_client.h"
@@ -31,11 +32,9 @@ struct TrainerOptions {
   bool progress_bar = false;
   // When set, the segment is scored on it after every epoch.
   const Dataset* test = nullptr;
-};
-
-struct EpochScore {
-  double train_seconds = 0;  // training time up to the epoch's end, scoring excluded
-  double accuracy = 0;       // of the segment on the test set
+  // With `test`: receives the segment's test-set probabilities [test rows x
+  // classes] after every epoch (for the ensemble's history). May be null.
+  std::vector<std::vector<float>>* test_probabilities = nullptr;
 };
 
 struct TrainReport {
@@ -47,7 +46,7 @@ struct TrainReport {
   uint64_t max_staleness = 0;  // most clocks a step's parameters lagged behind it
   double mean_staleness = 0;
   double blocked_seconds = 0;  // time waiting for pulls
-  std::vector<EpochScore> epochs;  // with TrainerOptions::test
+  v1::WorkerHistory history;  // one record per epoch
 };
 
 // Trains a worker of `options.segment` on its slice of `train`

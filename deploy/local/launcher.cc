@@ -20,6 +20,7 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <functional>
 #include <iostream>
 #include <string>
@@ -48,6 +49,9 @@ ABSL_FLAG(int32_t, straggler_ms, 0,
 ABSL_FLAG(int32_t, start_timeout_s, 60, "Seconds to wait for servers to start listening.");
 ABSL_FLAG(std::string, export, "", "After training, write the model as safetensors to this file (segps-export --out).");
 ABSL_FLAG(std::string, onnx, "", "After training, write the model as an ONNX graph to this file (segps-export --onnx).");
+ABSL_FLAG(std::string, plot, "",
+          "Write the run's learning curves (PNG, from the report's history) to this directory, with "
+          "python/segps_plot.py and Debian's /usr/bin/python3 (python3-matplotlib).");
 ABSL_FLAG(std::string, probabilities_out, "",
           "The evaluation writes the ensemble's test-set probabilities to this .npy file.");
 
@@ -307,6 +311,15 @@ int main(int argc, char** argv) {
               << " test samples of " << data->train.width << " features" << std::endl;
   }
 
+  // Each worker leaves its per-epoch history here for the evaluation's report.
+  char history_template[] = "/tmp/segps-history.XXXXXX";
+  if (mkdtemp(history_template) == nullptr) return Fail("cannot make a directory for the workers' histories");
+  const std::string history_dir = history_template;
+  struct RemoveWhenDone {
+    std::string dir;
+    ~RemoveWhenDone() { std::filesystem::remove_all(dir); }
+  } remove_history{history_dir};
+
   const absl::Time t0 = absl::Now();
   Launcher launcher;
   // Workers start first: a worker needs more CPU before it can register
@@ -319,7 +332,7 @@ int main(int argc, char** argv) {
       std::vector<std::string> args = {bin + "/segps-worker", "--config", config_path, "--segment", std::to_string(k),
                                        "--rank", std::to_string(r), "--servers=-", "--device",
                                        absl::GetFlag(FLAGS_device), "--cpu_threads",
-                                       std::to_string(absl::GetFlag(FLAGS_cpu_threads))};
+                                       std::to_string(absl::GetFlag(FLAGS_cpu_threads)), "--history_dir", history_dir};
       if (k == 0 && r + 1 == segps::WorkersOf(*config, k) && absl::GetFlag(FLAGS_straggler_ms) > 0) {
         args.insert(args.end(), {"--slowdown_ms", std::to_string(absl::GetFlag(FLAGS_straggler_ms))});
       }
@@ -384,7 +397,7 @@ int main(int argc, char** argv) {
   std::cout << "segps-local: training finished in " << train_seconds << " s; evaluating" << std::endl;
 
   std::vector<std::string> eval_args = {bin + "/segps-eval", "--config", config_path, "--servers", server_list,
-                                        "--report", absl::GetFlag(FLAGS_report)};
+                                        "--report", absl::GetFlag(FLAGS_report), "--history_dir", history_dir};
   if (!absl::GetFlag(FLAGS_params_dir).empty()) {
     eval_args.insert(eval_args.end(), {"--dump_params", absl::GetFlag(FLAGS_params_dir)});
   }
@@ -404,6 +417,13 @@ int main(int argc, char** argv) {
     if (!absl::GetFlag(FLAGS_export).empty()) export_args.insert(export_args.end(), {"--out", absl::GetFlag(FLAGS_export)});
     if (!absl::GetFlag(FLAGS_onnx).empty()) export_args.insert(export_args.end(), {"--onnx", absl::GetFlag(FLAGS_onnx)});
     if (std::string failed = run_tool("export", export_args); !failed.empty()) return Fail(failed);
+  }
+  if (!absl::GetFlag(FLAGS_plot).empty()) {
+    std::filesystem::create_directories(absl::GetFlag(FLAGS_plot));
+    const std::vector<std::string> plot_args = {"/usr/bin/python3", std::string(SEGPS_PYTHON_DIR) + "/segps_plot.py",
+                                                "learning-curves", "--out", absl::GetFlag(FLAGS_plot),
+                                                absl::GetFlag(FLAGS_report)};
+    if (std::string failed = run_tool("plot", plot_args); !failed.empty()) return Fail(failed);
   }
   launcher.KillAll();
   for (Child* c : servers) {

@@ -188,7 +188,7 @@ for dtype in BFLOAT16 FLOAT16; do
 done
 if [ $quick = 0 ]; then
   echo "Fashion-MNIST MLP (235,146 parameters), 1 server, 1 worker, staleness 1, 8 epochs:"
-  printf "%-18s %12s %12s %14s %10s\n" wire "push B/step" "pull B/step" "train samp/s" accuracy
+  printf "%-18s %12s %12s %14s %10s\n" wire "push B/step" "pull B/step" "train samp/s" accuracy | tee "$out/wire.txt"
   n=235146
   for wire in float32 bfloat16 float16 topk10 topk1 topk1-bfloat16; do
     fmnist_config "$out/fmw.pbtxt" 1 1 8 1
@@ -206,8 +206,15 @@ if [ $quick = 0 ]; then
     acc=$(sed -n 's/.*"ensemble": {"name": "ensemble", "accuracy": \([0-9.]*\).*/\1/p' "$out/fmw.json")
     width=$([ $dtype = FLOAT32 ] && echo 4 || echo 2)
     push=$(awk -v n=$n -v w=$width -v t=$topk 'BEGIN{k=int(t*n+0.5); print (t>0) ? k*(4+w) : n*w}')
-    printf "%-18s %12s %12s %14s %10s\n" $wire "$push" $((n * width)) "$(train_sps "$out/fmw.txt")" "$acc"
+    printf "%-18s %12s %12s %14s %10s\n" $wire "$push" $((n * width)) "$(train_sps "$out/fmw.txt")" "$acc" | tee -a "$out/wire.txt"
   done
+fi
+
+if $py -c "import matplotlib" 2> /dev/null; then
+  echo "== figures (python/segps_plot.py)"
+  $py python/segps_plot.py bench --out "$out/figures" "$out"
+else
+  echo "note: no matplotlib for $py (apt-get install python3-matplotlib); figures skipped"
 fi
 
 echo

@@ -240,3 +240,34 @@ TEST(Cluster, KilledWorkerDoesNotHangItsPeers) {
 
 }  // namespace
 }  // namespace segps
+
+namespace segps {
+namespace {
+
+// Every report keeps per-epoch history, and segps-local --plot turns it into
+// learning curves: a PNG of the expected size, one line per segment
+// (tests/python/check_plots.py, with Debian's /usr/bin/python3 and matplotlib).
+TEST(Cluster, ReportKeepsHistoryAndPlotDrawsItsLearningCurves) {
+  const std::string dir = MakeTempDir();
+  std::string job = ReadFile(Config("teacher.pbtxt"));
+  job.replace(job.find("epochs: 6"), 9, "epochs: 3 test_every_epoch: true");
+  WriteFile(dir + "/job.pbtxt", job);
+  std::unique_ptr<Subprocess> p = Subprocess::Start({BinaryPath("segps-local"), "--config", dir + "/job.pbtxt",
+                                                     "--report", dir + "/report.json", "--plot", dir + "/plots"});
+  std::optional<int> status = p->Wait(absl::Minutes(3));
+  ASSERT_TRUE(status.has_value() && ExitedOk(*status)) << p->output();
+  const std::string report = ReadFile(dir + "/report.json");
+  for (const char* field : {"\"history\"", "\"samples_per_second\"", "\"mean_staleness\"", "\"blocked_seconds\"",
+                            "\"test_accuracy\"", "\"ensemble\":[{\"epoch\":1"}) {
+    EXPECT_NE(report.find(field), std::string::npos) << field << " missing from " << report;
+  }
+  std::unique_ptr<Subprocess> check = Subprocess::Start(
+      {"/usr/bin/python3", std::string(SEGPS_SOURCE_DIR) + "/tests/python/check_plots.py", dir + "/report.json",
+       dir + "/plots"});
+  std::optional<int> checked = check->Wait(absl::Minutes(2));
+  EXPECT_TRUE(checked.has_value() && ExitedOk(*checked)) << check->output();
+  EXPECT_NE(check->output().find("OK"), std::string::npos) << check->output();
+}
+
+}  // namespace
+}  // namespace segps

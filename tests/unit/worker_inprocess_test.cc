@@ -242,9 +242,9 @@ std::vector<double> EpochAccuracies(const absl::StatusOr<TrainReport>& report, c
   if (!report.ok()) return {};
   std::vector<double> accuracies;
   std::cout << label << ": test accuracy by epoch";
-  for (const auto& epoch : report->epochs) {
-    accuracies.push_back(epoch.accuracy);
-    std::cout << " " << epoch.accuracy;
+  for (const auto& epoch : report->history.epochs()) {
+    accuracies.push_back(epoch.test_accuracy());
+    std::cout << " " << epoch.test_accuracy();
   }
   std::cout << "\n";
   return accuracies;
@@ -288,13 +288,20 @@ TEST(WorkerInProcess, ScoresTheTestSetAfterEveryEpoch) {
   const TrainTest data = *LoadData(config);
   absl::StatusOr<TrainReport> report = TrainScoringEachEpoch(config, cluster, data);
   ASSERT_TRUE(report.ok()) << report.status();
-  ASSERT_EQ(report->epochs.size(), 3u);
-  EXPECT_GT(report->epochs[0].accuracy, 0.4);   // chance: about 0.1-0.2
-  EXPECT_GT(report->epochs[2].accuracy, report->epochs[0].accuracy);
-  for (size_t e = 1; e < 3; ++e) {
-    EXPECT_GT(report->epochs[e].train_seconds, report->epochs[e - 1].train_seconds);
+  const auto& epochs = report->history.epochs();
+  ASSERT_EQ(epochs.size(), 3);
+  EXPECT_GT(epochs[0].test_accuracy(), 0.4);   // chance: about 0.1-0.2
+  EXPECT_GT(epochs[2].test_accuracy(), epochs[0].test_accuracy());
+  for (int e = 0; e < 3; ++e) {
+    EXPECT_EQ(epochs[e].epoch(), static_cast<uint32_t>(e + 1));
+    if (e > 0) {
+      EXPECT_GT(epochs[e].train_seconds(), epochs[e - 1].train_seconds());
+    }
+    EXPECT_GT(epochs[e].samples_per_second(), 0);
+    EXPECT_GT(epochs[e].loss(), 0);
   }
-  EXPECT_LE(report->epochs.back().train_seconds, report->seconds + 1e-9);
+  EXPECT_GT(epochs[0].loss(), epochs[2].loss());
+  EXPECT_LE(epochs[2].train_seconds(), report->seconds + 1e-9);
 }
 
 TEST(WorkerInProcess, WorkerWithAnotherModelIsRefused) {
