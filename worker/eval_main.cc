@@ -10,7 +10,6 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_format.h"
-#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "common/lock_checks.h"
 #include "common/malloc_tuning.h"
@@ -77,13 +76,8 @@ int main(int argc, char** argv) {
   if (absl::GetFlag(FLAGS_config).empty()) return Fail("--config is required (see --help)");
   absl::StatusOr<segps::v1::JobConfig> config = segps::LoadConfig(absl::GetFlag(FLAGS_config));
   if (!config.ok()) return Fail(std::string(config.status().message()));
-  std::vector<std::string> servers;
-  if (!absl::GetFlag(FLAGS_servers).empty()) {
-    servers = absl::StrSplit(absl::GetFlag(FLAGS_servers), ',', absl::SkipEmpty());
-  } else {
-    servers.assign(config->cluster().server_addresses().begin(), config->cluster().server_addresses().end());
-  }
-  absl::StatusOr<std::unique_ptr<segps::ParameterClient>> client = segps::ConnectGrpc(*config, servers);
+  absl::StatusOr<std::unique_ptr<segps::ParameterClient>> client =
+      segps::ConnectGrpc(*config, segps::ServerAddresses(absl::GetFlag(FLAGS_servers), *config));
   if (!client.ok()) return Fail(std::string(client.status().message()));
 
   if (absl::GetFlag(FLAGS_wait_for_training)) {

@@ -8,7 +8,6 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
-#include "absl/strings/str_split.h"
 #include "common/config.h"
 #include "common/lock_checks.h"
 #include "worker/dataset.h"
@@ -40,13 +39,8 @@ int main(int argc, char** argv) {
   }
   absl::StatusOr<segps::v1::JobConfig> config = segps::LoadConfig(absl::GetFlag(FLAGS_config));
   if (!config.ok()) return Fail(std::string(config.status().message()));
-  std::vector<std::string> servers;
-  if (!absl::GetFlag(FLAGS_servers).empty()) {
-    servers = absl::StrSplit(absl::GetFlag(FLAGS_servers), ',', absl::SkipEmpty());
-  } else {
-    servers.assign(config->cluster().server_addresses().begin(), config->cluster().server_addresses().end());
-  }
-  absl::StatusOr<std::unique_ptr<segps::ParameterClient>> client = segps::ConnectGrpc(*config, servers);
+  absl::StatusOr<std::unique_ptr<segps::ParameterClient>> client =
+      segps::ConnectGrpc(*config, segps::ServerAddresses(absl::GetFlag(FLAGS_servers), *config));
   if (!client.ok()) return Fail(std::string(client.status().message()));
   absl::StatusOr<std::vector<std::vector<float>>> params =
       segps::PullParameters(**client, config->model(), config->cluster().num_servers());

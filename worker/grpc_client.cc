@@ -15,6 +15,7 @@
 #include <optional>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "common/config.h"
@@ -481,6 +482,11 @@ absl::StatusOr<std::unique_ptr<ParameterClient>> ConnectGrpc(const v1::JobConfig
   absl::StatusOr<ShardMap> map = ShardMap::Create(config.model(), config.cluster().num_servers());
   if (!map.ok()) return map.status();
   return std::unique_ptr<ParameterClient>(new GrpcClient(config, *std::move(map), addresses));
+}
+
+std::vector<std::string> ServerAddresses(const std::string& flag, const v1::JobConfig& config) {
+  if (!flag.empty()) return absl::StrSplit(flag, ',', absl::SkipEmpty());
+  return {config.cluster().server_addresses().begin(), config.cluster().server_addresses().end()};
 }
 
 }  // namespace segps

@@ -88,11 +88,7 @@ int main(int argc, char** argv) {
   const bool servers_from_stdin = absl::GetFlag(FLAGS_servers) == "-";
   std::vector<std::string> servers;
   if (!servers_from_stdin) {
-    if (!absl::GetFlag(FLAGS_servers).empty()) {
-      servers = absl::StrSplit(absl::GetFlag(FLAGS_servers), ',', absl::SkipEmpty());
-    } else {
-      servers.assign(config->cluster().server_addresses().begin(), config->cluster().server_addresses().end());
-    }
+    servers = segps::ServerAddresses(absl::GetFlag(FLAGS_servers), *config);
     if (servers.empty()) return Fail("--servers is required (the config lists no server_addresses)");
   }
 

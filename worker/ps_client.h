@@ -78,6 +78,10 @@ class ParameterClient {
   virtual absl::StatusOr<std::vector<v1::StatsResponse>> Stats() = 0;
 };
 
+// The servers a tool talks to: the comma-separated host:port list of a
+// --servers flag, or (flag empty) the config's cluster.server_addresses.
+std::vector<std::string> ServerAddresses(const std::string& flag, const v1::JobConfig& config);
+
 // A client over gRPC to `addresses` (one per server, in index order).
 absl::StatusOr<std::unique_ptr<ParameterClient>> ConnectGrpc(const v1::JobConfig& config,
                                                              const std::vector<std::string>& addresses);
