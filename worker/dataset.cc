@@ -322,22 +322,17 @@ absl::StatusOr<std::vector<int32_t>> ReadLabels(const std::string& path, uint64_
   std::vector<int32_t> labels(rows);
   for (uint64_t i = 0; i < rows; ++i) {
     const char* p = region->data() + i * h->item_bytes;
-    int64_t v = 0;
-    if (h->kind == 'i') {
-      int64_t raw = 0;
-      std::memcpy(&raw, p, h->item_bytes);
-      const int shift = 64 - 8 * h->item_bytes;  // sign-extend
-      v = shift == 0 ? raw : static_cast<int64_t>(static_cast<uint64_t>(raw) << shift) >> shift;
-    } else {
-      uint64_t raw = 0;
-      std::memcpy(&raw, p, h->item_bytes);
-      v = raw > static_cast<uint64_t>(classes) ? classes : static_cast<int64_t>(raw);
+    uint64_t raw = 0;
+    std::memcpy(&raw, p, h->item_bytes);
+    // Signed labels are sign-extended from their width; unsigned ones read as they are.
+    const bool is_signed = h->kind == 'i';
+    const int shift = 64 - 8 * h->item_bytes;
+    const int64_t value = static_cast<int64_t>(raw << shift) >> shift;
+    if (is_signed ? value < 0 || value >= classes : raw >= static_cast<uint64_t>(classes)) {
+      return Bad(path, absl::StrCat("row ", i, ": label ", is_signed ? absl::StrCat(value) : absl::StrCat(raw),
+                                    " is outside [0, ", classes, ") (model.num_classes ", classes, ")"));
     }
-    if (v < 0 || v >= classes) {
-      return Bad(path, absl::StrCat("row ", i, ": label ", v, " is outside [0, ", classes, ") (model.num_classes ",
-                                    classes, ")"));
-    }
-    labels[i] = static_cast<int32_t>(v);
+    labels[i] = static_cast<int32_t>(raw);
   }
   return labels;
 }

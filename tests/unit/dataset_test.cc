@@ -338,6 +338,8 @@ TEST(NpyData, EachMalformedInputGetsItsMessage) {
   WriteArray<int32_t>(dir + "/y_range.npy", "<i4", {0, 4}, {2});
   WriteArray<int32_t>(dir + "/y_neg.npy", "<i4", {-1, 0}, {2});
   WriteArray<float>(dir + "/y_float.npy", "<f4", {0, 1}, {2});
+  WriteArray<uint64_t>(dir + "/y_huge.npy", "<u8", {0, 1ull << 40}, {2});
+  WriteArray<int8_t>(dir + "/y_neg8.npy", "|i1", {1, -3}, {2});
   WriteArray<float>(dir + "/x_empty_rows.npy", "<f4", {}, {0, 3});
   Write(dir + "/empty.npy", "");
   Write(dir + "/text.npy", "a,b,c\n1,2,3\n");
@@ -373,6 +375,8 @@ TEST(NpyData, EachMalformedInputGetsItsMessage) {
       {"y_range.npy", "y_range.npy: row 1: label 4 is outside [0, 4)"},
       {"y_neg.npy", "y_neg.npy: row 0: label -1 is outside [0, 4)"},
       {"y_float.npy", "y_float.npy: labels have dtype '<f4'; they must be integers"},
+      {"y_huge.npy", "y_huge.npy: row 1: label 1099511627776 is outside [0, 4)"},
+      {"y_neg8.npy", "y_neg8.npy: row 1: label -3 is outside [0, 4)"},
   };
   for (const auto& [file, message] : label_cases) {
     absl::Status status = LoadAndCheck(absl::StrCat("source: NPY train_x: \"", dir, "/x.npy\" train_y: \"", dir, "/",
