@@ -125,19 +125,23 @@ def fmnist_figure(bench):
     return fig
 
 
-def _table(path, columns):
-    """Rows of a whitespace table whose first field is not a header word."""
+def _table(path, widths):
+    """Rows of a table printed with fixed column widths (printf "%-Ns %Ns ..."),
+    a field left empty where the bench had no value; a header line starts a
+    new block."""
     rows, block = [], -1
     with open(path) as f:
         for line in f:
-            fields = line.split()
-            if not fields:
+            if not line.strip():
                 continue
-            if fields[0] in ("staleness", "wire"):
+            if line.split()[0] in ("staleness", "wire"):
                 block += 1
                 continue
-            if len(fields) >= columns:
-                rows.append((block, fields))
+            fields, at = [], 0
+            for width in widths:
+                fields.append(line[at:at + width].strip())
+                at += width + 1
+            rows.append((block, fields))
     return rows
 
 
@@ -153,7 +157,7 @@ def staleness_figure(bench):
     path = os.path.join(bench, "staleness.txt")
     if not os.path.exists(path):
         return None
-    rows = _table(path, 5)
+    rows = _table(path, [10, 10, 10, 14, 10])  # staleness, seconds, blocked, s to bar, accuracy
     tasks = sorted({b for b, _ in rows})
     fig, axes = plt.subplots(1, len(tasks), figsize=SIZE, dpi=DPI, squeeze=False)
     names = ["teacher (2 x 2 workers)", "Fashion-MNIST (2 workers)"]
@@ -162,15 +166,16 @@ def staleness_figure(bench):
         labels = [f[0] for f in task_rows]
         seconds = [_number(f[1]) or 0 for f in task_rows]
         blocked = [_number(f[2]) or 0 for f in task_rows]
-        ax.plot(labels, seconds, marker="o", label="job seconds")
+        ax.plot(labels, seconds, marker="o", color="tab:blue", label="job seconds")
         twin = ax.twinx()
         twin.plot(labels, blocked, marker="s", color="tab:red", label="blocked %")
         for x, f in zip(labels, task_rows):
             ax.annotate(f"acc {f[4]}", (x, _number(f[1]) or 0), fontsize=7, textcoords="offset points",
                         xytext=(0, 6), ha="center")
-        ax.set(title=names[task] if task < len(names) else f"task {task}", xlabel="staleness bound",
-               ylabel="seconds")
-        twin.set_ylabel("time blocked (%)")
+        ax.set(title=names[task] if task < len(names) else f"task {task}", xlabel="staleness bound")
+        twin.set_ylabel("time blocked (%)", color="tab:red")
+        ax.set_ylabel("job seconds", color="tab:blue")
+        ax.tick_params(axis="x", labelrotation=20)
         ax.grid(alpha=0.3)
     fig.suptitle("one straggler (2 ms a step): time and waiting by staleness bound")
     fig.tight_layout()
@@ -182,7 +187,8 @@ def wire_figure(bench):
     path = os.path.join(bench, "wire.txt")
     if not os.path.exists(path):
         return None
-    rows = [f for _, f in _table(path, 5) if _number(f[1]) is not None and _number(f[4]) is not None]
+    rows = [f for _, f in _table(path, [18, 12, 12, 14, 10])  # wire, push B, pull B, samples/s, accuracy
+            if _number(f[1]) is not None and _number(f[4]) is not None]
     if not rows:
         return None
     fig, ax = plt.subplots(figsize=SIZE, dpi=DPI)
