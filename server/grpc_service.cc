@@ -1,6 +1,7 @@
 #include "server/grpc_service.h"
 
 #include <grpcpp/grpcpp.h>
+#include <grpcpp/support/proto_buffer_reader.h>
 
 #include <algorithm>
 #include <atomic>
@@ -79,13 +80,31 @@ class Service final : public grpc::Service {
   template <typename T>
   using Wire = std::conditional_t<std::is_same_v<T, grpc::ByteBuffer>, grpc::ByteBuffer, grpc::protobuf::MessageLite>;
 
+  // Every request arrives as bytes and message requests are parsed here, so
+  // that bytes that do not parse are answered as the client's mistake
+  // (INVALID_ARGUMENT naming the method and the message), not with the
+  // INTERNAL gRPC's own parsing would give.
   template <typename Request, typename Response>
   void Add(const char* path, Method<Request, Response> method) {  // path: a string literal
+    const std::string name = std::string(path).substr(std::string(path).rfind('/') + 1);
     AddMethod(new grpc::internal::RpcServiceMethod(
         path, grpc::internal::RpcMethod::NORMAL_RPC,
-        new grpc::internal::RpcMethodHandler<Service, Request, Response, Wire<Request>, Wire<Response>>(
-            [method](Service* service, grpc::ServerContext* context, const Request* request, Response* response) {
-              return (service->*method)(context, request, response);
+        new grpc::internal::RpcMethodHandler<Service, grpc::ByteBuffer, Response, grpc::ByteBuffer, Wire<Response>>(
+            [method, name](Service* service, grpc::ServerContext* context, const grpc::ByteBuffer* bytes,
+                           Response* response) {
+              if constexpr (std::is_same_v<Request, grpc::ByteBuffer>) {
+                return (service->*method)(context, bytes, response);
+              } else {
+                Request request;
+                grpc::ByteBuffer copy(*bytes);  // shares the slices
+                grpc::ProtoBufferReader reader(&copy);
+                if (!request.ParseFromZeroCopyStream(&reader)) {
+                  return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                                      absl::StrCat(name, ": the request does not parse as ",
+                                                   Request::descriptor()->full_name()));
+                }
+                return (service->*method)(context, &request, response);
+              }
             },
             this)));
   }

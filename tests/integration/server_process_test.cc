@@ -9,6 +9,7 @@
 
 #include <cmath>
 
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/config.h"
 #include "common/shard_map.h"
@@ -192,6 +193,31 @@ TEST_F(ServerProcessTest, StalenessPushesAndBadInput) {
   ASSERT_TRUE(stubs_[0]->Stats(&ctx, v1::StatsRequest(), &stats).ok());
   EXPECT_EQ(stats.segments(0).pushes(), 3u);
   EXPECT_GE(stats.segments(0).rejected(), 5u);
+}
+
+// Bytes that are no message of the method's type are the client's mistake:
+// INVALID_ARGUMENT naming the method, on every unary method, and the server
+// keeps serving.
+TEST_F(ServerProcessTest, UnparseableRequestsGetInvalidArgumentNamingTheMethod) {
+  for (const char* method : {"Register", "Pull", "Push", "Heartbeat", "Leave", "Stats"}) {
+    for (const std::string& bytes : {std::string("\x22\xff\xff\xff\x0f", 5), std::string("\xff", 1)}) {
+      grpc::Slice slice(bytes);
+      grpc::ByteBuffer request(&slice, 1), reply;
+      grpc::ClientContext ctx;
+      ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+      grpc::Status status;
+      Latch done(1);
+      raw_stubs_[0]->UnaryCall(&ctx, absl::StrCat("/segps.v1.ParameterServer/", method), {}, &request, &reply,
+                               [&](grpc::Status s) {
+                                 status = s;
+                                 done.CountDown();
+                               });
+      done.Wait();
+      EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << method << ": " << status.error_message();
+      EXPECT_NE(status.error_message().find(method), std::string::npos) << status.error_message();
+    }
+  }
+  EXPECT_EQ(Read(0).size(), map_->range(0, 0).count);
 }
 
 TEST_F(ServerProcessTest, PushStreamAnswersInOrderAndEndsAtTheFirstBadPush) {
