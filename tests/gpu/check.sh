@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # On a machine with an NVIDIA GPU: build with CUDA, run the gpu-labelled
-# tests, then time a worker step against PyTorch on the same GPU.
+# tests, then time a worker step against PyTorch on the same GPU. Exits
+# non-zero when the build or a GPU test fails.
 #   bash tests/gpu/check.sh [OUT_DIR]
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -10,7 +11,9 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$out
 export PATH=/usr/local/cuda/bin:$PATH
 cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DSEGPS_WITH_CUDA=ON > "$out/cmake.log" 2>&1 || { tail -30 "$out/cmake.log"; exit 1; }
 cmake --build build-gpu -j"$(nproc)" > "$out/build.log" 2>&1 || { grep -E 'error' -A5 "$out/build.log" | head -60; exit 1; }
-ctest --test-dir build-gpu -L gpu --output-on-failure 2>&1 | tee "$out/ctest-gpu.log" | tail -25
+ctest --test-dir build-gpu -L gpu --output-on-failure > "$out/ctest-gpu.log" 2>&1
+gpu_tests=$?
+tail -25 "$out/ctest-gpu.log"
 echo "== segps step, fp32 =="
 build-gpu/bin/segps-bench-step --device cuda:0 | tee "$out/segps-fp32.txt"
 echo "== segps step, tf32 =="
@@ -24,3 +27,5 @@ for p in fp32 tf32; do
   paste <(tail -n +2 "$out/segps-$p.txt") <(tail -n +2 "$out/torch-$p.txt") |
     awk -v p=$p '{printf "%s %-28s batch %5d  segps %9.3f ms  torch %9.3f ms  ratio %.2f  transfers %s of a PS step\n", p, $1, $2, $3, $9, $9/$3, $6}'
 done | tee "$out/ratio.txt"
+# The timings above are for reading; the exit status is the GPU tests'.
+if [ $gpu_tests -ne 0 ]; then echo "FAIL: gpu-labelled tests failed (see $out/ctest-gpu.log)"; exit 1; fi
