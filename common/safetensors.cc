@@ -6,14 +6,14 @@
 #include <cerrno>
 #include <cmath>
 #include <cstring>
+#include <algorithm>
 #include <fstream>
 #include <sstream>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "google/protobuf/struct.pb.h"
-#include "google/protobuf/util/json_util.h"
 
 namespace segps {
 namespace {
@@ -26,13 +26,201 @@ int DTypeBytes(const std::string& dtype) {
   return it == sizes.end() ? 0 : it->second;
 }
 
+// A JSON value of a safetensors header. The header is untrusted: the reader
+// below takes strict JSON only, nested at most kMaxDepth deep.
+struct Json {
+  enum Kind { kNull, kBool, kNumber, kString, kArray, kObject };
+  Kind kind = kNull;
+  double number = 0;
+  std::string string;
+  std::vector<Json> array;
+  std::vector<std::pair<std::string, Json>> object;  // in file order
+};
+
+class JsonReader {
+ public:
+  explicit JsonReader(absl::string_view text) : text_(text) {}
+
+  // The whole text as one value (trailing whitespace allowed).
+  bool ReadDocument(Json* out) {
+    if (!Value(out, 0)) return false;
+    SkipSpace();
+    return at_ == text_.size();
+  }
+
+ private:
+  static constexpr int kMaxDepth = 16;
+
+  void SkipSpace() {
+    while (at_ < text_.size() && (text_[at_] == ' ' || text_[at_] == '\t' || text_[at_] == '\n' || text_[at_] == '\r')) {
+      ++at_;
+    }
+  }
+  bool Consume(char c) {
+    SkipSpace();
+    if (at_ < text_.size() && text_[at_] == c) {
+      ++at_;
+      return true;
+    }
+    return false;
+  }
+  bool Literal(absl::string_view word) {
+    if (text_.substr(at_, word.size()) != word) return false;
+    at_ += word.size();
+    return true;
+  }
+
+  bool Value(Json* out, int depth) {
+    if (depth > kMaxDepth) return false;
+    SkipSpace();
+    if (at_ >= text_.size()) return false;
+    const char c = text_[at_];
+    if (c == '{') {
+      ++at_;
+      out->kind = Json::kObject;
+      if (Consume('}')) return true;
+      do {
+        std::string key;
+        SkipSpace();
+        if (!String(&key) || !Consume(':')) return false;
+        out->object.emplace_back(std::move(key), Json());
+        if (!Value(&out->object.back().second, depth + 1)) return false;
+      } while (Consume(','));
+      return Consume('}');
+    }
+    if (c == '[') {
+      ++at_;
+      out->kind = Json::kArray;
+      if (Consume(']')) return true;
+      do {
+        out->array.emplace_back();
+        if (!Value(&out->array.back(), depth + 1)) return false;
+      } while (Consume(','));
+      return Consume(']');
+    }
+    if (c == '"') {
+      out->kind = Json::kString;
+      return String(&out->string);
+    }
+    if (Literal("true") || Literal("false")) {
+      out->kind = Json::kBool;
+      return true;
+    }
+    if (Literal("null")) return true;
+    return Number(out);
+  }
+
+  // -?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?
+  bool Number(Json* out) {
+    const size_t start = at_;
+    auto digits = [&] {
+      const size_t from = at_;
+      while (at_ < text_.size() && text_[at_] >= '0' && text_[at_] <= '9') ++at_;
+      return at_ > from;
+    };
+    if (at_ < text_.size() && text_[at_] == '-') ++at_;
+    if (!digits()) return false;
+    if (at_ < text_.size() && text_[at_] == '.') {
+      ++at_;
+      if (!digits()) return false;
+    }
+    if (at_ < text_.size() && (text_[at_] == 'e' || text_[at_] == 'E')) {
+      ++at_;
+      if (at_ < text_.size() && (text_[at_] == '+' || text_[at_] == '-')) ++at_;
+      if (!digits()) return false;
+    }
+    out->kind = Json::kNumber;
+    return absl::SimpleAtod(text_.substr(start, at_ - start), &out->number);
+  }
+
+  static void AppendUtf8(uint32_t code, std::string* out) {
+    if (code < 0x80) {
+      *out += static_cast<char>(code);
+    } else if (code < 0x800) {
+      *out += static_cast<char>(0xc0 | (code >> 6));
+      *out += static_cast<char>(0x80 | (code & 0x3f));
+    } else if (code < 0x10000) {
+      *out += static_cast<char>(0xe0 | (code >> 12));
+      *out += static_cast<char>(0x80 | ((code >> 6) & 0x3f));
+      *out += static_cast<char>(0x80 | (code & 0x3f));
+    } else {
+      *out += static_cast<char>(0xf0 | (code >> 18));
+      *out += static_cast<char>(0x80 | ((code >> 12) & 0x3f));
+      *out += static_cast<char>(0x80 | ((code >> 6) & 0x3f));
+      *out += static_cast<char>(0x80 | (code & 0x3f));
+    }
+  }
+
+  bool Hex4(uint32_t* code) {
+    if (at_ + 4 > text_.size()) return false;
+    *code = 0;
+    for (int i = 0; i < 4; ++i) {
+      const char h = text_[at_++];
+      const int v = h >= '0' && h <= '9' ? h - '0' : h >= 'a' && h <= 'f' ? h - 'a' + 10 : h >= 'A' && h <= 'F' ? h - 'A' + 10 : -1;
+      if (v < 0) return false;
+      *code = *code << 4 | static_cast<uint32_t>(v);
+    }
+    return true;
+  }
+
+  bool String(std::string* out) {
+    if (at_ >= text_.size() || text_[at_] != '"') return false;
+    ++at_;
+    while (at_ < text_.size()) {
+      const char c = text_[at_++];
+      if (c == '"') return true;
+      if (static_cast<unsigned char>(c) < 0x20) return false;
+      if (c != '\\') {
+        *out += c;
+        continue;
+      }
+      if (at_ >= text_.size()) return false;
+      const char e = text_[at_++];
+      switch (e) {
+        case '"': case '\\': case '/': *out += e; break;
+        case 'b': *out += '\b'; break;
+        case 'f': *out += '\f'; break;
+        case 'n': *out += '\n'; break;
+        case 'r': *out += '\r'; break;
+        case 't': *out += '\t'; break;
+        case 'u': {
+          uint32_t code = 0;
+          if (!Hex4(&code)) return false;
+          if (code >= 0xd800 && code < 0xdc00) {  // a surrogate pair
+            uint32_t low = 0;
+            if (!Literal("\\u") || !Hex4(&low) || low < 0xdc00 || low >= 0xe000) return false;
+            code = 0x10000 + ((code - 0xd800) << 10) + (low - 0xdc00);
+          } else if (code >= 0xdc00 && code < 0xe000) {
+            return false;
+          }
+          AppendUtf8(code, out);
+          break;
+        }
+        default:
+          return false;
+      }
+    }
+    return false;
+  }
+
+  absl::string_view text_;
+  size_t at_ = 0;
+};
+
 // A JSON number that must be a whole, non-negative integer below 2^53.
-bool WholeNumber(const google::protobuf::Value& v, uint64_t* out) {
-  if (v.kind_case() != google::protobuf::Value::kNumberValue) return false;
-  const double d = v.number_value();
+bool WholeNumber(const Json& v, uint64_t* out) {
+  if (v.kind != Json::kNumber) return false;
+  const double d = v.number;
   if (!(d >= 0 && d < 9007199254740992.0) || d != std::floor(d)) return false;
   *out = static_cast<uint64_t>(d);
   return true;
+}
+
+const Json* Field(const Json& object, absl::string_view name) {
+  for (const auto& [key, value] : object.object) {
+    if (key == name) return &value;
+  }
+  return nullptr;
 }
 
 }  // namespace
@@ -96,49 +284,50 @@ absl::StatusOr<SafetensorsFile> SafetensorsFile::Read(const std::string& path) {
   if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot open"));
   std::ostringstream text;
   text << in.rdbuf();
-  file.contents_ = text.str();
+  file.contents_ = std::make_shared<const std::string>(text.str());
   auto bad = [&](const std::string& what) {
     return absl::InvalidArgumentError(absl::StrCat(path, ": not a valid safetensors file: ", what));
   };
-  const std::string& c = file.contents_;
+  const std::string& c = *file.contents_;
   if (c.size() < 8) return bad("shorter than its 8-byte header length");
   uint64_t header_len = 0;
   for (int i = 0; i < 8; ++i) header_len |= static_cast<uint64_t>(static_cast<uint8_t>(c[i])) << (8 * i);
   if (header_len > c.size() - 8 || header_len > (100u << 20)) {
     return bad(absl::StrCat("header length ", header_len, " exceeds the file (", c.size(), " bytes)"));
   }
-  google::protobuf::Struct header;
-  google::protobuf::util::JsonParseOptions options;
-  if (!google::protobuf::util::JsonStringToMessage(c.substr(8, header_len), &header, options).ok()) {
+  Json header;
+  if (!JsonReader(absl::string_view(c).substr(8, header_len)).ReadDocument(&header) || header.kind != Json::kObject) {
     return bad("the header is not a JSON object");
   }
   const absl::string_view data = absl::string_view(c).substr(8 + header_len);
   std::vector<std::pair<uint64_t, uint64_t>> ranges;
-  for (const auto& [name, value] : header.fields()) {
+  for (const auto& [name, value] : header.object) {
+    if (file.tensors_.count(name) || (name == "__metadata__" && !file.metadata_.empty())) {
+      return bad(absl::StrCat("\"", name, "\" appears twice"));
+    }
     if (name == "__metadata__") {
-      if (value.kind_case() != google::protobuf::Value::kStructValue) return bad("__metadata__ is not an object");
-      for (const auto& [key, v] : value.struct_value().fields()) {
-        if (v.kind_case() != google::protobuf::Value::kStringValue) {
-          return bad(absl::StrCat("__metadata__ value ", key, " is not a string"));
-        }
-        file.metadata_[key] = v.string_value();
+      if (value.kind != Json::kObject) return bad("__metadata__ is not an object");
+      for (const auto& [key, v] : value.object) {
+        if (v.kind != Json::kString) return bad(absl::StrCat("__metadata__ value ", key, " is not a string"));
+        file.metadata_[key] = v.string;
       }
       continue;
     }
     auto tensor_bad = [&](const std::string& what) { return bad(absl::StrCat("tensor ", name, ": ", what)); };
-    if (value.kind_case() != google::protobuf::Value::kStructValue) return tensor_bad("is not an object");
-    const auto& fields = value.struct_value().fields();
-    auto dtype = fields.find("dtype"), shape = fields.find("shape"), offsets = fields.find("data_offsets");
-    if (dtype == fields.end() || shape == fields.end() || offsets == fields.end()) {
+    if (value.kind != Json::kObject) return tensor_bad("is not an object");
+    const Json* dtype = Field(value, "dtype");
+    const Json* shape = Field(value, "shape");
+    const Json* offsets = Field(value, "data_offsets");
+    if (dtype == nullptr || shape == nullptr || offsets == nullptr) {
       return tensor_bad("needs dtype, shape and data_offsets");
     }
     Tensor t;
-    t.dtype = dtype->second.string_value();
+    t.dtype = dtype->string;
     const int item = DTypeBytes(t.dtype);
-    if (item == 0) return tensor_bad(absl::StrCat("unknown dtype \"", t.dtype, "\""));
-    if (shape->second.kind_case() != google::protobuf::Value::kListValue) return tensor_bad("shape is not a list");
+    if (dtype->kind != Json::kString || item == 0) return tensor_bad(absl::StrCat("unknown dtype \"", t.dtype, "\""));
+    if (shape->kind != Json::kArray) return tensor_bad("shape is not a list");
     uint64_t bytes = static_cast<uint64_t>(item);
-    for (const auto& d : shape->second.list_value().values()) {
+    for (const Json& d : shape->array) {
       uint64_t dim = 0;
       if (!WholeNumber(d, &dim)) return tensor_bad("shape holds something other than a whole number");
       if (dim != 0 && bytes > (1ull << 62) / dim) return tensor_bad("shape is too large");
@@ -146,10 +335,8 @@ absl::StatusOr<SafetensorsFile> SafetensorsFile::Read(const std::string& path) {
       t.shape.push_back(dim);
     }
     uint64_t begin = 0, end = 0;
-    if (offsets->second.kind_case() != google::protobuf::Value::kListValue ||
-        offsets->second.list_value().values_size() != 2 ||
-        !WholeNumber(offsets->second.list_value().values(0), &begin) ||
-        !WholeNumber(offsets->second.list_value().values(1), &end) || begin > end) {
+    if (offsets->kind != Json::kArray || offsets->array.size() != 2 || !WholeNumber(offsets->array[0], &begin) ||
+        !WholeNumber(offsets->array[1], &end) || begin > end) {
       return tensor_bad("data_offsets is not [begin, end]");
     }
     if (end > data.size()) return tensor_bad(absl::StrCat("data ends at ", end, ", past the file's ", data.size()));

@@ -12,6 +12,7 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -38,7 +39,7 @@ class SafetensorsFile {
   struct Tensor {
     std::string dtype;  // "F32", "F16", "I64", ...
     std::vector<uint64_t> shape;
-    absl::string_view bytes;  // within the file's contents, valid as long as the SafetensorsFile
+    absl::string_view bytes;  // within the file's contents, valid while any copy of the SafetensorsFile lives
   };
 
   static absl::StatusOr<SafetensorsFile> Read(const std::string& path);
@@ -51,7 +52,7 @@ class SafetensorsFile {
 
  private:
   std::string path_;
-  std::string contents_;
+  std::shared_ptr<const std::string> contents_;  // shared by copies, so that `bytes` stay valid
   std::map<std::string, std::string> metadata_;
   std::map<std::string, Tensor> tensors_;
 };

@@ -27,6 +27,8 @@ TEST(Safetensors, RoundTripsTensorsAndMetadata) {
   absl::StatusOr<SafetensorsFile> file = SafetensorsFile::Read(dir + "/t.safetensors");
   ASSERT_TRUE(file.ok()) << file.status();
   EXPECT_EQ(file->metadata().at("note"), "a \"quoted\"\nline");
+  const SafetensorsFile copy = *file;  // tensors stay readable through a copy
+  EXPECT_EQ(*copy.Float32("seg/dense_0/bias", {1}), (std::vector<float>{-1.5f}));
   EXPECT_EQ(*file->Float32("seg/dense_0/kernel", {2, 3}), (std::vector<float>{1, 2, 3, 4, 5, 6}));
   EXPECT_EQ(*file->Float32("seg/dense_0/bias", {1}), (std::vector<float>{-1.5f}));
   absl::StatusOr<std::vector<float>> wrong = file->Float32("seg/dense_0/kernel", {3, 2});
@@ -66,6 +68,11 @@ TEST(Safetensors, RefusesEachCorruptFileNamingTheProblem) {
       {replaced("[0,24]", "[0,2.5]"), "data_offsets is not [begin, end]"},
       {replaced("[0,24]", "[4,28]"), "two tensors' data overlap"},
       {replaced("\"note\":\"", "\"note\":7,\"x\":\""), "__metadata__ value note is not a string"},
+      {with_header(json + "x"), "the header is not a JSON object"},
+      {replaced("\"F32\"", "\"F\\q32\""), "the header is not a JSON object"},  // a bad escape
+      {replaced("{\"dtype\"", "{\"a\":" + std::string(40, '[') + std::string(40, ']') + ",\"dtype\""),
+       "the header is not a JSON object"},  // nested too deep
+      {replaced("\"seg/dense_0/bias\"", "\"seg/dense_0/kernel\""), "\"seg/dense_0/kernel\" appears twice"},
   };
   for (const auto& [bytes, message] : cases) {
     WriteFile(dir + "/bad.safetensors", bytes);
