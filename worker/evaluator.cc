@@ -6,8 +6,8 @@
 #include "absl/functional/function_ref.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/proto_json.h"
 #include "common/status_macros.h"
-#include "google/protobuf/util/json_util.h"
 #include "worker/segment_model.h"
 
 namespace segps {
@@ -166,13 +166,7 @@ std::string ToJson(const v1::JobConfig& config, const EvalReport& report) {
   absl::StrAppend(&out, "],\n  \"ensemble\": ", score(report.ensemble), ",\n");
   absl::StrAppend(&out, absl::StrFormat("  \"chance_accuracy\": %.6f", report.chance));
   if (report.history.workers_size() > 0) {
-    std::string history;
-    google::protobuf::util::JsonPrintOptions options;
-    options.preserve_proto_field_names = true;
-    options.always_print_primitive_fields = true;
-    if (google::protobuf::util::MessageToJsonString(report.history, &history, options).ok()) {
-      absl::StrAppend(&out, ",\n  \"history\": ", history);
-    }
+    absl::StrAppend(&out, ",\n  \"history\": ", ToJson(report.history));
   }
   absl::StrAppend(&out, "\n}\n");
   return out;

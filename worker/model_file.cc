@@ -6,6 +6,7 @@
 #include "common/config.h"
 #include "common/safetensors.h"
 #include "common/shard_map.h"
+#include "common/proto_json.h"
 #include "common/status_macros.h"
 #include "google/protobuf/util/json_util.h"
 #include "google/protobuf/text_format.h"
@@ -77,13 +78,7 @@ absl::Status WriteModelSafetensors(const TrainedModel& model, const std::string&
     tensors.push_back({"preprocess/mean", {width}, model.mean});
     tensors.push_back({"preprocess/std", {width}, model.std});
   }
-  std::string architecture;
-  google::protobuf::util::JsonPrintOptions options;
-  options.preserve_proto_field_names = true;
-  options.always_print_primitive_fields = true;
-  if (!google::protobuf::util::MessageToJsonString(model.model, &architecture, options).ok()) {
-    return absl::InternalError("export: the model config does not print as JSON");
-  }
+  const std::string architecture = ToJson(model.model);
   return WriteSafetensors(path, tensors,
                           {{"format", kFormat},
                            {"segps.job", model.job},

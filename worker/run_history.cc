@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/safetensors.h"
+#include "common/proto_json.h"
 #include "common/status_macros.h"
 #include "google/protobuf/util/json_util.h"
 #include "worker/evaluator.h"
@@ -25,14 +26,7 @@ std::string Base(const std::string& dir, const std::string& segment, uint32_t ra
 absl::Status WriteHistory(const std::string& dir, const v1::WorkerHistory& history,
                           const std::vector<std::vector<float>>& test_probabilities, uint32_t classes) {
   const std::string base = Base(dir, history.segment(), history.rank());
-  std::string json;
-  google::protobuf::util::JsonPrintOptions options;
-  options.preserve_proto_field_names = true;
-  options.always_print_primitive_fields = true;
-  if (!google::protobuf::util::MessageToJsonString(history, &json, options).ok()) {
-    return absl::InternalError("history does not print as JSON");
-  }
-  SEGPS_RETURN_IF_ERROR(WriteFileAtomically(base + ".json", json + "\n"));
+  SEGPS_RETURN_IF_ERROR(WriteFileAtomically(base + ".json", ToJson(history) + "\n"));
   if (test_probabilities.empty()) return absl::OkStatus();
   std::vector<float> all;
   for (const auto& epoch : test_probabilities) all.insert(all.end(), epoch.begin(), epoch.end());
