@@ -362,6 +362,13 @@ absl::StatusOr<v1::JobConfig> LoadConfig(const std::string& path) {
   return config;
 }
 
+int SegmentIndex(const v1::ModelConfig& model, const std::string& name_or_index) {
+  for (int k = 0; k < model.segments_size(); ++k) {
+    if (model.segments(k).name() == name_or_index || std::to_string(k) == name_or_index) return k;
+  }
+  return -1;
+}
+
 uint32_t PushesInFlight(const v1::JobConfig& config, int segment) {
   if (config.training().pushes_in_flight() > 0) return config.training().pushes_in_flight();
   const int32_t s = StalenessOf(config, segment);

@@ -24,6 +24,9 @@ absl::StatusOr<v1::JobConfig> ParseConfig(absl::string_view text, absl::string_v
 inline int32_t StalenessOf(const v1::JobConfig& config, int segment) {
   return config.model().segments(segment).staleness();
 }
+// The segment a user names by its name or its index; -1 if none.
+int SegmentIndex(const v1::ModelConfig& model, const std::string& name_or_index);
+
 inline uint32_t WorkersOf(const v1::JobConfig& config, int segment) {
   return config.model().segments(segment).workers();
 }

@@ -33,6 +33,12 @@ class FeatureFile {
   }
   const std::string& path() const { return path_; }
 
+  // Whether data-set rows `rows` are exactly the window mapped now.
+  bool Maps(Range rows) const {
+    return rows.count == 0 ? region_.size() == 0
+                           : region_.size() > 0 && first_ == FileRow(rows.offset) && end_ == FileRow(rows.end() - 1) + 1;
+  }
+
   // Maps the file rows that data-set rows [rows.offset, rows.end()) live in.
   absl::Status Map(Range rows) {
     region_.Reset();
@@ -74,11 +80,6 @@ class FeatureFile {
     }
   }
 
-  bool mapped(size_t i) const {
-    const uint64_t row = FileRow(i);
-    return row >= first_ && row < end_;
-  }
-
  private:
   const std::string path_;
   const NpyHeader header_;
@@ -89,13 +90,15 @@ class FeatureFile {
 };
 
 absl::Status Dataset::MapRows(Range rows) const {
-  if (file == nullptr) return absl::OkStatus();
+  // Mapped and checked already (the test set, scored after every epoch).
+  if (file == nullptr || file->Maps(rows)) return absl::OkStatus();
   SEGPS_RETURN_IF_ERROR(file->Map(rows));
   std::vector<float> row(width);
   for (uint64_t i = rows.offset; i < rows.end(); ++i) {
     file->Read(i, scale, row.data());
     for (int j = 0; j < width; ++j) {
       if (!std::isfinite(row[j])) {
+        (void)file->Map({0, 0});  // so that the bad window is never taken for a checked one
         return absl::InvalidArgumentError(absl::StrCat(file->path(), ": row ", file->FileRow(i), " column ", j,
                                                        ": feature is ", row[j], "; every feature must be finite"));
       }
@@ -320,13 +323,12 @@ absl::StatusOr<std::vector<int32_t>> ReadLabels(const std::string& path, uint64_
   absl::StatusOr<MappedRegion> region = MappedRegion::Map(path, h->data_offset, rows * h->item_bytes);
   if (!region.ok()) return region.status();
   std::vector<int32_t> labels(rows);
+  // Signed labels are sign-extended from their width; unsigned ones read as they are.
+  const bool is_signed = h->kind == 'i';
+  const int shift = 64 - 8 * h->item_bytes;
   for (uint64_t i = 0; i < rows; ++i) {
-    const char* p = region->data() + i * h->item_bytes;
     uint64_t raw = 0;
-    std::memcpy(&raw, p, h->item_bytes);
-    // Signed labels are sign-extended from their width; unsigned ones read as they are.
-    const bool is_signed = h->kind == 'i';
-    const int shift = 64 - 8 * h->item_bytes;
+    std::memcpy(&raw, region->data() + i * h->item_bytes, h->item_bytes);
     const int64_t value = static_cast<int64_t>(raw << shift) >> shift;
     if (is_signed ? value < 0 || value >= classes : raw >= static_cast<uint64_t>(classes)) {
       return Bad(path, absl::StrCat("row ", i, ": label ", is_signed ? absl::StrCat(value) : absl::StrCat(raw),
@@ -341,37 +343,47 @@ absl::StatusOr<TrainTest> LoadNpy(const v1::JobConfig& config) {
   const auto& data = config.data();
   const int width = static_cast<int>(config.model().input_width());
   const int classes = static_cast<int>(config.model().num_classes());
-  auto open = [&](const std::string& x_path, const std::string& y_path, std::vector<uint64_t> rows,
-                  Dataset* out) -> absl::Status {
+  struct Arrays {
+    NpyHeader x;
+    std::vector<int32_t> y;
+  };
+  auto read = [&](const std::string& x_path, const std::string& y_path) -> absl::StatusOr<Arrays> {
     absl::StatusOr<NpyHeader> h = FeatureHeader(x_path, width);
     if (!h.ok()) return h.status();
     absl::StatusOr<std::vector<int32_t>> labels = ReadLabels(y_path, h->shape[0], classes, x_path);
     if (!labels.ok()) return labels.status();
-    out->width = width;
-    out->classes = classes;
-    out->scale = data.has_scale() ? data.scale() : (h->kind == 'u' ? 1.0f / 255.0f : 1.0f);
-    if (rows.empty()) {
-      out->y = *std::move(labels);
-    } else {
-      out->y.resize(rows.size());
-      for (size_t i = 0; i < rows.size(); ++i) out->y[i] = (*labels)[rows[i]];
-    }
-    out->file = std::make_shared<FeatureFile>(x_path, *std::move(h), std::move(rows));
-    return absl::OkStatus();
+    return Arrays{*std::move(h), *std::move(labels)};
   };
+  // The set of file rows `rows` (all of them when empty).
+  auto set = [&](const std::string& x_path, const Arrays& arrays, std::vector<uint64_t> rows) {
+    Dataset out;
+    out.width = width;
+    out.classes = classes;
+    out.scale = data.has_scale() ? data.scale() : (arrays.x.kind == 'u' ? 1.0f / 255.0f : 1.0f);
+    if (rows.empty()) {
+      out.y = arrays.y;
+    } else {
+      out.y.resize(rows.size());
+      for (size_t i = 0; i < rows.size(); ++i) out.y[i] = arrays.y[rows[i]];
+    }
+    out.file = std::make_shared<FeatureFile>(x_path, arrays.x, std::move(rows));
+    return out;
+  };
+  absl::StatusOr<Arrays> train = read(data.train_x(), data.train_y());
+  if (!train.ok()) return train.status();
   TrainTest out;
   if (!data.test_x().empty()) {
-    SEGPS_RETURN_IF_ERROR(open(data.train_x(), data.train_y(), {}, &out.train));
-    SEGPS_RETURN_IF_ERROR(open(data.test_x(), data.test_y(), {}, &out.test));
+    absl::StatusOr<Arrays> test = read(data.test_x(), data.test_y());
+    if (!test.ok()) return test.status();
+    out.train = set(data.train_x(), *train, {});
+    out.test = set(data.test_x(), *test, {});
     return out;
   }
-  absl::StatusOr<NpyHeader> h = FeatureHeader(data.train_x(), width);
-  if (!h.ok()) return h.status();
-  if (h->shape[0] < 2) return Bad(data.train_x(), "one sample cannot be split into training and test rows");
+  if (train->y.size() < 2) return Bad(data.train_x(), "one sample cannot be split into training and test rows");
   std::vector<uint64_t> train_rows, test_rows;
-  HoldOut(h->shape[0], data.test_fraction(), data.data_seed(), &train_rows, &test_rows);
-  SEGPS_RETURN_IF_ERROR(open(data.train_x(), data.train_y(), std::move(train_rows), &out.train));
-  SEGPS_RETURN_IF_ERROR(open(data.train_x(), data.train_y(), std::move(test_rows), &out.test));
+  HoldOut(train->y.size(), data.test_fraction(), data.data_seed(), &train_rows, &test_rows);
+  out.train = set(data.train_x(), *train, std::move(train_rows));
+  out.test = set(data.train_x(), *train, std::move(test_rows));
   return out;
 }
 
@@ -443,9 +455,10 @@ absl::StatusOr<Dataset> ReadCsv(const std::string& path, const v1::JobConfig& co
         return Bad(path, absl::StrCat("line ", line_number, " ", column_name(c), ": '", fields[c],
                                       "' is not a number"));
       }
-      if (!std::isfinite(v)) {
-        return Bad(path, absl::StrCat("line ", line_number, " ", column_name(c), ": '", fields[c],
-                                      "' is not finite"));
+      // Features train as float32: a value beyond its range is refused, not trained as infinity.
+      if (!std::isfinite(v) || (static_cast<int>(c) != label && !std::isfinite(static_cast<float>(v)))) {
+        return Bad(path, absl::StrCat("line ", line_number, " ", column_name(c), ": '", fields[c], "' is not finite",
+                                      std::isfinite(v) ? " as a float32" : ""));
       }
       if (static_cast<int>(c) == label) {
         if (v != std::floor(v) || v < 0 || v >= classes) {
@@ -497,17 +510,6 @@ absl::StatusOr<TrainTest> LoadCsv(const v1::JobConfig& config) {
   out.train = SelectRows(*train, train_rows);
   out.test = SelectRows(*train, test_rows);
   return out;
-}
-
-// In-memory features must be finite (file-backed ones are checked as mapped).
-absl::Status CheckFinite(const Dataset& data, const std::string& what) {
-  for (size_t i = 0; i < data.x.size(); ++i) {
-    if (!std::isfinite(data.x[i])) {
-      return absl::InvalidArgumentError(absl::StrCat(what, ": row ", i / data.width, " column ", i % data.width,
-                                                     ": feature is ", data.x[i], "; every feature must be finite"));
-    }
-  }
-  return absl::OkStatus();
 }
 
 // Rows a window of a file-backed set holds: about 16 MiB of float32 features.
@@ -583,11 +585,6 @@ absl::StatusOr<TrainTest> LoadData(const v1::JobConfig& config) {
       break;
     case v1::CSV:
       data = LoadCsv(config);
-      if (data.ok()) {
-        const std::string& test = config.data().test_csv();
-        SEGPS_RETURN_IF_ERROR(CheckFinite(data->train, config.data().train_csv()));
-        SEGPS_RETURN_IF_ERROR(CheckFinite(data->test, test.empty() ? config.data().train_csv() : test));
-      }
       break;
     default:
       return absl::InvalidArgumentError("data.source is not set");
@@ -605,13 +602,13 @@ absl::Status CheckAllRows(const Dataset& data) {
   return data.MapRows({0, 0});
 }
 
-absl::StatusOr<Dataset> OpenNpyFeatures(const std::string& path, int width, std::optional<float> scale) {
+absl::StatusOr<Dataset> OpenNpyFeatures(const std::string& path, int width, float scale) {
   absl::StatusOr<NpyHeader> h = FeatureHeader(path, width);
   if (!h.ok()) return h.status();
   Dataset out;
   out.width = width;
   out.y.assign(h->shape[0], 0);
-  out.scale = scale.value_or(h->kind == 'u' ? 1.0f / 255.0f : 1.0f);
+  out.scale = scale;
   out.file = std::make_shared<FeatureFile>(path, *std::move(h), std::vector<uint64_t>{});
   SEGPS_RETURN_IF_ERROR(out.MapRows({0, out.size()}));
   return out;

@@ -11,7 +11,6 @@
 
 #include <cstdint>
 #include <memory>
-#include <optional>
 #include <string>
 #include <vector>
 
@@ -68,8 +67,8 @@ absl::StatusOr<TrainTest> LoadData(const v1::JobConfig& config);
 absl::Status CheckAllRows(const Dataset& data);
 
 // The features of an .npy array [n, width] for inference (segps-predict):
-// mapped whole, with `scale`, `mean` and `std` as in Dataset, labels all 0.
-absl::StatusOr<Dataset> OpenNpyFeatures(const std::string& path, int width, std::optional<float> scale);
+// mapped whole and checked, read times `scale`, labels all 0 (unused).
+absl::StatusOr<Dataset> OpenNpyFeatures(const std::string& path, int width, float scale);
 
 // Reads Fashion-MNIST IDX files (gzip) from `dir`: pixels scaled to [0, 1].
 absl::StatusOr<TrainTest> LoadFashionMnist(const std::string& dir);

@@ -66,10 +66,7 @@ int main(int argc, char** argv) {
   if (!config.ok()) return Fail(std::string(config.status().message()));
 
   const std::string segment_flag = absl::GetFlag(FLAGS_segment);
-  int segment = -1;
-  for (int k = 0; k < config->model().segments_size(); ++k) {
-    if (config->model().segments(k).name() == segment_flag || std::to_string(k) == segment_flag) segment = k;
-  }
+  const int segment = segps::SegmentIndex(config->model(), segment_flag);
   if (segment < 0) {
     return Fail("--segment '" + segment_flag + "' names no segment of the config (give an index or a name)");
   }

@@ -52,12 +52,6 @@ TrainedModel ModelOfJob(const v1::JobConfig& config, std::vector<std::vector<flo
   return out;
 }
 
-void ApplyPreprocessing(const TrainedModel& model, Dataset* data) {
-  data->scale = model.input_scale;
-  data->mean = model.mean;
-  data->std = model.std;
-}
-
 absl::Status WriteModelSafetensors(const TrainedModel& model, const std::string& path) {
   absl::StatusOr<ShardMap> map = ShardMap::Create(model.model, 1);
   if (!map.ok()) return map.status();

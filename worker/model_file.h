@@ -51,9 +51,6 @@ absl::StatusOr<TrainedModel> ReadModelSafetensors(const std::string& path);
 // ensemble's), and "SEGMENT/probabilities" for each segment.
 absl::Status WriteModelOnnx(const TrainedModel& model, const std::string& path);
 
-// A data set's rows as this model reads them: scale and standardisation.
-void ApplyPreprocessing(const TrainedModel& model, Dataset* data);
-
 }  // namespace segps
 
 #endif  // SEGPS_WORKER_MODEL_FILE_H_

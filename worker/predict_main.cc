@@ -7,6 +7,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "common/config.h"
 #include "common/lock_checks.h"
 #include "worker/backend.h"
 #include "worker/dataset.h"
@@ -41,17 +42,15 @@ int main(int argc, char** argv) {
   }
   absl::StatusOr<segps::TrainedModel> model = segps::ReadModelSafetensors(absl::GetFlag(FLAGS_model));
   if (!model.ok()) return Fail(std::string(model.status().message()));
-  int segment = -1;
   const std::string wanted = absl::GetFlag(FLAGS_segment);
-  for (int k = 0; k < model->model.segments_size() && !wanted.empty(); ++k) {
-    if (model->model.segments(k).name() == wanted || std::to_string(k) == wanted) segment = k;
-  }
+  const int segment = wanted.empty() ? -1 : segps::SegmentIndex(model->model, wanted);
   if (!wanted.empty() && segment < 0) return Fail("--segment '" + wanted + "' names no segment of the model");
-  // Raw rows take the model's own scale, not the file's default.
+  // Raw rows, read as the training data was: the model's scale and standardisation.
   absl::StatusOr<segps::Dataset> input = segps::OpenNpyFeatures(
       absl::GetFlag(FLAGS_input), static_cast<int>(model->model.input_width()), model->input_scale);
   if (!input.ok()) return Fail(std::string(input.status().message()));
-  segps::ApplyPreprocessing(*model, &*input);
+  input->mean = model->mean;
+  input->std = model->std;
   std::unique_ptr<segps::Backend> backend = segps::CreateCpuBackend(absl::GetFlag(FLAGS_cpu_threads));
   absl::StatusOr<std::vector<float>> probs = segps::Predict(model->model, *input, model->params, segment, backend.get());
   if (!probs.ok()) return Fail(std::string(probs.status().message()));

@@ -293,6 +293,26 @@ TEST(NpyData, MapsOnlyTheRowsAskedFor) {
   EXPECT_EQ(mapped_bytes(), 0u);
 }
 
+// Mapping the window already mapped is free, but a window that failed its
+// check is never taken for a checked one.
+TEST(NpyData, AWindowThatFailedItsCheckFailsAgain) {
+  const std::string dir = TempDir();
+  WriteArray<float>(dir + "/x.npy", "<f4", {1, 2, 3, 4, std::nanf(""), 6}, {2, 3});
+  WriteArray<int32_t>(dir + "/y.npy", "<i4", {0, 1}, {2});
+  absl::StatusOr<TrainTest> data = LoadData(*FileJob(absl::StrCat(
+      "source: NPY train_x: \"", dir, "/x.npy\" train_y: \"", dir, "/y.npy\" test_x: \"", dir,
+      "/x.npy\" test_y: \"", dir, "/y.npy\"")));
+  ASSERT_TRUE(data.ok()) << data.status();
+  ASSERT_TRUE(data->train.MapRows({0, 1}).ok());
+  ASSERT_TRUE(data->train.MapRows({0, 1}).ok());  // the same window again
+  EXPECT_EQ(Row(data->train, 0), (std::vector<float>{1, 2, 3}));
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    EXPECT_NE(std::string(data->train.MapRows({0, 2}).message()).find("row 1 column 1: feature is nan"),
+              std::string::npos)
+        << "attempt " << attempt;
+  }
+}
+
 TEST(NpyData, TestFractionHoldsOutASeededSplitInFileOrder) {
   const std::string dir = TempDir();
   std::vector<float> x(3 * 1000);
@@ -412,6 +432,7 @@ TEST(CsvData, EachMalformedRowNamesFileLineAndColumn) {
       {"a,b,c,label\n1,2,3,0\n1,x2,3,0\n", "bad.csv: line 3 column 2 (\"b\"): 'x2' is not a number"},
       {"a,b,c,label\n1,nan,3,0\n", "bad.csv: line 2 column 2 (\"b\"): 'nan' is not finite"},
       {"a,b,c,label\n1,2,inf,0\n", "bad.csv: line 2 column 3 (\"c\"): 'inf' is not finite"},
+      {"a,b,c,label\n1,1e39,3,0\n", "bad.csv: line 2 column 2 (\"b\"): '1e39' is not finite as a float32"},
       {"a,b,c,label\n1,2,3,4\n", "bad.csv: line 2 column 4 (\"label\"): label '4' is not a class in [0, 4)"},
       {"a,b,c,label\n1,2,3,1.5\n", "label '1.5' is not a class in [0, 4)"},
       {"a,b,label\n1,2,0\n", "bad.csv: line 1: 2 feature columns (3 columns, one the label), but model.input_width is 3"},
