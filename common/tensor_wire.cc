@@ -6,10 +6,6 @@
 #include <memory>
 
 #include "absl/strings/str_cat.h"
-#include "google/protobuf/io/coded_stream.h"
-#include "google/protobuf/io/zero_copy_stream.h"
-#include "google/protobuf/io/zero_copy_stream_impl_lite.h"
-#include "google/protobuf/wire_format_lite.h"
 
 namespace segps {
 
@@ -20,72 +16,18 @@ static_assert(sizeof(float) == 4, "float32 payloads need 4-byte floats");
 
 namespace {
 
-using google::protobuf::internal::WireFormatLite;
-
-constexpr int kTensorDataField = v1::TensorSlice::kDataFieldNumber;
 // 32 KiB: stays in L1/L2 between the copy and the consumer's read.
 constexpr size_t kBlockFloats = 8192;
 
-// Reads a sequence of gRPC slices without copying them.
-class SliceInputStream final : public google::protobuf::io::ZeroCopyInputStream {
- public:
-  explicit SliceInputStream(const std::vector<grpc::Slice>& slices) : slices_(slices) {}
-
-  bool Next(const void** data, int* size) override {
-    while (index_ < slices_.size() && used_ == slices_[index_].size()) {
-      ++index_;
-      used_ = 0;
-    }
-    if (index_ == slices_.size()) return false;
-    const grpc::Slice& s = slices_[index_];
-    *data = s.begin() + used_;
-    *size = static_cast<int>(s.size() - used_);
-    position_ += s.size() - used_;
-    used_ = s.size();
-    return true;
-  }
-  void BackUp(int count) override {
-    used_ -= count;
-    position_ -= count;
-  }
-  bool Skip(int count) override {
-    const void* data;
-    int size;
-    while (count > 0) {
-      if (!Next(&data, &size)) return false;
-      if (size > count) {
-        BackUp(size - count);
-        return true;
-      }
-      count -= size;
-    }
-    return true;
-  }
-  int64_t ByteCount() const override { return static_cast<int64_t>(position_); }
-
- private:
-  const std::vector<grpc::Slice>& slices_;
-  size_t index_ = 0, used_ = 0, position_ = 0;
-};
-
-void AppendVarint(uint64_t value, std::string* out) {
-  while (value >= 0x80) {
-    out->push_back(static_cast<char>(value | 0x80));
-    value >>= 7;
-  }
-  out->push_back(static_cast<char>(value));
-}
-
-void AppendLengthTag(int field, uint64_t length, std::string* out) {
-  AppendVarint(WireFormatLite::MakeTag(field, WireFormatLite::WIRETYPE_LENGTH_DELIMITED), out);
-  AppendVarint(length, out);
-}
-
-absl::Status Malformed(absl::string_view why) {
-  return absl::InvalidArgumentError(absl::StrCat("malformed message: ", why));
-}
-
 }  // namespace
+
+Payload Payload::FromPieces(std::vector<absl::string_view> pieces, std::shared_ptr<const void> owner) {
+  Payload payload;
+  for (absl::string_view piece : pieces) payload.size_ += piece.size();
+  payload.pieces_ = std::move(pieces);
+  payload.owner_ = std::move(owner);
+  return payload;
+}
 
 Payload Payload::Borrow(absl::string_view bytes) {
   Payload payload;
@@ -247,91 +189,23 @@ void Payload::CopyTo(v1::DType dtype, absl::Span<float> out) const {
   }
 }
 
-grpc::Slice EncodeValues(absl::Span<const float> values, v1::DType dtype) {
-  if (dtype == v1::BFLOAT16 || dtype == v1::FLOAT16) {
-    uint16_t* halves = new uint16_t[values.size()];
-    if (dtype == v1::FLOAT16) {
-      ToFloat16(values, halves);
-    } else {
-      ToBfloat16(values, halves);
-    }
-    return grpc::Slice(halves, values.size() * sizeof(uint16_t), [](void* p) { delete[] static_cast<uint16_t*>(p); });
+void EncodeValuesTo(absl::Span<const float> values, v1::DType dtype, char* out) {
+  if (dtype == v1::FLOAT32) {
+    std::memcpy(out, values.data(), values.size() * sizeof(float));
+    return;
   }
-  float* copy = new float[values.size()];
-  std::copy(values.begin(), values.end(), copy);
-  return grpc::Slice(copy, values.size() * sizeof(float), [](void* p) { delete[] static_cast<float*>(p); });
-}
-
-grpc::ByteBuffer EncodeTensorMessage(const google::protobuf::MessageLite& header, int tensor_field,
-                                     const v1::TensorSlice& tensor, const grpc::Slice& data) {
-  std::string head = header.SerializeAsString();
-  std::string tensor_head = tensor.SerializeAsString();
-  std::string data_tag;
-  AppendLengthTag(kTensorDataField, data.size(), &data_tag);
-  AppendLengthTag(tensor_field, tensor_head.size() + data_tag.size() + data.size(), &head);
-  head += tensor_head;
-  head += data_tag;
-  const grpc::Slice slices[2] = {grpc::Slice(head), data};
-  return grpc::ByteBuffer(slices, 2);
-}
-
-absl::Status DecodeTensorMessage(const grpc::ByteBuffer& buffer, int tensor_field, google::protobuf::MessageLite* header,
-                                 v1::TensorSlice* tensor, Payload* payload) {
-  std::vector<grpc::Slice> slices;
-  if (!buffer.Valid() || !buffer.Dump(&slices).ok()) return Malformed("unreadable buffer");
-  const size_t total = buffer.Length();
-  SliceInputStream stream(slices);
-  google::protobuf::io::CodedInputStream input(&stream);
-  input.SetTotalBytesLimit(INT32_MAX);
-  std::string header_bytes, tensor_bytes;
-  google::protobuf::io::StringOutputStream header_out(&header_bytes), tensor_out(&tensor_bytes);
-  size_t data_at = 0, data_size = 0;
-  {
-    google::protobuf::io::CodedOutputStream header_fields(&header_out), tensor_fields(&tensor_out);
-    while (uint32_t tag = input.ReadTag()) {
-      if (WireFormatLite::GetTagFieldNumber(tag) != tensor_field ||
-          WireFormatLite::GetTagWireType(tag) != WireFormatLite::WIRETYPE_LENGTH_DELIMITED) {
-        if (!WireFormatLite::SkipField(&input, tag, &header_fields)) return Malformed("bad field");
-        continue;
-      }
-      uint32_t length = 0;
-      if (!input.ReadVarint32(&length)) return Malformed("bad tensor length");
-      const auto limit = input.PushLimit(static_cast<int>(length));
-      while (uint32_t inner = input.ReadTag()) {
-        if (WireFormatLite::GetTagFieldNumber(inner) != kTensorDataField ||
-            WireFormatLite::GetTagWireType(inner) != WireFormatLite::WIRETYPE_LENGTH_DELIMITED) {
-          if (!WireFormatLite::SkipField(&input, inner, &tensor_fields)) return Malformed("bad tensor field");
-          continue;
-        }
-        uint32_t size = 0;
-        if (!input.ReadVarint32(&size)) return Malformed("bad data length");
-        data_at = static_cast<size_t>(input.CurrentPosition());
-        data_size = size;
-        if (!input.Skip(static_cast<int>(size))) return Malformed("tensor data runs past the end");
-      }
-      // ReadTag returns 0 both at a clean end and on a bad tag: tell them apart.
-      if (!input.ConsumedEntireMessage() || input.BytesUntilLimit() != 0) return Malformed("bad tensor field");
-      input.PopLimit(limit);
-    }
-    if (!input.ConsumedEntireMessage()) return Malformed("bad field");
+  // Aligned when `out` is (new[] and std::string data are): else via blocks.
+  if (reinterpret_cast<uintptr_t>(out) % alignof(uint16_t) == 0) {
+    uint16_t* halves = reinterpret_cast<uint16_t*>(out);
+    dtype == v1::FLOAT16 ? ToFloat16(values, halves) : ToBfloat16(values, halves);
+    return;
   }
-  if (static_cast<size_t>(input.CurrentPosition()) != total) return Malformed("trailing bytes");
-  if (!header->ParseFromString(header_bytes)) return Malformed("bad header fields");
-  if (!tensor->ParseFromString(tensor_bytes)) return Malformed("bad tensor fields");
-
-  Payload result;
-  result.size_ = data_size;
-  size_t at = 0;
-  for (const grpc::Slice& s : slices) {
-    const size_t begin = std::max(at, data_at), end = std::min(at + s.size(), data_at + data_size);
-    if (begin < end) {
-      result.pieces_.emplace_back(reinterpret_cast<const char*>(s.begin()) + (begin - at), end - begin);
-    }
-    at += s.size();
+  std::vector<uint16_t> block(std::min(values.size(), kBlockFloats));
+  for (size_t at = 0; at < values.size(); at += block.size()) {
+    const absl::Span<const float> part = values.subspan(at, block.size());
+    dtype == v1::FLOAT16 ? ToFloat16(part, block.data()) : ToBfloat16(part, block.data());
+    std::memcpy(out + at * sizeof(uint16_t), block.data(), part.size() * sizeof(uint16_t));
   }
-  result.owners_ = std::move(slices);
-  *payload = std::move(result);
-  return absl::OkStatus();
 }
 
 namespace {

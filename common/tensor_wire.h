@@ -1,20 +1,14 @@
-// Tensor payloads on the wire: a TensorSlice's data travels as packed
-// little-endian float32 (or bfloat16 or float16, half the bytes) and is
-// never copied on its way through protobuf and gRPC. A sender hands gRPC the
-// tensor's own buffer as one slice beside a small serialised header; a
-// receiver reads the header and leaves the data in the slices it arrived in,
-// reading it from there once. A sparse slice (gradients only) adds the
-// positions of its values; the rest of it reads as zeros (DenseView).
-//
-// The bytes are ordinary protobuf: a PushRequest built here parses with any
-// protobuf library, and a PushRequest from any client decodes here.
+// Tensor payloads, independent of any transport: a TensorSlice's data is
+// packed little-endian float32 (or bfloat16 or float16, half the bytes),
+// held as byte pieces where the transport received them (Payload) and read
+// from there once. A sparse slice (gradients only) adds the positions of its
+// values; the rest of it reads as zeros (DenseView). How gRPC carries them
+// without a copy is in tensor_wire_grpc.h.
 #ifndef SEGPS_COMMON_TENSOR_WIRE_H_
 #define SEGPS_COMMON_TENSOR_WIRE_H_
 
-#include <grpcpp/support/byte_buffer.h>
-#include <grpcpp/support/slice.h>
-
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -24,24 +18,20 @@
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "common/half_float.h"
-#include "google/protobuf/message_lite.h"
 #include "segps/v1/parameter_server.pb.h"
 
 namespace segps {
 
-// The gRPC method paths of the calls that carry tensors.
-inline constexpr char kPullMethod[] = "/segps.v1.ParameterServer/Pull";
-inline constexpr char kPushMethod[] = "/segps.v1.ParameterServer/Push";
-inline constexpr char kPushStreamMethod[] = "/segps.v1.ParameterServer/PushStream";
-inline constexpr char kPullStreamMethod[] = "/segps.v1.ParameterServer/PullStream";
-
-// The data of a tensor slice: byte pieces in order, held in the gRPC slices
-// they arrived in (kept alive here) or borrowed from the caller.
+// The data of a tensor slice: byte pieces in order, held in the buffers
+// they arrived in (kept alive by an owner shared among copies) or borrowed
+// from the caller.
 class Payload {
  public:
   Payload() = default;
   // Borrows `bytes`: the caller keeps them alive while the payload is used.
   static Payload Borrow(absl::string_view bytes);
+  // `pieces` in order, kept valid by `owner` (e.g. the transport's buffers).
+  static Payload FromPieces(std::vector<absl::string_view> pieces, std::shared_ptr<const void> owner);
 
   size_t size() const { return size_; }
 
@@ -64,8 +54,6 @@ class Payload {
   bool HasNonFinite16(v1::DType dtype) const;
 
  private:
-  friend absl::Status DecodeTensorMessage(const grpc::ByteBuffer&, int, google::protobuf::MessageLite*,
-                                          v1::TensorSlice*, Payload*);
   // Calls fn(first, p, n) over consecutive runs, covering elements [begin,
   // end), of n (<= a block) whole elements of `width` bytes at p, the first
   // of them element `first`; an element split between pieces comes alone,
@@ -75,7 +63,7 @@ class Payload {
   // Whole elements of `width` bytes held (none for an unknown dtype's 0).
   size_t Elements(size_t width) const { return width == 0 ? 0 : size_ / width; }
 
-  std::vector<grpc::Slice> owners_;
+  std::shared_ptr<const void> owner_;
   std::vector<absl::string_view> pieces_;
   size_t size_ = 0;
 };
@@ -84,22 +72,9 @@ class Payload {
 // BFLOAT16, FLOAT16); 0 for any other.
 size_t DTypeBytes(v1::DType dtype);
 
-// `values` copied into a new slice as elements of `dtype` (a dtype
-// DTypeBytes knows), for gRPC to send.
-grpc::Slice EncodeValues(absl::Span<const float> values, v1::DType dtype);
-
-// `header` (which leaves field `tensor_field` unset) followed by `tensor`
-// (whose data is unset) in field `tensor_field`, with `data` as the tensor's
-// data. `data` is referenced, not copied.
-grpc::ByteBuffer EncodeTensorMessage(const google::protobuf::MessageLite& header, int tensor_field,
-                                     const v1::TensorSlice& tensor, const grpc::Slice& data);
-
-// The inverse: parses every field but `tensor_field` into `header`, the
-// tensor's fields but data into `tensor`, and its data into `payload`, which
-// keeps the buffer's slices alive rather than copying them. INVALID_ARGUMENT
-// on bytes that are not such a message.
-absl::Status DecodeTensorMessage(const grpc::ByteBuffer& buffer, int tensor_field, google::protobuf::MessageLite* header,
-                                 v1::TensorSlice* tensor, Payload* payload);
+// Writes `values` as elements of `dtype` (a dtype DTypeBytes knows) to
+// `out`, which has room for values.size() * DTypeBytes(dtype) bytes.
+void EncodeValuesTo(absl::Span<const float> values, v1::DType dtype, char* out);
 
 // Checks that `slice` has a dtype DTypeBytes knows, lies within
 // [range_offset, range_offset + range_count), and that `payload_bytes` holds

@@ -92,7 +92,8 @@ int main(int argc, char** argv) {
     std::cout << "segps-server metrics on http://" << metrics_endpoint->address() << "/metrics" << std::endl;
   }
   absl::StatusOr<std::unique_ptr<segps::ParameterServer>> server =
-      segps::ParameterServer::Create(*config, static_cast<uint32_t>(index), metrics.get(), apply_threads);
+      segps::ParameterServer::Create(*config, static_cast<uint32_t>(index),
+                                     {.metrics = metrics.get(), .apply_threads = apply_threads});
   if (!server.ok()) {
     std::cerr << "segps-server: " << server.status().message() << "\n";
     return 1;

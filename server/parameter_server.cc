@@ -5,7 +5,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/config.h"
-#include "common/status_macros.h"
 #include "common/tensor_wire.h"
 #include "server/optimizer.h"
 
@@ -14,26 +13,51 @@ namespace {
 
 // Values in their wire dtype as a string, for the whole-message calls.
 void ReadInto(std::string* bytes, absl::Span<const float> values, v1::DType dtype) {
-  const grpc::Slice encoded = EncodeValues(values, dtype);
-  bytes->assign(reinterpret_cast<const char*>(encoded.begin()), encoded.size());
+  bytes->resize(values.size() * DTypeBytes(dtype));
+  EncodeValuesTo(values, dtype, bytes->data());
+}
+
+// Runs `call` (which completes through the Done it is given) and waits for it.
+absl::Status Wait(absl::FunctionRef<void(ParameterServer::Done)> call) {
+  Latch done(1);
+  absl::Status status;
+  call([&](absl::Status s) {
+    status = std::move(s);
+    done.CountDown();
+  });
+  done.Wait();
+  return status;
 }
 
 }  // namespace
 
-ParameterServer::ParameterServer(v1::JobConfig config, uint32_t index, ShardMap map, ServerMetrics* metrics)
+ParameterServer::ParameterServer(v1::JobConfig config, uint32_t index, ShardMap map, const ServerOptions& options)
     : config_(std::move(config)), index_(index), map_(std::move(map)),
       model_fingerprint_(ModelFingerprint(config_)),
-      max_wait_(absl::Milliseconds(config_.cluster().pull_wait_ms())), metrics_(metrics) {}
+      max_wait_(absl::Milliseconds(config_.cluster().pull_wait_ms())), metrics_(options.metrics),
+      clock_(options.clock) {}
 
-absl::StatusOr<std::unique_ptr<ParameterServer>> ParameterServer::Create(
-    const v1::JobConfig& config, uint32_t index, ServerMetrics* metrics, int apply_threads) {
+ParameterServer::~ParameterServer() {
+  if (!ticker_.joinable()) return;
+  {
+    MutexLock lock(&ticker_mu_);
+    ticker_stop_ = true;
+  }
+  ticker_wake_.SignalAll();
+  ticker_.join();
+}
+
+absl::StatusOr<std::unique_ptr<ParameterServer>> ParameterServer::Create(const v1::JobConfig& config,
+                                                                         uint32_t index,
+                                                                         const ServerOptions& server_options) {
+  const int apply_threads = server_options.apply_threads;
   if (index >= config.cluster().num_servers()) {
     return absl::InvalidArgumentError(absl::StrCat("server index ", index, " is out of range: the config has ",
                                                    config.cluster().num_servers(), " servers"));
   }
   absl::StatusOr<ShardMap> map = ShardMap::Create(config.model(), config.cluster().num_servers());
   if (!map.ok()) return map.status();
-  std::unique_ptr<ParameterServer> server(new ParameterServer(config, index, *std::move(map), metrics));
+  std::unique_ptr<ParameterServer> server(new ParameterServer(config, index, *std::move(map), server_options));
   const int segments = server->map_.num_segments();
   if (apply_threads > 1) server->apply_pool_ = std::make_unique<ApplyPool>(apply_threads);
   server->rejected_ = std::make_unique<std::atomic<uint64_t>[]>(segments + 1);
@@ -46,6 +70,7 @@ absl::StatusOr<std::unique_ptr<ParameterServer>> ParameterServer::Create(
     options.lease = absl::Milliseconds(config.cluster().lease_ms());
     options.momentum_lookahead = config.optimizer().momentum_lookahead();
     options.apply_pool = server->apply_pool_.get();
+    options.clock = server_options.clock;
     std::vector<float> values(options.range.count);
     InitializeRange(server->map_, k, options.range.offset, config.seed(), values.data(),
                     values.size());
@@ -54,6 +79,16 @@ absl::StatusOr<std::unique_ptr<ParameterServer>> ParameterServer::Create(
     if (!optimizer.ok()) return optimizer.status();
     server->shards_.push_back(
         std::make_unique<SegmentShard>(options, std::move(values), *std::move(optimizer)));
+  }
+  if (server_options.tick > absl::ZeroDuration()) {
+    ParameterServer* const s = server.get();
+    s->ticker_ = std::thread([s, period = server_options.tick] {
+      MutexLock lock(&s->ticker_mu_);
+      while (!s->ticker_stop_) {
+        s->ticker_wake_.WaitWithDeadline(&s->ticker_mu_, absl::Now() + period);
+        s->Tick();
+      }
+    });
   }
   return server;
 }
@@ -122,118 +157,169 @@ absl::Status ParameterServer::Register(const v1::RegisterRequest& request,
   return absl::OkStatus();
 }
 
-absl::Status ParameterServer::Pull(const v1::PullRequest& request, absl::Time deadline,
-                                   ReadValues read, v1::PullResponse* response) {
+void ParameterServer::Pull(const v1::PullRequest& request, absl::Time deadline, ReadValues read,
+                           v1::PullResponse* response, Done done) {
   absl::StatusOr<SegmentShard*> shard = ShardFor(request.segment(), "Pull");
-  if (!shard.ok()) return Reject(request.segment(), shard.status());
+  if (!shard.ok()) return std::move(done)(Reject(request.segment(), shard.status()));
   if (request.reader() != (request.worker_id() == 0)) {
-    return Reject(request.segment(), absl::InvalidArgumentError(
-        "Pull: a reader pull has worker_id 0 and a worker pull has its registered worker_id"));
+    return std::move(done)(Reject(request.segment(), absl::InvalidArgumentError(
+        "Pull: a reader pull has worker_id 0 and a worker pull has its registered worker_id")));
   }
   const Range range = map_.range(request.segment(), index_);
   Range chunk = range;
   if (request.count() != 0) {
     chunk = {request.offset(), request.count()};
     if (chunk.offset < range.offset || chunk.count > range.count || chunk.offset - range.offset > range.count - chunk.count) {
-      return Reject(request.segment(), absl::InvalidArgumentError(absl::StrCat(
+      return std::move(done)(Reject(request.segment(), absl::InvalidArgumentError(absl::StrCat(
           "Pull: range [", chunk.offset, ", ", chunk.offset + chunk.count, ") is not within this server's shard [",
-          range.offset, ", ", range.end(), ")")));
+          range.offset, ", ", range.end(), ")"))));
     }
   }
   const v1::DType dtype = request.dtype() == v1::DTYPE_UNSPECIFIED ? v1::FLOAT32 : request.dtype();
   if (DTypeBytes(dtype) == 0) {
-    return Reject(request.segment(), absl::InvalidArgumentError(absl::StrCat(
+    return std::move(done)(Reject(request.segment(), absl::InvalidArgumentError(absl::StrCat(
         "Pull: dtype ", static_cast<int>(dtype), " (", v1::DType_Name(dtype),
-        ") is not supported; ask for FLOAT32, BFLOAT16 or FLOAT16")));
+        ") is not supported; ask for FLOAT32, BFLOAT16 or FLOAT16"))));
   }
   const absl::Time start = absl::Now();
-  absl::StatusOr<PullResult> result = (*shard)->Pull(
-      request.worker_id(), request.clock(), chunk.offset - range.offset, chunk.count,
-      [&](absl::Span<const float> values) { read(values, dtype); }, deadline);
-  if (!result.ok()) {
-    return absl::IsUnavailable(result.status()) ? result.status()
-                                                : Reject(request.segment(), result.status());
-  }
-  response->set_clock(result->clock);
-  response->set_updates(result->updates);
-  v1::TensorSlice* values = response->mutable_values();
+  const uint32_t segment = request.segment();
+  const uint64_t clock = request.clock();
+  const bool reader = request.reader();
+  (*shard)->Pull(
+      request.worker_id(), clock, chunk.offset - range.offset, chunk.count, deadline,
+      [read = std::move(read), dtype](absl::Span<const float> values) mutable { read(values, dtype); },
+      [this, response, done = std::move(done), start, segment, clock, reader, chunk,
+       dtype](absl::StatusOr<PullResult> result) mutable {
+        if (!result.ok()) {
+          return std::move(done)(absl::IsUnavailable(result.status()) ? result.status()
+                                                                      : Reject(segment, result.status()));
+        }
+        response->set_clock(result->clock);
+        response->set_updates(result->updates);
+        FillValues(chunk, dtype, response->mutable_values());
+        ObservePull(segment, start, chunk.count * DTypeBytes(dtype),
+                    reader || clock <= result->clock ? 0 : clock - result->clock, result->blocked);
+        std::move(done)(absl::OkStatus());
+      });
+}
+
+void ParameterServer::FillValues(Range chunk, v1::DType dtype, v1::TensorSlice* values) {
   values->set_offset(chunk.offset);
   values->set_count(chunk.count);
   values->set_dtype(dtype);
-  if (metrics_ != nullptr) {
-    const uint64_t staleness = request.reader() || request.clock() <= result->clock ? 0 : request.clock() - result->clock;
-    metrics_->ObservePull(static_cast<int>(request.segment()), absl::ToDoubleSeconds(absl::Now() - start),
-                          chunk.count * DTypeBytes(dtype), staleness, absl::ToDoubleSeconds(result->blocked));
-  }
-  return absl::OkStatus();
+}
+
+void ParameterServer::ObservePull(uint32_t segment, absl::Time start, size_t bytes, uint64_t staleness,
+                                  absl::Duration blocked) {
+  if (metrics_ == nullptr) return;
+  metrics_->ObservePull(static_cast<int>(segment), absl::ToDoubleSeconds(absl::Now() - start), bytes, staleness,
+                        absl::ToDoubleSeconds(blocked));
 }
 
 absl::Status ParameterServer::Pull(const v1::PullRequest& request, absl::Time deadline, v1::PullResponse* response) {
   std::string data;
-  absl::Status status = Pull(
-      request, deadline, [&](absl::Span<const float> values, v1::DType dtype) { ReadInto(&data, values, dtype); },
-      response);
+  absl::Status status = Wait([&](Done done) {
+    Pull(
+        request, deadline, [&](absl::Span<const float> values, v1::DType dtype) { ReadInto(&data, values, dtype); },
+        response, std::move(done));
+  });
   if (status.ok()) *response->mutable_values()->mutable_data() = std::move(data);
   return status;
 }
 
-absl::Status ParameterServer::Push(const v1::PushRequest& request, const Payload& data, absl::Time deadline,
-                                   ReadValues read, v1::PushResponse* response) {
+void ParameterServer::Push(const v1::PushRequest& request, Payload data, absl::Time deadline, ReadValues read,
+                           v1::PushResponse* response, Done done) {
   absl::StatusOr<SegmentShard*> shard = ShardFor(request.segment(), "Push");
-  if (!shard.ok()) return Reject(request.segment(), shard.status());
+  if (!shard.ok()) return std::move(done)(Reject(request.segment(), shard.status()));
   const Range range = map_.range(request.segment(), index_);
   const v1::TensorSlice& gradient = request.gradient();
   absl::Status valid = ValidateTensorSlice(gradient, data.size(), range.offset, range.count, "Push gradient");
-  if (!valid.ok()) return Reject(request.segment(), valid);
+  if (!valid.ok()) return std::move(done)(Reject(request.segment(), valid));
   if (gradient.count() == 0 && range.count > 0) {
-    return Reject(request.segment(), absl::InvalidArgumentError("Push gradient: empty chunk"));
+    return std::move(done)(Reject(request.segment(), absl::InvalidArgumentError("Push gradient: empty chunk")));
   }
-  const DenseView grad(gradient, data);
+  // The gradient's bytes and the view of them stay where they are until the push completes.
+  struct Gradient {
+    Gradient(const v1::TensorSlice& slice, Payload bytes) : data(std::move(bytes)), view(slice, data) {}
+    Payload data;
+    DenseView view;
+  };
+  auto grad = std::make_unique<Gradient>(gradient, std::move(data));
   // Checked before anything is applied, so that a bad push changes nothing.
-  if (std::optional<DenseView::Element> bad = grad.FirstNonFinite()) {
+  if (std::optional<DenseView::Element> bad = grad->view.FirstNonFinite()) {
     // float16 turns magnitudes beyond its range into infinity on the way.
     const bool overflow = gradient.dtype() == v1::FLOAT16 && std::isinf(bad->value);
-    return Reject(request.segment(), absl::InvalidArgumentError(absl::StrCat(
+    return std::move(done)(Reject(request.segment(), absl::InvalidArgumentError(absl::StrCat(
         "Push gradient: element ", gradient.offset() + bad->at, " of segment ", request.segment(), " is ",
         bad->value, overflow ? " (beyond float16's 65504: use wire_dtype FLOAT32 or BFLOAT16)" : "",
-        "; gradients must be finite (nothing was applied)")));
+        "; gradients must be finite (nothing was applied)"))));
   }
   const absl::Time start = absl::Now();
-  absl::StatusOr<PushResult> result =
-      (*shard)->Push(request.worker_id(), request.clock(), gradient.offset() - range.offset, grad, deadline);
-  if (!result.ok()) return Reject(request.segment(), result.status());
-  response->set_applied(result->applied);
-  response->set_next_clock(result->next_clock);
-  if (metrics_ != nullptr) {
-    const int segment = static_cast<int>(request.segment());
-    const size_t bytes = data.size() + gradient.indices().size();  // a sparse push's positions count too
-    metrics_->ObservePush(segment, absl::ToDoubleSeconds(absl::Now() - start), bytes, result->applied,
-                          absl::ToDoubleSeconds(result->apply));
-    metrics_->ObserveWorkerClock(segment, result->rank, result->next_clock);
+  const uint32_t segment = request.segment();
+  const uint64_t clock = request.clock();
+  const Range chunk{gradient.offset(), gradient.count()};
+  const v1::DType dtype = gradient.dtype();
+  // A sparse push's positions count too.
+  const size_t bytes = grad->data.size() + gradient.indices().size();
+  ReadRange pull_read;
+  if (request.pull()) {
+    pull_read = [read = std::move(read), dtype](absl::Span<const float> values) mutable { read(values, dtype); };
   }
-  if (!request.pull()) return absl::OkStatus();
-  v1::PullRequest pull;
-  pull.set_segment(request.segment());
-  pull.set_worker_id(request.worker_id());
-  pull.set_clock(request.clock() + 1);
-  pull.set_offset(gradient.offset());
-  pull.set_count(gradient.count());
-  pull.set_dtype(gradient.dtype());
-  v1::PullResponse pulled;
-  SEGPS_RETURN_IF_ERROR(Pull(pull, deadline, read, &pulled));
-  *response->mutable_values() = std::move(*pulled.mutable_values());
-  response->set_clock(pulled.clock());
-  response->set_updates(pulled.updates());
-  return absl::OkStatus();
+  const DenseView* view = &grad->view;
+  (*shard)->Push(
+      request.worker_id(), clock, chunk.offset - range.offset, view, deadline, std::move(pull_read),
+      [this, response, done = std::move(done), grad = std::move(grad), start, segment, clock, chunk, dtype,
+       bytes](absl::StatusOr<PushResult> result) mutable {
+        grad.reset();  // the shard is done with it
+        if (!result.ok()) {
+          return std::move(done)(absl::IsUnavailable(result.status()) ? result.status()
+                                                                      : Reject(segment, result.status()));
+        }
+        response->set_applied(result->applied);
+        response->set_next_clock(result->next_clock);
+        if (metrics_ != nullptr) {
+          metrics_->ObservePush(static_cast<int>(segment), absl::ToDoubleSeconds(absl::Now() - start), bytes,
+                                result->applied, absl::ToDoubleSeconds(result->apply));
+          metrics_->ObserveWorkerClock(static_cast<int>(segment), result->rank, result->next_clock);
+        }
+        if (result->pulled.has_value()) {
+          const PullResult& pulled = *result->pulled;
+          response->set_clock(pulled.clock);
+          response->set_updates(pulled.updates);
+          FillValues(chunk, dtype, response->mutable_values());
+          ObservePull(segment, start, chunk.count * DTypeBytes(dtype),
+                      clock + 1 <= pulled.clock ? 0 : clock + 1 - pulled.clock, pulled.blocked);
+        }
+        std::move(done)(absl::OkStatus());
+      });
 }
 
 absl::Status ParameterServer::Push(const v1::PushRequest& request, absl::Time deadline, v1::PushResponse* response) {
   std::string data;
-  absl::Status status = Push(
-      request, Payload::Borrow(request.gradient().data()), deadline,
-      [&](absl::Span<const float> values, v1::DType dtype) { ReadInto(&data, values, dtype); }, response);
+  absl::Status status = Wait([&](Done done) {
+    Push(
+        request, Payload::Borrow(request.gradient().data()), deadline,
+        [&](absl::Span<const float> values, v1::DType dtype) { ReadInto(&data, values, dtype); }, response,
+        std::move(done));
+  });
   if (status.ok() && request.pull()) *response->mutable_values()->mutable_data() = std::move(data);
   return status;
+}
+
+void ParameterServer::Tick() {
+  for (auto& shard : shards_) shard->Tick();
+}
+
+void ParameterServer::Drain() {
+  for (auto& shard : shards_) {
+    shard->Drain(absl::StrCat("server ", index_, " is shutting down; retry with the server that replaces it"));
+  }
+}
+
+size_t ParameterServer::Waiting() {
+  size_t waiting = 0;
+  for (auto& shard : shards_) waiting += shard->Waiting();
+  return waiting;
 }
 
 absl::Status ParameterServer::Heartbeat(const v1::HeartbeatRequest& request,

@@ -10,12 +10,15 @@
 #include <atomic>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
-#include "absl/functional/function_ref.h"
+#include "absl/functional/any_invocable.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/clock.h"
 #include "common/shard_map.h"
+#include "common/sync.h"
 #include "common/tensor_wire.h"
 #include "segps/v1/config.pb.h"
 #include "segps/v1/parameter_server.pb.h"
@@ -25,48 +28,73 @@
 
 namespace segps {
 
+struct ServerOptions {
+  ServerMetrics* metrics = nullptr;  // when given, must outlive the server
+  // Threads a push's update is split over.
+  int apply_threads = 1;
+  // Time for leases and deadlines; must outlive the server.
+  Clock* clock = Clock::Real();
+  // How often a thread of the server's own moves leases and deadlines on
+  // (Tick). Zero: no thread (tests with a FakeClock call Tick themselves).
+  absl::Duration tick = absl::Milliseconds(10);
+};
+
 class ParameterServer {
  public:
   // `config` must come from LoadConfig. Allocates and initialises this
-  // server's ranges of every segment. `metrics`, when given, must outlive
-  // the server. A push's update is split over up to `apply_threads`.
-  static absl::StatusOr<std::unique_ptr<ParameterServer>> Create(const v1::JobConfig& config,
-                                                                 uint32_t index,
-                                                                 ServerMetrics* metrics = nullptr,
-                                                                 int apply_threads = 1);
+  // server's ranges of every segment.
+  static absl::StatusOr<std::unique_ptr<ParameterServer>> Create(const v1::JobConfig& config, uint32_t index,
+                                                                 const ServerOptions& options = {});
+  ~ParameterServer();
 
   // Each call validates its request; a rejected call changes nothing.
-  // `deadline` bounds any wait (the client's deadline, capped by
-  // cluster.pull_wait_ms).
   absl::Status Register(const v1::RegisterRequest& request, v1::RegisterResponse* response);
-  //
-  // Pull fills `response` but for values' data: it hands the values and
-  // their wire dtype to `read` (under the shard's lock) once the request is
-  // valid and the staleness bound allows.
-  using ReadValues = absl::FunctionRef<void(absl::Span<const float> values, v1::DType dtype)>;
-  absl::Status Pull(const v1::PullRequest& request, absl::Time deadline, ReadValues read,
-                    v1::PullResponse* response);
-  // Push reads the gradient's data from `data`, not from the request. With
-  // request.pull, the values for clock + 1 go to `read` as Pull's.
-  absl::Status Push(const v1::PushRequest& request, const Payload& data, absl::Time deadline, ReadValues read,
-                    v1::PushResponse* response);
-  // The same for whole messages (values' data in the responses, gradient's in the request).
+
+  // Pull and Push complete through `done`, exactly once: at once, or when
+  // the staleness bound (or a push's predecessor) allows, or with
+  // UNAVAILABLE at `deadline` (the client's deadline, capped by
+  // cluster.pull_wait_ms). No thread waits meanwhile. `response` must stay
+  // valid until `done` runs; it is filled but for values' data, which goes
+  // with its wire dtype to `read` (under the shard's lock) once the request
+  // is valid and the bound allows.
+  using ReadValues = absl::AnyInvocable<void(absl::Span<const float> values, v1::DType dtype)>;
+  using Done = absl::AnyInvocable<void(absl::Status) &&>;
+  void Pull(const v1::PullRequest& request, absl::Time deadline, ReadValues read, v1::PullResponse* response,
+            Done done);
+  // Push reads the gradient's data from `data` (kept until `done`), not
+  // from the request. With request.pull, the push and the pull of the same
+  // elements for clock + 1 are one operation on the shard; the values go to
+  // `read` as Pull's.
+  void Push(const v1::PushRequest& request, Payload data, absl::Time deadline, ReadValues read,
+            v1::PushResponse* response, Done done);
+  // Blocking forms for whole messages (values' data in the responses,
+  // gradient's in the request), for tools and tests on the real clock.
   absl::Status Pull(const v1::PullRequest& request, absl::Time deadline, v1::PullResponse* response);
   absl::Status Push(const v1::PushRequest& request, absl::Time deadline, v1::PushResponse* response);
   absl::Status Heartbeat(const v1::HeartbeatRequest& request, v1::HeartbeatResponse* response);
   absl::Status Leave(const v1::LeaveRequest& request);
   void Stats(v1::StatsResponse* response);
 
+  // Moves every shard's leases and deadlines on to the clock's time.
+  void Tick();
+  // Answers every waiting call with UNAVAILABLE and waits no more (shutdown).
+  void Drain();
+  // Calls waiting in the shards now.
+  size_t Waiting();
+
   uint32_t index() const { return index_; }
   const v1::JobConfig& config() const { return config_; }
   const ShardMap& shard_map() const { return map_; }
   absl::Duration max_wait() const { return max_wait_; }
+  Clock* clock() const { return clock_; }
   SegmentShard& shard(int segment) { return *shards_[segment]; }
 
  private:
-  ParameterServer(v1::JobConfig config, uint32_t index, ShardMap map, ServerMetrics* metrics);
+  ParameterServer(v1::JobConfig config, uint32_t index, ShardMap map, const ServerOptions& options);
   absl::StatusOr<SegmentShard*> ShardFor(uint32_t segment, const char* call);
   absl::Status Reject(uint32_t segment, absl::Status status);
+  static void FillValues(Range chunk, v1::DType dtype, v1::TensorSlice* values);
+  void ObservePull(uint32_t segment, absl::Time start, size_t bytes, uint64_t staleness, absl::Duration blocked);
 
   const v1::JobConfig config_;
   const uint32_t index_;
@@ -74,10 +102,16 @@ class ParameterServer {
   const std::string model_fingerprint_;
   const absl::Duration max_wait_;
   ServerMetrics* const metrics_;  // may be null
+  Clock* const clock_;
   std::unique_ptr<ApplyPool> apply_pool_;  // null with one apply thread; outlives the shards
   std::vector<std::unique_ptr<SegmentShard>> shards_;
   std::unique_ptr<std::atomic<uint64_t>[]> rejected_;
   std::atomic<uint64_t> next_worker_id_{1};
+
+  Mutex ticker_mu_;
+  CondVar ticker_wake_;
+  bool ticker_stop_ ABSL_GUARDED_BY(ticker_mu_) = false;
+  std::thread ticker_;  // joinable when options.tick > 0
 };
 
 }  // namespace segps

@@ -27,37 +27,63 @@ SegmentShard::SegmentShard(const ShardOptions& options, std::vector<float> initi
                            std::unique_ptr<Optimizer> optimizer)
     : options_(options), values_(std::move(initial)), optimizer_(std::move(optimizer)) {}
 
-absl::Time SegmentShard::ExpireLeases(absl::Time now) {
-  absl::Time earliest = absl::InfiniteFuture();
-  for (auto& [id, w] : workers_) {
-    if (!w.live) continue;
-    const absl::Time expiry = w.last_seen + options_.lease;
-    if (expiry <= now) {
-      w.live = false;
-      changed_.SignalAll();
-    } else {
-      earliest = std::min(earliest, expiry);
-    }
+void SegmentShard::SetLive(Worker* w, bool live) {
+  if (w->live == live) return;
+  w->live = live;
+  if (live) {
+    ++live_clocks_[w->next_clock];
+    ++live_;
+    return;
   }
-  return earliest;
+  auto at = live_clocks_.find(w->next_clock);
+  if (--at->second == 0) live_clocks_.erase(at);
+  --live_;
+}
+
+void SegmentShard::ExpireLeases(absl::Time now) {
+  // A worker waiting on its peers is alive: its lease runs while it waits.
+  auto renew = [&](const Waiter& waiter) {
+    auto it = workers_.find(waiter.id);
+    if (it != workers_.end() && it->second.live) it->second.last_seen = now;
+  };
+  for (const auto& [needed, waiter] : pulls_waiting_) renew(*waiter);
+  for (const auto& waiter : pushes_waiting_) renew(*waiter);
+  for (auto& [id, w] : workers_) {
+    if (w.live && w.last_seen + options_.lease <= now) SetLive(&w, false);
+  }
+}
+
+void SegmentShard::Erase(std::map<uint64_t, Worker>::iterator it, Completions* ready) {
+  SetLive(&it->second, false);
+  const uint64_t id = it->first;
+  workers_.erase(it);
+  FailWaitsOf(id, ready);
 }
 
 uint64_t SegmentShard::SegmentClock() const {
-  uint64_t clock = std::numeric_limits<uint64_t>::max();
-  for (const auto& [id, w] : workers_) {
-    if (w.live) clock = std::min(clock, w.next_clock);
-  }
-  return clock == std::numeric_limits<uint64_t>::max() ? highest_clock_ : clock;
+  return live_clocks_.empty() ? highest_clock_ : live_clocks_.begin()->first;
 }
 
 uint64_t SegmentShard::ClockOf(uint64_t end) const {
+  if (end == 0 || end >= options_.range.count) return SegmentClock();
   uint64_t clock = std::numeric_limits<uint64_t>::max();
   for (const auto& [id, w] : workers_) {
     if (!w.live) continue;
     // A step partly applied counts for the elements its chunks already cover.
-    clock = std::min(clock, w.next_clock + (end > 0 && w.applied >= end ? 1 : 0));
+    clock = std::min(clock, w.next_clock + (w.applied >= end ? 1 : 0));
   }
   return clock == std::numeric_limits<uint64_t>::max() ? highest_clock_ : clock;
+}
+
+uint64_t SegmentShard::Needed(uint64_t clock) const {
+  return options_.staleness < 0 || clock <= static_cast<uint64_t>(options_.staleness)
+             ? 0
+             : clock - static_cast<uint64_t>(options_.staleness);
+}
+
+bool SegmentShard::BoundAllows(uint64_t clock, uint64_t end) const {
+  const uint64_t needed = Needed(clock);
+  return SegmentClock() >= needed || ClockOf(end) >= needed;
 }
 
 uint64_t SegmentShard::Laggard() const {
@@ -71,6 +97,12 @@ uint64_t SegmentShard::Laggard() const {
   return laggard;
 }
 
+absl::Status SegmentShard::BehindBound(uint64_t clock) const {
+  return absl::UnavailableError(absl::StrCat(
+      "Pull: segment ", options_.segment, " clock ", SegmentClock(), " is below ", Needed(clock),
+      " needed for clock ", clock, " with staleness ", options_.staleness, "; waiting for worker ", Laggard()));
+}
+
 absl::StatusOr<SegmentShard::Worker*> SegmentShard::FindLive(uint64_t id, absl::Time now,
                                                              const char* call) {
   auto it = workers_.find(id);
@@ -79,7 +111,7 @@ absl::StatusOr<SegmentShard::Worker*> SegmentShard::FindLive(uint64_t id, absl::
                                             options_.segment, "; call Register first"));
   }
   Worker& w = it->second;
-  if (w.live && w.last_seen + options_.lease <= now) w.live = false;
+  if (w.live && w.last_seen + options_.lease <= now) SetLive(&w, false);
   if (!w.live) {
     return absl::FailedPreconditionError(
         absl::StrCat(call, ": worker ", id, " (segment ", options_.segment, " rank ", w.rank,
@@ -90,137 +122,240 @@ absl::StatusOr<SegmentShard::Worker*> SegmentShard::FindLive(uint64_t id, absl::
   return &w;
 }
 
-uint64_t SegmentShard::Register(uint64_t id, uint32_t rank, std::optional<uint64_t> join_clock) {
-  MutexLock lock(&mu_);
-  const absl::Time now = absl::Now();
-  ExpireLeases(now);
-  for (auto it = workers_.begin(); it != workers_.end();) {
-    it = it->second.rank == rank ? workers_.erase(it) : std::next(it);
+void SegmentShard::Fail(std::unique_ptr<Waiter> waiter, absl::Status status, Completions* ready) {
+  if (waiter->pull_done) {
+    ready->push_back([done = std::move(waiter->pull_done), status]() mutable { std::move(done)(status); });
+  } else {
+    ready->push_back([done = std::move(waiter->push_done), status]() mutable { std::move(done)(status); });
   }
-  const uint64_t start = join_clock.value_or(SegmentClock());
-  Worker w;
-  w.rank = rank;
-  w.next_clock = start;
-  w.last_pull_clock = start;
-  w.last_seen = now;
-  workers_[id] = w;
-  highest_clock_ = std::max(highest_clock_, start);
-  changed_.SignalAll();
+}
+
+void SegmentShard::FailWaitsOf(uint64_t id, Completions* ready) {
+  for (auto it = pulls_waiting_.begin(); it != pulls_waiting_.end();) {
+    if (it->second->id != id) {
+      ++it;
+      continue;
+    }
+    Fail(std::move(it->second),
+         absl::FailedPreconditionError(absl::StrCat("Pull: worker ", id, " was replaced or left while waiting")),
+         ready);
+    it = pulls_waiting_.erase(it);
+  }
+  for (auto it = pushes_waiting_.begin(); it != pushes_waiting_.end();) {
+    if ((*it)->id != id) {
+      ++it;
+      continue;
+    }
+    Fail(std::move(*it),
+         absl::FailedPreconditionError(absl::StrCat("Push: worker ", id, " was replaced or left while waiting")),
+         ready);
+    it = pushes_waiting_.erase(it);
+  }
+}
+
+uint64_t SegmentShard::Register(uint64_t id, uint32_t rank, std::optional<uint64_t> join_clock) {
+  Completions ready;
+  uint64_t start = 0;
+  {
+    MutexLock lock(&mu_);
+    const absl::Time now = options_.clock->Now();
+    ExpireLeases(now);
+    for (auto it = workers_.begin(); it != workers_.end();) {
+      auto next = std::next(it);
+      if (it->second.rank == rank) Erase(it, &ready);
+      it = next;
+    }
+    start = join_clock.value_or(SegmentClock());
+    Worker& w = workers_[id];
+    w.rank = rank;
+    w.next_clock = start;
+    w.last_pull_clock = start;
+    w.last_seen = now;
+    w.live = false;
+    SetLive(&w, true);
+    highest_clock_ = std::max(highest_clock_, start);
+    Resume(now, &ready);
+  }
+  for (auto& complete : ready) std::move(complete)();
   return start;
 }
 
-absl::StatusOr<PullResult> SegmentShard::Pull(uint64_t id, uint64_t clock, uint64_t first, uint64_t count,
-                                              absl::FunctionRef<void(absl::Span<const float>)> read,
-                                              absl::Time deadline) {
-  MutexLock lock(&mu_);
-  absl::Time now = absl::Now();
-  PullResult result;
-  if (id != 0) {
-    absl::StatusOr<Worker*> w = FindLive(id, now, "Pull");
-    if (!w.ok()) return w.status();
-    if (clock < (*w)->last_pull_clock) {
-      return absl::InvalidArgumentError(absl::StrCat("Pull: clock ", clock, " of worker ", id,
-                                                     " goes backwards (last pull was for clock ",
-                                                     (*w)->last_pull_clock, ")"));
-    }
-    if (clock > (*w)->next_clock + options_.max_clock_ahead) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "Pull: clock ", clock, " of worker ", id, " skips ahead of its pushes (next push is clock ",
-          (*w)->next_clock, ", at most ", options_.max_clock_ahead, " may be in flight)"));
-    }
-    (*w)->last_pull_clock = clock;
-    const uint64_t needed =
-        options_.staleness < 0 || clock <= static_cast<uint64_t>(options_.staleness)
-            ? 0
-            : clock - static_cast<uint64_t>(options_.staleness);
-    const absl::Time wait_start = now;
-    while (true) {
-      const absl::Time next_expiry = ExpireLeases(now);
-      if (ClockOf(first + count) >= needed) break;
-      if (now >= deadline) {
-        blocked_ += now - wait_start;
-        return absl::UnavailableError(absl::StrCat(
-            "Pull: segment ", options_.segment, " clock ", SegmentClock(), " is below ", needed,
-            " needed for clock ", clock, " with staleness ", options_.staleness,
-            "; waiting for worker ", Laggard()));
+void SegmentShard::Pull(uint64_t id, uint64_t clock, uint64_t first, uint64_t count, absl::Time deadline,
+                        ReadRange read, PullDone done) {
+  Completions ready;
+  {
+    MutexLock lock(&mu_);
+    const absl::Time now = options_.clock->Now();
+    auto waiter = std::make_unique<Waiter>();
+    waiter->id = id;
+    waiter->clock = clock;
+    waiter->first = first;
+    waiter->count = count;
+    waiter->deadline = deadline;
+    waiter->read = std::move(read);
+    waiter->pull_done = std::move(done);
+    absl::Status valid;
+    if (id != 0) {
+      absl::StatusOr<Worker*> w = FindLive(id, now, "Pull");
+      if (!w.ok()) {
+        valid = w.status();
+      } else if (clock < (*w)->last_pull_clock) {
+        valid = absl::InvalidArgumentError(absl::StrCat("Pull: clock ", clock, " of worker ", id,
+                                                        " goes backwards (last pull was for clock ",
+                                                        (*w)->last_pull_clock, ")"));
+      } else if (clock > (*w)->next_clock + options_.max_clock_ahead) {
+        valid = absl::InvalidArgumentError(absl::StrCat(
+            "Pull: clock ", clock, " of worker ", id, " skips ahead of its pushes (next push is clock ",
+            (*w)->next_clock, ", at most ", options_.max_clock_ahead, " may be in flight)"));
+      } else {
+        (*w)->last_pull_clock = clock;
       }
-      changed_.WaitWithDeadline(&mu_, std::min(deadline, next_expiry));
-      now = absl::Now();
-      // A worker waiting on its peers is alive: its lease runs while it waits.
-      auto it = workers_.find(id);
-      if (it == workers_.end() || !it->second.live) {
-        return absl::FailedPreconditionError(
-            absl::StrCat("Pull: worker ", id, " was replaced or left while waiting"));
-      }
-      it->second.last_seen = now;
     }
-    blocked_ += now - wait_start;
-    result.blocked = now - wait_start;
+    if (valid.ok()) {
+      StartPull(std::move(waiter), now, &ready);
+    } else {
+      Fail(std::move(waiter), valid, &ready);
+    }
   }
-  ++pulls_;
-  const absl::Span<const float> values = absl::MakeConstSpan(values_).subspan(first, count);
-  const uint64_t ahead = id != 0 && options_.momentum_lookahead ? UpdatesAhead(id, clock) : 0;
-  if (ahead == 0) {
-    read(values);
+  for (auto& complete : ready) std::move(complete)();
+}
+
+void SegmentShard::StartPull(std::unique_ptr<Waiter> waiter, absl::Time now, Completions* ready) {
+  waiter->since = now;
+  if (waiter->id == 0 || BoundAllows(waiter->clock, waiter->first + waiter->count)) {
+    FinishPull(std::move(waiter), now, ready);
+  } else if (now >= waiter->deadline || !draining_.empty()) {
+    absl::Status behind = draining_.empty() ? BehindBound(waiter->clock) : absl::UnavailableError(draining_);
+    Fail(std::move(waiter), std::move(behind), ready);
   } else {
-    drifted_.resize(count);
-    optimizer_->Extrapolate(steps_begun_, ahead, first, values, absl::MakeSpan(drifted_));
-    read(drifted_);
+    const uint64_t needed = Needed(waiter->clock);
+    pulls_waiting_.emplace(needed, std::move(waiter));
   }
-  result.clock = ClockOf(first + count);
+}
+
+void SegmentShard::FinishPull(std::unique_ptr<Waiter> waiter, absl::Time now, Completions* ready) {
+  PullResult result;
+  result.blocked = now - waiter->since;
+  blocked_ += result.blocked;
+  ++pulls_;
+  const absl::Span<const float> values = absl::MakeConstSpan(values_).subspan(waiter->first, waiter->count);
+  const uint64_t ahead =
+      waiter->id != 0 && options_.momentum_lookahead ? UpdatesAhead(waiter->id, waiter->clock) : 0;
+  if (ahead == 0) {
+    waiter->read(values);
+  } else {
+    drifted_.resize(waiter->count);
+    optimizer_->Extrapolate(steps_begun_, ahead, waiter->first, values, absl::MakeSpan(drifted_));
+    waiter->read(drifted_);
+  }
+  result.clock = ClockOf(waiter->first + waiter->count);
   result.updates = pushes_;
-  return result;
+  if (waiter->pushed.has_value()) {
+    PushResult pushed = *waiter->pushed;
+    pushed.pulled = result;
+    ready->push_back([done = std::move(waiter->push_done), pushed]() mutable { std::move(done)(pushed); });
+  } else {
+    ready->push_back([done = std::move(waiter->pull_done), result]() mutable { std::move(done)(result); });
+  }
 }
 
 uint64_t SegmentShard::UpdatesAhead(uint64_t id, uint64_t clock) const {
   const uint64_t next = workers_.at(id).next_clock;
-  if (clock <= next) return 0;
-  uint64_t live = 0;
-  for (const auto& [other, w] : workers_) live += w.live ? 1 : 0;
-  return (clock - next) * live;
+  return clock <= next ? 0 : (clock - next) * live_;
 }
 
-absl::StatusOr<PushResult> SegmentShard::Push(uint64_t id, uint64_t clock, uint64_t first,
-                                              const DenseView& grad, absl::Time deadline) {
-  const uint64_t count = grad.count();
-  MutexLock lock(&mu_);
-  absl::Time now = absl::Now();
-  absl::StatusOr<Worker*> found = FindLive(id, now, "Push");
-  if (!found.ok()) return found.status();
-  Worker* w = *found;
+void SegmentShard::Push(uint64_t id, uint64_t clock, uint64_t first, const DenseView* grad, absl::Time deadline,
+                        ReadRange read, PushDone done) {
+  Completions ready;
+  {
+    MutexLock lock(&mu_);
+    const absl::Time now = options_.clock->Now();
+    auto waiter = std::make_unique<Waiter>();
+    waiter->id = id;
+    waiter->clock = clock;
+    waiter->first = first;
+    waiter->count = grad->count();
+    waiter->deadline = deadline;
+    waiter->since = now;
+    waiter->grad = grad;
+    waiter->read = std::move(read);
+    waiter->push_done = std::move(done);
+    StartPush(std::move(waiter), now, &ready);
+    Resume(now, &ready);
+  }
+  for (auto& complete : ready) std::move(complete)();
+}
+
+PushResult SegmentShard::Acknowledged(const Worker& w) {
+  PushResult result;
+  result.next_clock = w.next_clock;
+  result.rank = w.rank;
+  return result;
+}
+
+bool SegmentShard::AppliedBefore(const Worker& w, const Waiter& push) {
   // A retry of a step or chunk already applied is acknowledged, not re-applied.
-  auto applied_before = [&] {
-    return clock < w->next_clock || (clock == w->next_clock && first + count <= w->applied && count > 0);
-  };
-  if (applied_before()) return PushResult{false, w->next_clock, w->rank, absl::ZeroDuration()};
-  if (clock > w->next_clock + options_.max_clock_ahead) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("Push: clock ", clock, " of worker ", id, " skips ahead: expected clock ",
-                     w->next_clock, " (at most ", options_.max_clock_ahead, " pushes in flight)"));
+  return push.clock < w.next_clock ||
+         (push.clock == w.next_clock && push.first + push.count <= w.applied && push.count > 0);
+}
+
+void SegmentShard::StartPush(std::unique_ptr<Waiter> waiter, absl::Time now, Completions* ready) {
+  absl::StatusOr<Worker*> found = FindLive(waiter->id, now, "Push");
+  if (!found.ok()) return Fail(std::move(waiter), found.status(), ready);
+  Worker* w = *found;
+  if (AppliedBefore(*w, *waiter)) {
+    return AfterPush(std::move(waiter), w, Acknowledged(*w),
+                     now, ready);
   }
-  if (clock == w->next_clock && first < w->applied) {
-    return absl::InvalidArgumentError(absl::StrCat("Push: chunk at element ", first, " of clock ", clock,
-                                                   " overlaps the chunks already applied up to element ", w->applied));
+  if (waiter->clock > w->next_clock + options_.max_clock_ahead) {
+    return Fail(std::move(waiter),
+                absl::FailedPreconditionError(absl::StrCat(
+                    "Push: clock ", waiter->clock, " of worker ", waiter->id, " skips ahead: expected clock ",
+                    w->next_clock, " (at most ", options_.max_clock_ahead, " pushes in flight)")),
+                ready);
   }
-  // Pushes (and chunks) of one worker may overtake each other on the wire:
-  // wait for the predecessors.
-  while (w->next_clock != clock || w->applied != first) {
-    if (now >= deadline) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "Push: clock ", clock, " element ", first, " of worker ", id, " skips clock ", w->next_clock,
-          " element ", w->applied, ", which never arrived"));
-    }
-    changed_.WaitWithDeadline(&mu_, deadline);
-    now = absl::Now();
-    auto it = workers_.find(id);
-    if (it == workers_.end() || !it->second.live) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("Push: worker ", id, " was replaced or left while waiting"));
-    }
-    w = &it->second;
-    w->last_seen = now;
-    if (applied_before()) return PushResult{false, w->next_clock, w->rank, absl::ZeroDuration()};
+  if (waiter->clock == w->next_clock && waiter->first < w->applied) {
+    return Fail(std::move(waiter),
+                absl::InvalidArgumentError(absl::StrCat("Push: chunk at element ", waiter->first, " of clock ",
+                                                        waiter->clock, " overlaps the chunks already applied up to element ",
+                                                        w->applied)),
+                ready);
   }
+  if (w->next_clock != waiter->clock || w->applied != waiter->first) {
+    // Pushes (and chunks) of one worker may overtake each other on the
+    // wire: this one waits for its predecessors.
+    if (now >= waiter->deadline) return Fail(std::move(waiter), Skipped(*w, *waiter), ready);
+    if (!draining_.empty()) return Fail(std::move(waiter), absl::UnavailableError(draining_), ready);
+    pushes_waiting_.push_back(std::move(waiter));
+    return;
+  }
+  const PushResult result = Apply(w, *waiter);
+  AfterPush(std::move(waiter), w, result, now, ready);
+}
+
+absl::Status SegmentShard::Skipped(const Worker& w, const Waiter& push) {
+  return absl::FailedPreconditionError(absl::StrCat("Push: clock ", push.clock, " element ", push.first,
+                                                    " of worker ", push.id, " skips clock ", w.next_clock,
+                                                    " element ", w.applied, ", which never arrived"));
+}
+
+void SegmentShard::AfterPush(std::unique_ptr<Waiter> waiter, Worker* w, const PushResult& result, absl::Time now,
+                             Completions* ready) {
+  if (!waiter->read) {
+    ready->push_back([done = std::move(waiter->push_done), result]() mutable { std::move(done)(result); });
+    return;
+  }
+  // The pull of the same elements for the next clock, in the same operation.
+  waiter->pushed = result;
+  waiter->clock += 1;
+  waiter->grad = nullptr;
+  w->last_pull_clock = std::max(w->last_pull_clock, waiter->clock);
+  StartPull(std::move(waiter), now, ready);
+}
+
+PushResult SegmentShard::Apply(Worker* w, const Waiter& push) {
+  const DenseView& grad = *push.grad;
+  const uint64_t count = push.count, first = push.first;
   if (first == 0) w->step = ++steps_begun_;
   const absl::Time apply_start = absl::Now();
   Optimizer* const optimizer = optimizer_.get();
@@ -245,59 +380,184 @@ absl::StatusOr<PushResult> SegmentShard::Push(uint64_t id, uint64_t clock, uint6
   w->applied += count;
   if (w->applied == options_.range.count) {
     ++pushes_;
+    if (w->live) {
+      auto at = live_clocks_.find(w->next_clock);
+      if (--at->second == 0) live_clocks_.erase(at);
+      ++live_clocks_[w->next_clock + 1];
+    }
     ++w->next_clock;
     w->applied = 0;
     highest_clock_ = std::max(highest_clock_, w->next_clock);
   }
-  changed_.SignalAll();
-  return PushResult{true, w->next_clock, w->rank, apply};
+  PushResult result;
+  result.applied = true;
+  result.next_clock = w->next_clock;
+  result.rank = w->rank;
+  result.apply = apply;
+  return result;
+}
+
+void SegmentShard::Resume(absl::Time now, Completions* ready) {
+  bool progress = true;
+  while (progress) {
+    progress = false;
+    // Parked pushes whose turn has come.
+    std::vector<std::unique_ptr<Waiter>> pushes;
+    pushes.swap(pushes_waiting_);
+    for (auto& push : pushes) {
+      auto it = workers_.find(push->id);
+      if (it == workers_.end() || !it->second.live) {
+        Fail(std::move(push),
+             absl::FailedPreconditionError(
+                 absl::StrCat("Push: worker ", push->id, " was replaced or left while waiting")),
+             ready);
+        continue;
+      }
+      Worker* w = &it->second;
+      if (AppliedBefore(*w, *push)) {
+        AfterPush(std::move(push), w, Acknowledged(*w), now, ready);
+      } else if (w->next_clock == push->clock && w->applied == push->first) {
+        const PushResult result = Apply(w, *push);
+        AfterPush(std::move(push), w, result, now, ready);
+        progress = true;
+      } else {
+        pushes_waiting_.push_back(std::move(push));
+      }
+    }
+    // Parked pulls the bound now allows: those needing at most one clock
+    // more than the segment's (a chunk may be a clock ahead of it).
+    const uint64_t reachable = SegmentClock() + 1;
+    for (auto it = pulls_waiting_.begin(); it != pulls_waiting_.end() && it->first <= reachable;) {
+      const Waiter& pull = *it->second;
+      if (!BoundAllows(pull.clock, pull.first + pull.count)) {
+        ++it;
+        continue;
+      }
+      std::unique_ptr<Waiter> waiter = std::move(it->second);
+      it = pulls_waiting_.erase(it);
+      FinishPull(std::move(waiter), now, ready);
+    }
+  }
+}
+
+void SegmentShard::Tick() {
+  Completions ready;
+  {
+    MutexLock lock(&mu_);
+    const absl::Time now = options_.clock->Now();
+    ExpireLeases(now);
+    for (auto it = pulls_waiting_.begin(); it != pulls_waiting_.end();) {
+      if (it->second->deadline > now) {
+        ++it;
+        continue;
+      }
+      blocked_ += now - it->second->since;
+      Fail(std::move(it->second), BehindBound(it->second->clock), &ready);
+      it = pulls_waiting_.erase(it);
+    }
+    for (auto it = pushes_waiting_.begin(); it != pushes_waiting_.end();) {
+      if ((*it)->deadline > now) {
+        ++it;
+        continue;
+      }
+      Fail(std::move(*it), Skipped(workers_.at((*it)->id), **it), &ready);
+      it = pushes_waiting_.erase(it);
+    }
+    Resume(now, &ready);
+  }
+  for (auto& complete : ready) std::move(complete)();
+}
+
+void SegmentShard::Drain(const std::string& why) {
+  Completions ready;
+  {
+    MutexLock lock(&mu_);
+    draining_ = why;
+    for (auto& [needed, waiter] : pulls_waiting_) Fail(std::move(waiter), absl::UnavailableError(why), &ready);
+    pulls_waiting_.clear();
+    for (auto& waiter : pushes_waiting_) Fail(std::move(waiter), absl::UnavailableError(why), &ready);
+    pushes_waiting_.clear();
+  }
+  for (auto& complete : ready) std::move(complete)();
+}
+
+size_t SegmentShard::Waiting() {
+  MutexLock lock(&mu_);
+  return pulls_waiting_.size() + pushes_waiting_.size();
 }
 
 std::optional<uint32_t> SegmentShard::FreeRank(uint32_t ranks) {
-  MutexLock lock(&mu_);
-  ExpireLeases(absl::Now());
-  std::vector<bool> taken(ranks, false);
-  for (const auto& [id, w] : workers_) {
-    if (w.live && w.rank < ranks) taken[w.rank] = true;
+  Completions ready;
+  std::optional<uint32_t> free;
+  {
+    MutexLock lock(&mu_);
+    const absl::Time now = options_.clock->Now();
+    ExpireLeases(now);
+    std::vector<bool> taken(ranks, false);
+    for (const auto& [id, w] : workers_) {
+      if (w.live && w.rank < ranks) taken[w.rank] = true;
+    }
+    for (uint32_t r = 0; r < ranks && !free.has_value(); ++r) {
+      if (!taken[r]) free = r;
+    }
+    Resume(now, &ready);
   }
-  for (uint32_t r = 0; r < ranks; ++r) {
-    if (!taken[r]) return r;
-  }
-  return std::nullopt;
+  for (auto& complete : ready) std::move(complete)();
+  return free;
 }
 
 bool SegmentShard::Renew(uint64_t id) {
-  MutexLock lock(&mu_);
-  return FindLive(id, absl::Now(), "Heartbeat").ok();
+  Completions ready;
+  bool live = false;
+  {
+    MutexLock lock(&mu_);
+    const absl::Time now = options_.clock->Now();
+    live = FindLive(id, now, "Heartbeat").ok();
+    Resume(now, &ready);
+  }
+  for (auto& complete : ready) std::move(complete)();
+  return live;
 }
 
 bool SegmentShard::Leave(uint64_t id) {
-  MutexLock lock(&mu_);
-  if (workers_.erase(id) == 0) return false;
-  changed_.SignalAll();
+  Completions ready;
+  {
+    MutexLock lock(&mu_);
+    auto it = workers_.find(id);
+    if (it == workers_.end()) return false;
+    Erase(it, &ready);
+    Resume(options_.clock->Now(), &ready);
+  }
+  for (auto& complete : ready) std::move(complete)();
   return true;
 }
 
 void SegmentShard::FillStats(v1::SegmentStats* stats,
                              google::protobuf::RepeatedPtrField<v1::WorkerStats>* workers) {
-  MutexLock lock(&mu_);
-  ExpireLeases(absl::Now());
-  stats->set_segment(options_.segment);
-  stats->set_offset(options_.range.offset);
-  stats->set_count(options_.range.count);
-  stats->set_clock(SegmentClock());
-  stats->set_updates(pushes_);
-  stats->set_pulls(pulls_);
-  stats->set_pushes(pushes_);
-  stats->set_blocked_us(absl::ToInt64Microseconds(blocked_));
-  for (const auto& [id, w] : workers_) {
-    v1::WorkerStats* ws = workers->Add();
-    ws->set_worker_id(id);
-    ws->set_segment(options_.segment);
-    ws->set_rank(w.rank);
-    ws->set_next_clock(w.next_clock);
-    ws->set_live(w.live);
+  Completions ready;
+  {
+    MutexLock lock(&mu_);
+    const absl::Time now = options_.clock->Now();
+    ExpireLeases(now);
+    stats->set_segment(options_.segment);
+    stats->set_offset(options_.range.offset);
+    stats->set_count(options_.range.count);
+    stats->set_clock(SegmentClock());
+    stats->set_updates(pushes_);
+    stats->set_pulls(pulls_);
+    stats->set_pushes(pushes_);
+    stats->set_blocked_us(absl::ToInt64Microseconds(blocked_));
+    for (const auto& [id, w] : workers_) {
+      v1::WorkerStats* ws = workers->Add();
+      ws->set_worker_id(id);
+      ws->set_segment(options_.segment);
+      ws->set_rank(w.rank);
+      ws->set_next_clock(w.next_clock);
+      ws->set_live(w.live);
+    }
+    Resume(now, &ready);
   }
+  for (auto& complete : ready) std::move(complete)();
 }
 
 std::vector<float> SegmentShard::Snapshot() {

@@ -18,12 +18,19 @@
 // segment clock, so a crashed worker cannot hold the others back; its later
 // calls fail with FAILED_PRECONDITION until it registers again.
 //
+// Waits hold no thread. A pull behind the bound, or a push that arrived
+// ahead of its predecessor, is parked in the shard with its completion and
+// resumed by whichever call releases it (a push, a leave, a registration)
+// or failed by Tick once its deadline passes. Time comes from the options'
+// Clock, and Tick is what moves leases and deadlines on: the server calls it
+// every few milliseconds, a test after stepping a FakeClock.
+//
 // Thread safety: every method is safe to call concurrently. One mutex guards
 // the whole shard, so applies, pulls and clock changes of one segment on one
 // server are serialised while other segments proceed independently (a large
-// apply may run on the apply pool's threads too, within the caller's hold). Waiters
-// (pulls behind the bound, pushes that arrived ahead of their predecessor)
-// sleep on a condition variable with a deadline and never hold the mutex.
+// apply may run on the apply pool's threads too, within the caller's hold).
+// Completions run after the mutex is released, on the thread of the call
+// that made them ready, exactly once each.
 #ifndef SEGPS_SERVER_SEGMENT_SHARD_H_
 #define SEGPS_SERVER_SEGMENT_SHARD_H_
 
@@ -31,13 +38,15 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
-#include "absl/functional/function_ref.h"
+#include "absl/functional/any_invocable.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "common/clock.h"
 #include "common/shard_map.h"
 #include "common/sync.h"
 #include "common/tensor_wire.h"
@@ -59,6 +68,7 @@ struct ShardOptions {
   // Threads a large push's update is split over (null: the handler's only).
   // Must outlive the shard.
   ApplyPool* apply_pool = nullptr;
+  Clock* clock = Clock::Real();  // must outlive the shard
 };
 
 struct PullResult {
@@ -72,7 +82,14 @@ struct PushResult {
   uint64_t next_clock = 0;
   uint32_t rank = 0;
   absl::Duration apply;  // time in the optimizer
+  std::optional<PullResult> pulled;  // a push with a pull: the pull's result
 };
+
+// Hands a pull's values to the caller, under the shard's lock (to copy or
+// encode them).
+using ReadRange = absl::AnyInvocable<void(absl::Span<const float>)>;
+using PullDone = absl::AnyInvocable<void(absl::StatusOr<PullResult>) &&>;
+using PushDone = absl::AnyInvocable<void(absl::StatusOr<PushResult>) &&>;
 
 class SegmentShard {
  public:
@@ -85,23 +102,33 @@ class SegmentShard {
   // else the segment clock.
   uint64_t Register(uint64_t id, uint32_t rank, std::optional<uint64_t> join_clock);
 
-  // Hands elements [first, first + count) of the range to `read` (under the
-  // shard's lock, to copy or encode them) once the staleness bound allows a
-  // worker at `clock` to compute (id 0: a reader, which never waits).
-  // UNAVAILABLE when `deadline` passes first, naming the worker it waited for.
-  // With momentum_lookahead a worker gets the values the optimizer's drift
-  // would reach after the updates expected before its gradient for `clock`
-  // lands: its own steps not yet applied, times the live workers (peers step
-  // at about its pace).
-  absl::StatusOr<PullResult> Pull(uint64_t id, uint64_t clock, uint64_t first, uint64_t count,
-                                  absl::FunctionRef<void(absl::Span<const float>)> read, absl::Time deadline);
+  // Reads elements [first, first + count) of the range through `read` and
+  // completes once the staleness bound allows a worker at `clock` to compute
+  // (id 0: a reader, which never waits). UNAVAILABLE when `deadline` passes
+  // first, naming the worker it waited for. With momentum_lookahead a
+  // worker gets the values the optimizer's drift would reach after the
+  // updates expected before its gradient for `clock` lands: its own steps
+  // not yet applied, times the live workers (peers step at about its pace).
+  void Pull(uint64_t id, uint64_t clock, uint64_t first, uint64_t count, absl::Time deadline, ReadRange read,
+            PullDone done);
 
-  // Applies `grad` (finite values, checked by the caller) to the elements
-  // from `first` of the range, as the worker's step `clock` or a chunk of
-  // it. A push or chunk that arrives ahead of its predecessor waits for it
-  // until `deadline`.
-  absl::StatusOr<PushResult> Push(uint64_t id, uint64_t clock, uint64_t first, const DenseView& grad,
-                                  absl::Time deadline);
+  // Applies `grad` (finite values, checked by the caller; it must stay valid
+  // until `done` runs) to the elements from `first` of the range, as the
+  // worker's step `clock` or a chunk of it. A push or chunk that arrives
+  // ahead of its predecessor waits for it until `deadline`. With `read`, the
+  // same operation then pulls the same elements for clock + 1 (as Pull, into
+  // the result's `pulled`): a synchronous step's round trip.
+  void Push(uint64_t id, uint64_t clock, uint64_t first, const DenseView* grad, absl::Time deadline,
+            ReadRange read, PushDone done);
+
+  // Expires leases and fails the waits whose deadline has passed, at the
+  // clock's time. A waiting worker's lease is renewed: it is alive.
+  void Tick();
+  // Fails every waiting call with UNAVAILABLE (`why`) and refuses to park
+  // new ones: a server that is shutting down answers rather than waits.
+  void Drain(const std::string& why);
+  // Calls parked now (tests observe that a call waits).
+  size_t Waiting();
 
   // The lowest rank below `ranks` that no live worker holds, if any.
   std::optional<uint32_t> FreeRank(uint32_t ranks);
@@ -125,12 +152,57 @@ class SegmentShard {
     uint64_t step = 0;     // optimizer update number of step next_clock, once begun
     uint64_t last_pull_clock = 0;
     absl::Time last_seen;
-    bool live = true;
+    bool live = false;  // changed by SetLive only
   };
 
-  // Marks workers whose lease ran out as not live; returns the earliest time
-  // a still-live worker's lease can run out.
-  absl::Time ExpireLeases(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A parked call: a pull behind the bound, a push (grad set) waiting for
+  // its predecessor, or a push with a pull whose push is applied (pushed set).
+  struct Waiter {
+    uint64_t id = 0, clock = 0, first = 0, count = 0;
+    absl::Time deadline, since;
+    ReadRange read;           // the pull's (or a push's follow-up pull's)
+    const DenseView* grad = nullptr;  // a push not yet applied
+    PullDone pull_done;        // a pull
+    PushDone push_done;        // a push, with or without a pull
+    std::optional<PushResult> pushed;  // a push applied, its pull waiting
+  };
+  using Completions = std::vector<absl::AnyInvocable<void() &&>>;
+
+  // The parts of Pull and Push, under the lock: each completes `waiter`
+  // into `ready` or parks it.
+  void StartPull(std::unique_ptr<Waiter> waiter, absl::Time now, Completions* ready)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void StartPush(std::unique_ptr<Waiter> waiter, absl::Time now, Completions* ready)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether a worker may compute `clock` with elements [0, end) as they are.
+  bool BoundAllows(uint64_t clock, uint64_t end) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Reads the waiter's elements and completes it.
+  void FinishPull(std::unique_ptr<Waiter> waiter, absl::Time now, Completions* ready)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Applies a push whose turn it is (the worker's next clock and element).
+  PushResult Apply(Worker* w, const Waiter& push) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Resumes every parked call the current state allows, until none is left.
+  void Resume(absl::Time now, Completions* ready) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Fails `waiter` with `status` into `ready`.
+  static void Fail(std::unique_ptr<Waiter> waiter, absl::Status status, Completions* ready);
+  // Fails the parked calls of worker `id` (replaced or gone).
+  void FailWaitsOf(uint64_t id, Completions* ready) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // Marks workers whose lease ran out as not live (renewing waiting ones first).
+  void ExpireLeases(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void SetLive(Worker* w, bool live) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Removes a worker, failing its parked calls.
+  void Erase(std::map<uint64_t, Worker>::iterator it, Completions* ready) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The segment clock a pull for `clock` needs under the staleness bound.
+  uint64_t Needed(uint64_t clock) const;
+  absl::Status BehindBound(uint64_t clock) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  static bool AppliedBefore(const Worker& w, const Waiter& push);
+  // The answer to a push applied before (a retry).
+  static PushResult Acknowledged(const Worker& w);
+  static absl::Status Skipped(const Worker& w, const Waiter& push);
+  // Completes a push (applied now or before), or goes on to its pull.
+  void AfterPush(std::unique_ptr<Waiter> waiter, Worker* w, const PushResult& result, absl::Time now,
+                 Completions* ready) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Minimum next_clock of live workers; the highest clock reached when none is live.
   uint64_t SegmentClock() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The clock elements [0, end) of the range reflect: every live worker has
@@ -148,7 +220,6 @@ class SegmentShard {
   const ShardOptions options_;
 
   Mutex mu_;
-  CondVar changed_;
   std::vector<float> values_ ABSL_GUARDED_BY(mu_);
   std::vector<float> drifted_ ABSL_GUARDED_BY(mu_);  // a lookahead pull's values
   std::unique_ptr<Optimizer> optimizer_ ABSL_GUARDED_BY(mu_);
@@ -158,6 +229,13 @@ class SegmentShard {
   uint64_t pulls_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t pushes_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Duration blocked_ ABSL_GUARDED_BY(mu_);
+  // Live workers per next_clock: the segment clock is the first key.
+  std::map<uint64_t, uint32_t> live_clocks_ ABSL_GUARDED_BY(mu_);
+  uint64_t live_ ABSL_GUARDED_BY(mu_) = 0;
+  // Parked pulls (and pushes' pulls) by the segment clock they need; parked pushes.
+  std::multimap<uint64_t, std::unique_ptr<Waiter>> pulls_waiting_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::unique_ptr<Waiter>> pushes_waiting_ ABSL_GUARDED_BY(mu_);
+  std::string draining_ ABSL_GUARDED_BY(mu_);  // why calls no longer wait, once set
 };
 
 }  // namespace segps

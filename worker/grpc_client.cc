@@ -3,7 +3,7 @@
 // replies. Pushes and pulls go as messages on streams, one per server for
 // each, that stay open (worker/request_streams.h); the control calls are
 // unary. Pull replies and push requests travel as raw byte buffers
-// (common/tensor_wire.h): a gradient is copied once, into the buffer gRPC
+// (common/tensor_wire_grpc.h): a gradient is copied once, into the buffer gRPC
 // sends from, and pulled values once, from the received slices into the
 // caller's tensor. Ranges larger than cluster.chunk_bytes go in consecutive
 // chunks, at most two unanswered per server, all servers at once.
@@ -21,7 +21,7 @@
 #include "common/config.h"
 #include "common/grpc_status.h"
 #include "common/status_macros.h"
-#include "common/tensor_wire.h"
+#include "common/tensor_wire_grpc.h"
 #include "segps/v1/parameter_server.grpc.pb.h"
 #include "worker/ps_client.h"
 #include "worker/request_streams.h"

@@ -14,7 +14,7 @@
 #include "common/config.h"
 #include "common/shard_map.h"
 #include "common/sync.h"
-#include "common/tensor_wire.h"
+#include "common/tensor_wire_grpc.h"
 #include "segps/v1/parameter_server.grpc.pb.h"
 #include "tests/support/subprocess.h"
 
@@ -296,7 +296,7 @@ TEST_F(ServerProcessTest, PullStreamAnswersEachRequestAndNamesAMalformedOne) {
   raw->Finish(&status, nullptr);
   next();
   EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << status.error_message();
-  EXPECT_NE(status.error_message().find("malformed PullRequest"), std::string::npos) << status.error_message();
+  EXPECT_NE(status.error_message().find("does not parse as segps.v1.PullRequest"), std::string::npos) << status.error_message();
 }
 
 TEST_F(ServerProcessTest, ShutsDownCleanlyOnSigtermAndSigint) {

@@ -2,163 +2,252 @@
 
 #include <gtest/gtest.h>
 
+#include <memory>
 #include <random>
-#include <thread>
 #include <vector>
 
-#include "absl/time/clock.h"
+#include "common/clock.h"
 #include "common/tensor_wire.h"
 
 namespace segps {
 namespace {
 
 constexpr size_t kSize = 8;
-
-// SGD with lr 1 and gradients of ones: every applied update lowers every
-// value by exactly 1, so a pulled value tells how many updates it reflects.
-std::unique_ptr<SegmentShard> MakeShard(int32_t staleness, absl::Duration lease = absl::Seconds(60)) {
-  v1::OptimizerConfig sgd;
-  sgd.set_kind(v1::SGD);
-  sgd.set_learning_rate(1.0f);
-  ShardOptions options;
-  options.range = {0, kSize};
-  options.staleness = staleness;
-  options.max_clock_ahead = 4;
-  options.lease = lease;
-  return std::make_unique<SegmentShard>(options, std::vector<float>(kSize, 0.0f), *CreateOptimizer(sgd, kSize));
-}
-
 const std::vector<float> kOnes(kSize, 1.0f);
-absl::Time Now() { return absl::Now(); }
-absl::Time Soon() { return absl::Now() + absl::Seconds(30); }
-
-// The whole range, into a slice.
-absl::StatusOr<PullResult> Pull(SegmentShard& shard, uint64_t id, uint64_t clock, absl::Time deadline,
-                                v1::TensorSlice* out) {
-  return shard.Pull(
-      id, clock, 0, kSize, [out](absl::Span<const float> values) { EncodeFloat32(values, 0, out); }, deadline);
-}
 
 absl::string_view Bytes(const std::vector<float>& v) {
   return absl::string_view(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(float));
 }
 
-// A push of ones over the whole range.
-absl::StatusOr<PushResult> Push(SegmentShard& shard, uint64_t id, uint64_t clock, absl::Time deadline) {
-  v1::TensorSlice slice;
-  slice.set_count(kOnes.size());
-  slice.set_dtype(v1::FLOAT32);
-  const Payload data = Payload::Borrow(Bytes(kOnes));
-  return shard.Push(id, clock, 0, DenseView(slice, data), deadline);
+// A call's outcome, filled when it completes.
+template <typename Result>
+struct Outcome {
+  bool done = false;
+  absl::StatusOr<Result> result = absl::UnknownError("not completed");
+  std::vector<float> values;  // what a pull read
+  // The pulled values reflect this many updates of SGD (lr 1) on ones.
+  int Reflected() const { return static_cast<int>(-values.at(0)); }
+};
+template <typename Result>
+using Call = std::shared_ptr<Outcome<Result>>;
+
+// The result of a completed call (a failure if it has not completed).
+template <typename Result>
+absl::StatusOr<Result> Done(const Call<Result>& call) {
+  if (!call->done) return absl::DeadlineExceededError("the call is still waiting");
+  return call->result;
 }
 
-// Updates reflected by a pull reply.
-int Reflected(const v1::TensorSlice& slice) {
-  std::vector<float> v(kSize);
-  DecodeFloat32(slice, absl::MakeSpan(v));
-  return static_cast<int>(-v[0]);
-}
+// Every wait here runs on a FakeClock: a test moves time and ticks the
+// shard, and asserts that a call waits (it has not completed and the shard
+// counts it) before the event that should release it.
+class SegmentShardTest : public ::testing::Test {
+ protected:
+  // SGD with lr 1 and gradients of ones: every applied update lowers every
+  // value by exactly 1, so a pulled value tells how many updates it reflects.
+  std::unique_ptr<SegmentShard> MakeShard(int32_t staleness, absl::Duration lease = absl::Seconds(60)) {
+    v1::OptimizerConfig sgd;
+    sgd.set_kind(v1::SGD);
+    sgd.set_learning_rate(1.0f);
+    ShardOptions options;
+    options.range = {0, kSize};
+    options.staleness = staleness;
+    options.max_clock_ahead = 4;
+    options.lease = lease;
+    options.clock = &clock_;
+    return std::make_unique<SegmentShard>(options, std::vector<float>(kSize, 0.0f), *CreateOptimizer(sgd, kSize));
+  }
 
-TEST(SegmentShard, SynchronousPullWaitsForEveryWorker) {
+  absl::Time Now() { return clock_.Now(); }
+  absl::Time Soon() { return clock_.Now() + absl::Seconds(30); }
+
+  static ReadRange Into(const Call<PullResult>& call) {
+    return [call](absl::Span<const float> v) { call->values.assign(v.begin(), v.end()); };
+  }
+
+  // Pulls elements [first, first + count) for `clock`.
+  Call<PullResult> Pull(SegmentShard& shard, uint64_t id, uint64_t clock, absl::Time deadline, uint64_t first = 0,
+                        uint64_t count = kSize) {
+    auto call = std::make_shared<Outcome<PullResult>>();
+    shard.Pull(id, clock, first, count, deadline, Into(call), [call](absl::StatusOr<PullResult> r) {
+      EXPECT_FALSE(call->done) << "completed twice";
+      call->done = true;
+      call->result = std::move(r);
+    });
+    return call;
+  }
+
+  // Pushes `view` as step `clock` from element `first`, with a pull of the
+  // same elements for clock + 1 when `and_pull`. `view` must outlive the call.
+  Call<PushResult> PushView(SegmentShard& shard, uint64_t id, uint64_t clock, uint64_t first, const DenseView& view,
+                            absl::Time deadline, bool and_pull = false) {
+    auto call = std::make_shared<Outcome<PushResult>>();
+    ReadRange read;
+    if (and_pull) read = [call](absl::Span<const float> v) { call->values.assign(v.begin(), v.end()); };
+    shard.Push(id, clock, first, &view, deadline, std::move(read), [call](absl::StatusOr<PushResult> r) {
+      EXPECT_FALSE(call->done) << "completed twice";
+      call->done = true;
+      call->result = std::move(r);
+    });
+    return call;
+  }
+
+  // A push of ones over `count` elements from `first`.
+  Call<PushResult> Push(SegmentShard& shard, uint64_t id, uint64_t clock, absl::Time deadline,
+                        bool and_pull = false, uint64_t first = 0, uint64_t count = kSize) {
+    v1::TensorSlice slice;
+    slice.set_count(count);
+    slice.set_dtype(v1::FLOAT32);
+    payloads_.push_back(std::make_unique<Payload>(Payload::Borrow(Bytes(kOnes).substr(0, count * sizeof(float)))));
+    views_.push_back(std::make_unique<DenseView>(slice, *payloads_.back()));
+    return PushView(shard, id, clock, first, *views_.back(), deadline, and_pull);
+  }
+
+  FakeClock clock_;
+  std::vector<std::unique_ptr<Payload>> payloads_;
+  std::vector<std::unique_ptr<DenseView>> views_;
+};
+
+TEST_F(SegmentShardTest, SynchronousPullWaitsForEveryWorkerHoldingNoThread) {
   auto shard = MakeShard(0);
   EXPECT_EQ(shard->Register(1, 0, std::nullopt), 0u);
   EXPECT_EQ(shard->Register(2, 1, std::nullopt), 0u);
-  v1::TensorSlice out;
-  ASSERT_TRUE(Pull(*shard, 1, 0, Now(), &out).ok());  // clock 0 needs nothing
-  ASSERT_TRUE(Push(*shard, 1, 0, Soon()).ok());
-  absl::StatusOr<PullResult> blocked = Pull(*shard, 1, 1, Now(), &out);
-  ASSERT_EQ(blocked.status().code(), absl::StatusCode::kUnavailable) << blocked.status();
-  EXPECT_NE(std::string(blocked.status().message()).find("waiting for worker 2"), std::string::npos);
+  ASSERT_TRUE(Done(Pull(*shard, 1, 0, Now())).ok());  // clock 0 needs nothing
+  ASSERT_TRUE(Done(Push(*shard, 1, 0, Soon())).ok());
+  absl::StatusOr<PullResult> refused = Done(Pull(*shard, 1, 1, Now()));  // no time to wait
+  ASSERT_EQ(refused.status().code(), absl::StatusCode::kUnavailable) << refused.status();
+  EXPECT_NE(std::string(refused.status().message()).find("waiting for worker 2"), std::string::npos);
 
-  // A pull that must wait returns as soon as the missing push lands.
-  absl::StatusOr<PullResult> waited;
-  v1::TensorSlice waited_out;
-  std::thread puller([&] { waited = Pull(*shard, 1, 1, Soon(), &waited_out); });
-  ASSERT_TRUE(Push(*shard, 2, 0, Soon()).ok());
-  puller.join();
+  // A pull that may wait is parked, and completes when the missing push lands.
+  Call<PullResult> waiting = Pull(*shard, 1, 1, Soon());
+  EXPECT_FALSE(waiting->done);
+  EXPECT_EQ(shard->Waiting(), 1u);
+  clock_.Advance(absl::Milliseconds(7));
+  shard->Tick();
+  EXPECT_FALSE(waiting->done);
+  ASSERT_TRUE(Done(Push(*shard, 2, 0, Soon())).ok());
+  absl::StatusOr<PullResult> waited = Done(waiting);
   ASSERT_TRUE(waited.ok()) << waited.status();
   EXPECT_EQ(waited->clock, 1u);
-  EXPECT_EQ(Reflected(waited_out), 2);
+  EXPECT_EQ(waited->blocked, absl::Milliseconds(7));
+  EXPECT_EQ(waiting->Reflected(), 2);
+  EXPECT_EQ(shard->Waiting(), 0u);
+}
+
+TEST_F(SegmentShardTest, WaitingPullFailsAtItsDeadlineNamingTheLaggard) {
+  auto shard = MakeShard(0);
+  shard->Register(1, 0, std::nullopt);
+  shard->Register(2, 1, std::nullopt);
+  ASSERT_TRUE(Done(Push(*shard, 1, 0, Soon())).ok());
+  Call<PullResult> waiting = Pull(*shard, 1, 1, Now() + absl::Seconds(2));
+  clock_.Advance(absl::Milliseconds(1999));
+  shard->Tick();
+  EXPECT_FALSE(waiting->done);
+  clock_.Advance(absl::Milliseconds(1));
+  shard->Tick();
+  absl::StatusOr<PullResult> r = Done(waiting);
+  ASSERT_EQ(r.status().code(), absl::StatusCode::kUnavailable) << r.status();
+  EXPECT_NE(std::string(r.status().message()).find("waiting for worker 2"), std::string::npos);
+  EXPECT_TRUE(waiting->values.empty());
+  EXPECT_EQ(shard->Waiting(), 0u);
 }
 
 // Random interleavings of pushes and non-waiting pulls by three workers: a
 // pull succeeds exactly when the bound allows it, and then reflects every
 // update it must include.
-void CheckBound(int32_t s, uint32_t seed) {
-  auto shard = MakeShard(s);
-  const int workers = 3;
-  std::vector<uint64_t> pushed(workers, 0), pulled(workers, 0);
-  for (int w = 0; w < workers; ++w) shard->Register(w + 1, w, std::nullopt);
-  std::mt19937 rng(seed);
-  for (int action = 0; action < 400; ++action) {
-    const int w = static_cast<int>(rng() % workers);
-    if (rng() % 2 == 0 && pushed[w] < pulled[w] + 1) {
-      ASSERT_TRUE(Push(*shard, w + 1, pushed[w], Soon()).ok());
-      ++pushed[w];
-      continue;
-    }
-    const uint64_t clock = pushed[w];  // the step this worker computes next
-    v1::TensorSlice out;
-    absl::StatusOr<PullResult> r = Pull(*shard, w + 1, clock, Now(), &out);
-    const uint64_t needed = clock > static_cast<uint64_t>(s) ? clock - s : 0;
-    const uint64_t min_pushed = *std::min_element(pushed.begin(), pushed.end());
-    if (min_pushed >= needed) {
-      ASSERT_TRUE(r.ok()) << "blocked although every worker had pushed " << min_pushed << " >= " << needed;
-      int must_include = 0;
-      for (uint64_t p : pushed) must_include += static_cast<int>(std::min(p, needed));
-      EXPECT_GE(Reflected(out), must_include);
-      pulled[w] = clock;
-    } else {
-      ASSERT_EQ(r.status().code(), absl::StatusCode::kUnavailable) << "returned values missing updates";
+class BoundTest : public SegmentShardTest {
+ protected:
+  void Check(int32_t s, uint32_t seed) {
+    auto shard = MakeShard(s);
+    const int workers = 3;
+    std::vector<uint64_t> pushed(workers, 0), pulled(workers, 0);
+    for (int w = 0; w < workers; ++w) shard->Register(w + 1, w, std::nullopt);
+    std::mt19937 rng(seed);
+    for (int action = 0; action < 400; ++action) {
+      const int w = static_cast<int>(rng() % workers);
+      if (rng() % 2 == 0 && pushed[w] < pulled[w] + 1) {
+        ASSERT_TRUE(Done(Push(*shard, w + 1, pushed[w], Soon())).ok());
+        ++pushed[w];
+        continue;
+      }
+      const uint64_t clock = pushed[w];  // the step this worker computes next
+      Call<PullResult> call = Pull(*shard, w + 1, clock, Now());
+      const uint64_t needed = clock > static_cast<uint64_t>(s) ? clock - s : 0;
+      const uint64_t min_pushed = *std::min_element(pushed.begin(), pushed.end());
+      if (min_pushed >= needed) {
+        ASSERT_TRUE(Done(call).ok()) << "refused although every worker had pushed " << min_pushed << " >= " << needed;
+        int must_include = 0;
+        for (uint64_t p : pushed) must_include += static_cast<int>(std::min(p, needed));
+        EXPECT_GE(call->Reflected(), must_include);
+        pulled[w] = clock;
+      } else {
+        ASSERT_EQ(Done(call).status().code(), absl::StatusCode::kUnavailable) << "returned values missing updates";
+      }
     }
   }
-}
+};
 
-TEST(SegmentShard, BoundHoldsForStaleness0) { CheckBound(0, 1); }
-TEST(SegmentShard, BoundHoldsForStaleness1) { CheckBound(1, 2); }
-TEST(SegmentShard, BoundHoldsForStaleness3) { CheckBound(3, 3); }
+TEST_F(BoundTest, BoundHoldsForStaleness0) { Check(0, 1); }
+TEST_F(BoundTest, BoundHoldsForStaleness1) { Check(1, 2); }
+TEST_F(BoundTest, BoundHoldsForStaleness3) { Check(3, 3); }
 
-TEST(SegmentShard, UnboundedNeverWaits) {
+TEST_F(SegmentShardTest, UnboundedNeverWaits) {
   auto shard = MakeShard(-1);
   shard->Register(1, 0, std::nullopt);
   shard->Register(2, 1, std::nullopt);
-  v1::TensorSlice out;
   for (uint64_t c = 0; c < 4; ++c) {
-    ASSERT_TRUE(Pull(*shard, 1, c, Now(), &out).ok());
-    ASSERT_TRUE(Push(*shard, 1, c, Soon()).ok());
+    ASSERT_TRUE(Done(Pull(*shard, 1, c, Now())).ok());
+    ASSERT_TRUE(Done(Push(*shard, 1, c, Soon())).ok());
   }
+}
+
+// Staleness 1 lets a worker compute clock c + 1 before its peers finish c,
+// but not c + 2.
+TEST_F(SegmentShardTest, StalenessOneWaitsOnlyForTheClockBeforeLast) {
+  auto shard = MakeShard(1);
+  shard->Register(1, 0, std::nullopt);
+  shard->Register(2, 1, std::nullopt);
+  ASSERT_TRUE(Done(Push(*shard, 1, 0, Soon())).ok());
+  ASSERT_TRUE(Done(Pull(*shard, 1, 1, Now())).ok());  // needs clock 0 of all: not yet, but s = 1
+  ASSERT_TRUE(Done(Push(*shard, 1, 1, Soon())).ok());
+  Call<PullResult> waiting = Pull(*shard, 1, 2, Soon());
+  EXPECT_FALSE(waiting->done);
+  ASSERT_TRUE(Done(Push(*shard, 2, 0, Soon())).ok());
+  ASSERT_TRUE(Done(waiting).ok());
+  EXPECT_EQ(waiting->Reflected(), 3);
 }
 
 // Momentum 0.5, lr 1, two workers at staleness 1: after both push ones at
 // clock 0 the velocity is -1.5 and the values -2.5.
-std::unique_ptr<SegmentShard> MakeMomentumShard(bool lookahead) {
-  v1::OptimizerConfig momentum;
-  momentum.set_kind(v1::MOMENTUM);
-  momentum.set_learning_rate(1.0f);
-  momentum.set_momentum(0.5f);
-  ShardOptions options;
-  options.range = {0, kSize};
-  options.staleness = 1;
-  options.max_clock_ahead = 4;
-  options.momentum_lookahead = lookahead;
-  auto shard = std::make_unique<SegmentShard>(options, std::vector<float>(kSize, 0.0f),
-                                              *CreateOptimizer(momentum, kSize));
-  shard->Register(1, 0, std::nullopt);
-  shard->Register(2, 1, std::nullopt);
-  EXPECT_TRUE(Push(*shard, 1, 0, Soon()).ok());
-  EXPECT_TRUE(Push(*shard, 2, 0, Soon()).ok());
-  return shard;
-}
+class LookaheadTest : public SegmentShardTest {
+ protected:
+  std::unique_ptr<SegmentShard> MakeMomentumShard(bool lookahead) {
+    v1::OptimizerConfig momentum;
+    momentum.set_kind(v1::MOMENTUM);
+    momentum.set_learning_rate(1.0f);
+    momentum.set_momentum(0.5f);
+    ShardOptions options;
+    options.range = {0, kSize};
+    options.staleness = 1;
+    options.max_clock_ahead = 4;
+    options.momentum_lookahead = lookahead;
+    options.clock = &clock_;
+    auto shard = std::make_unique<SegmentShard>(options, std::vector<float>(kSize, 0.0f),
+                                                *CreateOptimizer(momentum, kSize));
+    shard->Register(1, 0, std::nullopt);
+    shard->Register(2, 1, std::nullopt);
+    EXPECT_TRUE(Done(Push(*shard, 1, 0, Soon())).ok());
+    EXPECT_TRUE(Done(Push(*shard, 2, 0, Soon())).ok());
+    return shard;
+  }
+  float PulledValue(SegmentShard& shard, uint64_t id, uint64_t clock) {
+    Call<PullResult> call = Pull(shard, id, clock, Now());
+    EXPECT_TRUE(Done(call).ok());
+    return call->values.at(kSize - 1);
+  }
+};
 
-float PulledValue(SegmentShard& shard, uint64_t id, uint64_t clock) {
-  v1::TensorSlice slice;
-  EXPECT_TRUE(Pull(shard, id, clock, Now(), &slice).ok());
-  std::vector<float> v(kSize);
-  DecodeFloat32(slice, absl::MakeSpan(v));
-  return v[kSize - 1];
-}
-
-TEST(SegmentShard, LookaheadMovesWorkerPullsByTheUpdatesTheyWillMiss) {
+TEST_F(LookaheadTest, LookaheadMovesWorkerPullsByTheUpdatesTheyWillMiss) {
   auto shard = MakeMomentumShard(true);
   // Clock 1 follows the worker's last push: its gradient misses nothing.
   EXPECT_EQ(PulledValue(*shard, 1, 1), -2.5f);
@@ -170,16 +259,16 @@ TEST(SegmentShard, LookaheadMovesWorkerPullsByTheUpdatesTheyWillMiss) {
   EXPECT_EQ(shard->Snapshot(), std::vector<float>(kSize, -2.5f));
 }
 
-TEST(SegmentShard, WithoutLookaheadWorkerPullsAreTheValues) {
+TEST_F(LookaheadTest, WithoutLookaheadWorkerPullsAreTheValues) {
   auto shard = MakeMomentumShard(false);
   EXPECT_EQ(PulledValue(*shard, 1, 2), -2.5f);
 }
 
-TEST(SegmentShard, RetriedPushIsAppliedOnce) {
+TEST_F(SegmentShardTest, RetriedPushIsAppliedOnce) {
   auto shard = MakeShard(0);
   shard->Register(1, 0, std::nullopt);
-  absl::StatusOr<PushResult> first = Push(*shard, 1, 0, Soon());
-  absl::StatusOr<PushResult> again = Push(*shard, 1, 0, Soon());
+  absl::StatusOr<PushResult> first = Done(Push(*shard, 1, 0, Soon()));
+  absl::StatusOr<PushResult> again = Done(Push(*shard, 1, 0, Soon()));
   ASSERT_TRUE(first.ok() && again.ok());
   EXPECT_TRUE(first->applied);
   EXPECT_FALSE(again->applied);
@@ -187,74 +276,193 @@ TEST(SegmentShard, RetriedPushIsAppliedOnce) {
   EXPECT_EQ(shard->Snapshot()[0], -1.0f);
 }
 
-TEST(SegmentShard, PushesThatOvertakeEachOtherApplyInOrder) {
+TEST_F(SegmentShardTest, PushesThatOvertakeEachOtherApplyInOrder) {
   auto shard = MakeShard(-1);
   shard->Register(1, 0, std::nullopt);
-  absl::StatusOr<PushResult> later;
-  std::thread early_arrival([&] { later = Push(*shard, 1, 1, Soon()); });
-  ASSERT_TRUE(Push(*shard, 1, 0, Soon()).ok());
-  early_arrival.join();
+  Call<PushResult> early = Push(*shard, 1, 1, Soon());
+  EXPECT_FALSE(early->done);
+  EXPECT_EQ(shard->Waiting(), 1u);
+  EXPECT_EQ(shard->Snapshot()[0], 0.0f);  // not applied ahead of its predecessor
+  ASSERT_TRUE(Done(Push(*shard, 1, 0, Soon())).ok());
+  absl::StatusOr<PushResult> later = Done(early);
   ASSERT_TRUE(later.ok()) << later.status();
   EXPECT_EQ(later->next_clock, 2u);
   EXPECT_EQ(shard->Snapshot()[0], -2.0f);
 }
 
-TEST(SegmentShard, SkippedClockIsRejectedAndChangesNothing) {
+TEST_F(SegmentShardTest, PushWhosePredecessorNeverArrivesFailsAtItsDeadlineAndChangesNothing) {
+  auto shard = MakeShard(-1);
+  shard->Register(1, 0, std::nullopt);
+  Call<PushResult> early = Push(*shard, 1, 1, Now() + absl::Seconds(1));
+  clock_.Advance(absl::Milliseconds(999));
+  shard->Tick();
+  EXPECT_FALSE(early->done);
+  clock_.Advance(absl::Milliseconds(1));
+  shard->Tick();
+  absl::StatusOr<PushResult> r = Done(early);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition) << r.status();
+  EXPECT_NE(std::string(r.status().message()).find("never arrived"), std::string::npos);
+  EXPECT_EQ(shard->Snapshot(), std::vector<float>(kSize, 0.0f));
+}
+
+TEST_F(SegmentShardTest, SkippedClockIsRejectedAndChangesNothing) {
   auto shard = MakeShard(0);
   shard->Register(1, 0, std::nullopt);
-  absl::StatusOr<PushResult> skip = Push(*shard, 1, 1, Now());
-  EXPECT_EQ(skip.status().code(), absl::StatusCode::kFailedPrecondition);
-  absl::StatusOr<PushResult> far = Push(*shard, 1, 9, Soon());
+  EXPECT_EQ(Done(Push(*shard, 1, 1, Now())).status().code(), absl::StatusCode::kFailedPrecondition);
+  absl::StatusOr<PushResult> far = Done(Push(*shard, 1, 9, Soon()));
   EXPECT_EQ(far.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_NE(std::string(far.status().message()).find("skips ahead"), std::string::npos);
   EXPECT_EQ(shard->Snapshot(), std::vector<float>(kSize, 0.0f));
-  ASSERT_TRUE(Push(*shard, 1, 0, Soon()).ok());  // the right clock still works
+  ASSERT_TRUE(Done(Push(*shard, 1, 0, Soon())).ok());  // the right clock still works
 }
 
-TEST(SegmentShard, PullClockGoingBackwardsIsRejected) {
+TEST_F(SegmentShardTest, PullClockGoingBackwardsIsRejected) {
   auto shard = MakeShard(-1);
   shard->Register(1, 0, std::nullopt);
-  v1::TensorSlice out;
-  ASSERT_TRUE(Push(*shard, 1, 0, Soon()).ok());
-  ASSERT_TRUE(Pull(*shard, 1, 1, Now(), &out).ok());
-  EXPECT_EQ(Pull(*shard, 1, 0, Now(), &out).status().code(), absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(Done(Push(*shard, 1, 0, Soon())).ok());
+  ASSERT_TRUE(Done(Pull(*shard, 1, 1, Now())).ok());
+  EXPECT_EQ(Done(Pull(*shard, 1, 0, Now())).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
-TEST(SegmentShard, ExpiredLeaseStopsHoldingOthersBackAndRejoinCatchesUp) {
+TEST_F(SegmentShardTest, ExpiredLeaseStopsHoldingOthersBackAndRejoinCatchesUp) {
   auto shard = MakeShard(0, absl::Milliseconds(200));
   shard->Register(1, 0, std::nullopt);
   shard->Register(2, 1, std::nullopt);
-  ASSERT_TRUE(Push(*shard, 1, 0, Soon()).ok());
-  // Worker 2 never pushes; the pull returns once its lease runs out, not at the deadline.
-  const absl::Time start = absl::Now();
-  v1::TensorSlice out;
-  absl::StatusOr<PullResult> r = Pull(*shard, 1, 1, Soon(), &out);
+  ASSERT_TRUE(Done(Push(*shard, 1, 0, Soon())).ok());
+  // Worker 2 never pushes: the pull completes when its lease runs out, not at the deadline.
+  Call<PullResult> waiting = Pull(*shard, 1, 1, Soon());
+  clock_.Advance(absl::Milliseconds(199));
+  shard->Tick();
+  EXPECT_FALSE(waiting->done);
+  clock_.Advance(absl::Milliseconds(1));
+  shard->Tick();
+  absl::StatusOr<PullResult> r = Done(waiting);
   ASSERT_TRUE(r.ok()) << r.status();
-  EXPECT_LT(absl::Now() - start, absl::Seconds(10));
-  absl::StatusOr<PushResult> late = Push(*shard, 2, 0, Soon());
+  EXPECT_EQ(r->blocked, absl::Milliseconds(200));
+  absl::StatusOr<PushResult> late = Done(Push(*shard, 2, 0, Soon()));
   EXPECT_EQ(late.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_NE(std::string(late.status().message()).find("register again"), std::string::npos);
   EXPECT_EQ(shard->Snapshot()[0], -1.0f);
   EXPECT_EQ(shard->Register(3, 1, std::nullopt), 1u);  // rejoins at the segment's clock
-  ASSERT_TRUE(Push(*shard, 3, 1, Soon()).ok());
+  ASSERT_TRUE(Done(Push(*shard, 3, 1, Soon())).ok());
 }
 
-TEST(SegmentShard, LeavingWorkerReleasesWaiters) {
+// A worker waiting on its peers makes no call, yet it is alive.
+TEST_F(SegmentShardTest, WaitingWorkerKeepsItsLease) {
+  auto shard = MakeShard(0, absl::Milliseconds(200));
+  shard->Register(1, 0, std::nullopt);
+  shard->Register(2, 1, std::nullopt);
+  ASSERT_TRUE(Done(Push(*shard, 1, 0, Soon())).ok());
+  Call<PullResult> waiting = Pull(*shard, 1, 1, Soon());
+  for (int i = 0; i < 10; ++i) {
+    clock_.Advance(absl::Milliseconds(100));
+    ASSERT_TRUE(shard->Renew(2));  // worker 2 is alive but slow
+    shard->Tick();
+  }
+  EXPECT_FALSE(waiting->done);
+  EXPECT_TRUE(shard->Renew(1));
+  ASSERT_TRUE(Done(Push(*shard, 2, 0, Soon())).ok());
+  EXPECT_TRUE(Done(waiting).ok());
+}
+
+TEST_F(SegmentShardTest, LeavingWorkerReleasesWaiters) {
   auto shard = MakeShard(0);
   shard->Register(1, 0, std::nullopt);
   shard->Register(2, 1, std::nullopt);
-  ASSERT_TRUE(Push(*shard, 1, 0, Soon()).ok());
-  absl::StatusOr<PullResult> r;
-  v1::TensorSlice out;
-  std::thread puller([&] { r = Pull(*shard, 1, 1, Soon(), &out); });
+  ASSERT_TRUE(Done(Push(*shard, 1, 0, Soon())).ok());
+  Call<PullResult> waiting = Pull(*shard, 1, 1, Soon());
+  EXPECT_FALSE(waiting->done);
   ASSERT_TRUE(shard->Leave(2));
-  puller.join();
-  EXPECT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(Done(waiting).ok()) << Done(waiting).status();
+}
+
+TEST_F(SegmentShardTest, ReplacedWorkersWaitFailsAndChangesNothing) {
+  auto shard = MakeShard(-1);
+  shard->Register(1, 0, std::nullopt);
+  Call<PushResult> early = Push(*shard, 1, 1, Soon());
+  EXPECT_FALSE(early->done);
+  shard->Register(5, 0, std::nullopt);  // the same rank registers again
+  absl::StatusOr<PushResult> r = Done(early);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition) << r.status();
+  EXPECT_NE(std::string(r.status().message()).find("replaced or left"), std::string::npos);
+  EXPECT_EQ(shard->Waiting(), 0u);
+  EXPECT_EQ(shard->Snapshot(), std::vector<float>(kSize, 0.0f));
+}
+
+TEST_F(SegmentShardTest, DrainAnswersWaitingCallsAndParksNoMore) {
+  auto shard = MakeShard(0);
+  shard->Register(1, 0, std::nullopt);
+  shard->Register(2, 1, std::nullopt);
+  ASSERT_TRUE(Done(Push(*shard, 1, 0, Soon())).ok());
+  Call<PullResult> waiting = Pull(*shard, 1, 1, Soon());
+  shard->Drain("shutting down");
+  EXPECT_EQ(Done(waiting).status().code(), absl::StatusCode::kUnavailable);
+  absl::StatusOr<PullResult> again = Done(Pull(*shard, 1, 1, Soon()));
+  EXPECT_EQ(again.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_NE(std::string(again.status().message()).find("shutting down"), std::string::npos);
+}
+
+// Push with pull is one operation: the push lands at once, its pull waits
+// for the bound and answers with the values of both workers' steps.
+TEST_F(SegmentShardTest, PushWithPullAppliesThenWaitsForTheNextClock) {
+  auto shard = MakeShard(0);
+  shard->Register(1, 0, std::nullopt);
+  shard->Register(2, 1, std::nullopt);
+  Call<PushResult> round = Push(*shard, 1, 0, Soon(), /*and_pull=*/true);
+  EXPECT_FALSE(round->done);
+  EXPECT_EQ(shard->Waiting(), 1u);
+  EXPECT_EQ(shard->Snapshot()[0], -1.0f);  // applied already
+  ASSERT_TRUE(Done(Push(*shard, 2, 0, Soon())).ok());
+  absl::StatusOr<PushResult> r = Done(round);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(r->applied);
+  ASSERT_TRUE(r->pulled.has_value());
+  EXPECT_EQ(r->pulled->clock, 1u);
+  EXPECT_EQ(round->Reflected(), 2);
+  // A worker pulling for clock 1 again is not going backwards.
+  EXPECT_TRUE(Done(Pull(*shard, 1, 1, Now())).ok());
+}
+
+// A chunk of the range is ready as soon as the chunks covering it have landed.
+TEST_F(SegmentShardTest, ChunkIsReadyOnceItsChunksLanded) {
+  auto shard = MakeShard(0);
+  shard->Register(1, 0, std::nullopt);
+  shard->Register(2, 1, std::nullopt);
+  ASSERT_TRUE(Done(Push(*shard, 1, 0, Soon())).ok());
+  ASSERT_TRUE(Done(Push(*shard, 2, 0, Soon(), false, 0, kSize / 2)).ok());  // first half of step 0
+  EXPECT_TRUE(Done(Pull(*shard, 1, 1, Now(), 0, kSize / 2)).ok());
+  Call<PullResult> second_half = Pull(*shard, 1, 1, Soon(), kSize / 2, kSize / 2);
+  EXPECT_FALSE(second_half->done);
+  ASSERT_TRUE(Done(Push(*shard, 2, 0, Soon(), false, kSize / 2, kSize / 2)).ok());
+  ASSERT_TRUE(Done(second_half).ok());
+  EXPECT_EQ(second_half->Reflected(), 2);
+}
+
+// A thousand synchronous workers: each round parks every worker's pull but
+// the last one's, whose push releases them all, each exactly once.
+TEST_F(SegmentShardTest, AThousandParkedRoundsReleaseTogether) {
+  constexpr uint64_t kWorkers = 1000;
+  auto shard = MakeShard(0);
+  for (uint64_t w = 1; w <= kWorkers; ++w) shard->Register(w, static_cast<uint32_t>(w - 1), std::nullopt);
+  for (uint64_t clock = 0; clock < 3; ++clock) {
+    std::vector<Call<PushResult>> rounds;
+    for (uint64_t w = 1; w <= kWorkers; ++w) {
+      rounds.push_back(Push(*shard, w, clock, Soon(), /*and_pull=*/true));
+      if (w < kWorkers) {
+        ASSERT_FALSE(rounds.back()->done);
+      }
+    }
+    EXPECT_EQ(shard->Waiting(), 0u);
+    for (const auto& round : rounds) {
+      ASSERT_TRUE(Done(round).ok());
+      EXPECT_EQ(round->Reflected(), static_cast<int>(kWorkers * (clock + 1)));
+    }
+  }
 }
 
 // An update split over threads lands exactly as one applied on the handler's
 // thread alone: Adam, a range several parts long, float16 gradients.
-TEST(SegmentShard, UpdateSplitOverThreadsMatchesOneThread) {
+TEST_F(SegmentShardTest, UpdateSplitOverThreadsMatchesOneThread) {
   constexpr size_t n = 300001;
   v1::OptimizerConfig adam;
   adam.set_kind(v1::ADAM);
@@ -272,6 +480,7 @@ TEST(SegmentShard, UpdateSplitOverThreadsMatchesOneThread) {
     ShardOptions options;
     options.range = {0, n};
     options.apply_pool = p;
+    options.clock = &clock_;
     shards.push_back(std::make_unique<SegmentShard>(options, initial, *CreateOptimizer(adam, n)));
     shards.back()->Register(1, 0, std::nullopt);
   }
@@ -285,7 +494,8 @@ TEST(SegmentShard, UpdateSplitOverThreadsMatchesOneThread) {
     slice.set_dtype(v1::FLOAT16);
     const Payload data =
         Payload::Borrow(absl::string_view(reinterpret_cast<const char*>(halves.data()), n * sizeof(uint16_t)));
-    for (auto& shard : shards) ASSERT_TRUE(shard->Push(1, clock, 0, DenseView(slice, data), Soon()).ok());
+    const DenseView view(slice, data);
+    for (auto& shard : shards) ASSERT_TRUE(Done(PushView(*shard, 1, clock, 0, view, Soon())).ok());
   }
   const std::vector<float> alone = shards[0]->Snapshot(), split = shards[1]->Snapshot();
   ASSERT_NE(alone, initial);

@@ -1,4 +1,5 @@
 #include "common/tensor_wire.h"
+#include "common/tensor_wire_grpc.h"
 
 #include <gtest/gtest.h>
 
