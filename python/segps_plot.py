@@ -203,6 +203,36 @@ def wire_figure(bench):
     return fig
 
 
+def scale_figure(bench):
+    """Scaling: worker steps per second and p99 round time against workers, per servers and staleness."""
+    path = os.path.join(bench, "scale.txt")
+    if not os.path.exists(path):
+        return None
+    rows = []
+    with open(path) as f:
+        for line in f:
+            fields = line.split()
+            if len(fields) == 11 and fields[0].isdigit():
+                rows.append(fields)
+    if not rows:
+        return None
+    fig, (ax, lat) = plt.subplots(1, 2, figsize=SIZE, dpi=DPI)
+    for servers, staleness in sorted({(int(r[1]), int(r[2])) for r in rows}):
+        sel = sorted((int(r[0]), float(r[3]), float(r[6])) for r in rows if int(r[1]) == servers and int(r[2]) == staleness)
+        style = "-" if staleness == 0 else "--"
+        label = f"{servers} server{'s' if servers > 1 else ''}, s={staleness}"
+        ax.plot([n for n, _, _ in sel], [v for _, v, _ in sel], style, marker="o", label=label)
+        lat.plot([n for n, _, _ in sel], [p for _, _, p in sel], style, marker="o", label=label)
+    ax.set(xscale="log", title="worker steps per second", xlabel="concurrent workers")
+    lat.set(xscale="log", yscale="log", title="p99 round (ms)", xlabel="concurrent workers")
+    for a in (ax, lat):
+        a.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.suptitle("segps-bench-scale: synchronous rounds of a 330-parameter model")
+    fig.tight_layout()
+    return fig
+
+
 def main(argv):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -225,7 +255,7 @@ def main(argv):
         _save(learning_curves_figure(reports), os.path.join(args.out, "learning_curves.png"))
         return
     for name, make in (("fmnist_vs_pytorch", fmnist_figure), ("staleness", staleness_figure),
-                       ("wire_formats", wire_figure)):
+                       ("wire_formats", wire_figure), ("scaling", scale_figure)):
         fig = make(args.bench_dir)
         if fig is None:
             print(f"skipped {name}.png: its inputs are not in {args.bench_dir}")

@@ -4,6 +4,7 @@
 #include <limits>
 
 #include "absl/strings/str_cat.h"
+#include "common/staleness.h"
 
 namespace segps {
 namespace {
@@ -75,11 +76,7 @@ uint64_t SegmentShard::ClockOf(uint64_t end) const {
   return clock == std::numeric_limits<uint64_t>::max() ? highest_clock_ : clock;
 }
 
-uint64_t SegmentShard::Needed(uint64_t clock) const {
-  return options_.staleness < 0 || clock <= static_cast<uint64_t>(options_.staleness)
-             ? 0
-             : clock - static_cast<uint64_t>(options_.staleness);
-}
+uint64_t SegmentShard::Needed(uint64_t clock) const { return ClockNeeded(clock, options_.staleness); }
 
 bool SegmentShard::BoundAllows(uint64_t clock, uint64_t end) const {
   const uint64_t needed = Needed(clock);

@@ -4,7 +4,6 @@
 
 #include <cmath>
 #include <cstdio>
-#include <deque>
 #include <optional>
 #include <thread>
 
@@ -17,167 +16,14 @@
 #include "common/status_macros.h"
 #include "common/sync.h"
 #include "common/tensor_wire.h"
+#include "worker/async_client.h"
 #include "worker/evaluator.h"
 #include "worker/segment_model.h"
+#include "worker/step_strategy.h"
 #include "worker/topk.h"
 
 namespace segps {
 namespace {
-
-// Runs one pull at a time on its own thread, so the next parameters arrive
-// while the current batch computes. Thread-safe.
-class Prefetcher {
- public:
-  Prefetcher(ParameterClient* client, int segment, WorkerMetrics* metrics, uint64_t bytes)
-      : client_(client), segment_(segment), metrics_(metrics), bytes_(bytes) {
-    thread_ = std::thread([this] { Loop(); });
-  }
-  ~Prefetcher() {
-    {
-      MutexLock lock(&mu_);
-      stop_ = true;
-      changed_.SignalAll();
-    }
-    thread_.join();
-  }
-
-  // Starts pulling for `clock` into `dest`; no pull may be outstanding.
-  void Start(uint64_t clock, absl::Span<float> dest) {
-    MutexLock lock(&mu_);
-    request_ = Request{clock, dest};
-    result_.reset();
-    changed_.SignalAll();
-  }
-  bool outstanding() {
-    MutexLock lock(&mu_);
-    return request_.has_value() || busy_ || result_.has_value();
-  }
-  bool done() {
-    MutexLock lock(&mu_);
-    return result_.has_value();
-  }
-  // Waits for the outstanding pull; returns the clock its values reflect.
-  absl::StatusOr<uint64_t> Take() {
-    MutexLock lock(&mu_);
-    while (!result_.has_value()) changed_.Wait(&mu_);
-    absl::StatusOr<uint64_t> result = *std::move(result_);
-    result_.reset();
-    return result;
-  }
-
- private:
-  struct Request {
-    uint64_t clock;
-    absl::Span<float> dest;
-  };
-  void Loop() {
-    while (true) {
-      Request request;
-      {
-        MutexLock lock(&mu_);
-        while (!HasWork()) changed_.Wait(&mu_);
-        if (stop_) return;
-        request = *request_;
-        request_.reset();
-        busy_ = true;
-      }
-      const absl::Time start = absl::Now();
-      absl::StatusOr<uint64_t> result = client_->Pull(segment_, request.clock, request.dest);
-      if (metrics_ != nullptr && result.ok()) {
-        metrics_->ObservePull(absl::ToDoubleSeconds(absl::Now() - start), bytes_);
-      }
-      MutexLock lock(&mu_);
-      busy_ = false;
-      result_ = std::move(result);
-      changed_.SignalAll();
-    }
-  }
-  bool HasWork() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_ || request_.has_value(); }
-
-  ParameterClient* const client_;
-  const int segment_;
-  WorkerMetrics* const metrics_;
-  const uint64_t bytes_;  // on the wire per pull
-  Mutex mu_;
-  CondVar changed_;
-  bool stop_ ABSL_GUARDED_BY(mu_) = false;
-  bool busy_ ABSL_GUARDED_BY(mu_) = false;
-  std::optional<Request> request_ ABSL_GUARDED_BY(mu_);
-  std::optional<absl::StatusOr<uint64_t>> result_ ABSL_GUARDED_BY(mu_);
-  std::thread thread_;
-};
-
-// Sends encoded pushes in clock order on its own thread, at most
-// `max_in_flight` queued or being sent. Thread-safe.
-class Pusher {
- public:
-  Pusher(ParameterClient* client, uint32_t max_in_flight, WorkerMetrics* metrics, uint64_t bytes)
-      : client_(client), max_in_flight_(max_in_flight), metrics_(metrics), bytes_(bytes) {
-    thread_ = std::thread([this] { Loop(); });
-  }
-  ~Pusher() {
-    {
-      MutexLock lock(&mu_);
-      stop_ = true;
-      changed_.SignalAll();
-    }
-    thread_.join();
-  }
-  // Queues a push, first waiting while max_in_flight are outstanding.
-  absl::Status Enqueue(std::unique_ptr<EncodedPush> push) {
-    MutexLock lock(&mu_);
-    while (!HasRoom()) changed_.Wait(&mu_);
-    if (!error_.ok()) return error_;
-    queue_.push_back(std::move(push));
-    ++in_flight_;
-    changed_.SignalAll();
-    return absl::OkStatus();
-  }
-  // Waits until every queued push is acknowledged.
-  absl::Status Drain() {
-    MutexLock lock(&mu_);
-    while (!Drained()) changed_.Wait(&mu_);
-    return error_;
-  }
-
- private:
-  void Loop() {
-    while (true) {
-      std::unique_ptr<EncodedPush> push;
-      {
-        MutexLock lock(&mu_);
-        while (!HasWork()) changed_.Wait(&mu_);
-        if (queue_.empty()) return;  // stopping
-        push = std::move(queue_.front());
-        queue_.pop_front();
-      }
-      const absl::Time start = absl::Now();
-      absl::Status status = client_->Send(*push);
-      if (metrics_ != nullptr && status.ok()) metrics_->ObservePush(absl::ToDoubleSeconds(absl::Now() - start), bytes_);
-      MutexLock lock(&mu_);
-      --in_flight_;
-      if (!status.ok() && error_.ok()) error_ = status;
-      changed_.SignalAll();
-    }
-  }
-  bool HasWork() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_ || !queue_.empty(); }
-  bool HasRoom() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return !error_.ok() || in_flight_ < max_in_flight_;
-  }
-  bool Drained() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !error_.ok() || in_flight_ == 0; }
-
-  ParameterClient* const client_;
-  const uint32_t max_in_flight_;
-  WorkerMetrics* const metrics_;
-  const uint64_t bytes_;
-  Mutex mu_;
-  CondVar changed_;
-  bool stop_ ABSL_GUARDED_BY(mu_) = false;
-  uint32_t in_flight_ ABSL_GUARDED_BY(mu_) = 0;
-  std::deque<std::unique_ptr<EncodedPush>> queue_ ABSL_GUARDED_BY(mu_);
-  absl::Status error_ ABSL_GUARDED_BY(mu_);
-  std::thread thread_;
-};
 
 // Renews the worker's leases while it trains.
 class HeartbeatLoop {
@@ -292,22 +138,24 @@ absl::StatusOr<TrainReport> Train(const v1::JobConfig& config, const TrainerOpti
   const size_t element_bytes = DTypeBytes(config.cluster().wire_dtype());
   const uint64_t pull_bytes = n * element_bytes;
   const uint64_t push_bytes = topk ? topk->k() * (sizeof(uint32_t) + element_bytes) : pull_bytes;
-  Pusher pusher(client, PushesInFlight(config, segment), options.metrics, push_bytes);
-  Prefetcher prefetcher(client, segment, options.metrics, pull_bytes);
+  AsyncClient async(client, segment, PushesInFlight(config, segment), options.metrics, pull_bytes, push_bytes);
   // The step's gradient, encoded for the wire.
   auto encode = [&](uint64_t clock, const float* grad) {
     if (!topk) return client->Encode(segment, clock, absl::MakeConstSpan(grad, n));
     topk->Select(absl::MakeConstSpan(grad, n));
     return client->EncodeSparse(segment, clock, topk->indices(), topk->values());
   };
-  // Staleness 0: every step waits for the previous push anyway, so each step
-  // pushes and pulls in the same calls instead of overlapping them.
-  const bool synchronous = staleness == 0;
-  int fill = 0;  // the pull buffer the outstanding pull fills
-  prefetcher.Start(start, absl::MakeSpan(pulled[fill]->data(), n));
+  StepContext step_context;
+  step_context.client = &async;
+  step_context.backend = backend;
+  step_context.model = &model;
+  step_context.pulled[0] = pulled[0];
+  step_context.pulled[1] = pulled[1];
+  step_context.staleness = staleness;
+  step_context.start_clock = start;
+  std::unique_ptr<StepStrategy> strategy = StepStrategy::For(step_context);
 
   TrainReport report;
-  std::optional<uint64_t> have;  // clock the model's parameters reflect
   const absl::Time t0 = absl::Now();
   absl::Duration blocked, scoring_time;
   double staleness_sum = 0;
@@ -346,27 +194,10 @@ absl::StatusOr<TrainReport> Train(const v1::JobConfig& config, const TrainerOpti
     epoch_window.start = absl::Now();
     for (uint64_t s = 0; s < steps_per_epoch; ++s) {
       const uint64_t clock = start + epoch * steps_per_epoch + s;
-      // Parameters reflecting clock r may serve step `clock` when r >= clock - staleness.
-      auto fresh_enough = [&] {
-        return have.has_value() &&
-               (staleness < 0 || *have + static_cast<uint64_t>(staleness) >= clock);
-      };
-      while (!fresh_enough() || prefetcher.done()) {
-        const absl::Time wait_start = absl::Now();
-        if (!prefetcher.outstanding()) {
-          prefetcher.Start(clock, absl::MakeSpan(pulled[fill]->data(), n));
-        }
-        absl::StatusOr<uint64_t> r = prefetcher.Take();
-        count_blocked(absl::Now() - wait_start);
-        if (!r.ok()) return r.status();
-        SEGPS_RETURN_IF_ERROR(backend->Upload(pulled[fill]->data(), model.params(), n * sizeof(float)));
-        // The next pull may land in the buffer just uploaded from: the copy must be done first.
-        SEGPS_RETURN_IF_ERROR(backend->Synchronize());
-        have = *r;
-        fill ^= 1;
-        // Prefetch for the next step; the server answers once the bound allows.
-        if (!synchronous) prefetcher.Start(clock + 1, absl::MakeSpan(pulled[fill]->data(), n));
-      }
+      absl::Duration waited;
+      absl::StatusOr<uint64_t> have = strategy->Prepare(clock, &waited);
+      count_blocked(waited);
+      if (!have.ok()) return have.status();
 
       const size_t rows = *staged;
       SEGPS_RETURN_IF_ERROR(model.TrainStep(static_cast<int>(rows), slot));
@@ -394,29 +225,10 @@ absl::StatusOr<TrainReport> Train(const v1::JobConfig& config, const TrainerOpti
       }
       const uint64_t lag = clock - std::min(clock, *have);  // clocks this step's parameters lagged
       const bool last = epoch + 1 == epochs && s + 1 == steps_per_epoch;
-      if (synchronous && !last) {
-        // The next step needs this push applied: push and pull in one round
-        // trip. Nothing computes meanwhile, so on the CPU the values land in
-        // the model itself.
-        std::unique_ptr<EncodedPush> push = encode(clock, grad);
-        float* dest = device ? pulled[fill]->data() : model.params();
-        const absl::Time wait_start = absl::Now();
-        absl::StatusOr<uint64_t> r = client->SendAndPull(*push, absl::MakeSpan(dest, n));
-        const absl::Duration waited = absl::Now() - wait_start;
-        count_blocked(waited);
-        if (options.metrics != nullptr) {
-          options.metrics->ObservePush(absl::ToDoubleSeconds(waited), push_bytes);
-          options.metrics->ObservePull(absl::ToDoubleSeconds(waited), pull_bytes);
-        }
-        if (!r.ok()) return r.status();
-        if (dest != model.params()) {
-          SEGPS_RETURN_IF_ERROR(backend->Upload(dest, model.params(), n * sizeof(float)));
-          SEGPS_RETURN_IF_ERROR(backend->Synchronize());
-        }
-        have = *r;
-      } else {
-        SEGPS_RETURN_IF_ERROR(pusher.Enqueue(encode(clock, grad)));
-      }
+      waited = absl::ZeroDuration();
+      absl::Status sent = strategy->Finish(encode(clock, grad), last, &waited);
+      count_blocked(waited);
+      SEGPS_RETURN_IF_ERROR(sent);
       if (options.slowdown > absl::ZeroDuration()) absl::SleepFor(options.slowdown);
 
       for (Window* w : {&window, &epoch_window}) {
@@ -490,14 +302,13 @@ absl::StatusOr<TrainReport> Train(const v1::JobConfig& config, const TrainerOpti
     if (epoch + 1 < epochs) order = std::move(next_order);
   }
   if (options.progress_bar) std::printf("\n");
-  SEGPS_RETURN_IF_ERROR(pusher.Drain());
+  SEGPS_RETURN_IF_ERROR(strategy->Drain());
   report.seconds = absl::ToDoubleSeconds(absl::Now() - t0 - scoring_time);
   report.blocked_seconds = absl::ToDoubleSeconds(blocked);
   report.history.set_segment(seg.name());
   report.history.set_rank(rank);
   report.mean_staleness = report.steps ? staleness_sum / report.steps : 0;
-  // The outstanding prefetch may wait on peers; it is abandoned with the
-  // prefetcher once we leave (the server answers it or its deadline ends it).
+  // Leaving also ends an outstanding prefetch that waits on peers.
   absl::Status left = client->Leave();
   if (!left.ok()) SEGPS_LOG_WARNING << tag << ": leave: " << left.message();
   return report;

@@ -1,7 +1,7 @@
-// The worker's training loop for one segment: pull (prefetched while the
-// staleness bound allows), forward and backward one batch, push without
-// waiting (a bounded number in flight), tick the clock. With staleness 0 the
-// push and the next pull go in the same calls instead.
+// The worker's training loop for one segment: data staging, forward and
+// backward one batch, statistics and progress; how each step gets its
+// parameters and sends its gradient is the StepStrategy for the segment's
+// staleness bound (worker/step_strategy.h).
 #ifndef SEGPS_WORKER_TRAINER_H_
 #define SEGPS_WORKER_TRAINER_H_
 

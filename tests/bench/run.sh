@@ -33,13 +33,15 @@ target() {
 result() { sed -n "s/^RESULT $1 //p" "$2" | tail -1; }
 div() { awk -v a="$1" -v b="$2" 'BEGIN{ if (a=="" || b=="" || b==0) print ""; else print a/b }'; }
 
-echo "== 1. transport: push+pull rounds on loopback, against a bare gRPC echo"
+echo "== 1. transport: push+pull rounds on loopback, against bare gRPC echoes (unary, and raw buffers on a stream)"
 if [ $quick = 1 ]; then sizes=0.0625,1,4; secs=0.5; else sizes=0.0625,1,4,64; secs=2; fi
 $bin/segps-bench-transport --sizes_mb $sizes --servers 1,2 --workers 1,2 --seconds $secs | tee "$out/transport.txt"
 t4=$(result transport_4mb_gbps "$out/transport.txt"); e4=$(result echo_4mb_gbps "$out/transport.txt")
+s4=$(result echo_stream_4mb_gbps "$out/transport.txt")
 # ps-lite on this machine: 1.19-1.30 GB/s at 4.2 MB (1 server, 1 worker); midpoint 1.245.
 target transport_4mb_vs_pslite_reference "$(div "$t4" 1.245)" 1.5
 target transport_4mb_vs_grpc_echo "$(div "$t4" "$e4")" 0.9
+target transport_4mb_vs_grpc_stream_echo "$(div "$t4" "$s4")" 0.9
 
 echo "== 2. server apply: optimizer updates per second per core against the memory bound"
 if [ $quick = 1 ]; then apply_sizes=1,16; else apply_sizes=1,4,16,64; fi
@@ -219,6 +221,18 @@ if [ $quick = 0 ]; then
     printf "%-18s %12s %12s %14s %10s\n" $wire "$push" $((n * width)) "$(train_sps "$out/fmw.txt")" "$acc" | tee -a "$out/wire.txt"
   done
 fi
+
+echo "== 8. scale: lightweight workers (one process, callback streams) against server processes"
+if [ $quick = 1 ]; then scale_args="--servers 1 --staleness 0 --seconds 0.5"; else scale_args="--seconds 1.5"; fi
+$bin/segps-bench-scale $scale_args | tee "$out/scale.txt"
+limit=$(result scale_thread_limit "$out/scale.txt")
+if [ "$(result scale_1024_complete "$out/scale.txt")" = 1 ]; then
+  target scale_1024_workers_threads_vs_limit "$(div "$(result scale_1024_threads "$out/scale.txt")" "$limit")" 1.0 le
+else
+  target scale_1024_workers_threads_vs_limit "" 1.0 le
+fi
+target scale_256_vs_best_throughput "$(result scale_256_vs_best_throughput "$out/scale.txt")" 0.8
+target scale_256_p99_vs_1_worker_p50 "$(result scale_256_p99_vs_1_p50 "$out/scale.txt")" 20 le
 
 if $py -c "import matplotlib" 2> /dev/null; then
   echo "== figures (python/segps_plot.py)"

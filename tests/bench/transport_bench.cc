@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <chrono>
+#include <cstring>
 #include <fstream>
 #include <iostream>
 #include <sstream>
@@ -32,6 +33,7 @@
 #include "echo.grpc.pb.h"
 #include "tests/support/subprocess.h"
 #include "worker/ps_client.h"
+#include "worker/request_streams.h"
 
 ABSL_FLAG(std::string, sizes_mb, "0.0625,1,4,64", "Segment sizes in MB of float32");
 ABSL_FLAG(std::string, servers, "1,2", "Server counts");
@@ -102,10 +104,32 @@ struct Result {
   double gbps = 0, p50_ms = 0, p99_ms = 0, cpu_s_per_gb = 0;
 };
 
-class EchoService final : public bench::Echo::Service {
+// Writes back each buffer it reads, as it arrived.
+class EchoReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
+ public:
+  EchoReactor() { StartRead(&buffer_); }
+  void OnReadDone(bool ok) override {
+    if (!ok) return Finish(grpc::Status::OK);
+    StartWrite(&buffer_);
+  }
+  void OnWriteDone(bool ok) override {
+    if (!ok) return Finish(grpc::Status::OK);
+    buffer_.Clear();
+    StartRead(&buffer_);
+  }
+  void OnDone() override { delete this; }
+
+ private:
+  grpc::ByteBuffer buffer_;
+};
+
+class EchoService final : public bench::Echo::WithRawCallbackMethod_EchoStream<bench::Echo::Service> {
   grpc::Status Echo(grpc::ServerContext*, const bench::Blob* request, bench::Blob* reply) override {
     *reply->mutable_data() = request->data();
     return grpc::Status::OK;
+  }
+  grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* EchoStream(grpc::CallbackServerContext*) override {
+    return new EchoReactor;
   }
 };
 
@@ -138,6 +162,46 @@ Result RunEcho(const std::string& address, pid_t pid, size_t bytes, double secon
     bench::Blob reply;
     const auto t0 = Clock::now();
     if (!stub->Echo(&context, request, &reply).ok()) break;
+    rounds.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+  }
+  const double wall = std::chrono::duration<double>(Clock::now() - start).count();
+  const double gb = 2.0 * bytes * rounds.size() / 1e9;
+  const double cpu = SelfCpuSeconds() + CpuSeconds(pid) - cpu0;
+  return {gb / wall, Percentile(rounds, 0.5) * 1e3, Percentile(rounds, 0.99) * 1e3, cpu / gb};
+}
+
+// The raw stream echo: one buffer of `bytes` sent by reference (as segps
+// sends a gradient), each reply copied once into a destination (as segps
+// lands pulled values), on a stream that stays open (worker/request_streams.h).
+Result RunEchoStream(const std::string& address, pid_t pid, size_t bytes, double seconds) {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(INT32_MAX);
+  args.SetMaxSendMessageSize(INT32_MAX);
+  RequestStreams streams({grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args)},
+                         "/segps.bench.Echo/EchoStream");
+  std::vector<char> sent(bytes, 'x'), landed(bytes);
+  char* const data = sent.data();
+  const grpc::Slice slice(data, bytes, [](void*) {}, nullptr);
+  const std::vector<grpc::ByteBuffer> requests = {grpc::ByteBuffer(&slice, 1)};
+  std::vector<double> rounds;
+  const double cpu0 = SelfCpuSeconds() + CpuSeconds(pid);
+  const auto start = Clock::now();
+  while (rounds.size() < 5 || std::chrono::duration<double>(Clock::now() - start).count() < seconds) {
+    const auto t0 = Clock::now();
+    const std::vector<absl::Status> status = streams.Exchange(
+        {0}, requests, 1, absl::Seconds(60),
+        [&](size_t, grpc::ByteBuffer* reply) {
+          std::vector<grpc::Slice> slices;
+          if (!reply->Dump(&slices).ok()) return absl::InternalError("unreadable reply");
+          size_t at = 0;
+          for (const grpc::Slice& s : slices) {
+            std::memcpy(landed.data() + at, s.begin(), std::min(s.size(), bytes - at));
+            at += s.size();
+          }
+          return at == bytes ? absl::OkStatus() : absl::InternalError("short reply");
+        },
+        {0});
+    if (!status[0].ok()) break;
     rounds.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
   }
   const double wall = std::chrono::duration<double>(Clock::now() - start).count();
@@ -279,6 +343,9 @@ int Run() {
     Result e = RunEcho(echo_address, echo->pid(), floats * 4, seconds);
     std::cout << absl::StrFormat("%-10s %7s %7s %9.2f %9.3f %9.3f %10.2f\n", label, "echo", "-", e.gbps, e.p50_ms,
                                  e.p99_ms, e.cpu_s_per_gb);
+    Result es = RunEchoStream(echo_address, echo->pid(), floats * 4, seconds);
+    std::cout << absl::StrFormat("%-10s %7s %7s %9.2f %9.3f %9.3f %10.2f\n", label, "stream", "-", es.gbps,
+                                 es.p50_ms, es.p99_ms, es.cpu_s_per_gb);
     for (double s : Numbers(absl::GetFlag(FLAGS_servers))) {
       const std::vector<double> worker_counts = Numbers(absl::GetFlag(FLAGS_workers));
       const int max_workers = static_cast<int>(*std::max_element(worker_counts.begin(), worker_counts.end()));
@@ -289,7 +356,8 @@ int Run() {
         std::cout << absl::StrFormat("%-10s %7.0f %7.0f %9.2f %9.3f %9.3f %10.2f\n", label, s, w, r.gbps, r.p50_ms,
                                      r.p99_ms, r.cpu_s_per_gb);
         if (std::abs(mb - 4) < 0.5 && s == 1 && w == 1) {
-          std::cout << absl::StrFormat("RESULT transport_4mb_gbps %.3f\nRESULT echo_4mb_gbps %.3f\n", r.gbps, e.gbps);
+          std::cout << absl::StrFormat("RESULT transport_4mb_gbps %.3f\nRESULT echo_4mb_gbps %.3f\n"
+                                       "RESULT echo_stream_4mb_gbps %.3f\n", r.gbps, e.gbps, es.gbps);
         }
         if (std::abs(mb - 64) < 1 && s == 1 && w == 1) std::cout << absl::StrFormat("RESULT transport_64mb_gbps %.3f\n", r.gbps);
         if (std::abs(mb - 4) < 0.5 && s == 2 && w == 2) {
