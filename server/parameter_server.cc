@@ -61,6 +61,8 @@ absl::StatusOr<std::unique_ptr<ParameterServer>> ParameterServer::Create(const v
   const int segments = server->map_.num_segments();
   if (apply_threads > 1) server->apply_pool_ = std::make_unique<ApplyPool>(apply_threads);
   server->rejected_ = std::make_unique<std::atomic<uint64_t>[]>(segments + 1);
+  server->push_bytes_ = std::make_unique<std::atomic<uint64_t>[]>(segments);
+  server->pull_bytes_ = std::make_unique<std::atomic<uint64_t>[]>(segments);
   for (int k = 0; k < segments; ++k) {
     ShardOptions options;
     options.segment = k;
@@ -211,6 +213,7 @@ void ParameterServer::FillValues(Range chunk, v1::DType dtype, v1::TensorSlice* 
 
 void ParameterServer::ObservePull(uint32_t segment, absl::Time start, size_t bytes, uint64_t staleness,
                                   absl::Duration blocked) {
+  pull_bytes_[segment].fetch_add(bytes, std::memory_order_relaxed);
   if (metrics_ == nullptr) return;
   metrics_->ObservePull(static_cast<int>(segment), absl::ToDoubleSeconds(absl::Now() - start), bytes, staleness,
                         absl::ToDoubleSeconds(blocked));
@@ -277,6 +280,7 @@ void ParameterServer::Push(const v1::PushRequest& request, Payload data, absl::T
         }
         response->set_applied(result->applied);
         response->set_next_clock(result->next_clock);
+        push_bytes_[segment].fetch_add(bytes, std::memory_order_relaxed);
         if (metrics_ != nullptr) {
           metrics_->ObservePush(static_cast<int>(segment), absl::ToDoubleSeconds(absl::Now() - start), bytes,
                                 result->applied, absl::ToDoubleSeconds(result->apply));
@@ -350,6 +354,8 @@ void ParameterServer::Stats(v1::StatsResponse* response) {
     shards_[k]->FillStats(stats, response->mutable_workers());
     stats->set_name(config_.model().segments(k).name());
     stats->set_rejected(rejected_[k].load(std::memory_order_relaxed));
+    stats->set_push_bytes(push_bytes_[k].load(std::memory_order_relaxed));
+    stats->set_pull_bytes(pull_bytes_[k].load(std::memory_order_relaxed));
   }
 }
 

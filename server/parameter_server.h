@@ -105,7 +105,8 @@ class ParameterServer {
   Clock* const clock_;
   std::unique_ptr<ApplyPool> apply_pool_;  // null with one apply thread; outlives the shards
   std::vector<std::unique_ptr<SegmentShard>> shards_;
-  std::unique_ptr<std::atomic<uint64_t>[]> rejected_;
+  // Per segment (rejected_: one more, for unknown segments).
+  std::unique_ptr<std::atomic<uint64_t>[]> rejected_, push_bytes_, pull_bytes_;
   std::atomic<uint64_t> next_worker_id_{1};
 
   Mutex ticker_mu_;

@@ -3,6 +3,7 @@
 // as JSON.
 //
 //   segps-eval --config job.pbtxt --servers HOST:PORT,... [--report out.json]
+#include <algorithm>
 #include <fstream>
 #include <iostream>
 
@@ -38,6 +39,24 @@ namespace {
 int Fail(const std::string& message) {
   std::cerr << "segps-eval: " << message << "\n";
   return 1;
+}
+
+// Each segment's tensor bytes a step, as the servers counted them (a step
+// is one update on every server).
+void PrintTraffic(const std::vector<segps::v1::StatsResponse>& servers) {
+  for (int k = 0; k < servers[0].segments_size(); ++k) {
+    uint64_t steps = 0, push = 0, pull = 0;
+    for (const auto& server : servers) {
+      const segps::v1::SegmentStats& seg = server.segments(k);
+      steps = std::max(steps, seg.updates());
+      push += seg.push_bytes();
+      pull += seg.pull_bytes();
+    }
+    std::cout << absl::StrFormat("traffic %s: %d steps, push bytes/step %.0f, pull bytes/step %.0f (server counters)\n",
+                                 servers[0].segments(k).name(), steps,
+                                 static_cast<double>(push) / std::max<uint64_t>(steps, 1),
+                                 static_cast<double>(pull) / std::max<uint64_t>(steps, 1));
+  }
 }
 
 // Training is over when every server has applied updates to every segment
@@ -83,6 +102,10 @@ int main(int argc, char** argv) {
   if (absl::GetFlag(FLAGS_wait_for_training)) {
     absl::Status waited = WaitForTraining(**client, absl::Seconds(absl::GetFlag(FLAGS_wait_timeout_s)));
     if (!waited.ok()) return Fail(std::string(waited.message()));
+  }
+  // Counted before this evaluation's own reads.
+  if (absl::StatusOr<std::vector<segps::v1::StatsResponse>> stats = (*client)->Stats(); stats.ok()) {
+    PrintTraffic(*stats);
   }
   absl::StatusOr<std::vector<std::vector<float>>> params =
       segps::PullParameters(**client, config->model(), config->cluster().num_servers());

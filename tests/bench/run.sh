@@ -201,7 +201,6 @@ done
 if [ $quick = 0 ]; then
   echo "Fashion-MNIST MLP (235,146 parameters), 1 server, 1 worker, staleness 1, 8 epochs:"
   printf "%-18s %12s %12s %14s %10s\n" wire "push B/step" "pull B/step" "train samp/s" accuracy | tee "$out/wire.txt"
-  n=235146
   for wire in float32 bfloat16 float16 topk10 topk1 topk1-bfloat16; do
     fmnist_config "$out/fmw.pbtxt" 1 1 8 1
     dtype=FLOAT32; topk=0
@@ -216,9 +215,10 @@ if [ $quick = 0 ]; then
     sed -i "s/lease_ms: 10000 }/lease_ms: 10000 wire_dtype: $dtype }/; s/test_every_epoch: true }/test_every_epoch: true gradient_topk: $topk }/" "$out/fmw.pbtxt"
     $bin/segps-local --config "$out/fmw.pbtxt" --report "$out/fmw.json" > "$out/fmw.txt" 2>&1
     acc=$(sed -n 's/.*"ensemble": {"name": "ensemble", "accuracy": \([0-9.]*\).*/\1/p' "$out/fmw.json")
-    width=$([ $dtype = FLOAT32 ] && echo 4 || echo 2)
-    push=$(awk -v n=$n -v w=$width -v t=$topk 'BEGIN{k=int(t*n+0.5); print (t>0) ? k*(4+w) : n*w}')
-    printf "%-18s %12s %12s %14s %10s\n" $wire "$push" $((n * width)) "$(train_sps "$out/fmw.txt")" "$acc" | tee -a "$out/wire.txt"
+    # Bytes a step as the server counted them (segps-eval's traffic line).
+    push=$(sed -n 's/.*traffic .*push bytes\/step \([0-9]*\),.*/\1/p' "$out/fmw.txt" | head -1)
+    pull=$(sed -n 's/.*pull bytes\/step \([0-9]*\) .*/\1/p' "$out/fmw.txt" | head -1)
+    printf "%-18s %12s %12s %14s %10s\n" $wire "$push" "$pull" "$(train_sps "$out/fmw.txt")" "$acc" | tee -a "$out/wire.txt"
   done
 fi
 
