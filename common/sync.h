@@ -65,6 +65,9 @@ class CondVar {
 class Latch {
  public:
   explicit Latch(int count) : count_(count) {}
+  // Waits for the last CountDown to let go of the mutex, so that a waiter
+  // may destroy the latch as soon as Wait returns.
+  ~Latch() { MutexLock lock(&mu_); }
   void CountDown() {
     MutexLock lock(&mu_);
     if (--count_ == 0) zero_.SignalAll();

@@ -349,6 +349,7 @@ void ParameterServer::Stats(v1::StatsResponse* response) {
   response->set_server_index(index_);
   response->set_model_fingerprint(model_fingerprint_);
   response->set_shard_fingerprint(map_.fingerprint());
+  response->set_waiting_calls(static_cast<uint32_t>(Waiting()));
   for (size_t k = 0; k < shards_.size(); ++k) {
     v1::SegmentStats* stats = response->add_segments();
     shards_[k]->FillStats(stats, response->mutable_workers());

@@ -198,8 +198,9 @@ void Stream::OnReadDone(bool ok) {
 }
 void Stream::OnDone(const grpc::Status& status) {
   if (!status.ok()) worker_->Failed(status);
-  worker_->StreamDone();
-  delete this;
+  Worker* const worker = worker_;
+  delete this;  // before the count that lets the channels go
+  worker->StreamDone();
 }
 
 struct Row {

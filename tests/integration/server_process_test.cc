@@ -8,6 +8,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -193,6 +195,71 @@ TEST_F(ServerProcessTest, StalenessPushesAndBadInput) {
   ASSERT_TRUE(stubs_[0]->Stats(&ctx, v1::StatsRequest(), &stats).ok());
   EXPECT_EQ(stats.segments(0).pushes(), 3u);
   EXPECT_GE(stats.segments(0).rejected(), 5u);
+}
+
+// Threads of a process, from /proc.
+int Threads(pid_t pid) {
+  const std::string status = ReadFile(absl::StrCat("/proc/", pid, "/status"));
+  const size_t at = status.find("Threads:");
+  return at == std::string::npos ? -1 : std::atoi(status.c_str() + at + 8);
+}
+
+// Pulls behind the staleness bound park in the server without a thread
+// each: 300 of them wait at once while the server's threads stay within
+// gRPC's own and its ticker, and the push that completes the clock
+// answers every one with the values of both workers' steps.
+TEST_F(ServerProcessTest, WaitingPullsHoldNoThreadAndOnePushReleasesThemAll) {
+  constexpr int kPulls = 300;
+  const uint64_t a = Register(0, 0), b = Register(0, 1);
+  v1::PushResponse pushed;
+  ASSERT_TRUE(Call(0, Push(0, a, 0, 1.0f), &pushed).ok());
+  const int threads_before = Threads(servers_[0]->pid());
+  grpc::CompletionQueue cq;
+  struct Waiting {
+    grpc::ClientContext context;
+    v1::PullResponse response;
+    grpc::Status status;
+    std::unique_ptr<grpc::ClientAsyncResponseReader<v1::PullResponse>> call;
+  };
+  std::vector<Waiting> pulls(kPulls);
+  v1::PullRequest pull;
+  pull.set_segment(0);
+  pull.set_worker_id(a);
+  pull.set_clock(1);
+  for (int i = 0; i < kPulls; ++i) {
+    pulls[i].context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+    pulls[i].call = stubs_[0]->AsyncPull(&pulls[i].context, pull, &cq);
+    pulls[i].call->Finish(&pulls[i].response, &pulls[i].status, &pulls[i]);
+  }
+  // The server says when all of them are parked.
+  v1::StatsResponse stats;
+  const absl::Time give_up = absl::Now() + absl::Seconds(30);
+  do {
+    grpc::ClientContext ctx;
+    ASSERT_TRUE(stubs_[0]->Stats(&ctx, v1::StatsRequest(), &stats).ok());
+  } while (stats.waiting_calls() < kPulls && absl::Now() < give_up);
+  ASSERT_EQ(stats.waiting_calls(), static_cast<uint32_t>(kPulls));
+  const int threads_waiting = Threads(servers_[0]->pid());
+  EXPECT_LE(threads_waiting, threads_before + 4) << "threads grew with the waiting calls";
+  EXPECT_LT(threads_waiting, 4 * static_cast<int>(std::thread::hardware_concurrency()) + 8);
+
+  const float before = Read(0)[0];
+  ASSERT_TRUE(Call(0, Push(0, b, 0, 2.0f), &pushed).ok());
+  for (int i = 0; i < kPulls; ++i) {
+    void* tag = nullptr;
+    bool ok = false;
+    ASSERT_TRUE(cq.Next(&tag, &ok));
+    Waiting* done = static_cast<Waiting*>(tag);
+    ASSERT_TRUE(done->status.ok()) << done->status.error_message();
+    EXPECT_EQ(done->response.clock(), 1u);
+    std::vector<float> values(done->response.values().count());
+    DecodeFloat32(done->response.values(), absl::MakeSpan(values));
+    EXPECT_FLOAT_EQ(values[0], before - 2.0f);
+  }
+  grpc::ClientContext ctx;
+  ASSERT_TRUE(stubs_[0]->Stats(&ctx, v1::StatsRequest(), &stats).ok());
+  EXPECT_EQ(stats.waiting_calls(), 0u);
+  cq.Shutdown();
 }
 
 // Bytes that are no message of the method's type are the client's mistake:
