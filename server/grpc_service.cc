@@ -7,12 +7,14 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 
 #include "absl/functional/any_invocable.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/grpc_status.h"
 #include "common/tensor_wire_grpc.h"
+#include "server/handler_pool.h"
 #include "segps/v1/parameter_server.grpc.pb.h"
 
 namespace segps {
@@ -86,12 +88,32 @@ struct InFlight {
   OutgoingValues values;
 };
 
-void ServePull(ParameterServer* server, absl::Time deadline, const char* name, const grpc::ByteBuffer& bytes,
-               Reply finish) {
+// Serves a parsed pull.
+void Pull(ParameterServer* server, absl::Time deadline, const v1::PullRequest& request, Reply finish);
+
+// Tensor bytes from which a request is served on the handler pool.
+constexpr size_t kHeavyBytes = 256 << 10;
+
+void ServePull(ParameterServer* server, HandlerPool* pool, absl::Time deadline, const char* name,
+               const grpc::ByteBuffer& bytes, Reply finish) {
   v1::PullRequest request;
   if (grpc::Status parsed = Parse(name, bytes, &request); !parsed.ok()) {
     return std::move(finish)(parsed, grpc::ByteBuffer());
   }
+  // The values' encoding is the work: by the range the reply carries.
+  const ShardMap& map = server->shard_map();
+  if (pool != nullptr && request.segment() < static_cast<uint32_t>(map.num_segments())) {
+    const uint64_t count = request.count() != 0 ? request.count() : map.range(request.segment(), server->index()).count;
+    if (count * sizeof(float) >= kHeavyBytes) {
+      return pool->Post([server, deadline, request, finish = std::move(finish)]() mutable {
+        Pull(server, deadline, request, std::move(finish));
+      });
+    }
+  }
+  Pull(server, deadline, request, std::move(finish));
+}
+
+void Pull(ParameterServer* server, absl::Time deadline, const v1::PullRequest& request, Reply finish) {
   auto call = std::make_unique<InFlight<v1::PullResponse>>();
   InFlight<v1::PullResponse>* const c = call.get();
   server->Pull(request, deadline, c->values.reader(), &c->response,
@@ -102,7 +124,14 @@ void ServePull(ParameterServer* server, absl::Time deadline, const char* name, c
                });
 }
 
-void ServePush(ParameterServer* server, absl::Time deadline, const grpc::ByteBuffer& bytes, Reply finish) {
+void ServePush(ParameterServer* server, HandlerPool* pool, absl::Time deadline, const grpc::ByteBuffer& bytes,
+               Reply finish) {
+  // `bytes` stays valid until `finish` runs.
+  if (pool != nullptr && bytes.Length() >= kHeavyBytes) {
+    return pool->Post([server, deadline, &bytes, finish = std::move(finish)]() mutable {
+      ServePush(server, nullptr, deadline, bytes, std::move(finish));
+    });
+  }
   v1::PushRequest header;
   v1::TensorSlice tensor;
   Payload data;
@@ -128,16 +157,15 @@ void ServePush(ParameterServer* server, absl::Time deadline, const grpc::ByteBuf
 // own, so a request's wait is capped by the server's limit alone.
 class StreamReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
-  using Serve = void (*)(ParameterServer*, const grpc::ByteBuffer&, Reply);
-  StreamReactor(ParameterServer* server, Serve serve, std::atomic<uint32_t>* open)
-      : server_(server), serve_(serve), open_(open) {
+  using Serve = std::function<void(const grpc::ByteBuffer&, Reply)>;
+  StreamReactor(Serve serve, std::atomic<uint32_t>* open) : serve_(std::move(serve)), open_(open) {
     open_->fetch_add(1);
     StartRead(&request_);
   }
 
   void OnReadDone(bool ok) override {
     if (!ok) return Finish(grpc::Status::OK);  // the client is done
-    serve_(server_, request_, [this](grpc::Status status, grpc::ByteBuffer reply) {
+    serve_(request_, [this](grpc::Status status, grpc::ByteBuffer reply) {
       if (!status.ok()) return Finish(status);
       request_.Clear();
       reply_ = std::move(reply);
@@ -155,7 +183,6 @@ class StreamReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grp
   }
 
  private:
-  ParameterServer* const server_;
   const Serve serve_;
   std::atomic<uint32_t>* const open_;
   grpc::ByteBuffer request_, reply_;
@@ -174,7 +201,7 @@ using RawService = v1::ParameterServer::WithRawCallbackMethod_Register<
 
 class Service final : public RawService {
  public:
-  explicit Service(ParameterServer* server) : server_(server) {}
+  Service(ParameterServer* server, int handler_threads) : server_(server), pool_(handler_threads) {}
 
   grpc::ServerUnaryReactor* Register(grpc::CallbackServerContext* context, const grpc::ByteBuffer* bytes,
                                      grpc::ByteBuffer* reply) override {
@@ -211,7 +238,7 @@ class Service final : public RawService {
   grpc::ServerUnaryReactor* Pull(grpc::CallbackServerContext* context, const grpc::ByteBuffer* bytes,
                                  grpc::ByteBuffer* reply) override {
     grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-    ServePull(server_, WaitDeadline(context, *server_), "Pull", *bytes,
+    ServePull(server_, &pool_, WaitDeadline(context, *server_), "Pull", *bytes,
               [reactor, reply](grpc::Status status, grpc::ByteBuffer out) {
                 *reply = std::move(out);
                 reactor->Finish(status);
@@ -221,7 +248,7 @@ class Service final : public RawService {
   grpc::ServerUnaryReactor* Push(grpc::CallbackServerContext* context, const grpc::ByteBuffer* bytes,
                                  grpc::ByteBuffer* reply) override {
     grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-    ServePush(server_, WaitDeadline(context, *server_), *bytes,
+    ServePush(server_, &pool_, WaitDeadline(context, *server_), *bytes,
               [reactor, reply](grpc::Status status, grpc::ByteBuffer out) {
                 *reply = std::move(out);
                 reactor->Finish(status);
@@ -231,17 +258,16 @@ class Service final : public RawService {
 
   grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* PushStream(grpc::CallbackServerContext*) override {
     return new StreamReactor(
-        server_,
-        [](ParameterServer* server, const grpc::ByteBuffer& bytes, Reply finish) {
-          ServePush(server, server->clock()->Now() + server->max_wait(), bytes, std::move(finish));
+        [this](const grpc::ByteBuffer& bytes, Reply finish) {
+          ServePush(server_, &pool_, server_->clock()->Now() + server_->max_wait(), bytes, std::move(finish));
         },
         &open_streams_);
   }
   grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* PullStream(grpc::CallbackServerContext*) override {
     return new StreamReactor(
-        server_,
-        [](ParameterServer* server, const grpc::ByteBuffer& bytes, Reply finish) {
-          ServePull(server, server->clock()->Now() + server->max_wait(), "PullStream", bytes, std::move(finish));
+        [this](const grpc::ByteBuffer& bytes, Reply finish) {
+          ServePull(server_, &pool_, server_->clock()->Now() + server_->max_wait(), "PullStream", bytes,
+                    std::move(finish));
         },
         &open_streams_);
   }
@@ -262,6 +288,7 @@ class Service final : public RawService {
   }
 
   ParameterServer* const server_;
+  HandlerPool pool_;
   std::atomic<uint32_t> open_streams_{0};
 };
 
@@ -292,8 +319,8 @@ class GrpcRunningServer final : public RunningServer {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<RunningServer>> StartGrpcServer(ParameterServer* server,
-                                                               const std::string& listen) {
-  auto service = std::make_unique<Service>(server);
+                                                               const std::string& listen, int handler_threads) {
+  auto service = std::make_unique<Service>(server, handler_threads);
   // The standard grpc.health.v1.Health service, for orchestrators' health checks.
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;

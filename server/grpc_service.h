@@ -22,9 +22,11 @@ class RunningServer {
   virtual void Shutdown(absl::Duration grace) = 0;
 };
 
-// Serves `server` (which must outlive the result) on `listen` ("host:port").
-absl::StatusOr<std::unique_ptr<RunningServer>> StartGrpcServer(ParameterServer* server,
-                                                               const std::string& listen);
+// Serves `server` (which must outlive the result) on `listen` ("host:port")
+// on gRPC's callback API. Pushes and pulls of 256 KiB or more are served on
+// `handler_threads` threads of the service's own (server/handler_pool.h).
+absl::StatusOr<std::unique_ptr<RunningServer>> StartGrpcServer(ParameterServer* server, const std::string& listen,
+                                                               int handler_threads = 2);
 
 }  // namespace segps
 

@@ -28,6 +28,9 @@ ABSL_FLAG(std::string, metrics_listen, "",
 ABSL_FLAG(int32_t, apply_threads, 1,
           "Threads a push's optimizer update is split over (updates of 128K elements or more). More than one "
           "shortens a synchronous worker's wait where the server has idle cores.");
+ABSL_FLAG(int32_t, handler_threads, 2,
+          "Threads that serve pushes and pulls of 256 KiB or more, so that gRPC's own threads keep reading the "
+          "sockets meanwhile (smaller requests are served where they arrive).");
 ABSL_FLAG(std::string, listen, "",
           "host:port to serve on. Default: cluster.server_addresses[index] if listed, else "
           "127.0.0.1:0 (a free loopback port). Use 0.0.0.0:PORT to serve other hosts.");
@@ -61,6 +64,11 @@ int main(int argc, char** argv) {
   const int32_t apply_threads = absl::GetFlag(FLAGS_apply_threads);
   if (apply_threads < 1 || apply_threads > 256) {
     std::cerr << "segps-server: --apply_threads must be in [1, 256], got " << apply_threads << "\n";
+    return 2;
+  }
+  const int32_t handler_threads = absl::GetFlag(FLAGS_handler_threads);
+  if (handler_threads < 1 || handler_threads > 256) {
+    std::cerr << "segps-server: --handler_threads must be in [1, 256], got " << handler_threads << "\n";
     return 2;
   }
   std::string listen = absl::GetFlag(FLAGS_listen);
@@ -99,7 +107,7 @@ int main(int argc, char** argv) {
     return 1;
   }
   absl::StatusOr<std::unique_ptr<segps::RunningServer>> running =
-      segps::StartGrpcServer(server->get(), listen);
+      segps::StartGrpcServer(server->get(), listen, handler_threads);
   if (!running.ok()) {
     std::cerr << "segps-server: " << running.status().message() << "\n";
     return 1;
