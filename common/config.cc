@@ -359,6 +359,11 @@ absl::StatusOr<v1::JobConfig> LoadConfig(const std::string& path) {
                             data->mutable_test_y(), data->mutable_train_csv(), data->mutable_test_csv()}) {
     if (!file->empty() && (*file)[0] != '/') *file = dir + *file;
   }
+  auto* security = config->mutable_security();
+  for (std::string* file : {security->mutable_ca_cert(), security->mutable_cert(), security->mutable_key(),
+                            security->mutable_token_file()}) {
+    if (!file->empty() && (*file)[0] != '/') *file = dir + *file;
+  }
   return config;
 }
 

@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/grpc_status.h"
+#include "common/security.h"
 #include "common/tensor_wire_grpc.h"
 #include "server/handler_pool.h"
 #include "segps/v1/parameter_server.grpc.pb.h"
@@ -94,11 +95,15 @@ void Pull(ParameterServer* server, absl::Time deadline, const v1::PullRequest& r
 // Tensor bytes from which a request is served on the handler pool.
 constexpr size_t kHeavyBytes = 256 << 10;
 
-void ServePull(ParameterServer* server, HandlerPool* pool, absl::Time deadline, const char* name,
-               const grpc::ByteBuffer& bytes, Reply finish) {
+void ServePull(ParameterServer* server, HandlerPool* pool, const grpc::AuthContext& auth, absl::Time deadline,
+               const char* name, const grpc::ByteBuffer& bytes, Reply finish) {
   v1::PullRequest request;
   if (grpc::Status parsed = Parse(name, bytes, &request); !parsed.ok()) {
     return std::move(finish)(parsed, grpc::ByteBuffer());
+  }
+  if (absl::Status allowed = AuthorizeCall(auth, request.worker_id() != 0 || !request.reader(), name);
+      !allowed.ok()) {
+    return std::move(finish)(ToGrpcStatus(allowed), grpc::ByteBuffer());
   }
   // The values' encoding is the work: by the range the reply carries.
   const ShardMap& map = server->shard_map();
@@ -124,12 +129,15 @@ void Pull(ParameterServer* server, absl::Time deadline, const v1::PullRequest& r
                });
 }
 
-void ServePush(ParameterServer* server, HandlerPool* pool, absl::Time deadline, const grpc::ByteBuffer& bytes,
-               Reply finish) {
+void ServePush(ParameterServer* server, HandlerPool* pool, const grpc::AuthContext& auth, absl::Time deadline,
+               const grpc::ByteBuffer& bytes, Reply finish) {
+  if (absl::Status allowed = AuthorizeCall(auth, true, "Push"); !allowed.ok()) {
+    return std::move(finish)(ToGrpcStatus(allowed), grpc::ByteBuffer());
+  }
   // `bytes` stays valid until `finish` runs.
   if (pool != nullptr && bytes.Length() >= kHeavyBytes) {
-    return pool->Post([server, deadline, &bytes, finish = std::move(finish)]() mutable {
-      ServePush(server, nullptr, deadline, bytes, std::move(finish));
+    return pool->Post([server, &auth, deadline, &bytes, finish = std::move(finish)]() mutable {
+      ServePush(server, nullptr, auth, deadline, bytes, std::move(finish));
     });
   }
   v1::PushRequest header;
@@ -206,7 +214,7 @@ class Service final : public RawService {
   grpc::ServerUnaryReactor* Register(grpc::CallbackServerContext* context, const grpc::ByteBuffer* bytes,
                                      grpc::ByteBuffer* reply) override {
     return Control<v1::RegisterRequest, v1::RegisterResponse>(
-        context, "Register", bytes, reply,
+        context, "Register", true, bytes, reply,
         [this](const v1::RegisterRequest& request, v1::RegisterResponse* response) {
           return server_->Register(request, response);
         });
@@ -214,7 +222,7 @@ class Service final : public RawService {
   grpc::ServerUnaryReactor* Heartbeat(grpc::CallbackServerContext* context, const grpc::ByteBuffer* bytes,
                                       grpc::ByteBuffer* reply) override {
     return Control<v1::HeartbeatRequest, v1::HeartbeatResponse>(
-        context, "Heartbeat", bytes, reply,
+        context, "Heartbeat", true, bytes, reply,
         [this](const v1::HeartbeatRequest& request, v1::HeartbeatResponse* response) {
           return server_->Heartbeat(request, response);
         });
@@ -222,13 +230,13 @@ class Service final : public RawService {
   grpc::ServerUnaryReactor* Leave(grpc::CallbackServerContext* context, const grpc::ByteBuffer* bytes,
                                   grpc::ByteBuffer* reply) override {
     return Control<v1::LeaveRequest, v1::LeaveResponse>(
-        context, "Leave", bytes, reply,
+        context, "Leave", true, bytes, reply,
         [this](const v1::LeaveRequest& request, v1::LeaveResponse*) { return server_->Leave(request); });
   }
   grpc::ServerUnaryReactor* Stats(grpc::CallbackServerContext* context, const grpc::ByteBuffer* bytes,
                                   grpc::ByteBuffer* reply) override {
     return Control<v1::StatsRequest, v1::StatsResponse>(
-        context, "Stats", bytes, reply, [this](const v1::StatsRequest&, v1::StatsResponse* response) {
+        context, "Stats", false, bytes, reply, [this](const v1::StatsRequest&, v1::StatsResponse* response) {
           server_->Stats(response);
           response->set_open_streams(open_streams_.load());
           return absl::OkStatus();
@@ -238,7 +246,7 @@ class Service final : public RawService {
   grpc::ServerUnaryReactor* Pull(grpc::CallbackServerContext* context, const grpc::ByteBuffer* bytes,
                                  grpc::ByteBuffer* reply) override {
     grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-    ServePull(server_, &pool_, WaitDeadline(context, *server_), "Pull", *bytes,
+    ServePull(server_, &pool_, *context->auth_context(), WaitDeadline(context, *server_), "Pull", *bytes,
               [reactor, reply](grpc::Status status, grpc::ByteBuffer out) {
                 *reply = std::move(out);
                 reactor->Finish(status);
@@ -248,7 +256,7 @@ class Service final : public RawService {
   grpc::ServerUnaryReactor* Push(grpc::CallbackServerContext* context, const grpc::ByteBuffer* bytes,
                                  grpc::ByteBuffer* reply) override {
     grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-    ServePush(server_, &pool_, WaitDeadline(context, *server_), *bytes,
+    ServePush(server_, &pool_, *context->auth_context(), WaitDeadline(context, *server_), *bytes,
               [reactor, reply](grpc::Status status, grpc::ByteBuffer out) {
                 *reply = std::move(out);
                 reactor->Finish(status);
@@ -256,17 +264,17 @@ class Service final : public RawService {
     return reactor;
   }
 
-  grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* PushStream(grpc::CallbackServerContext*) override {
+  grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* PushStream(grpc::CallbackServerContext* context) override {
     return new StreamReactor(
-        [this](const grpc::ByteBuffer& bytes, Reply finish) {
-          ServePush(server_, &pool_, server_->clock()->Now() + server_->max_wait(), bytes, std::move(finish));
+        [this, auth = context->auth_context()](const grpc::ByteBuffer& bytes, Reply finish) {
+          ServePush(server_, &pool_, *auth, server_->clock()->Now() + server_->max_wait(), bytes, std::move(finish));
         },
         &open_streams_);
   }
-  grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* PullStream(grpc::CallbackServerContext*) override {
+  grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* PullStream(grpc::CallbackServerContext* context) override {
     return new StreamReactor(
-        [this](const grpc::ByteBuffer& bytes, Reply finish) {
-          ServePull(server_, &pool_, server_->clock()->Now() + server_->max_wait(), "PullStream", bytes,
+        [this, auth = context->auth_context()](const grpc::ByteBuffer& bytes, Reply finish) {
+          ServePull(server_, &pool_, *auth, server_->clock()->Now() + server_->max_wait(), "PullStream", bytes,
                     std::move(finish));
         },
         &open_streams_);
@@ -275,12 +283,13 @@ class Service final : public RawService {
  private:
   // A call that never waits: parse, run, reply.
   template <typename Request, typename Response, typename Run>
-  grpc::ServerUnaryReactor* Control(grpc::CallbackServerContext* context, const char* name,
+  grpc::ServerUnaryReactor* Control(grpc::CallbackServerContext* context, const char* name, bool worker_call,
                                     const grpc::ByteBuffer* bytes, grpc::ByteBuffer* reply, Run run) {
     grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
     Request request;
     Response response;
-    grpc::Status status = Parse(name, *bytes, &request);
+    grpc::Status status = ToGrpcStatus(AuthorizeCall(*context->auth_context(), worker_call, name));
+    if (status.ok()) status = Parse(name, *bytes, &request);
     if (status.ok()) status = ToGrpcStatus(run(request, &response));
     if (status.ok()) *reply = Serialize(response);
     reactor->Finish(status);
@@ -325,7 +334,11 @@ absl::StatusOr<std::unique_ptr<RunningServer>> StartGrpcServer(ParameterServer* 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
   int port = 0;
-  builder.AddListeningPort(listen, grpc::InsecureServerCredentials(), &port);
+  absl::StatusOr<Security> security = LoadSecurity(server->config().security());
+  if (!security.ok()) return security.status();
+  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials = ServerCredentials(*security);
+  if (!credentials.ok()) return credentials.status();
+  builder.AddListeningPort(listen, *credentials, &port);
   const int max_bytes = static_cast<int>(server->config().cluster().max_message_bytes());
   builder.SetMaxReceiveMessageSize(max_bytes);
   builder.SetMaxSendMessageSize(max_bytes);

@@ -16,6 +16,7 @@
 #include "common/lock_checks.h"
 #include "common/malloc_tuning.h"
 #include "common/config.h"
+#include "common/security.h"
 #include "common/log.h"
 #include "common/metrics.h"
 #include "server/grpc_service.h"
@@ -55,6 +56,7 @@ int main(int argc, char** argv) {
     std::cerr << "segps-server: " << config.status().message() << "\n";
     return 2;
   }
+  segps::ApplySecurityFlags(config->mutable_security());
   const int32_t index = absl::GetFlag(FLAGS_index);
   if (index < 0 || index >= static_cast<int32_t>(config->cluster().num_servers())) {
     std::cerr << "segps-server: --index must be in [0, " << config->cluster().num_servers()

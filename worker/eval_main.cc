@@ -15,6 +15,7 @@
 #include "common/lock_checks.h"
 #include "common/malloc_tuning.h"
 #include "common/config.h"
+#include "common/security.h"
 #include "worker/backend.h"
 #include "worker/dataset.h"
 #include "worker/evaluator.h"
@@ -95,6 +96,7 @@ int main(int argc, char** argv) {
   if (absl::GetFlag(FLAGS_config).empty()) return Fail("--config is required (see --help)");
   absl::StatusOr<segps::v1::JobConfig> config = segps::LoadConfig(absl::GetFlag(FLAGS_config));
   if (!config.ok()) return Fail(std::string(config.status().message()));
+  segps::ApplySecurityFlags(config->mutable_security());
   absl::StatusOr<std::unique_ptr<segps::ParameterClient>> client =
       segps::ConnectGrpc(*config, segps::ServerAddresses(absl::GetFlag(FLAGS_servers), *config));
   if (!client.ok()) return Fail(std::string(client.status().message()));

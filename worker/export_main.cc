@@ -9,6 +9,7 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "common/config.h"
+#include "common/security.h"
 #include "common/lock_checks.h"
 #include "worker/dataset.h"
 #include "worker/model_file.h"
@@ -39,6 +40,7 @@ int main(int argc, char** argv) {
   }
   absl::StatusOr<segps::v1::JobConfig> config = segps::LoadConfig(absl::GetFlag(FLAGS_config));
   if (!config.ok()) return Fail(std::string(config.status().message()));
+  segps::ApplySecurityFlags(config->mutable_security());
   absl::StatusOr<std::unique_ptr<segps::ParameterClient>> client =
       segps::ConnectGrpc(*config, segps::ServerAddresses(absl::GetFlag(FLAGS_servers), *config));
   if (!client.ok()) return Fail(std::string(client.status().message()));

@@ -20,6 +20,7 @@
 #include "absl/time/clock.h"
 #include "common/config.h"
 #include "common/grpc_status.h"
+#include "common/security.h"
 #include "common/status_macros.h"
 #include "common/tensor_wire_grpc.h"
 #include "segps/v1/parameter_server.grpc.pb.h"
@@ -81,7 +82,8 @@ class Backoff {
 
 class GrpcClient final : public ParameterClient {
  public:
-  GrpcClient(const v1::JobConfig& config, ShardMap map, std::vector<std::string> addresses)
+  GrpcClient(const v1::JobConfig& config, ShardMap map, std::vector<std::string> addresses,
+             const std::shared_ptr<grpc::ChannelCredentials>& credentials)
       : map_(std::move(map)), addresses_(std::move(addresses)),
         fingerprint_(ModelFingerprint(config)),
         rpc_deadline_(absl::Milliseconds(config.cluster().rpc_deadline_ms())),
@@ -93,7 +95,7 @@ class GrpcClient final : public ParameterClient {
     args.SetMaxSendMessageSize(static_cast<int>(config.cluster().max_message_bytes()));
     std::vector<std::shared_ptr<grpc::Channel>> channels;
     for (const std::string& address : addresses_) {
-      channels.push_back(grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args));
+      channels.push_back(grpc::CreateCustomChannel(address, credentials, args));
       stubs_.push_back(v1::ParameterServer::NewStub(channels.back()));
     }
     push_streams_ = std::make_unique<RequestStreams>(channels, kPushStreamMethod);
@@ -481,7 +483,11 @@ absl::StatusOr<std::unique_ptr<ParameterClient>> ConnectGrpc(const v1::JobConfig
   }
   absl::StatusOr<ShardMap> map = ShardMap::Create(config.model(), config.cluster().num_servers());
   if (!map.ok()) return map.status();
-  return std::unique_ptr<ParameterClient>(new GrpcClient(config, *std::move(map), addresses));
+  absl::StatusOr<Security> security = LoadSecurity(config.security());
+  if (!security.ok()) return security.status();
+  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials = ChannelCredentials(*security);
+  if (!credentials.ok()) return credentials.status();
+  return std::unique_ptr<ParameterClient>(new GrpcClient(config, *std::move(map), addresses, *credentials));
 }
 
 std::vector<std::string> ServerAddresses(const std::string& flag, const v1::JobConfig& config) {

@@ -15,6 +15,7 @@
 #include "common/lock_checks.h"
 #include "common/malloc_tuning.h"
 #include "common/config.h"
+#include "common/security.h"
 #include "common/log.h"
 #include "common/metrics.h"
 #include "worker/backend.h"
@@ -64,6 +65,7 @@ int main(int argc, char** argv) {
   if (absl::GetFlag(FLAGS_config).empty()) return Fail("--config is required (see --help)");
   absl::StatusOr<segps::v1::JobConfig> config = segps::LoadConfig(absl::GetFlag(FLAGS_config));
   if (!config.ok()) return Fail(std::string(config.status().message()));
+  segps::ApplySecurityFlags(config->mutable_security());
 
   const std::string segment_flag = absl::GetFlag(FLAGS_segment);
   const int segment = segps::SegmentIndex(config->model(), segment_flag);

@@ -1,7 +1,7 @@
 // segps-health: asks a server's standard grpc.health.v1.Health service
 // whether it serves; exit 0 when SERVING. For container healthchecks.
 //
-//   segps-health --address HOST:PORT [--timeout_ms 2000]
+//   segps-health --address HOST:PORT [--timeout_ms 2000] [--tls_ca FILE [--tls_cert F --tls_key F] --token_file F]
 #include <grpcpp/grpcpp.h>
 
 #include <chrono>
@@ -9,6 +9,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "common/security.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 
 ABSL_FLAG(std::string, address, "127.0.0.1:7000", "host:port of the server to check");
@@ -16,8 +17,16 @@ ABSL_FLAG(int32_t, timeout_ms, 2000, "Deadline of the check");
 
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
-  auto stub = grpc::health::v1::Health::NewStub(
-      grpc::CreateChannel(absl::GetFlag(FLAGS_address), grpc::InsecureChannelCredentials()));
+  segps::v1::SecurityConfig flags;
+  segps::ApplySecurityFlags(&flags);
+  absl::StatusOr<segps::Security> security = segps::LoadSecurity(flags);
+  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials =
+      security.ok() ? segps::ChannelCredentials(*security) : security.status();
+  if (!credentials.ok()) {
+    std::cerr << "segps-health: " << credentials.status().message() << "\n";
+    return 2;
+  }
+  auto stub = grpc::health::v1::Health::NewStub(grpc::CreateChannel(absl::GetFlag(FLAGS_address), *credentials));
   grpc::ClientContext context;
   context.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(absl::GetFlag(FLAGS_timeout_ms)));
   grpc::health::v1::HealthCheckResponse response;

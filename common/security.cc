@@ -1,0 +1,184 @@
+#include "common/security.h"
+
+#include <fstream>
+#include <sstream>
+
+#include "absl/flags/flag.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+
+ABSL_FLAG(std::string, tls_ca, "", "PEM file of the CA (security.ca_cert).");
+ABSL_FLAG(std::string, tls_cert, "", "PEM certificate chain this process presents (security.cert).");
+ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert (security.key).");
+ABSL_FLAG(std::string, token_file, "", "Bearer tokens, `ROLE TOKEN` a line (security.token_file).");
+ABSL_FLAG(bool, require_client_cert, false, "Servers: mutual TLS (security.require_client_cert).");
+
+namespace segps {
+namespace {
+
+constexpr char kRoleProperty[] = "segps-role";
+
+absl::StatusOr<std::string> ReadWhole(const std::string& path, const char* field) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat("security.", field, ": ", path, ": cannot be opened"));
+  std::ostringstream text;
+  text << in.rdbuf();
+  if (text.str().empty()) return absl::InvalidArgumentError(absl::StrCat("security.", field, ": ", path, ": empty"));
+  return text.str();
+}
+
+// Equal in time independent of where they differ (lengths are not secret).
+bool ConstantTimeEqual(const std::string& a, const std::string& b) {
+  if (a.size() != b.size()) return false;
+  unsigned char diff = 0;
+  for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i]);
+  return diff == 0;
+}
+
+class TokenProcessor final : public grpc::AuthMetadataProcessor {
+ public:
+  explicit TokenProcessor(std::vector<Token> tokens) : tokens_(std::move(tokens)) {}
+  bool IsBlocking() const override { return false; }  // a few comparisons: inline
+
+  grpc::Status Process(const InputMetadata& metadata, grpc::AuthContext* context, OutputMetadata* consumed,
+                       OutputMetadata*) override {
+    auto it = metadata.find("authorization");
+    if (it == metadata.end()) {
+      return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
+                          "no bearer token: this server requires `authorization: Bearer TOKEN` (security.token_file)");
+    }
+    const std::string value(it->second.data(), it->second.size());
+    const std::string presented(absl::StripPrefix(value, "Bearer "));
+    const Token* match = nullptr;
+    for (const Token& token : tokens_) {  // every token compared, whichever matches
+      if (ConstantTimeEqual(presented, token.secret) && match == nullptr) match = &token;
+    }
+    if (match == nullptr || presented.size() == value.size()) {
+      return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "the bearer token is not one this server accepts");
+    }
+    context->AddProperty(kRoleProperty, match->role == Role::kWorker ? "worker" : "reader");
+    consumed->insert(std::make_pair(std::string(it->first.data(), it->first.size()), value));
+    return grpc::Status::OK;
+  }
+
+ private:
+  const std::vector<Token> tokens_;
+};
+
+}  // namespace
+
+void ApplySecurityFlags(v1::SecurityConfig* config) {
+  if (!absl::GetFlag(FLAGS_tls_ca).empty()) config->set_ca_cert(absl::GetFlag(FLAGS_tls_ca));
+  if (!absl::GetFlag(FLAGS_tls_cert).empty()) config->set_cert(absl::GetFlag(FLAGS_tls_cert));
+  if (!absl::GetFlag(FLAGS_tls_key).empty()) config->set_key(absl::GetFlag(FLAGS_tls_key));
+  if (!absl::GetFlag(FLAGS_token_file).empty()) config->set_token_file(absl::GetFlag(FLAGS_token_file));
+  if (absl::GetFlag(FLAGS_require_client_cert)) config->set_require_client_cert(true);
+}
+
+absl::StatusOr<std::vector<Token>> ParseTokens(const std::string& text, const std::string& file) {
+  std::vector<Token> tokens;
+  int number = 0;
+  for (absl::string_view line : absl::StrSplit(text, '\n')) {
+    ++number;
+    line = absl::StripAsciiWhitespace(line);
+    if (line.empty() || line[0] == '#') continue;
+    std::vector<absl::string_view> fields = absl::StrSplit(line, absl::ByAnyChar(" \t"), absl::SkipEmpty());
+    const std::string where = absl::StrCat(file, " line ", number, ": ");
+    if (fields.size() != 2) {
+      return absl::InvalidArgumentError(absl::StrCat(where, "expected `ROLE TOKEN` (two fields), got ", fields.size()));
+    }
+    Token token;
+    if (fields[0] == "worker") {
+      token.role = Role::kWorker;
+    } else if (fields[0] == "reader") {
+      token.role = Role::kReader;
+    } else {
+      return absl::InvalidArgumentError(absl::StrCat(where, "role must be worker or reader, got '", fields[0], "'"));
+    }
+    if (fields[1].size() < 16) {
+      return absl::InvalidArgumentError(absl::StrCat(where, "the token is ", fields[1].size(),
+                                                     " characters; use at least 16 (e.g. openssl rand -hex 16)"));
+    }
+    token.secret = std::string(fields[1]);
+    tokens.push_back(std::move(token));
+  }
+  if (tokens.empty()) return absl::InvalidArgumentError(absl::StrCat(file, ": no `ROLE TOKEN` line"));
+  return tokens;
+}
+
+absl::StatusOr<Security> LoadSecurity(const v1::SecurityConfig& config) {
+  Security security;
+  security.require_client_cert = config.require_client_cert();
+  const std::pair<const std::string*, std::string*> files[] = {
+      {&config.ca_cert(), &security.ca_cert}, {&config.cert(), &security.cert}, {&config.key(), &security.key}};
+  const char* names[] = {"ca_cert", "cert", "key"};
+  for (int i = 0; i < 3; ++i) {
+    if (files[i].first->empty()) continue;
+    absl::StatusOr<std::string> text = ReadWhole(*files[i].first, names[i]);
+    if (!text.ok()) return text.status();
+    *files[i].second = *std::move(text);
+  }
+  if (security.cert.empty() != security.key.empty()) {
+    return absl::InvalidArgumentError("security: cert and key go together (--tls_cert, --tls_key)");
+  }
+  if (!config.token_file().empty()) {
+    absl::StatusOr<std::string> text = ReadWhole(config.token_file(), "token_file");
+    if (!text.ok()) return text.status();
+    absl::StatusOr<std::vector<Token>> tokens = ParseTokens(*text, config.token_file());
+    if (!tokens.ok()) return tokens.status();
+    security.tokens = *std::move(tokens);
+  }
+  return security;
+}
+
+absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerCredentials(const Security& security) {
+  if (security.cert.empty()) {
+    if (!security.tokens.empty() || security.require_client_cert) {
+      return absl::InvalidArgumentError(
+          "security: tokens and client certificates need TLS: give the server a certificate and key (--tls_cert, "
+          "--tls_key; deploy/make-certs.sh makes them)");
+    }
+    return grpc::InsecureServerCredentials();
+  }
+  if (security.require_client_cert && security.ca_cert.empty()) {
+    return absl::InvalidArgumentError("security.require_client_cert needs ca_cert (--tls_ca) to verify clients against");
+  }
+  grpc::SslServerCredentialsOptions options(security.require_client_cert
+                                                ? GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY
+                                                : GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE);
+  options.pem_root_certs = security.ca_cert;
+  options.pem_key_cert_pairs.push_back({security.key, security.cert});
+  std::shared_ptr<grpc::ServerCredentials> credentials = grpc::SslServerCredentials(options);
+  if (!security.tokens.empty()) {
+    credentials->SetAuthMetadataProcessor(std::make_shared<TokenProcessor>(security.tokens));
+  }
+  return credentials;
+}
+
+absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> ChannelCredentials(const Security& security) {
+  if (!security.tls()) {
+    if (!security.tokens.empty()) {
+      return absl::InvalidArgumentError(
+          "security: a token travels only over TLS: give the CA that signed the servers' certificates (--tls_ca)");
+    }
+    return grpc::InsecureChannelCredentials();
+  }
+  grpc::SslCredentialsOptions options;
+  options.pem_root_certs = security.ca_cert;
+  options.pem_private_key = security.key;
+  options.pem_cert_chain = security.cert;
+  std::shared_ptr<grpc::ChannelCredentials> credentials = grpc::SslCredentials(options);
+  if (security.tokens.empty()) return credentials;
+  return grpc::CompositeChannelCredentials(credentials, grpc::AccessTokenCredentials(security.tokens[0].secret));
+}
+
+absl::Status AuthorizeCall(const grpc::AuthContext& context, bool worker_call, const char* method) {
+  const std::vector<grpc::string_ref> roles = context.FindPropertyValues(kRoleProperty);
+  if (roles.empty() || !worker_call) return absl::OkStatus();  // not authenticated here, or a read
+  if (std::string(roles[0].data(), roles[0].size()) == "worker") return absl::OkStatus();
+  return absl::PermissionDeniedError(
+      absl::StrCat(method, ": a reader token may only read (Stats, reader pulls, health); this call needs a worker token"));
+}
+
+}  // namespace segps

@@ -1,0 +1,69 @@
+// TLS and bearer tokens for every segps gRPC endpoint (the config's
+// `security`, or flags of the same meaning on every binary).
+//
+// Servers: TLS with a certificate and key; with require_client_cert, only
+// clients whose certificate chains to the CA (mutual TLS); with a token
+// file, every call must carry `authorization: Bearer TOKEN` for one of its
+// lines, checked in constant time by an auth metadata processor, and the
+// token's role decides what the call may do (AuthorizeCall). Clients:
+// verify the server against the CA, present their certificate if given,
+// and send the first token of their token file with every call.
+#ifndef SEGPS_COMMON_SECURITY_H_
+#define SEGPS_COMMON_SECURITY_H_
+
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/security/auth_context.h>
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "segps/v1/config.pb.h"
+
+namespace segps {
+
+enum class Role { kWorker, kReader };
+
+struct Token {
+  Role role = Role::kWorker;
+  std::string secret;
+};
+
+// The files a SecurityConfig names, read and checked.
+struct Security {
+  std::string ca_cert, cert, key;  // PEM text; empty where not given
+  bool require_client_cert = false;
+  std::vector<Token> tokens;  // in file order
+  bool tls() const { return !cert.empty() || !ca_cert.empty(); }
+};
+
+// Overrides `config`'s security fields with the flags given on the command
+// line (--tls_ca, --tls_cert, --tls_key, --token_file, --require_client_cert).
+void ApplySecurityFlags(v1::SecurityConfig* config);
+
+// Reads the files; errors name the file (and, for tokens, the line).
+absl::StatusOr<Security> LoadSecurity(const v1::SecurityConfig& config);
+
+// A token file's lines: `ROLE TOKEN`, ROLE worker or reader, `#` comments.
+absl::StatusOr<std::vector<Token>> ParseTokens(const std::string& text, const std::string& file);
+
+// What a server listens with: plaintext, TLS, or mutual TLS, with the token
+// check installed when there are tokens. Errors on settings that cannot
+// work (a token file without TLS, require_client_cert without a CA).
+absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerCredentials(const Security& security);
+
+// What a client connects with: plaintext, or TLS verifying the server
+// against the CA (the system's roots without one), with its certificate
+// for mutual TLS and its token as call credentials.
+absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> ChannelCredentials(const Security& security);
+
+// Whether the caller of a server call may make it: OK where calls are not
+// authenticated; PERMISSION_DENIED for a reader token on a worker call.
+// (A call without a valid token never reaches the service: UNAUTHENTICATED.)
+absl::Status AuthorizeCall(const grpc::AuthContext& context, bool worker_call, const char* method);
+
+}  // namespace segps
+
+#endif  // SEGPS_COMMON_SECURITY_H_

@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Makes what a segps job needs for mutual TLS and bearer tokens, with openssl:
+#   DIR/ca.pem, ca.key         a CA (keep ca.key off the job's hosts)
+#   DIR/server.pem, server.key the servers' certificate, for every name given
+#   DIR/client.pem, client.key a client certificate (workers, evaluator, probes)
+#   DIR/tokens                 `worker TOKEN` and `reader TOKEN` (the servers' token_file)
+#   DIR/worker.token, reader.token   one line each (a client's token_file)
+#
+#   bash deploy/make-certs.sh DIR [NAME ...]
+# NAMEs are the servers' host names and IP addresses (compose service names,
+# pod DNS names, hosts); localhost and 127.0.0.1 are always included. Files
+# are made readable by their owner only.
+set -euo pipefail
+if [ $# -lt 1 ]; then
+  echo "usage: $0 DIR [NAME ...]" >&2
+  exit 2
+fi
+dir=$1
+shift
+mkdir -p "$dir"
+umask 077
+san="DNS:localhost,IP:127.0.0.1"
+for name in "$@"; do
+  if [[ $name =~ ^[0-9.]+$ || $name == *:* ]]; then san="$san,IP:$name"; else san="$san,DNS:$name"; fi
+done
+days=825
+openssl req -x509 -newkey rsa:2048 -nodes -sha256 -days 3650 -subj "/CN=segps CA" \
+  -addext "basicConstraints=critical,CA:TRUE" -addext "keyUsage=critical,keyCertSign,cRLSign" \
+  -keyout "$dir/ca.key" -out "$dir/ca.pem" 2> /dev/null
+sign() {  # sign NAME SUBJECT EXTENDED_KEY_USAGE [SAN]
+  local ext
+  ext=$(mktemp)
+  {
+    echo "basicConstraints=critical,CA:FALSE"
+    echo "keyUsage=critical,digitalSignature,keyEncipherment"
+    echo "extendedKeyUsage=$3"
+    [ -n "${4:-}" ] && echo "subjectAltName=$4"
+  } > "$ext"
+  openssl req -newkey rsa:2048 -nodes -sha256 -subj "/CN=$2" -keyout "$dir/$1.key" -out "$dir/$1.csr" 2> /dev/null
+  openssl x509 -req -sha256 -days $days -in "$dir/$1.csr" -CA "$dir/ca.pem" -CAkey "$dir/ca.key" \
+    -CAcreateserial -extfile "$ext" -out "$dir/$1.pem" 2> /dev/null
+  rm -f "$dir/$1.csr" "$ext"
+}
+sign server "segps server" serverAuth,clientAuth "$san"
+sign client "segps client" clientAuth
+rm -f "$dir/ca.srl"
+worker=$(openssl rand -hex 24)
+reader=$(openssl rand -hex 24)
+printf 'worker %s\nreader %s\n' "$worker" "$reader" > "$dir/tokens"
+printf 'worker %s\n' "$worker" > "$dir/worker.token"
+printf 'reader %s\n' "$reader" > "$dir/reader.token"
+echo "made $dir: ca.pem, server.pem/key ($san), client.pem/key, tokens, worker.token, reader.token"

@@ -1,0 +1,196 @@
+// TLS, mutual TLS and bearer tokens between real processes on loopback,
+// with certificates and tokens made by deploy/make-certs.sh (openssl): a
+// teacher job trains over them to its bar, and every kind of wrong caller
+// gets its status while the server keeps serving.
+#include <grpcpp/grpcpp.h>
+#include <sys/wait.h>
+
+#include <gtest/gtest.h>
+
+#include <regex>
+
+#include "absl/strings/str_cat.h"
+#include "common/config.h"
+#include "common/security.h"
+#include "common/shard_map.h"
+#include "segps/v1/parameter_server.grpc.pb.h"
+#include "tests/support/subprocess.h"
+
+namespace segps {
+namespace {
+
+// Runs `argv` to its end; its exit status and output.
+std::pair<int, std::string> RunToEnd(const std::vector<std::string>& argv, absl::Duration timeout) {
+  std::unique_ptr<Subprocess> p = Subprocess::Start(argv);
+  const int status = p->Wait(timeout).value_or(-1);
+  return {status, p->output()};
+}
+
+bool ExitedOk(int status) { return WIFEXITED(status) && WEXITSTATUS(status) == 0; }
+
+std::string MakeCerts(const std::string& dir) {
+  auto [status, output] =
+      RunToEnd({"/bin/bash", std::string(SEGPS_SOURCE_DIR) + "/deploy/make-certs.sh", dir}, absl::Minutes(1));
+  EXPECT_TRUE(ExitedOk(status)) << output;
+  return dir;
+}
+
+// The teacher config with a security block naming `certs`' files.
+std::string SecureTeacher(const std::string& dir, const std::string& certs, const std::string& extra_training) {
+  std::string text = ReadFile(std::string(SEGPS_SOURCE_DIR) + "/deploy/configs/teacher.pbtxt");
+  if (!extra_training.empty()) {
+    text = std::regex_replace(text, std::regex("training \\{ [^}]*\\}"), "training { " + extra_training + " }");
+  }
+  text += absl::StrCat("security { ca_cert: \"", certs, "/ca.pem\" cert: \"", certs, "/server.pem\" key: \"", certs,
+                       "/server.key\" require_client_cert: true token_file: \"", certs, "/tokens\" }\n");
+  const std::string path = dir + "/teacher_tls.pbtxt";
+  WriteFile(path, text);
+  return path;
+}
+
+TEST(Security, TeacherJobOverMutualTlsWithTokensReachesItsBar) {
+  const std::string dir = MakeTempDir();
+  const std::string config = SecureTeacher(dir, MakeCerts(dir + "/certs"), "");
+  auto [status, output] = RunToEnd({BinaryPath("segps-local"), "--config", config, "--report", dir + "/report.json"},
+                              absl::Minutes(5));
+  ASSERT_TRUE(ExitedOk(status)) << output;
+  std::smatch m;
+  const std::string report = ReadFile(dir + "/report.json");
+  ASSERT_TRUE(std::regex_search(report, m, std::regex("\"ensemble\": \\{\"name\": \"ensemble\", \"accuracy\": ([0-9.]+)")));
+  EXPECT_GT(std::stod(m[1]), 0.90) << report;
+}
+
+class SecurityMatrix : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = MakeTempDir();
+    certs_ = MakeCerts(dir_ + "/certs");
+    other_ = MakeCerts(dir_ + "/other");  // another CA, other tokens
+    config_path_ = SecureTeacher(dir_, certs_, "epochs: 1000 staleness: 1 workers_per_segment: 2");
+    config_ = *LoadConfig(config_path_);
+    ServerProcesses started = StartServers(config_path_, 2);
+    ASSERT_TRUE(started.ok()) << started.Output();
+    servers_ = std::move(started.processes);
+    address_ = started.addresses[0];
+  }
+
+  // A stub for server 0: TLS against `ca` (none: plaintext), a client
+  // certificate from `client_dir` (empty: none), the token of `token_file`.
+  std::unique_ptr<v1::ParameterServer::Stub> Stub(const std::string& ca, const std::string& client_dir,
+                                                  const std::string& token_file) {
+    v1::SecurityConfig security;
+    security.set_ca_cert(ca);
+    if (!client_dir.empty()) {
+      security.set_cert(client_dir + "/client.pem");
+      security.set_key(client_dir + "/client.key");
+    }
+    security.set_token_file(token_file);
+    absl::StatusOr<Security> loaded = LoadSecurity(security);
+    EXPECT_TRUE(loaded.ok()) << loaded.status();
+    absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials = ChannelCredentials(*loaded);
+    EXPECT_TRUE(credentials.ok()) << credentials.status();
+    return v1::ParameterServer::NewStub(grpc::CreateChannel(address_, *credentials));
+  }
+  std::unique_ptr<v1::ParameterServer::Stub> PlaintextStub() {
+    return v1::ParameterServer::NewStub(grpc::CreateChannel(address_, grpc::InsecureChannelCredentials()));
+  }
+
+  static std::unique_ptr<grpc::ClientContext> Context() {
+    auto context = std::make_unique<grpc::ClientContext>();
+    context->set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    return context;
+  }
+  // Each method's status for this stub: Stats, a reader pull, Register, a worker Pull.
+  struct Outcome {
+    grpc::StatusCode stats, read, reg, pull;
+  };
+  Outcome Try(v1::ParameterServer::Stub& stub) {
+    Outcome o;
+    v1::StatsResponse stats;
+    o.stats = stub.Stats(Context().get(), v1::StatsRequest(), &stats).error_code();
+    v1::PullRequest read;
+    read.set_reader(true);
+    v1::PullResponse pulled;
+    o.read = stub.Pull(Context().get(), read, &pulled).error_code();
+    v1::RegisterRequest reg;
+    reg.set_segment(1);
+    reg.set_rank(1);
+    reg.set_model_fingerprint(ModelFingerprint(config_));
+    reg.set_shard_fingerprint(ShardMap::Create(config_.model(), 2)->fingerprint());
+    v1::RegisterResponse registered;
+    o.reg = stub.Register(Context().get(), reg, &registered).error_code();
+    v1::PullRequest pull;
+    pull.set_worker_id(registered.worker_id() == 0 ? 1 : registered.worker_id());
+    pull.set_segment(1);
+    pull.set_clock(registered.start_clock());
+    o.pull = stub.Pull(Context().get(), pull, &pulled).error_code();
+    return o;
+  }
+
+  std::string dir_, certs_, other_, config_path_, address_;
+  v1::JobConfig config_;
+  std::vector<std::unique_ptr<Subprocess>> servers_;
+};
+
+TEST_F(SecurityMatrix, EveryWrongCallerGetsItsStatusAndTheServerKeepsServing) {
+  const std::string ca = certs_ + "/ca.pem";
+  // Not TLS, or a TLS client the server does not accept: no connection.
+  for (auto* stub : {PlaintextStub().release(), Stub(ca, "", certs_ + "/worker.token").release(),
+                     Stub(ca, other_, certs_ + "/worker.token").release()}) {
+    std::unique_ptr<v1::ParameterServer::Stub> owned(stub);
+    const Outcome o = Try(*owned);
+    EXPECT_EQ(o.stats, grpc::StatusCode::UNAVAILABLE);
+    EXPECT_EQ(o.reg, grpc::StatusCode::UNAVAILABLE);
+  }
+  // A server this client does not trust (its CA is another): no connection either.
+  EXPECT_EQ(Try(*Stub(other_ + "/ca.pem", other_, other_ + "/worker.token")).stats, grpc::StatusCode::UNAVAILABLE);
+  // Accepted certificate, no token or a wrong one: UNAUTHENTICATED on every method.
+  for (const std::string& token : {std::string(), other_ + "/worker.token"}) {
+    const Outcome o = Try(*Stub(ca, certs_, token));
+    EXPECT_EQ(o.stats, grpc::StatusCode::UNAUTHENTICATED) << token;
+    EXPECT_EQ(o.read, grpc::StatusCode::UNAUTHENTICATED) << token;
+    EXPECT_EQ(o.reg, grpc::StatusCode::UNAUTHENTICATED) << token;
+    EXPECT_EQ(o.pull, grpc::StatusCode::UNAUTHENTICATED) << token;
+  }
+  // A reader token reads, and may do nothing else.
+  const Outcome reader = Try(*Stub(ca, certs_, certs_ + "/reader.token"));
+  EXPECT_EQ(reader.stats, grpc::StatusCode::OK);
+  EXPECT_EQ(reader.read, grpc::StatusCode::OK);
+  EXPECT_EQ(reader.reg, grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_EQ(reader.pull, grpc::StatusCode::PERMISSION_DENIED);
+  // The worker token may do all.
+  const Outcome worker = Try(*Stub(ca, certs_, certs_ + "/worker.token"));
+  EXPECT_EQ(worker.stats, grpc::StatusCode::OK);
+  EXPECT_EQ(worker.read, grpc::StatusCode::OK);
+  EXPECT_EQ(worker.reg, grpc::StatusCode::OK);
+  EXPECT_EQ(worker.pull, grpc::StatusCode::OK);
+  // The health service asks for a token too, and a reader's will do.
+  auto health = [&](const std::string& token) {
+    return RunToEnd({BinaryPath("segps-health"), "--address", address_, "--tls_ca", ca, "--tls_cert",
+                certs_ + "/client.pem", "--tls_key", certs_ + "/client.key", "--token_file", token},
+               absl::Seconds(30));
+  };
+  auto [served, said] = health(certs_ + "/reader.token");
+  EXPECT_TRUE(ExitedOk(served)) << said;
+  EXPECT_FALSE(ExitedOk(health(other_ + "/reader.token").first));
+}
+
+TEST(SecurityConfig, TokenFileErrorsNameTheFileAndLine) {
+  EXPECT_TRUE(ParseTokens("# comment\nworker 0123456789abcdef0123\n\nreader 0123456789abcdef9999\n", "t").ok());
+  for (const auto& [text, says] : std::vector<std::pair<std::string, std::string>>{
+           {"worker\n", "t line 1: expected `ROLE TOKEN`"},
+           {"# x\nadmin 0123456789abcdef0123\n", "t line 2: role must be worker or reader"},
+           {"worker short\n", "t line 1: the token is 5 characters"},
+           {"# nothing\n", "t: no `ROLE TOKEN` line"}}) {
+    absl::StatusOr<std::vector<Token>> parsed = ParseTokens(text, "t");
+    ASSERT_FALSE(parsed.ok()) << text;
+    EXPECT_NE(std::string(parsed.status().message()).find(says), std::string::npos) << parsed.status();
+  }
+  Security no_tls;
+  no_tls.tokens.push_back({Role::kWorker, "0123456789abcdef0123"});
+  EXPECT_FALSE(ServerCredentials(no_tls).ok());  // a token needs TLS
+  EXPECT_FALSE(ChannelCredentials(no_tls).ok());
+}
+
+}  // namespace
+}  // namespace segps
