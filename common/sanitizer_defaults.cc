@@ -9,15 +9,15 @@ extern "C" {
 // (memcpy) on one thread and hands it to another, as a race on the reader's
 // side. segps's own code is not suppressed.
 const char* __tsan_default_suppressions() {
-  return "called_from_lib:libgrpc_unsecure.so\n"
-         "race:libgrpc_unsecure.so\n"
-         "race:libgrpc++_unsecure.so\n"
+  return "called_from_lib:libgrpc.so\n"
+         "race:libgrpc.so\n"
+         "race:libgrpc++.so\n"
          "race:libgpr.so\n"
          "race:libabsl_*\n"
          "race:libprotobuf.so\n"
          "race:grpc::internal::\n"
          "race:grpc::CompletionQueue::\n"
-         "deadlock:libgrpc_unsecure.so\n"
+         "deadlock:libgrpc.so\n"
          "deadlock:libabsl_*\n";
 }
 

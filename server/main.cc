@@ -32,9 +32,23 @@ ABSL_FLAG(int32_t, apply_threads, 1,
 ABSL_FLAG(int32_t, handler_threads, 2,
           "Threads that serve pushes and pulls of 256 KiB or more, so that gRPC's own threads keep reading the "
           "sockets meanwhile (smaller requests are served where they arrive).");
+ABSL_FLAG(bool, insecure, false,
+          "Serve plaintext (no TLS, no tokens) on an address other hosts can reach. Without it such a server "
+          "refuses to start: give it --tls_cert and --tls_key (deploy/make-certs.sh makes them).");
 ABSL_FLAG(std::string, listen, "",
           "host:port to serve on. Default: cluster.server_addresses[index] if listed, else "
           "127.0.0.1:0 (a free loopback port). Use 0.0.0.0:PORT to serve other hosts.");
+
+namespace {
+
+// Whether `listen` (host:port) is reachable from this host only.
+bool IsLoopback(const std::string& listen) {
+  std::string host = listen.substr(0, listen.rfind(':'));
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  return host == "localhost" || host.rfind("127.", 0) == 0 || host == "::1";
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   segps::TuneMallocForLargeBuffers();
@@ -79,6 +93,16 @@ int main(int argc, char** argv) {
                  ? config->cluster().server_addresses(index)
                  : "127.0.0.1:0";
   }
+
+  const bool tls = !config->security().cert().empty();
+  if (!tls && !IsLoopback(listen) && !absl::GetFlag(FLAGS_insecure)) {
+    std::cerr << "segps-server: refusing to serve " << listen
+              << " in plaintext: other hosts could read the parameters and call every method. Give a certificate "
+                 "and key (--tls_cert, --tls_key, or security { cert key } in the config; deploy/make-certs.sh "
+                 "makes them), listen on loopback, or pass --insecure on a network you trust\n";
+    return 2;
+  }
+  if (!tls) std::cout << "segps-server: plaintext, no authentication (" << listen << ")" << std::endl;
 
   // Block the shutdown signals before gRPC starts its threads, so that only
   // sigwait below receives them.

@@ -193,8 +193,10 @@ void ParameterServer::Pull(const v1::PullRequest& request, absl::Time deadline, 
       [this, response, done = std::move(done), start, segment, clock, reader, chunk,
        dtype](absl::StatusOr<PullResult> result) mutable {
         if (!result.ok()) {
-          return std::move(done)(absl::IsUnavailable(result.status()) ? result.status()
-                                                                      : Reject(segment, result.status()));
+          // Moved, not copied: the status's text is read by the caller's thread.
+          absl::Status failed = std::move(result).status();
+          const bool unavailable = absl::IsUnavailable(failed);
+          return std::move(done)(unavailable ? std::move(failed) : Reject(segment, std::move(failed)));
         }
         response->set_clock(result->clock);
         response->set_updates(result->updates);
@@ -275,8 +277,10 @@ void ParameterServer::Push(const v1::PushRequest& request, Payload data, absl::T
        bytes](absl::StatusOr<PushResult> result) mutable {
         grad.reset();  // the shard is done with it
         if (!result.ok()) {
-          return std::move(done)(absl::IsUnavailable(result.status()) ? result.status()
-                                                                      : Reject(segment, result.status()));
+          // Moved, not copied: the status's text is read by the caller's thread.
+          absl::Status failed = std::move(result).status();
+          const bool unavailable = absl::IsUnavailable(failed);
+          return std::move(done)(unavailable ? std::move(failed) : Reject(segment, std::move(failed)));
         }
         response->set_applied(result->applied);
         response->set_next_clock(result->next_clock);

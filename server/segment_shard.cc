@@ -121,9 +121,9 @@ absl::StatusOr<SegmentShard::Worker*> SegmentShard::FindLive(uint64_t id, absl::
 
 void SegmentShard::Fail(std::unique_ptr<Waiter> waiter, absl::Status status, Completions* ready) {
   if (waiter->pull_done) {
-    ready->push_back([done = std::move(waiter->pull_done), status]() mutable { std::move(done)(status); });
+    ready->push_back([done = std::move(waiter->pull_done), status]() mutable { std::move(done)(std::move(status)); });
   } else {
-    ready->push_back([done = std::move(waiter->push_done), status]() mutable { std::move(done)(status); });
+    ready->push_back([done = std::move(waiter->push_done), status]() mutable { std::move(done)(std::move(status)); });
   }
 }
 

@@ -379,6 +379,7 @@ TEST_F(ServerProcessTest, ShutsDownCleanlyOnSigtermAndSigint) {
 TEST(ServerFlags, WrongFlagsGetClearErrors) {
   const std::string dir = MakeTempDir();
   WriteFile(dir + "/job.pbtxt", kConfig);
+  WriteFile(dir + "/tokens", "worker 0123456789abcdef0123456789abcdef\n");
   struct Case {
     std::vector<std::string> args;
     std::string expect;
@@ -387,7 +388,12 @@ TEST(ServerFlags, WrongFlagsGetClearErrors) {
       {{"--index", "0"}, "--config is required"},
       {{"--config", dir + "/missing.pbtxt", "--index", "0"}, "cannot be opened"},
       {{"--config", dir + "/job.pbtxt", "--index", "0", "--bogus"}, "Unknown command line flag 'bogus'"},
-      {{"--config", dir + "/job.pbtxt", "--index", "0", "--listen", "256.1.1.1:1"}, "cannot listen on"},
+      {{"--config", dir + "/job.pbtxt", "--index", "0", "--listen", "256.1.1.1:1", "--insecure"}, "cannot listen on"},
+      {{"--config", dir + "/job.pbtxt", "--index", "0", "--listen", "0.0.0.0:0"},
+       "refusing to serve 0.0.0.0:0 in plaintext"},
+      {{"--config", dir + "/job.pbtxt", "--index", "0", "--token_file", dir + "/tokens"}, "tokens and client certificates need TLS"},
+      {{"--config", dir + "/job.pbtxt", "--index", "0", "--tls_cert", dir + "/missing.pem", "--tls_key", dir + "/tokens"},
+       "security.cert: " + dir + "/missing.pem: cannot be opened"},
       {{"--config", dir + "/job.pbtxt", "--index", "0", "--apply_threads", "0"}, "--apply_threads must be in [1, 256], got 0"},
   };
   for (const Case& c : cases) {
