@@ -183,13 +183,7 @@ void SegmentShard::Pull(uint64_t id, uint64_t clock, uint64_t first, uint64_t co
   {
     MutexLock lock(&mu_);
     const absl::Time now = options_.clock->Now();
-    auto waiter = std::make_unique<Waiter>();
-    waiter->id = id;
-    waiter->clock = clock;
-    waiter->first = first;
-    waiter->count = count;
-    waiter->deadline = deadline;
-    waiter->read = std::move(read);
+    auto waiter = std::make_unique<Waiter>(id, clock, first, count, deadline, std::move(read));
     waiter->pull_done = std::move(done);
     absl::Status valid;
     if (id != 0) {
@@ -267,15 +261,9 @@ void SegmentShard::Push(uint64_t id, uint64_t clock, uint64_t first, const Dense
   {
     MutexLock lock(&mu_);
     const absl::Time now = options_.clock->Now();
-    auto waiter = std::make_unique<Waiter>();
-    waiter->id = id;
-    waiter->clock = clock;
-    waiter->first = first;
-    waiter->count = grad->count();
-    waiter->deadline = deadline;
+    auto waiter = std::make_unique<Waiter>(id, clock, first, grad->count(), deadline, std::move(read));
     waiter->since = now;
     waiter->grad = grad;
-    waiter->read = std::move(read);
     waiter->push_done = std::move(done);
     StartPush(std::move(waiter), now, &ready);
     Resume(now, &ready);

@@ -158,6 +158,8 @@ class SegmentShard {
   // A parked call: a pull behind the bound, a push (grad set) waiting for
   // its predecessor, or a push with a pull whose push is applied (pushed set).
   struct Waiter {
+    Waiter(uint64_t id, uint64_t clock, uint64_t first, uint64_t count, absl::Time deadline, ReadRange read)
+        : id(id), clock(clock), first(first), count(count), deadline(deadline), read(std::move(read)) {}
     uint64_t id = 0, clock = 0, first = 0, count = 0;
     absl::Time deadline, since;
     ReadRange read;           // the pull's (or a push's follow-up pull's)

@@ -30,6 +30,7 @@
 #include "common/sync.h"
 #include "common/tensor_wire.h"
 #include "segps/v1/parameter_server.grpc.pb.h"
+#include "tests/bench/bench_util.h"
 #include "tests/support/subprocess.h"
 
 ABSL_FLAG(std::string, workers, "1,16,64,256,1024", "Worker counts");
@@ -41,42 +42,18 @@ ABSL_FLAG(int32_t, workers_per_channel, 64, "Workers sharing one connection to a
 namespace segps {
 namespace {
 
-using Steady = std::chrono::steady_clock;
+using bench::CpuSeconds;
+using bench::Percentile;
+using bench::ProcStatus;
 
+// The integers of a comma-separated flag.
 std::vector<int> Numbers(const std::string& list) {
   std::vector<int> out;
-  for (absl::string_view s : absl::StrSplit(list, ',', absl::SkipEmpty())) {
-    int v = 0;
-    if (absl::SimpleAtoi(s, &v)) out.push_back(v);
-  }
+  for (double v : bench::Numbers(list)) out.push_back(static_cast<int>(v));
   return out;
 }
 
-double Percentile(std::vector<double> v, double p) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  return v[std::min(v.size() - 1, static_cast<size_t>(p * v.size()))];
-}
-
-// A field of /proc/PID/status, in its unit (kB for memory).
-double ProcStatus(pid_t pid, const std::string& field) {
-  std::ifstream in(absl::StrCat("/proc/", pid, "/status"));
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind(field + ":", 0) == 0) return std::stod(line.substr(field.size() + 1));
-  }
-  return 0;
-}
-
-double CpuSeconds(pid_t pid) {
-  std::ifstream in(absl::StrCat("/proc/", pid, "/stat"));
-  std::string stat((std::istreambuf_iterator<char>(in)), {});
-  const size_t close = stat.rfind(')');
-  if (close == std::string::npos) return 0;
-  std::vector<std::string> f = absl::StrSplit(stat.substr(close + 2), ' ');
-  if (f.size() < 13) return 0;
-  return (std::stod(f[11]) + std::stod(f[12])) / sysconf(_SC_CLK_TCK);
-}
+using Steady = std::chrono::steady_clock;
 
 class Worker;
 

@@ -31,6 +31,7 @@
 #include "common/malloc_tuning.h"
 #include "common/config.h"
 #include "echo.grpc.pb.h"
+#include "tests/bench/bench_util.h"
 #include "tests/support/subprocess.h"
 #include "worker/ps_client.h"
 #include "worker/request_streams.h"
@@ -51,37 +52,16 @@ ABSL_FLAG(std::string, wire_dtype, "FLOAT32",
 namespace segps {
 namespace {
 
+using bench::CpuSeconds;
+using bench::Numbers;
+using bench::Percentile;
+
 using Clock = std::chrono::steady_clock;
-
-std::vector<double> Numbers(const std::string& list) {
-  std::vector<double> out;
-  for (absl::string_view s : absl::StrSplit(list, ',', absl::SkipEmpty())) {
-    double v = 0;
-    if (absl::SimpleAtod(s, &v)) out.push_back(v);
-  }
-  return out;
-}
-
-double Percentile(std::vector<double> v, double p) {
-  std::sort(v.begin(), v.end());
-  return v[std::min(v.size() - 1, static_cast<size_t>(p * v.size()))];
-}
 
 std::string SelfPath() {
   char path[4096];
   const ssize_t n = readlink("/proc/self/exe", path, sizeof(path) - 1);
   return std::string(path, n > 0 ? n : 0);
-}
-
-// CPU seconds (user + system) a process has used, from /proc.
-double CpuSeconds(pid_t pid) {
-  std::ifstream in(absl::StrCat("/proc/", pid, "/stat"));
-  std::string stat((std::istreambuf_iterator<char>(in)), {});
-  const size_t close = stat.rfind(')');
-  if (close == std::string::npos) return 0;
-  std::vector<std::string> f = absl::StrSplit(stat.substr(close + 2), ' ');
-  if (f.size() < 13) return 0;
-  return (std::stod(f[11]) + std::stod(f[12])) / sysconf(_SC_CLK_TCK);  // utime, stime
 }
 
 double SelfCpuSeconds() {
@@ -91,14 +71,7 @@ double SelfCpuSeconds() {
 }
 
 // Peak resident set of a process, bytes (VmHWM).
-double PeakRss(pid_t pid) {
-  std::ifstream in(absl::StrCat("/proc/", pid, "/status"));
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind("VmHWM:", 0) == 0) return std::stod(line.substr(6)) * 1024;
-  }
-  return 0;
-}
+double PeakRss(pid_t pid) { return bench::ProcStatus(pid, "VmHWM") * 1024; }
 
 struct Result {
   double gbps = 0, p50_ms = 0, p99_ms = 0, cpu_s_per_gb = 0;
