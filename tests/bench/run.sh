@@ -42,6 +42,17 @@ s4=$(result echo_stream_4mb_gbps "$out/transport.txt")
 target transport_4mb_vs_pslite_reference "$(div "$t4" 1.245)" 1.5
 target transport_4mb_vs_grpc_echo "$(div "$t4" "$e4")" 0.9
 target transport_4mb_vs_grpc_stream_echo "$(div "$t4" "$s4")" 0.9
+# The same 4 MB round over mutual TLS with tokens, beside plaintext, alternating.
+for i in 1 2 3; do
+  for mode in plain tls; do
+    flag=$([ $mode = tls ] && echo --tls || echo --notls)
+    $bin/segps-bench-transport --sizes_mb 4 --servers 1 --workers 1 --seconds "$secs" $flag |
+      sed -n 's/^RESULT transport_4mb_gbps //p' >> "$out/tls_$mode.txt"
+  done
+done
+median_of() { sort -g "$1" | awk '{v[NR]=$1} END{print v[int((NR+1)/2)]}'; }
+echo "4 MB round, 1 server 1 worker, medians of 3 alternating runs: plaintext $(median_of "$out/tls_plain.txt") GB/s, mutual TLS with tokens $(median_of "$out/tls_tls.txt") GB/s"
+target tls_4mb_vs_plaintext "$(div "$(median_of "$out/tls_tls.txt")" "$(median_of "$out/tls_plain.txt")")" 0.8
 
 echo "== 2. server apply: optimizer updates per second per core against the memory bound"
 if [ $quick = 1 ]; then apply_sizes=1,16; else apply_sizes=1,4,16,64; fi

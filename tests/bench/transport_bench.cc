@@ -46,6 +46,8 @@ ABSL_FLAG(bool, echo_server, false, "Internal: serve the echo service and print 
 ABSL_FLAG(double, compute_ms, 0,
           "Busy time between a worker's rounds, as a training step's compute (0: back to back)");
 ABSL_FLAG(double, chunk_mb, 0, "cluster.chunk_bytes in MB (0: the default)");
+ABSL_FLAG(bool, tls, false,
+          "Run the cluster over mutual TLS with bearer tokens (certificates from deploy/make-certs.sh)");
 ABSL_FLAG(std::string, wire_dtype, "FLOAT32",
           "cluster.wire_dtype: FLOAT32, BFLOAT16 or FLOAT16 (GB/s still counts float32 bytes)");
 
@@ -207,7 +209,17 @@ struct Cluster {
 std::unique_ptr<Cluster> StartCluster(const std::string& dir, size_t floats, int servers, int workers, bool adam) {
   auto cluster = std::make_unique<Cluster>();
   const std::string path = dir + "/bench.pbtxt";
-  WriteFile(path, ConfigText(floats, servers, workers, adam));
+  std::string text = ConfigText(floats, servers, workers, adam);
+  if (absl::GetFlag(FLAGS_tls)) {
+    const std::string certs = dir + "/certs";
+    if (std::system(absl::StrCat("bash ", SEGPS_SOURCE_DIR, "/deploy/make-certs.sh ", certs, " > /dev/null").c_str()) != 0) {
+      std::cerr << "deploy/make-certs.sh failed\n";
+      return nullptr;
+    }
+    text += absl::StrCat("security { ca_cert: \"", certs, "/ca.pem\" cert: \"", certs, "/server.pem\" key: \"", certs,
+                         "/server.key\" require_client_cert: true token_file: \"", certs, "/tokens\" }\n");
+  }
+  WriteFile(path, text);
   absl::StatusOr<v1::JobConfig> config = LoadConfig(path);
   if (!config.ok()) {
     std::cerr << config.status() << "\n";
