@@ -10,7 +10,7 @@ packages=(
   libabsl-dev libgtest-dev libgmock-dev
   libopenblas-dev zlib1g-dev prometheus-cpp-dev
   dataset-fashion-mnist
-  python3 procps
+  python3 procps openssl
   python3-numpy python3-onnx python3-matplotlib
   prometheus
 )
