@@ -1,10 +1,13 @@
 #include "server/parameter_server.h"
 
+#include <sys/random.h>
+
 #include <algorithm>
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
 #include "common/config.h"
+#include "common/status_macros.h"
 #include "common/tensor_wire.h"
 #include "server/optimizer.h"
 
@@ -144,6 +147,10 @@ absl::Status ParameterServer::Register(const v1::RegisterRequest& request,
         "Register: rank ", request.rank(), " is out of range: segment ", request.segment(),
         " has ", workers, " workers")));
   }
+  std::string secret(16, '\0');
+  if (getrandom(secret.data(), secret.size(), 0) != static_cast<ssize_t>(secret.size())) {
+    return absl::UnavailableError("Register: the system's random source failed; try again");
+  }
   const uint64_t id = next_worker_id_.fetch_add(1);
   std::optional<uint64_t> join;
   if (request.has_join_clock()) join = request.join_clock();
@@ -156,7 +163,27 @@ absl::Status ParameterServer::Register(const v1::RegisterRequest& request,
   response->set_count(range.count);
   response->set_lease_ms(config_.cluster().lease_ms());
   response->set_rank(rank);
+  response->set_registration_secret(secret);
+  MutexLock lock(&secrets_mu_);
+  secrets_[id] = std::move(secret);
   return absl::OkStatus();
+}
+
+absl::Status ParameterServer::CheckRegistration(uint64_t id, const std::string& secret, const char* call) {
+  std::string expected;
+  {
+    MutexLock lock(&secrets_mu_);
+    auto it = secrets_.find(id);
+    if (it != secrets_.end()) expected = it->second;
+  }
+  // Compared in constant time: the secret is what names the registration.
+  unsigned char diff = expected.size() == secret.size() && !expected.empty() ? 0 : 1;
+  for (size_t i = 0; i < std::min(expected.size(), secret.size()); ++i) {
+    diff |= static_cast<unsigned char>(expected[i] ^ secret[i]);
+  }
+  if (diff == 0) return absl::OkStatus();
+  return absl::NotFoundError(absl::StrCat(call, ": no registration of worker ", id,
+                                          " with the secret given; call Register first"));
 }
 
 void ParameterServer::Pull(const v1::PullRequest& request, absl::Time deadline, ReadValues read,
@@ -166,6 +193,10 @@ void ParameterServer::Pull(const v1::PullRequest& request, absl::Time deadline, 
   if (request.reader() != (request.worker_id() == 0)) {
     return std::move(done)(Reject(request.segment(), absl::InvalidArgumentError(
         "Pull: a reader pull has worker_id 0 and a worker pull has its registered worker_id")));
+  }
+  if (!request.reader()) {
+    absl::Status known = CheckRegistration(request.worker_id(), request.registration_secret(), "Pull");
+    if (!known.ok()) return std::move(done)(Reject(request.segment(), std::move(known)));
   }
   const Range range = map_.range(request.segment(), index_);
   Range chunk = range;
@@ -236,6 +267,8 @@ void ParameterServer::Push(const v1::PushRequest& request, Payload data, absl::T
                            v1::PushResponse* response, Done done) {
   absl::StatusOr<SegmentShard*> shard = ShardFor(request.segment(), "Push");
   if (!shard.ok()) return std::move(done)(Reject(request.segment(), shard.status()));
+  absl::Status known = CheckRegistration(request.worker_id(), request.registration_secret(), "Push");
+  if (!known.ok()) return std::move(done)(Reject(request.segment(), std::move(known)));
   const Range range = map_.range(request.segment(), index_);
   const v1::TensorSlice& gradient = request.gradient();
   absl::Status valid = ValidateTensorSlice(gradient, data.size(), range.offset, range.count, "Push gradient");
@@ -332,6 +365,7 @@ size_t ParameterServer::Waiting() {
 
 absl::Status ParameterServer::Heartbeat(const v1::HeartbeatRequest& request,
                                         v1::HeartbeatResponse* response) {
+  SEGPS_RETURN_IF_ERROR(CheckRegistration(request.worker_id(), request.registration_secret(), "Heartbeat"));
   for (auto& shard : shards_) {
     if (shard->Renew(request.worker_id())) {
       response->set_live(true);
@@ -343,6 +377,11 @@ absl::Status ParameterServer::Heartbeat(const v1::HeartbeatRequest& request,
 }
 
 absl::Status ParameterServer::Leave(const v1::LeaveRequest& request) {
+  SEGPS_RETURN_IF_ERROR(CheckRegistration(request.worker_id(), request.registration_secret(), "Leave"));
+  {
+    MutexLock lock(&secrets_mu_);
+    secrets_.erase(request.worker_id());
+  }
   for (auto& shard : shards_) {
     if (shard->Leave(request.worker_id())) return absl::OkStatus();
   }

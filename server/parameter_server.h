@@ -11,6 +11,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <unordered_map>
 #include <vector>
 
 #include "absl/functional/any_invocable.h"
@@ -108,6 +109,11 @@ class ParameterServer {
   // Per segment (rejected_: one more, for unknown segments).
   std::unique_ptr<std::atomic<uint64_t>[]> rejected_, push_bytes_, pull_bytes_;
   std::atomic<uint64_t> next_worker_id_{1};
+  // OK when `secret` is the one worker `id` was registered with; else
+  // NOT_FOUND naming `call`, whether the id is unknown or the secret wrong.
+  absl::Status CheckRegistration(uint64_t id, const std::string& secret, const char* call);
+  Mutex secrets_mu_;
+  std::unordered_map<uint64_t, std::string> secrets_ ABSL_GUARDED_BY(secrets_mu_);
 
   Mutex ticker_mu_;
   CondVar ticker_wake_;

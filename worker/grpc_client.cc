@@ -101,6 +101,7 @@ class GrpcClient final : public ParameterClient {
     push_streams_ = std::make_unique<RequestStreams>(channels, kPushStreamMethod);
     pull_streams_ = std::make_unique<RequestStreams>(channels, kPullStreamMethod);
     worker_ids_.assign(addresses_.size(), 0);
+    secrets_.assign(addresses_.size(), std::string());
   }
 
   absl::StatusOr<Registration> Register(int segment, std::optional<uint32_t> rank) override {
@@ -137,6 +138,7 @@ class GrpcClient final : public ParameterClient {
                         i, "Register");
       }
       worker_ids_[i] = response.worker_id();
+      secrets_[i] = response.registration_secret();
       if (i == 0) registration = {response.start_clock(), response.rank()};
     }
     return registration;
@@ -155,6 +157,7 @@ class GrpcClient final : public ParameterClient {
         v1::PullRequest request;
         request.set_segment(segment);
         request.set_worker_id(worker_ids_[i]);
+        request.set_registration_secret(secrets_[i]);
         request.set_reader(worker_ids_[i] == 0);
         request.set_clock(clock);
         // Observers (the evaluator, parameter dumps) read the float32 values
@@ -225,7 +228,10 @@ class GrpcClient final : public ParameterClient {
   absl::Status Heartbeat() override {
     std::vector<v1::HeartbeatRequest> requests(stubs_.size());
     std::vector<v1::HeartbeatResponse> responses(stubs_.size());
-    for (size_t i = 0; i < stubs_.size(); ++i) requests[i].set_worker_id(worker_ids_[i]);
+    for (size_t i = 0; i < stubs_.size(); ++i) {
+      requests[i].set_worker_id(worker_ids_[i]);
+      requests[i].set_registration_secret(secrets_[i]);
+    }
     absl::Status status = FanOut(
         "Heartbeat", rpc_deadline_, rpc_deadline_,
         [&](size_t i, grpc::ClientContext* context, grpc::CompletionQueue* cq, Call* call) {
@@ -243,7 +249,10 @@ class GrpcClient final : public ParameterClient {
   absl::Status Leave() override {
     std::vector<v1::LeaveRequest> requests(stubs_.size());
     std::vector<v1::LeaveResponse> responses(stubs_.size());
-    for (size_t i = 0; i < stubs_.size(); ++i) requests[i].set_worker_id(worker_ids_[i]);
+    for (size_t i = 0; i < stubs_.size(); ++i) {
+      requests[i].set_worker_id(worker_ids_[i]);
+      requests[i].set_registration_secret(secrets_[i]);
+    }
     return FanOut("Leave", rpc_deadline_, rpc_deadline_,
                   [&](size_t i, grpc::ClientContext* context, grpc::CompletionQueue* cq, Call* call) {
                     call->Start(stubs_[i]->PrepareAsyncLeave(context, requests[i], cq), &responses[i]);
@@ -316,6 +325,7 @@ class GrpcClient final : public ParameterClient {
     v1::PushRequest header;
     header.set_segment(push.segment);
     header.set_worker_id(worker_ids_[i]);
+    header.set_registration_secret(secrets_[i]);
     header.set_clock(push.clock);
     header.set_pull(pull);
     v1::TensorSlice tensor;
@@ -471,6 +481,7 @@ class GrpcClient final : public ParameterClient {
   std::unique_ptr<RequestStreams> push_streams_ ABSL_GUARDED_BY(push_mu_);
   std::unique_ptr<RequestStreams> pull_streams_ ABSL_GUARDED_BY(pull_mu_);
   std::vector<uint64_t> worker_ids_;  // per server; 0 until registered
+  std::vector<std::string> secrets_;  // per server: each registration's secret
 };
 
 }  // namespace

@@ -107,6 +107,7 @@ class Worker {
       v1::PushRequest push;
       push.set_segment(0);
       push.set_worker_id(response.worker_id());
+      push.set_registration_secret(response.registration_secret());
       push.set_pull(true);
       const Range range = map.range(0, static_cast<uint32_t>(s));
       const std::vector<float> grad(range.count, 1e-3f);

@@ -121,6 +121,7 @@ class SecurityMatrix : public ::testing::Test {
     o.reg = stub.Register(Context().get(), reg, &registered).error_code();
     v1::PullRequest pull;
     pull.set_worker_id(registered.worker_id() == 0 ? 1 : registered.worker_id());
+    pull.set_registration_secret(registered.registration_secret());
     pull.set_segment(1);
     pull.set_clock(registered.start_clock());
     o.pull = stub.Pull(Context().get(), pull, &pulled).error_code();

@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <map>
 #include <cstdlib>
 #include <thread>
 
@@ -82,6 +83,7 @@ class ServerProcessTest : public ::testing::Test {
     grpc::Status status = Call(server, req, &resp);
     EXPECT_TRUE(status.ok()) << status.error_message();
     EXPECT_EQ(resp.offset(), map_->range(0, server).offset);
+    secrets_[{server, resp.worker_id()}] = resp.registration_secret();
     return resp.worker_id();
   }
 
@@ -90,6 +92,7 @@ class ServerProcessTest : public ::testing::Test {
     v1::PushRequest req;
     req.set_segment(0);
     req.set_worker_id(worker);
+    req.set_registration_secret(Secret(server, worker));
     req.set_clock(clock);
     EncodeFloat32(std::vector<float>(r.count, value), r.offset, req.mutable_gradient());
     return req;
@@ -111,7 +114,12 @@ class ServerProcessTest : public ::testing::Test {
   std::unique_ptr<ShardMap> map_;
   std::vector<std::unique_ptr<Subprocess>> servers_;
   std::vector<std::unique_ptr<v1::ParameterServer::Stub>> stubs_;
-  std::vector<std::unique_ptr<grpc::GenericStub>> raw_stubs_;  // for bytes the generated stub cannot send
+  std::vector<std::unique_ptr<grpc::GenericStub>> raw_stubs_;
+  std::map<std::pair<int, uint64_t>, std::string> secrets_;  // (server, worker id) -> registration secret
+  std::string Secret(int server, uint64_t worker) {
+    auto it = secrets_.find({server, worker});
+    return it == secrets_.end() ? std::string() : it->second;
+  }  // for bytes the generated stub cannot send
 };
 
 TEST_F(ServerProcessTest, ServesTheSameModelAsASingleProcessInitialisation) {
@@ -134,6 +142,7 @@ TEST_F(ServerProcessTest, StalenessPushesAndBadInput) {
   v1::PullRequest pull;
   pull.set_segment(0);
   pull.set_worker_id(a0);
+  pull.set_registration_secret(Secret(0, a0));
   pull.set_clock(1);
   v1::PullResponse presp_pull;
   grpc::Status blocked = Call(0, pull, &presp_pull, std::chrono::milliseconds(300));
@@ -156,6 +165,7 @@ TEST_F(ServerProcessTest, StalenessPushesAndBadInput) {
   v1::PushRequest nan = Push(0, a0, 1, NAN);
   EXPECT_EQ(Call(0, nan, &presp).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   v1::PushRequest wrong_shape = Push(1, a0, 1, 1.0f);  // server 1's range sent to server 0
+  wrong_shape.set_registration_secret(Secret(0, a0));
   EXPECT_EQ(Call(0, wrong_shape, &presp).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   v1::PushRequest unknown = Push(0, 12345, 1, 1.0f);
   EXPECT_EQ(Call(0, unknown, &presp).error_code(), grpc::StatusCode::NOT_FOUND);
@@ -225,6 +235,7 @@ TEST_F(ServerProcessTest, WaitingPullsHoldNoThreadAndOnePushReleasesThemAll) {
   v1::PullRequest pull;
   pull.set_segment(0);
   pull.set_worker_id(a);
+  pull.set_registration_secret(Secret(0, a));
   pull.set_clock(1);
   for (int i = 0; i < kPulls; ++i) {
     pulls[i].context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));

@@ -36,6 +36,7 @@ class ParameterServerTest : public ::testing::Test {
     v1::RegisterResponse response;
     ASSERT_TRUE(server_->Register(reg, &response).ok());
     worker_ = response.worker_id();
+    secret_ = response.registration_secret();
     range_ = server_->shard_map().range(0, 1);
   }
 
@@ -52,6 +53,7 @@ class ParameterServerTest : public ::testing::Test {
     v1::PushRequest p;
     p.set_segment(0);
     p.set_worker_id(worker_);
+    p.set_registration_secret(secret_);
     p.set_clock(clock);
     std::vector<float> g(range_.count, 0.5f);
     EncodeFloat32(g, range_.offset, p.mutable_gradient());
@@ -64,6 +66,7 @@ class ParameterServerTest : public ::testing::Test {
     v1::RegisterResponse registered;
     EXPECT_TRUE(twin->Register(Registration(0, 0), &registered).ok());
     *worker = registered.worker_id();
+    twin_secret_ = registered.registration_secret();
     return twin;
   }
 
@@ -92,6 +95,7 @@ class ParameterServerTest : public ::testing::Test {
   v1::JobConfig config_;
   std::unique_ptr<ParameterServer> server_;
   uint64_t worker_ = 0;
+  std::string secret_, twin_secret_;  // the registrations' secrets
   Range range_;
 };
 
@@ -168,8 +172,10 @@ TEST_F(ParameterServerTest, SparsePushesEqualDensePushesWithZeros) {
     // The same gradient, sparse, as two chunks split after the middle entry.
     const uint64_t split = at[1] + 1;
     v1::PushRequest first = GoodPush(clock), second = GoodPush(clock);
-    first.set_worker_id(twin_worker);
-    second.set_worker_id(twin_worker);
+    for (v1::PushRequest* p : {&first, &second}) {
+      p->set_worker_id(twin_worker);
+      p->set_registration_secret(twin_secret_);
+    }
     const uint32_t first_at[] = {at[0], at[1]}, second_at[] = {static_cast<uint32_t>(at[2] - split)};
     EncodeFloat32({values[0], values[1]}, range_.offset, first.mutable_gradient());
     first.mutable_gradient()->set_count(split);
@@ -214,7 +220,35 @@ TEST_F(ParameterServerTest, RejectsClockThatSkips) {
 TEST_F(ParameterServerTest, RejectsUnregisteredWorker) {
   v1::PushRequest p = GoodPush();
   p.set_worker_id(999);
-  ExpectRejected(p, absl::StatusCode::kNotFound, "not registered");
+  ExpectRejected(p, absl::StatusCode::kNotFound, "no registration of worker 999");
+}
+
+// A registration is named by its secret: calls that name a live worker's id
+// without it are NOT_FOUND and leave the worker and the parameters alone.
+TEST_F(ParameterServerTest, ForgedCallsOnALiveRegistrationChangeNothing) {
+  for (const std::string& forged : {std::string(), std::string(16, 'x'), secret_.substr(0, 15)}) {
+    v1::PushRequest push = GoodPush();
+    push.set_registration_secret(forged);
+    ExpectRejected(push, absl::StatusCode::kNotFound, "no registration of worker");
+    v1::PullRequest pull;
+    pull.set_worker_id(worker_);
+    pull.set_registration_secret(forged);
+    v1::PullResponse pulled;
+    EXPECT_EQ(server_->Pull(pull, absl::Now(), &pulled).code(), absl::StatusCode::kNotFound);
+    v1::HeartbeatRequest beat;
+    beat.set_worker_id(worker_);
+    beat.set_registration_secret(forged);
+    v1::HeartbeatResponse beaten;
+    EXPECT_EQ(server_->Heartbeat(beat, &beaten).code(), absl::StatusCode::kNotFound);
+    v1::LeaveRequest leave;
+    leave.set_worker_id(worker_);
+    leave.set_registration_secret(forged);
+    EXPECT_EQ(server_->Leave(leave).code(), absl::StatusCode::kNotFound);
+  }
+  // The worker is still registered and live: its own push lands.
+  v1::PushResponse response;
+  ASSERT_TRUE(server_->Push(GoodPush(), absl::Now() + absl::Seconds(5), &response).ok());
+  EXPECT_TRUE(response.applied());
 }
 
 TEST_F(ParameterServerTest, RejectsMismatchedFingerprints) {
@@ -239,6 +273,7 @@ TEST_F(ParameterServerTest, RejectsMalformedPulls) {
   v1::PullRequest pull;
   pull.set_segment(0);
   pull.set_worker_id(worker_);
+  pull.set_registration_secret(secret_);
   pull.set_reader(true);  // a reader must not claim a worker id
   v1::PullResponse response;
   EXPECT_EQ(server_->Pull(pull, absl::Now(), &response).code(), absl::StatusCode::kInvalidArgument);
@@ -291,6 +326,7 @@ TEST_F(ParameterServerTest, ChunkedPushesEqualWholePushes) {
     }
     ASSERT_TRUE(server_->Push(whole, soon, &response).ok());
     whole.set_worker_id(twin_worker);
+    whole.set_registration_secret(twin_secret_);
     ASSERT_TRUE(chunked->Push(Chunk(whole, 0, 1), soon, &response).ok());
     EXPECT_TRUE(response.applied());
     EXPECT_EQ(response.next_clock(), clock);  // the step is not complete yet
@@ -376,6 +412,7 @@ TEST(ParameterServer, LookaheadFromTheConfigMovesWorkerPulls) {
   const Range range = server->shard_map().range(0, 0);
   v1::PushRequest push;
   push.set_worker_id(registered.worker_id());
+  push.set_registration_secret(registered.registration_secret());
   EncodeFloat32(std::vector<float>(range.count, 0.5f), range.offset, push.mutable_gradient());
   v1::PushResponse pushed;
   ASSERT_TRUE(server->Push(push, absl::Now() + absl::Seconds(5), &pushed).ok());
@@ -383,6 +420,7 @@ TEST(ParameterServer, LookaheadFromTheConfigMovesWorkerPulls) {
   auto pull = [&](uint64_t worker, uint64_t clock) {
     v1::PullRequest request;
     request.set_worker_id(worker);
+    if (worker != 0) request.set_registration_secret(registered.registration_secret());
     request.set_reader(worker == 0);
     request.set_clock(clock);
     v1::PullResponse response;
