@@ -25,8 +25,10 @@ project="segpstest$$"
 image="segps:test$$"
 fail() { echo "FAIL: $*"; exit 1; }
 down() { "${compose[@]}" -p "$project" --profile monitoring down -v --remove-orphans > /dev/null 2>&1; }
+long=""
 cleanup() {
   down
+  [ -n "$long" ] && rm -f "$long"
   docker image rm "$image" > /dev/null 2>&1
 }
 trap cleanup EXIT
@@ -87,8 +89,12 @@ echo "prometheus scraped both servers"
 "${compose[@]}" -p "$project" --profile monitoring down -v > /dev/null 2>&1
 down
 
-echo "== round 3: teacher again, one worker container killed mid-run"
-up ./configs/teacher.pbtxt 2
+echo "== round 3: teacher again (30 epochs, so that the kill lands mid-run), one worker container killed"
+long=$(mktemp /tmp/segps-teacher-long.XXXXXX)
+sed 's/epochs: 6 /epochs: 30 /' configs/teacher.pbtxt > "$long"
+grep -q "epochs: 30 " "$long" || fail "could not lengthen the teacher config"
+chmod 644 "$long"  # the containers run as another user
+up "$long" 2
 victim=$(cid worker-seg0 2)
 # grep exits at the first progress line; without pipefail the pipeline's status is grep's.
 (set +o pipefail; timeout 300 docker logs -f "$victim" 2>&1 | grep -m1 -q "step") || fail "worker never made progress"
