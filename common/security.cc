@@ -28,14 +28,6 @@ absl::StatusOr<std::string> ReadWhole(const std::string& path, const char* field
   return text.str();
 }
 
-// Equal in time independent of where they differ (lengths are not secret).
-bool ConstantTimeEqual(const std::string& a, const std::string& b) {
-  if (a.size() != b.size()) return false;
-  unsigned char diff = 0;
-  for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i]);
-  return diff == 0;
-}
-
 class TokenProcessor final : public grpc::AuthMetadataProcessor {
  public:
   explicit TokenProcessor(std::vector<Token> tokens) : tokens_(std::move(tokens)) {}
@@ -67,6 +59,13 @@ class TokenProcessor final : public grpc::AuthMetadataProcessor {
 };
 
 }  // namespace
+
+bool ConstantTimeEqual(const std::string& a, const std::string& b) {
+  if (a.size() != b.size()) return false;
+  unsigned char diff = 0;
+  for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i]);
+  return diff == 0;
+}
 
 void ApplySecurityFlags(v1::SecurityConfig* config) {
   if (!absl::GetFlag(FLAGS_tls_ca).empty()) config->set_ca_cert(absl::GetFlag(FLAGS_tls_ca));

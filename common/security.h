@@ -59,6 +59,10 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerCredentials(const
 // for mutual TLS and its token as call credentials.
 absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> ChannelCredentials(const Security& security);
 
+// Whether two secrets are equal, in time independent of where they differ
+// (lengths are not secret).
+bool ConstantTimeEqual(const std::string& a, const std::string& b);
+
 // Whether the caller of a server call may make it: OK where calls are not
 // authenticated; PERMISSION_DENIED for a reader token on a worker call.
 // (A call without a valid token never reaches the service: UNAUTHENTICATED.)

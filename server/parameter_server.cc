@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/config.h"
+#include "common/security.h"
 #include "common/status_macros.h"
 #include "common/tensor_wire.h"
 #include "server/optimizer.h"
@@ -177,11 +178,7 @@ absl::Status ParameterServer::CheckRegistration(uint64_t id, const std::string& 
     if (it != secrets_.end()) expected = it->second;
   }
   // Compared in constant time: the secret is what names the registration.
-  unsigned char diff = expected.size() == secret.size() && !expected.empty() ? 0 : 1;
-  for (size_t i = 0; i < std::min(expected.size(), secret.size()); ++i) {
-    diff |= static_cast<unsigned char>(expected[i] ^ secret[i]);
-  }
-  if (diff == 0) return absl::OkStatus();
+  if (!expected.empty() && ConstantTimeEqual(expected, secret)) return absl::OkStatus();
   return absl::NotFoundError(absl::StrCat(call, ": no registration of worker ", id,
                                           " with the secret given; call Register first"));
 }

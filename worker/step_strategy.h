@@ -42,7 +42,7 @@ class StepStrategy {
   // Sends the step's gradient; `last`: no step follows.
   virtual absl::Status Finish(std::unique_ptr<EncodedPush> push, bool last, absl::Duration* blocked) = 0;
   // Waits until every push is acknowledged.
-  virtual absl::Status Drain() { return context_.client->DrainPushes(); }
+  absl::Status Drain() { return context_.client->DrainPushes(); }
 
   // The strategy for the context's staleness bound.
   static std::unique_ptr<StepStrategy> For(const StepContext& context);
