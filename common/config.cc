@@ -111,6 +111,19 @@ absl::Status ValidateAndFill(v1::JobConfig& c, const Locator& at) {
                                  "max_message_bytes (", cluster->max_message_bytes(), ") for the message header"));
   }
   if (cluster->rpc_deadline_ms() == 0) cluster->set_rpc_deadline_ms(30000);
+  if (cluster->recovery_timeout_ms() == 0) cluster->set_recovery_timeout_ms(300000);
+
+  auto* checkpoint = c.mutable_checkpoint();
+  if (checkpoint->every_clocks() == 0) checkpoint->set_every_clocks(100);
+  if (checkpoint->keep() == 0) checkpoint->set_keep(3);
+  if (checkpoint->keep() < 2) {
+    return at.Error({{"checkpoint", -1}, {"keep", -1}},
+                    "must be >= 2, so that a crash while writing a checkpoint leaves a valid one");
+  }
+  if (!(checkpoint->every_seconds() >= 0 && std::isfinite(checkpoint->every_seconds()))) {
+    return at.Error({{"checkpoint", -1}, {"every_seconds", -1}},
+                    absl::StrCat("must be finite and >= 0, got ", checkpoint->every_seconds()));
+  }
   if (cluster->bfloat16_wire()) {
     return at.Error({{"cluster", -1}, {"bfloat16_wire", -1}}, "is replaced by wire_dtype: BFLOAT16");
   }
@@ -364,6 +377,8 @@ absl::StatusOr<v1::JobConfig> LoadConfig(const std::string& path) {
                             security->mutable_token_file()}) {
     if (!file->empty() && (*file)[0] != '/') *file = dir + *file;
   }
+  std::string* checkpoint_dir = config->mutable_checkpoint()->mutable_dir();
+  if (!checkpoint_dir->empty() && (*checkpoint_dir)[0] != '/') *checkpoint_dir = dir + *checkpoint_dir;
   return config;
 }
 

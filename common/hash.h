@@ -22,6 +22,10 @@ inline uint64_t Mix64(uint64_t x) {
   return x ^ (x >> 31);
 }
 
+// A fast 64-bit checksum of `bytes` (8 bytes a step, mixed with Mix64):
+// detects flipped and truncated data, not tampering.
+uint64_t Checksum64(absl::string_view bytes, uint64_t seed = 0);
+
 // A uniform double in [0, 1) that depends only on its key: the same key gives
 // the same value in every process, whatever the order of evaluation.
 inline double UniformFromKey(uint64_t seed, uint64_t a, uint64_t b, uint64_t c) {

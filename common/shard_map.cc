@@ -8,6 +8,14 @@
 
 namespace segps {
 
+std::string TensorName(const v1::ModelConfig& model, int k, const TensorLayout& t) {
+  return absl::StrCat(model.segments(k).name(), "/dense_", t.layer, t.is_bias ? "/bias" : "/kernel");
+}
+
+std::vector<uint64_t> TensorShape(const TensorLayout& t) {
+  return t.is_bias ? std::vector<uint64_t>{t.cols} : std::vector<uint64_t>{t.rows, t.cols};
+}
+
 Range BalancedRange(uint64_t n, uint32_t parts, uint32_t index) {
   const uint64_t q = n / parts, r = n % parts;
   Range range;

@@ -62,6 +62,12 @@ class ShardMap {
   std::string fingerprint_;
 };
 
+// The name a user sees for tensor `t` of segment k, e.g.
+// "segment1/dense_0/kernel", and its shape ([in, out], or [out] for a bias):
+// what exports and checkpoints call it.
+std::string TensorName(const v1::ModelConfig& model, int k, const TensorLayout& t);
+std::vector<uint64_t> TensorShape(const TensorLayout& t);
+
 // Balanced contiguous cut of n elements over `parts` (the rule above).
 Range BalancedRange(uint64_t n, uint32_t parts, uint32_t index);
 

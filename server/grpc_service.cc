@@ -205,7 +205,8 @@ using RawService = v1::ParameterServer::WithRawCallbackMethod_Register<
     v1::ParameterServer::WithRawCallbackMethod_Pull<v1::ParameterServer::WithRawCallbackMethod_Push<
         v1::ParameterServer::WithRawCallbackMethod_PushStream<v1::ParameterServer::WithRawCallbackMethod_PullStream<
             v1::ParameterServer::WithRawCallbackMethod_Heartbeat<v1::ParameterServer::WithRawCallbackMethod_Leave<
-                v1::ParameterServer::WithRawCallbackMethod_Stats<v1::ParameterServer::Service>>>>>>>>;
+                v1::ParameterServer::WithRawCallbackMethod_Stats<
+                    v1::ParameterServer::WithRawCallbackMethod_Rollback<v1::ParameterServer::Service>>>>>>>>>;
 
 class Service final : public RawService {
  public:
@@ -232,6 +233,14 @@ class Service final : public RawService {
     return Control<v1::LeaveRequest, v1::LeaveResponse>(
         context, "Leave", true, bytes, reply,
         [this](const v1::LeaveRequest& request, v1::LeaveResponse*) { return server_->Leave(request); });
+  }
+  grpc::ServerUnaryReactor* Rollback(grpc::CallbackServerContext* context, const grpc::ByteBuffer* bytes,
+                                     grpc::ByteBuffer* reply) override {
+    return Control<v1::RollbackRequest, v1::RollbackResponse>(
+        context, "Rollback", true, bytes, reply,
+        [this](const v1::RollbackRequest& request, v1::RollbackResponse* response) {
+          return server_->Rollback(request, response);
+        });
   }
   grpc::ServerUnaryReactor* Stats(grpc::CallbackServerContext* context, const grpc::ByteBuffer* bytes,
                                   grpc::ByteBuffer* reply) override {

@@ -32,6 +32,9 @@ ABSL_FLAG(int32_t, apply_threads, 1,
 ABSL_FLAG(int32_t, handler_threads, 2,
           "Threads that serve pushes and pulls of 256 KiB or more, so that gRPC's own threads keep reading the "
           "sockets meanwhile (smaller requests are served where they arrive).");
+ABSL_FLAG(std::string, checkpoint_dir, "",
+          "Directory of this server's checkpoints (overrides checkpoint.dir of the config). At start the newest "
+          "valid checkpoint there is restored; checkpoints are written at every checkpoint.every_clocks.");
 ABSL_FLAG(bool, insecure, false,
           "Serve plaintext (no TLS, no tokens) on an address other hosts can reach. Without it such a server "
           "refuses to start: give it --tls_cert and --tls_key (deploy/make-certs.sh makes them).");
@@ -127,7 +130,9 @@ int main(int argc, char** argv) {
   }
   absl::StatusOr<std::unique_ptr<segps::ParameterServer>> server =
       segps::ParameterServer::Create(*config, static_cast<uint32_t>(index),
-                                     {.metrics = metrics.get(), .apply_threads = apply_threads});
+                                     {.metrics = metrics.get(),
+                                      .apply_threads = apply_threads,
+                                      .checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir)});
   if (!server.ok()) {
     std::cerr << "segps-server: " << server.status().message() << "\n";
     return 1;
@@ -152,5 +157,6 @@ int main(int argc, char** argv) {
   SEGPS_LOG_INFO << "server " << index << ": " << (received == SIGINT ? "SIGINT" : "SIGTERM")
                  << ", shutting down";
   (*running)->Shutdown(absl::Seconds(1));
+  (*server)->FlushCheckpoints();
   return 0;
 }

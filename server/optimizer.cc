@@ -86,6 +86,9 @@ class Momentum final : public Optimizer {
     float* __restrict o = out.data();
     for (size_t i = 0; i < params.size(); ++i) o[i] = w[i] + c * v[i];
   }
+  std::vector<std::string> SlotNames() const override { return {"momentum"}; }
+  void SaveState(std::vector<std::vector<float>>* slots) const override { *slots = {velocity_}; }
+  void LoadState(const std::vector<std::vector<float>>& slots) override { velocity_ = slots[0]; }
 
  private:
   const float lr_, momentum_, wd_;
@@ -128,6 +131,23 @@ class Adam final : public Optimizer {
     AdamDriftKernel(params.data(), moments_.data() + 2 * first, out.data(), params.size(), static_cast<float>(c),
                     eps_);
   }
+  std::vector<std::string> SlotNames() const override { return {"adam_m", "adam_v"}; }
+  void SaveState(std::vector<std::vector<float>>* slots) const override {
+    const size_t n = moments_.size() / 2;
+    slots->assign(2, std::vector<float>(n));
+    float* __restrict m = (*slots)[0].data();
+    float* __restrict v = (*slots)[1].data();
+    for (size_t i = 0; i < n; ++i) {
+      m[i] = moments_[2 * i];
+      v[i] = moments_[2 * i + 1];
+    }
+  }
+  void LoadState(const std::vector<std::vector<float>>& slots) override {
+    for (size_t i = 0; i < slots[0].size(); ++i) {
+      moments_[2 * i] = slots[0][i];
+      moments_[2 * i + 1] = slots[1][i];
+    }
+  }
 
  private:
   static inline std::atomic<uint64_t> next_id_{1};
@@ -154,6 +174,9 @@ class AdaGrad final : public Optimizer {
       w[i] -= lr * gi / (std::sqrt(a[i]) + eps);
     }
   }
+  std::vector<std::string> SlotNames() const override { return {"adagrad_accumulator"}; }
+  void SaveState(std::vector<std::vector<float>>* slots) const override { *slots = {accumulator_}; }
+  void LoadState(const std::vector<std::vector<float>>& slots) override { accumulator_ = slots[0]; }
 
  private:
   const float lr_, eps_, wd_;

@@ -11,6 +11,8 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
@@ -31,6 +33,14 @@ class Optimizer {
   // Optimizers without momentum copy.
   virtual void Extrapolate(uint64_t applied, uint64_t updates, uint64_t first, absl::Span<const float> params,
                            absl::Span<float> out) const;
+
+  // The optimizer's state, for checkpoints: named slots of range_size
+  // floats each ("momentum"; "adam_m", "adam_v"; "adagrad_accumulator"),
+  // in the order of SlotNames. SaveState copies; LoadState takes slots of
+  // the same names and sizes (checked by the caller).
+  virtual std::vector<std::string> SlotNames() const { return {}; }
+  virtual void SaveState(std::vector<std::vector<float>>* slots) const { slots->clear(); }
+  virtual void LoadState(const std::vector<std::vector<float>>& slots) { (void)slots; }
 };
 
 // `config` must be a validated config (defaults filled in).

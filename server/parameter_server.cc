@@ -6,6 +6,8 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/log.h"
 #include "common/config.h"
 #include "common/security.h"
 #include "common/status_macros.h"
@@ -42,13 +44,54 @@ ParameterServer::ParameterServer(v1::JobConfig config, uint32_t index, ShardMap 
       clock_(options.clock) {}
 
 ParameterServer::~ParameterServer() {
-  if (!ticker_.joinable()) return;
-  {
-    MutexLock lock(&ticker_mu_);
-    ticker_stop_ = true;
+  if (ticker_.joinable()) {
+    {
+      MutexLock lock(&ticker_mu_);
+      ticker_stop_ = true;
+    }
+    ticker_wake_.SignalAll();
+    ticker_.join();
   }
-  ticker_wake_.SignalAll();
-  ticker_.join();
+  if (writer_.joinable()) {
+    {
+      MutexLock lock(&writer_mu_);
+      writer_stop_ = true;  // what is cut is still written
+      writer_wake_.SignalAll();
+    }
+    writer_.join();
+  }
+}
+
+void ParameterServer::WriteCheckpoints() {
+  MutexLock lock(&writer_mu_);
+  while (true) {
+    while (cuts_.empty() && !writer_stop_) writer_wake_.Wait(&writer_mu_);
+    if (cuts_.empty()) return;
+    auto [segment, state] = *cuts_.begin();
+    cuts_.erase(cuts_.begin());
+    writing_ = true;
+    writer_mu_.Unlock();
+    const absl::Time start = absl::Now();
+    absl::Status written = store_->Write(segment, *state);
+    if (written.ok()) {
+      SEGPS_LOG_INFO << "server " << index_ << ": checkpoint of " << config_.model().segments(segment).name()
+                     << " at clock " << state->clock << " written to " << store_->Path(segment, state->clock)
+                     << " in " << absl::FormatDuration(absl::Now() - start);
+    } else {
+      SEGPS_LOG_ERROR << "server " << index_ << ": checkpoint of " << config_.model().segments(segment).name()
+                      << " at clock " << state->clock << " failed: " << written.message()
+                      << " (the previous checkpoints stay valid)";
+    }
+    writer_mu_.Lock();
+    writing_ = false;
+    writer_wake_.SignalAll();
+  }
+}
+
+void ParameterServer::FlushCheckpoints() {
+  if (!writer_.joinable()) return;
+  MutexLock lock(&writer_mu_);
+  while (!cuts_.empty() || writing_) writer_wake_.Wait(&writer_mu_);
 }
 
 absl::StatusOr<std::unique_ptr<ParameterServer>> ParameterServer::Create(const v1::JobConfig& config,
@@ -62,6 +105,15 @@ absl::StatusOr<std::unique_ptr<ParameterServer>> ParameterServer::Create(const v
   absl::StatusOr<ShardMap> map = ShardMap::Create(config.model(), config.cluster().num_servers());
   if (!map.ok()) return map.status();
   std::unique_ptr<ParameterServer> server(new ParameterServer(config, index, *std::move(map), server_options));
+  if (getrandom(&server->incarnation_, sizeof(server->incarnation_), 0) != sizeof(server->incarnation_)) {
+    return absl::UnavailableError("the system's random source failed");
+  }
+  const std::string dir = server_options.checkpoint_dir.empty() ? config.checkpoint().dir() : server_options.checkpoint_dir;
+  if (!dir.empty()) {
+    absl::StatusOr<std::unique_ptr<CheckpointStore>> store = CheckpointStore::Open(config, index, dir);
+    if (!store.ok()) return store.status();
+    server->store_ = *std::move(store);
+  }
   const int segments = server->map_.num_segments();
   if (apply_threads > 1) server->apply_pool_ = std::make_unique<ApplyPool>(apply_threads);
   server->rejected_ = std::make_unique<std::atomic<uint64_t>[]>(segments + 1);
@@ -77,6 +129,21 @@ absl::StatusOr<std::unique_ptr<ParameterServer>> ParameterServer::Create(const v
     options.momentum_lookahead = config.optimizer().momentum_lookahead();
     options.apply_pool = server->apply_pool_.get();
     options.clock = server_options.clock;
+    if (server->store_ != nullptr) {
+      ParameterServer* const s = server.get();
+      options.checkpoint_every = config.checkpoint().every_clocks();
+      options.checkpoint_interval = absl::Seconds(config.checkpoint().every_seconds());
+      options.on_checkpoint = [s, k](std::shared_ptr<const ShardState> state) {
+        MutexLock lock(&s->writer_mu_);
+        auto& pending = s->cuts_[k];
+        if (pending != nullptr) {
+          SEGPS_LOG_WARNING << "server " << s->index_ << ": checkpoint of segment " << k << " at clock "
+                            << pending->clock << " skipped: the disk is slower than every_clocks";
+        }
+        pending = std::move(state);
+        s->writer_wake_.SignalAll();
+      };
+    }
     std::vector<float> values(options.range.count);
     InitializeRange(server->map_, k, options.range.offset, config.seed(), values.data(),
                     values.size());
@@ -85,6 +152,18 @@ absl::StatusOr<std::unique_ptr<ParameterServer>> ParameterServer::Create(const v
     if (!optimizer.ok()) return optimizer.status();
     server->shards_.push_back(
         std::make_unique<SegmentShard>(options, std::move(values), *std::move(optimizer)));
+    if (server->store_ == nullptr) continue;
+    absl::StatusOr<std::optional<ShardState>> latest = server->store_->Latest(k);
+    if (!latest.ok()) return latest.status();
+    if (!latest->has_value()) continue;
+    server->shards_.back()->Restore(**latest, std::nullopt, nullptr);
+    SEGPS_LOG_INFO << "server " << index << ": restored " << config.model().segments(k).name() << " at clock "
+                   << (*latest)->clock << " from " << server->store_->Path(k, (*latest)->clock) << " (ranks "
+                   << absl::StrJoin((*latest)->ranks, ",") << " resume there)";
+  }
+  if (server->store_ != nullptr) {
+    ParameterServer* const s = server.get();
+    s->writer_ = std::thread([s] { s->WriteCheckpoints(); });
   }
   if (server_options.tick > absl::ZeroDuration()) {
     ParameterServer* const s = server.get();
@@ -155,10 +234,19 @@ absl::Status ParameterServer::Register(const v1::RegisterRequest& request,
   const uint64_t id = next_worker_id_.fetch_add(1);
   std::optional<uint64_t> join;
   if (request.has_join_clock()) join = request.join_clock();
-  const uint64_t start = (*shard)->Register(id, rank, join);
+  std::vector<uint64_t> replaced;
+  const Registered registered = (*shard)->Register(id, rank, join, &replaced);
+  ForgetRegistrations(replaced);
   const Range range = map_.range(request.segment(), index_);
   response->set_worker_id(id);
-  response->set_start_clock(start);
+  response->set_start_clock(registered.start_clock);
+  response->set_incarnation(incarnation_);
+  response->set_generation(registered.generation);
+  response->set_partial(registered.partial);
+  if (registered.rank_clock.has_value()) response->set_rank_clock(*registered.rank_clock);
+  if (store_ != nullptr) {
+    for (uint64_t clock : store_->Clocks(request.segment())) response->add_checkpoint_clocks(clock);
+  }
   response->set_server_index(index_);
   response->set_offset(range.offset);
   response->set_count(range.count);
@@ -166,19 +254,28 @@ absl::Status ParameterServer::Register(const v1::RegisterRequest& request,
   response->set_rank(rank);
   response->set_registration_secret(secret);
   MutexLock lock(&secrets_mu_);
-  secrets_[id] = std::move(secret);
+  secrets_[id] = {std::move(secret), request.segment()};
   return absl::OkStatus();
 }
 
-absl::Status ParameterServer::CheckRegistration(uint64_t id, const std::string& secret, const char* call) {
-  std::string expected;
+void ParameterServer::ForgetRegistrations(const std::vector<uint64_t>& ids) {
+  MutexLock lock(&secrets_mu_);
+  for (uint64_t id : ids) secrets_.erase(id);
+}
+
+absl::Status ParameterServer::CheckRegistration(uint64_t id, const std::string& secret, const char* call,
+                                                std::optional<uint32_t> segment) {
+  Secret expected;
   {
     MutexLock lock(&secrets_mu_);
     auto it = secrets_.find(id);
     if (it != secrets_.end()) expected = it->second;
   }
   // Compared in constant time: the secret is what names the registration.
-  if (!expected.empty() && ConstantTimeEqual(expected, secret)) return absl::OkStatus();
+  if (!expected.bytes.empty() && ConstantTimeEqual(expected.bytes, secret) &&
+      (!segment.has_value() || *segment == expected.segment)) {
+    return absl::OkStatus();
+  }
   return absl::NotFoundError(absl::StrCat(call, ": no registration of worker ", id,
                                           " with the secret given; call Register first"));
 }
@@ -228,6 +325,7 @@ void ParameterServer::Pull(const v1::PullRequest& request, absl::Time deadline, 
         }
         response->set_clock(result->clock);
         response->set_updates(result->updates);
+        response->set_incarnation(incarnation_);
         FillValues(chunk, dtype, response->mutable_values());
         ObservePull(segment, start, chunk.count * DTypeBytes(dtype),
                     reader || clock <= result->clock ? 0 : clock - result->clock, result->blocked);
@@ -314,6 +412,7 @@ void ParameterServer::Push(const v1::PushRequest& request, Payload data, absl::T
         }
         response->set_applied(result->applied);
         response->set_next_clock(result->next_clock);
+        response->set_incarnation(incarnation_);
         push_bytes_[segment].fetch_add(bytes, std::memory_order_relaxed);
         if (metrics_ != nullptr) {
           metrics_->ObservePush(static_cast<int>(segment), absl::ToDoubleSeconds(absl::Now() - start), bytes,
@@ -363,6 +462,7 @@ size_t ParameterServer::Waiting() {
 absl::Status ParameterServer::Heartbeat(const v1::HeartbeatRequest& request,
                                         v1::HeartbeatResponse* response) {
   SEGPS_RETURN_IF_ERROR(CheckRegistration(request.worker_id(), request.registration_secret(), "Heartbeat"));
+  response->set_incarnation(incarnation_);
   for (auto& shard : shards_) {
     if (shard->Renew(request.worker_id())) {
       response->set_live(true);
@@ -390,6 +490,7 @@ void ParameterServer::Stats(v1::StatsResponse* response) {
   response->set_model_fingerprint(model_fingerprint_);
   response->set_shard_fingerprint(map_.fingerprint());
   response->set_waiting_calls(static_cast<uint32_t>(Waiting()));
+  response->set_incarnation(incarnation_);
   for (size_t k = 0; k < shards_.size(); ++k) {
     v1::SegmentStats* stats = response->add_segments();
     shards_[k]->FillStats(stats, response->mutable_workers());
@@ -397,7 +498,46 @@ void ParameterServer::Stats(v1::StatsResponse* response) {
     stats->set_rejected(rejected_[k].load(std::memory_order_relaxed));
     stats->set_push_bytes(push_bytes_[k].load(std::memory_order_relaxed));
     stats->set_pull_bytes(pull_bytes_[k].load(std::memory_order_relaxed));
+    if (store_ != nullptr) {
+      for (uint64_t clock : store_->Clocks(static_cast<int>(k))) stats->add_checkpoint_clocks(clock);
+    }
   }
+}
+
+absl::Status ParameterServer::Rollback(const v1::RollbackRequest& request, v1::RollbackResponse* response) {
+  absl::StatusOr<SegmentShard*> shard = ShardFor(request.segment(), "Rollback");
+  if (!shard.ok()) return Reject(request.segment(), shard.status());
+  SEGPS_RETURN_IF_ERROR(
+      CheckRegistration(request.worker_id(), request.registration_secret(), "Rollback", request.segment()));
+  response->set_incarnation(incarnation_);
+  const int segment = static_cast<int>(request.segment());
+  const std::vector<uint64_t> clocks = store_ == nullptr ? std::vector<uint64_t>() : store_->Clocks(segment);
+  if (std::find(clocks.begin(), clocks.end(), request.clock()) == clocks.end()) {
+    return Reject(request.segment(), absl::FailedPreconditionError(absl::StrCat(
+        "Rollback: server ", index_, " has no checkpoint of segment ", segment, " at clock ", request.clock(),
+        store_ == nullptr ? " (it keeps none: start it with --checkpoint_dir)"
+                          : absl::StrCat(" (it has clocks ", absl::StrJoin(clocks, ","), ")"))));
+  }
+  if ((*shard)->generation() != request.generation()) {
+    response->set_generation((*shard)->generation());  // someone rolled it back already
+    return absl::OkStatus();
+  }
+  absl::StatusOr<ShardState> state = store_->Read(segment, request.clock());
+  if (!state.ok()) {
+    store_->Forget(segment, request.clock());
+    return absl::FailedPreconditionError(absl::StrCat("Rollback: ", state.status().message()));
+  }
+  std::vector<uint64_t> dropped;
+  const bool rolled_back = (*shard)->Restore(*state, request.generation(), &dropped);
+  ForgetRegistrations(dropped);
+  response->set_rolled_back(rolled_back);
+  response->set_generation((*shard)->generation());
+  if (rolled_back) {
+    SEGPS_LOG_WARNING << "server " << index_ << ": " << config_.model().segments(segment).name()
+                      << " rolled back to its checkpoint at clock " << request.clock() << " for worker "
+                      << request.worker_id() << "; " << dropped.size() << " registrations dropped";
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace segps

@@ -8,7 +8,9 @@
 #define SEGPS_SERVER_PARAMETER_SERVER_H_
 
 #include <atomic>
+#include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <unordered_map>
@@ -24,6 +26,7 @@
 #include "segps/v1/config.pb.h"
 #include "segps/v1/parameter_server.pb.h"
 #include "server/apply_pool.h"
+#include "server/checkpoint.h"
 #include "server/segment_shard.h"
 #include "server/server_metrics.h"
 
@@ -38,12 +41,16 @@ struct ServerOptions {
   // How often a thread of the server's own moves leases and deadlines on
   // (Tick). Zero: no thread (tests with a FakeClock call Tick themselves).
   absl::Duration tick = absl::Milliseconds(10);
+  // Overrides the config's checkpoint.dir (segps-server --checkpoint_dir).
+  std::string checkpoint_dir;
 };
 
 class ParameterServer {
  public:
   // `config` must come from LoadConfig. Allocates and initialises this
-  // server's ranges of every segment.
+  // server's ranges of every segment, or, with a checkpoint directory that
+  // holds checkpoints of this server, restores each segment's newest valid
+  // one (refusing, with both fingerprints, one of another job).
   static absl::StatusOr<std::unique_ptr<ParameterServer>> Create(const v1::JobConfig& config, uint32_t index,
                                                                  const ServerOptions& options = {});
   ~ParameterServer();
@@ -75,6 +82,10 @@ class ParameterServer {
   absl::Status Heartbeat(const v1::HeartbeatRequest& request, v1::HeartbeatResponse* response);
   absl::Status Leave(const v1::LeaveRequest& request);
   void Stats(v1::StatsResponse* response);
+  absl::Status Rollback(const v1::RollbackRequest& request, v1::RollbackResponse* response);
+
+  // Writes the checkpoints cut so far (tests; shutdown).
+  void FlushCheckpoints();
 
   // Moves every shard's leases and deadlines on to the clock's time.
   void Tick();
@@ -84,6 +95,8 @@ class ParameterServer {
   size_t Waiting();
 
   uint32_t index() const { return index_; }
+  uint64_t incarnation() const { return incarnation_; }
+  CheckpointStore* checkpoints() const { return store_.get(); }  // null without a checkpoint dir
   const v1::JobConfig& config() const { return config_; }
   const ShardMap& shard_map() const { return map_; }
   absl::Duration max_wait() const { return max_wait_; }
@@ -104,6 +117,8 @@ class ParameterServer {
   const absl::Duration max_wait_;
   ServerMetrics* const metrics_;  // may be null
   Clock* const clock_;
+  uint64_t incarnation_ = 0;  // random, drawn at Create
+  std::unique_ptr<CheckpointStore> store_;  // null without a checkpoint dir
   std::unique_ptr<ApplyPool> apply_pool_;  // null with one apply thread; outlives the shards
   std::vector<std::unique_ptr<SegmentShard>> shards_;
   // Per segment (rejected_: one more, for unknown segments).
@@ -111,9 +126,26 @@ class ParameterServer {
   std::atomic<uint64_t> next_worker_id_{1};
   // OK when `secret` is the one worker `id` was registered with; else
   // NOT_FOUND naming `call`, whether the id is unknown or the secret wrong.
-  absl::Status CheckRegistration(uint64_t id, const std::string& secret, const char* call);
+  // `segment`, when given, must be the registration's.
+  absl::Status CheckRegistration(uint64_t id, const std::string& secret, const char* call,
+                                 std::optional<uint32_t> segment = std::nullopt);
+  void ForgetRegistrations(const std::vector<uint64_t>& ids);
+  struct Secret {
+    std::string bytes;
+    uint32_t segment = 0;
+  };
   Mutex secrets_mu_;
-  std::unordered_map<uint64_t, std::string> secrets_ ABSL_GUARDED_BY(secrets_mu_);
+  std::unordered_map<uint64_t, Secret> secrets_ ABSL_GUARDED_BY(secrets_mu_);
+
+  // The checkpoint writer: cuts wait here (the newest per segment) for a
+  // thread of the server's own to write them.
+  void WriteCheckpoints();
+  Mutex writer_mu_;
+  CondVar writer_wake_;
+  std::map<int, std::shared_ptr<const ShardState>> cuts_ ABSL_GUARDED_BY(writer_mu_);
+  bool writing_ ABSL_GUARDED_BY(writer_mu_) = false;
+  bool writer_stop_ ABSL_GUARDED_BY(writer_mu_) = false;
+  std::thread writer_;  // joinable with a checkpoint dir
 
   Mutex ticker_mu_;
   CondVar ticker_wake_;

@@ -13,6 +13,10 @@ namespace {
 // tens of microseconds to wake, about what Adam takes over 64K elements.
 constexpr uint64_t kMinPartElements = 1 << 16;
 
+// Ids of the placeholders a restore keeps for the ranks it expects back:
+// no registration gets one (the server hands out ids from 1).
+constexpr uint64_t kPlaceholder = 1ull << 63;
+
 // Parts to split an update of `count` elements into over `pool`.
 size_t ApplyParts(const ApplyPool* pool, uint64_t count) {
   if (pool == nullptr) return 1;
@@ -150,31 +154,125 @@ void SegmentShard::FailWaitsOf(uint64_t id, Completions* ready) {
   }
 }
 
-uint64_t SegmentShard::Register(uint64_t id, uint32_t rank, std::optional<uint64_t> join_clock) {
+Registered SegmentShard::Register(uint64_t id, uint32_t rank, std::optional<uint64_t> join_clock,
+                                  std::vector<uint64_t>* replaced) {
   Completions ready;
-  uint64_t start = 0;
+  Registered out;
   {
     MutexLock lock(&mu_);
     const absl::Time now = options_.clock->Now();
     ExpireLeases(now);
+    // Taken before the rank's registrations go: a live one holds it back.
+    const uint64_t segment_clock = SegmentClock();
+    std::optional<Worker> previous;  // the rank's furthest registration, if any
     for (auto it = workers_.begin(); it != workers_.end();) {
       auto next = std::next(it);
-      if (it->second.rank == rank) Erase(it, &ready);
+      if (it->second.rank == rank) {
+        if (!previous.has_value() || it->second.next_clock > previous->next_clock) previous = it->second;
+        if (replaced != nullptr) replaced->push_back(it->first);
+        Erase(it, &ready);
+      }
       it = next;
     }
-    start = join_clock.value_or(SegmentClock());
     Worker& w = workers_[id];
     w.rank = rank;
-    w.next_clock = start;
-    w.last_pull_clock = start;
+    if (previous.has_value()) {
+      out.rank_clock = previous->next_clock;
+      out.partial = previous->applied != 0;
+      out.start_clock = join_clock.value_or(std::max(previous->next_clock, segment_clock));
+      w.next_clock = std::max(previous->next_clock, out.start_clock);
+      w.applied = w.next_clock == previous->next_clock ? previous->applied : 0;
+      w.step = previous->step;
+    } else {
+      out.start_clock = join_clock.value_or(segment_clock);
+      w.next_clock = out.start_clock;
+    }
+    out.generation = generation_;
+    w.last_pull_clock = out.start_clock;
     w.last_seen = now;
     w.live = false;
     SetLive(&w, true);
-    highest_clock_ = std::max(highest_clock_, start);
+    highest_clock_ = std::max(highest_clock_, w.next_clock);
     Resume(now, &ready);
   }
   for (auto& complete : ready) std::move(complete)();
-  return start;
+  return out;
+}
+
+bool SegmentShard::Restore(const ShardState& state, std::optional<uint64_t> generation,
+                           std::vector<uint64_t>* dropped) {
+  Completions ready;
+  {
+    MutexLock lock(&mu_);
+    if (generation.has_value() && *generation != generation_) return false;
+    const absl::Status gone = absl::NotFoundError(
+        absl::StrCat("segment ", options_.segment, " was rolled back to its checkpoint at clock ", state.clock,
+                     "; register again"));
+    for (auto& [needed, waiter] : pulls_waiting_) Fail(std::move(waiter), gone, &ready);
+    pulls_waiting_.clear();
+    for (auto& waiter : pushes_waiting_) Fail(std::move(waiter), gone, &ready);
+    pushes_waiting_.clear();
+    for (auto& [id, w] : workers_) {
+      SetLive(&w, false);
+      if (id < kPlaceholder && dropped != nullptr) dropped->push_back(id);
+    }
+    workers_.clear();
+    values_ = state.values;
+    optimizer_->LoadState(state.slots);
+    steps_begun_ = state.steps;
+    pushes_ = cut_updates_ = state.updates;
+    highest_clock_ = restored_clock_ = state.clock;
+    ++generation_;
+    const absl::Time now = options_.clock->Now();
+    last_cut_ = now;
+    next_cut_ = options_.checkpoint_every == 0 ? 0 : (state.clock / options_.checkpoint_every + 1) * options_.checkpoint_every;
+    for (uint32_t rank : state.ranks) {
+      Worker& w = workers_[kPlaceholder + next_placeholder_++];
+      w.rank = rank;
+      w.next_clock = w.last_pull_clock = state.clock;
+      w.last_seen = now;
+      SetLive(&w, true);
+    }
+  }
+  for (auto& complete : ready) std::move(complete)();
+  return true;
+}
+
+uint64_t SegmentShard::generation() {
+  MutexLock lock(&mu_);
+  return generation_;
+}
+
+void SegmentShard::MaybeCheckpoint(absl::Time now) {
+  if (options_.checkpoint_every == 0 || live_ == 0 || SegmentClock() < next_cut_) return;
+  if (now - last_cut_ >= options_.checkpoint_interval) {
+    Cut(now);
+  } else {
+    next_cut_ = (SegmentClock() / options_.checkpoint_every + 1) * options_.checkpoint_every;
+  }
+}
+
+void SegmentShard::Cut(absl::Time now) {
+  auto state = std::make_shared<ShardState>();
+  state->clock = SegmentClock();
+  state->steps = steps_begun_;
+  state->updates = pushes_;
+  for (const auto& [id, w] : workers_) {
+    if (w.live) state->ranks.push_back(w.rank);
+  }
+  std::sort(state->ranks.begin(), state->ranks.end());
+  state->values = values_;
+  optimizer_->SaveState(&state->slots);
+  last_cut_ = now;
+  cut_updates_ = pushes_;
+  if (options_.checkpoint_every > 0) {
+    next_cut_ = (state->clock / options_.checkpoint_every + 1) * options_.checkpoint_every;
+  }
+  if (options_.on_checkpoint) options_.on_checkpoint(std::move(state));
+}
+
+bool SegmentShard::WaitsForCut(const Waiter& push) const {
+  return options_.checkpoint_every > 0 && push.clock >= next_cut_;
 }
 
 void SegmentShard::Pull(uint64_t id, uint64_t clock, uint64_t first, uint64_t count, absl::Time deadline,
@@ -306,9 +404,11 @@ void SegmentShard::StartPush(std::unique_ptr<Waiter> waiter, absl::Time now, Com
                                                         w->applied)),
                 ready);
   }
-  if (w->next_clock != waiter->clock || w->applied != waiter->first) {
+  MaybeCheckpoint(now);
+  if (w->next_clock != waiter->clock || w->applied != waiter->first || WaitsForCut(*waiter)) {
     // Pushes (and chunks) of one worker may overtake each other on the
-    // wire: this one waits for its predecessors.
+    // wire: this one waits for its predecessors (or, a checkpoint's clock,
+    // for the cut before it).
     if (now >= waiter->deadline) return Fail(std::move(waiter), Skipped(*w, *waiter), ready);
     if (!draining_.empty()) return Fail(std::move(waiter), absl::UnavailableError(draining_), ready);
     pushes_waiting_.push_back(std::move(waiter));
@@ -386,6 +486,7 @@ void SegmentShard::Resume(absl::Time now, Completions* ready) {
   bool progress = true;
   while (progress) {
     progress = false;
+    MaybeCheckpoint(now);
     // Parked pushes whose turn has come.
     std::vector<std::unique_ptr<Waiter>> pushes;
     pushes.swap(pushes_waiting_);
@@ -401,7 +502,7 @@ void SegmentShard::Resume(absl::Time now, Completions* ready) {
       Worker* w = &it->second;
       if (AppliedBefore(*w, *push)) {
         AfterPush(std::move(push), w, Acknowledged(*w), now, ready);
-      } else if (w->next_clock == push->clock && w->applied == push->first) {
+      } else if (w->next_clock == push->clock && w->applied == push->first && !WaitsForCut(*push)) {
         const PushResult result = Apply(w, *push);
         AfterPush(std::move(push), w, result, now, ready);
         progress = true;
@@ -445,7 +546,13 @@ void SegmentShard::Tick() {
         ++it;
         continue;
       }
-      Fail(std::move(*it), Skipped(workers_.at((*it)->id), **it), &ready);
+      const Worker& w = workers_.at((*it)->id);
+      absl::Status late = WaitsForCut(**it) && w.next_clock == (*it)->clock
+                              ? absl::UnavailableError(absl::StrCat(
+                                    "Push: clock ", (*it)->clock, " waits for the checkpoint at clock ", next_cut_,
+                                    ", which needs worker ", Laggard(), " to push clock ", SegmentClock()))
+                              : Skipped(w, **it);
+      Fail(std::move(*it), std::move(late), &ready);
       it = pushes_waiting_.erase(it);
     }
     Resume(now, &ready);
@@ -511,7 +618,10 @@ bool SegmentShard::Leave(uint64_t id) {
     auto it = workers_.find(id);
     if (it == workers_.end()) return false;
     Erase(it, &ready);
-    Resume(options_.clock->Now(), &ready);
+    const absl::Time now = options_.clock->Now();
+    // The segment's last worker is done: its final state is a cut too.
+    if (options_.checkpoint_every > 0 && live_ == 0 && pushes_ > cut_updates_) Cut(now);
+    Resume(now, &ready);
   }
   for (auto& complete : ready) std::move(complete)();
   return true;
@@ -532,7 +642,10 @@ void SegmentShard::FillStats(v1::SegmentStats* stats,
     stats->set_pulls(pulls_);
     stats->set_pushes(pushes_);
     stats->set_blocked_us(absl::ToInt64Microseconds(blocked_));
+    stats->set_generation(generation_);
+    stats->set_restored_clock(restored_clock_);
     for (const auto& [id, w] : workers_) {
+      if (id >= kPlaceholder) continue;
       v1::WorkerStats* ws = workers->Add();
       ws->set_worker_id(id);
       ws->set_segment(options_.segment);

@@ -25,6 +25,21 @@
 // Clock, and Tick is what moves leases and deadlines on: the server calls it
 // every few milliseconds, a test after stepping a FakeClock.
 //
+// Checkpoints. With checkpoint_every = E, the shard takes a consistent cut
+// at every segment clock that is a multiple of E: a push of clock c >= the
+// next multiple waits until every live worker has pushed every clock below
+// it, the values and optimizer state are copied (under the lock: a memory
+// copy), and the copy goes to on_checkpoint, which writes it elsewhere. At
+// staleness 0 no push waits for it. When the segment's last worker leaves,
+// the final state is cut too. Restore replaces the state with a
+// checkpoint's: every registration is dropped, and each rank the checkpoint
+// held is kept as a placeholder at its clock (live for one lease), so that
+// the segment waits for it and it rejoins there.
+//
+// Rejoining. A registration of a rank that the shard still knows (a
+// placeholder, an expired lease, a replaced worker) continues at that
+// rank's next clock: nothing it pushed is applied twice or lost.
+//
 // Thread safety: every method is safe to call concurrently. One mutex guards
 // the whole shard, so applies, pulls and clock changes of one segment on one
 // server are serialised while other segments proceed independently (a large
@@ -35,6 +50,7 @@
 #define SEGPS_SERVER_SEGMENT_SHARD_H_
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -52,6 +68,7 @@
 #include "common/tensor_wire.h"
 #include "segps/v1/parameter_server.pb.h"
 #include "server/apply_pool.h"
+#include "server/checkpoint.h"
 #include "server/optimizer.h"
 
 namespace segps {
@@ -69,6 +86,20 @@ struct ShardOptions {
   // Must outlive the shard.
   ApplyPool* apply_pool = nullptr;
   Clock* clock = Clock::Real();  // must outlive the shard
+  // Cut a checkpoint at multiples of this segment clock (0: never), unless
+  // the last one is less than checkpoint_interval old.
+  uint32_t checkpoint_every = 0;
+  absl::Duration checkpoint_interval;
+  // Takes each cut, under the shard's lock: it must only hand it on.
+  std::function<void(std::shared_ptr<const ShardState>)> on_checkpoint;
+};
+
+// What Register decided.
+struct Registered {
+  uint64_t start_clock = 0;
+  std::optional<uint64_t> rank_clock;  // the rank's own next clock, when the shard knew it
+  bool partial = false;  // the rank's step rank_clock is partly applied
+  uint64_t generation = 0;
 };
 
 struct PullResult {
@@ -98,9 +129,20 @@ class SegmentShard {
                std::unique_ptr<Optimizer> optimizer);
 
   // Registers worker `id` as `rank`, replacing any earlier registration of
-  // that rank. Returns the clock the worker starts at: `join_clock` if given,
-  // else the segment clock.
-  uint64_t Register(uint64_t id, uint32_t rank, std::optional<uint64_t> join_clock);
+  // that rank (their ids go to `replaced`). Returns the clock the worker
+  // starts at: `join_clock` if given, else the segment clock, or the rank's
+  // own next clock if the shard knew the rank and it is further. A
+  // join_clock below the rank's clock only lets the worker pull from there:
+  // its pushes below the rank's clock are acknowledged, not applied again.
+  Registered Register(uint64_t id, uint32_t rank, std::optional<uint64_t> join_clock,
+                      std::vector<uint64_t>* replaced = nullptr);
+
+  // Replaces values, optimizer state and clocks with `state`, as described
+  // above, if the segment is still at `generation` (nullopt: whatever it
+  // is). Returns whether it did; `dropped` gets the ids of the
+  // registrations dropped, whose parked calls fail with NOT_FOUND.
+  bool Restore(const ShardState& state, std::optional<uint64_t> generation, std::vector<uint64_t>* dropped);
+  uint64_t generation();
 
   // Reads elements [first, first + count) of the range through `read` and
   // completes once the staleness bound allows a worker at `clock` to compute
@@ -205,6 +247,11 @@ class SegmentShard {
   // Completes a push (applied now or before), or goes on to its pull.
   void AfterPush(std::unique_ptr<Waiter> waiter, Worker* w, const PushResult& result, absl::Time now,
                  Completions* ready) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Cuts a checkpoint if the segment clock has reached the next one.
+  void MaybeCheckpoint(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Cut(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether `push` must wait for the checkpoint cut before its clock.
+  bool WaitsForCut(const Waiter& push) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Minimum next_clock of live workers; the highest clock reached when none is live.
   uint64_t SegmentClock() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The clock elements [0, end) of the range reflect: every live worker has
@@ -238,6 +285,12 @@ class SegmentShard {
   std::multimap<uint64_t, std::unique_ptr<Waiter>> pulls_waiting_ ABSL_GUARDED_BY(mu_);
   std::vector<std::unique_ptr<Waiter>> pushes_waiting_ ABSL_GUARDED_BY(mu_);
   std::string draining_ ABSL_GUARDED_BY(mu_);  // why calls no longer wait, once set
+  uint64_t next_cut_ ABSL_GUARDED_BY(mu_) = 0;  // the next checkpoint clock
+  absl::Time last_cut_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  uint64_t cut_updates_ ABSL_GUARDED_BY(mu_) = 0;  // pushes_ at the last cut (or restore)
+  uint64_t generation_ ABSL_GUARDED_BY(mu_) = 1;
+  uint64_t restored_clock_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t next_placeholder_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace segps

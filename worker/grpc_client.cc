@@ -13,13 +13,16 @@
 #include <algorithm>
 #include <cstring>
 #include <optional>
+#include <set>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "common/config.h"
 #include "common/grpc_status.h"
+#include "common/log.h"
 #include "common/security.h"
 #include "common/status_macros.h"
 #include "common/tensor_wire_grpc.h"
@@ -101,9 +104,16 @@ class GrpcClient final : public ParameterClient {
     push_streams_ = std::make_unique<RequestStreams>(channels, kPushStreamMethod);
     pull_streams_ = std::make_unique<RequestStreams>(channels, kPullStreamMethod);
     worker_ids_.assign(addresses_.size(), 0);
+    incarnations_.assign(addresses_.size(), 0);
     secrets_.assign(addresses_.size(), std::string());
   }
 
+  // Registers with every server, then makes them agree on where the rank
+  // continues (README, "Recovery"): where the rank's own clocks differ
+  // between servers (a push that reached some of them, a server restored
+  // from a checkpoint), the segment is rolled back to the newest checkpoint
+  // every server holds and registration starts over; otherwise the worker
+  // starts at the furthest clock any server proposes.
   absl::StatusOr<Registration> Register(int segment, std::optional<uint32_t> rank) override {
     if (segment < 0 || segment >= map_.num_segments()) {
       return absl::InvalidArgumentError(absl::StrCat("segment ", segment, " is out of range"));
@@ -114,34 +124,118 @@ class GrpcClient final : public ParameterClient {
     request.set_any_rank(!rank.has_value());
     request.set_model_fingerprint(fingerprint_);
     request.set_shard_fingerprint(map_.fingerprint());
-    Registration registration;
-    // Server 0 picks the clock (and the rank if asked); the others are told
-    // to use the same.
-    for (size_t i = 0; i < stubs_.size(); ++i) {
-      if (i > 0) {
-        request.set_join_clock(registration.start_clock);
-        request.set_rank(registration.rank);
+    // Each rollback moves a generation on; a few in a row mean servers
+    // that keep failing, which the caller's recovery retries.
+    for (int attempt = 0; attempt < 4; ++attempt) {
+      std::vector<v1::RegisterResponse> responses(stubs_.size());
+      for (size_t i = 0; i < stubs_.size(); ++i) {
+        SEGPS_RETURN_IF_ERROR(RegisterWith(i, request, &responses[i]));
+        // Server 0 picks the rank if asked; the others are told the same.
+        request.set_rank(responses[0].rank());
         request.set_any_rank(false);
       }
-      v1::RegisterResponse response;
+      absl::StatusOr<std::optional<uint64_t>> aligned = Agree(segment, responses);
+      if (!aligned.ok()) return aligned.status();
+      if (!aligned->has_value()) continue;  // rolled back: register again
+      const uint64_t start = **aligned;
+      request.set_join_clock(start);
+      for (size_t i = 0; i < stubs_.size(); ++i) {
+        if (responses[i].start_clock() != start) SEGPS_RETURN_IF_ERROR(RegisterWith(i, request, &responses[i]));
+        incarnations_[i] = responses[i].incarnation();
+      }
+      return Registration{start, responses[0].rank()};
+    }
+    return absl::UnavailableError(absl::StrCat("Register: segment ", segment,
+                                               " was rolled back 4 times in a row; the servers keep failing"));
+  }
+
+  // The clock every server should start the rank at, or nullopt after
+  // rolling the segment back (register again).
+  absl::StatusOr<std::optional<uint64_t>> Agree(int segment, const std::vector<v1::RegisterResponse>& responses) {
+    std::set<uint64_t> rank_clocks;
+    bool partial = false, some_new = false;
+    uint64_t furthest = 0;
+    for (const v1::RegisterResponse& r : responses) {
+      if (r.has_rank_clock()) rank_clocks.insert(r.rank_clock());
+      some_new |= !r.has_rank_clock();
+      partial |= r.partial();
+      furthest = std::max(furthest, r.start_clock());
+    }
+    const bool disagree = partial || rank_clocks.size() > 1 || (!rank_clocks.empty() && some_new);
+    if (!disagree) return std::optional<uint64_t>(furthest);
+    // The newest checkpoint clock every server holds.
+    std::set<uint64_t> common(responses[0].checkpoint_clocks().begin(), responses[0].checkpoint_clocks().end());
+    for (const v1::RegisterResponse& r : responses) {
+      std::set<uint64_t> both;
+      for (uint64_t c : r.checkpoint_clocks()) {
+        if (common.count(c) > 0) both.insert(c);
+      }
+      common = std::move(both);
+    }
+    std::vector<std::string> states;
+    for (size_t i = 0; i < responses.size(); ++i) {
+      states.push_back(absl::StrCat("server ", i, " at ",
+                                    responses[i].has_rank_clock() ? absl::StrCat(responses[i].rank_clock())
+                                                                  : std::string("none"),
+                                    responses[i].partial() ? " (partly applied)" : ""));
+    }
+    if (common.empty()) {
+      for (size_t i = 0; i < responses.size(); ++i) {
+        if (!responses[i].has_rank_clock() && incarnations_[i] != 0 && incarnations_[i] != responses[i].incarnation()) {
+          return absl::FailedPreconditionError(absl::StrCat(
+              "Register: server ", i, " (", addresses_[i], ") restarted with no checkpoint of segment ", segment,
+              ", so its parameters started over; the job cannot recover. Give the servers a checkpoint "
+              "directory (--checkpoint_dir or checkpoint.dir)"));
+        }
+      }
+      // No checkpoint to agree on: continue from the lowest clock; servers
+      // further on acknowledge the repeated pushes without applying them.
+      const uint64_t lowest = rank_clocks.empty() ? furthest : *rank_clocks.begin();
+      SEGPS_LOG_WARNING << "segment " << segment << " rank " << responses[0].rank()
+                        << ": the servers disagree on its clock (" << absl::StrJoin(states, ", ")
+                        << ") and share no checkpoint; continuing from clock " << lowest;
+      return std::optional<uint64_t>(lowest);
+    }
+    const uint64_t target = *common.rbegin();
+    SEGPS_LOG_WARNING << "segment " << segment << " rank " << responses[0].rank() << ": the servers disagree ("
+                      << absl::StrJoin(states, ", ") << "); rolling the segment back to its checkpoint at clock "
+                      << target;
+    for (size_t i = 0; i < stubs_.size(); ++i) {
+      v1::RollbackRequest rollback;
+      rollback.set_segment(segment);
+      rollback.set_worker_id(responses[i].worker_id());
+      rollback.set_registration_secret(responses[i].registration_secret());
+      rollback.set_clock(target);
+      rollback.set_generation(responses[i].generation());
+      v1::RollbackResponse reply;
       absl::Status status = WithRetries(rpc_deadline_ * 4, [&](absl::Duration left) {
         grpc::ClientContext context;
         context.set_deadline(absl::ToChronoTime(absl::Now() + std::min(left, rpc_deadline_)));
-        context.set_wait_for_ready(true);  // servers may still be starting
-        return FromGrpcStatus(stubs_[i]->Register(&context, request, &response));
+        return FromGrpcStatus(stubs_[i]->Rollback(&context, rollback, &reply));
       });
-      if (!status.ok()) return Annotate(status, i, "Register");
-      if (response.server_index() != i) {
-        return Annotate(absl::FailedPreconditionError(absl::StrCat(
-                            "this is server ", response.server_index(), ", listed at position ", i,
-                            "; give the servers in index order")),
-                        i, "Register");
-      }
-      worker_ids_[i] = response.worker_id();
-      secrets_[i] = response.registration_secret();
-      if (i == 0) registration = {response.start_clock(), response.rank()};
+      // A registration already dropped by someone else's rollback is fine: register again.
+      if (!status.ok() && !absl::IsNotFound(status)) return Annotate(status, i, "Rollback");
     }
-    return registration;
+    return std::optional<uint64_t>();
+  }
+
+  absl::Status RegisterWith(size_t i, const v1::RegisterRequest& request, v1::RegisterResponse* response) {
+    absl::Status status = WithRetries(rpc_deadline_ * 4, [&](absl::Duration left) {
+      grpc::ClientContext context;
+      context.set_deadline(absl::ToChronoTime(absl::Now() + std::min(left, rpc_deadline_)));
+      context.set_wait_for_ready(true);  // servers may still be starting
+      return FromGrpcStatus(stubs_[i]->Register(&context, request, response));
+    });
+    if (!status.ok()) return Annotate(status, i, "Register");
+    if (response->server_index() != i) {
+      return Annotate(absl::FailedPreconditionError(absl::StrCat("this is server ", response->server_index(),
+                                                                 ", listed at position ", i,
+                                                                 "; give the servers in index order")),
+                      i, "Register");
+    }
+    worker_ids_[i] = response->worker_id();
+    secrets_[i] = response->registration_secret();
+    return absl::OkStatus();
   }
 
   absl::StatusOr<uint64_t> Pull(int segment, uint64_t clock, absl::Span<float> dest) override {
@@ -482,6 +576,7 @@ class GrpcClient final : public ParameterClient {
   std::unique_ptr<RequestStreams> pull_streams_ ABSL_GUARDED_BY(pull_mu_);
   std::vector<uint64_t> worker_ids_;  // per server; 0 until registered
   std::vector<std::string> secrets_;  // per server: each registration's secret
+  std::vector<uint64_t> incarnations_;  // per server: as of the last registration (0: none yet)
 };
 
 }  // namespace

@@ -17,14 +17,6 @@ namespace {
 
 constexpr char kFormat[] = "segps-model-1";
 
-std::string TensorName(const v1::ModelConfig& model, int k, const TensorLayout& t) {
-  return absl::StrCat(model.segments(k).name(), "/dense_", t.layer, t.is_bias ? "/bias" : "/kernel");
-}
-
-std::vector<uint64_t> TensorShape(const TensorLayout& t) {
-  return t.is_bias ? std::vector<uint64_t>{t.cols} : std::vector<uint64_t>{t.rows, t.cols};
-}
-
 }  // namespace
 
 absl::StatusOr<std::vector<std::vector<float>>> PullParameters(ParameterClient& client,

@@ -59,6 +59,23 @@ class HeartbeatLoop {
   std::thread thread_;
 };
 
+// Failures a worker recovers from by registering again: a server that
+// restarted, was paused past the lease, is unreachable or dropped this
+// registration (a rollback). Anything else (a config mismatch, a bad
+// request, a broken device) ends the worker.
+bool Recoverable(const absl::Status& status) {
+  switch (status.code()) {
+    case absl::StatusCode::kNotFound:
+    case absl::StatusCode::kFailedPrecondition:
+    case absl::StatusCode::kUnavailable:
+    case absl::StatusCode::kDeadlineExceeded:
+    case absl::StatusCode::kAborted:
+      return true;
+    default:
+      return false;
+  }
+}
+
 // Progress between two log lines.
 struct Window {
   double loss = 0;
@@ -130,7 +147,9 @@ absl::StatusOr<TrainReport> Train(const v1::JobConfig& config, const TrainerOpti
                          ? absl::StrCat(", top-k pushes of ", config.training().gradient_topk() * 100, "% of ", n)
                          : std::string());
 
-  HeartbeatLoop heartbeat(client, absl::Milliseconds(config.cluster().lease_ms()) / 3);
+  const absl::Duration heartbeat_period = absl::Milliseconds(config.cluster().lease_ms()) / 3;
+  std::optional<HeartbeatLoop> heartbeat;
+  heartbeat.emplace(client, heartbeat_period);
   if (options.metrics != nullptr) options.metrics->SetRank(rank);
   // Top-k pushes carry k (index, value) pairs; pulls are always dense.
   std::optional<TopK> topk;
@@ -138,7 +157,6 @@ absl::StatusOr<TrainReport> Train(const v1::JobConfig& config, const TrainerOpti
   const size_t element_bytes = DTypeBytes(config.cluster().wire_dtype());
   const uint64_t pull_bytes = n * element_bytes;
   const uint64_t push_bytes = topk ? topk->k() * (sizeof(uint32_t) + element_bytes) : pull_bytes;
-  AsyncClient async(client, segment, PushesInFlight(config, segment), options.metrics, pull_bytes, push_bytes);
   // The step's gradient, encoded for the wire.
   auto encode = [&](uint64_t clock, const float* grad) {
     if (!topk) return client->Encode(segment, clock, absl::MakeConstSpan(grad, n));
@@ -146,14 +164,22 @@ absl::StatusOr<TrainReport> Train(const v1::JobConfig& config, const TrainerOpti
     return client->EncodeSparse(segment, clock, topk->indices(), topk->values());
   };
   StepContext step_context;
-  step_context.client = &async;
   step_context.backend = backend;
   step_context.model = &model;
   step_context.pulled[0] = pulled[0];
   step_context.pulled[1] = pulled[1];
   step_context.staleness = staleness;
-  step_context.start_clock = start;
-  std::unique_ptr<StepStrategy> strategy = StepStrategy::For(step_context);
+  // The calls in flight and how steps make them; made again after a recovery.
+  std::unique_ptr<AsyncClient> async;
+  std::unique_ptr<StepStrategy> strategy;
+  auto connect = [&](uint64_t at) {
+    async = std::make_unique<AsyncClient>(client, segment, PushesInFlight(config, segment), options.metrics,
+                                          pull_bytes, push_bytes);
+    step_context.client = async.get();
+    step_context.start_clock = at;
+    strategy = StepStrategy::For(step_context);
+  };
+  connect(start);
 
   TrainReport report;
   const absl::Time t0 = absl::Now();
@@ -169,111 +195,140 @@ absl::StatusOr<TrainReport> Train(const v1::JobConfig& config, const TrainerOpti
     if (options.metrics != nullptr) options.metrics->ObserveBlocked(absl::ToDoubleSeconds(waited));
   };
 
-  // Gathers step `s` of an epoch's order on the host and enqueues its upload
-  // into input slot `slot` (on the CPU, gathers straight into the slot);
-  // returns its rows.
-  auto stage = [&](const std::vector<uint32_t>& order, uint64_t s, int slot) -> absl::StatusOr<size_t> {
-    const size_t begin = s * batch;
+  // Clocks are the steps of the worker's whole schedule: clock c is step
+  // c % steps_per_epoch of epoch c / steps_per_epoch, whose order depends
+  // on the epoch only, so a step computed again after a recovery sees the
+  // same batch.
+  std::vector<uint32_t> order;
+  std::optional<uint32_t> order_epoch;
+  auto order_of = [&](uint32_t epoch) -> const std::vector<uint32_t>& {
+    if (order_epoch != epoch) {
+      order = EpochOrder(slice, config.seed(), segment, rank, epoch);
+      order_epoch = epoch;
+    }
+    return order;
+  };
+  // Gathers the batch of `clock` on the host and enqueues its upload into
+  // input slot `slot` (on the CPU, gathers straight into the slot); returns its rows.
+  auto stage = [&](uint64_t clock, int slot) -> absl::StatusOr<size_t> {
+    const std::vector<uint32_t>& epoch_order = order_of(static_cast<uint32_t>(clock / steps_per_epoch));
+    const size_t begin = (clock % steps_per_epoch) * batch;
     const size_t rows = std::min<size_t>(batch, slice.count - begin);
     if (!device) {
-      GatherBatch(train, order, begin, rows, model.input(slot), model.labels(slot));
+      GatherBatch(train, epoch_order, begin, rows, model.input(slot), model.labels(slot));
       return rows;
     }
-    GatherBatch(train, order, begin, rows, batch_x[slot]->data(), batch_y[slot]->data<int32_t>());
+    GatherBatch(train, epoch_order, begin, rows, batch_x[slot]->data(), batch_y[slot]->data<int32_t>());
     SEGPS_RETURN_IF_ERROR(backend->Upload(batch_x[slot]->data(), model.input(slot), rows * width * sizeof(float)));
     SEGPS_RETURN_IF_ERROR(backend->Upload(batch_y[slot]->data(), model.labels(slot), rows * sizeof(int32_t)));
     return rows;
   };
-  std::vector<uint32_t> order = EpochOrder(slice, config.seed(), segment, rank, 0), next_order;
   int slot = 0;
-  absl::StatusOr<size_t> staged = stage(order, 0, slot);
-  if (!staged.ok()) return staged.status();
+  std::optional<uint64_t> staged_clock;  // the clock whose batch is in `slot`
+  size_t batch_rows = 0;  // its rows
+  std::optional<uint32_t> window_epoch;  // the epoch epoch_window counts
 
-  for (uint32_t epoch = 0; epoch < epochs; ++epoch) {
-    epoch_window = Window();
-    epoch_window.start = absl::Now();
-    for (uint64_t s = 0; s < steps_per_epoch; ++s) {
-      const uint64_t clock = start + epoch * steps_per_epoch + s;
-      absl::Duration waited;
-      absl::StatusOr<uint64_t> have = strategy->Prepare(clock, &waited);
-      count_blocked(waited);
-      if (!have.ok()) return have.status();
-
-      const size_t rows = *staged;
-      SEGPS_RETURN_IF_ERROR(model.TrainStep(static_cast<int>(rows), slot));
-      // On the CPU the gradient is read where it is; a GPU's comes back through pinned memory.
-      const float* grad = model.grad();
-      if (device) {
-        SEGPS_RETURN_IF_ERROR(backend->Download(model.grad(), grad_host->data(), n * sizeof(float)));
-        grad = grad_host->data();
-      }
-      SEGPS_RETURN_IF_ERROR(model.DownloadStats());
-      // Stage the next batch while this step runs on the device.
-      if (s + 1 < steps_per_epoch) {
-        staged = stage(order, s + 1, slot ^ 1);
-      } else if (epoch + 1 < epochs) {
-        next_order = EpochOrder(slice, config.seed(), segment, rank, epoch + 1);
-        staged = stage(next_order, 0, slot ^ 1);
-      }
-      if (!staged.ok()) return staged.status();
-      SEGPS_RETURN_IF_ERROR(backend->Synchronize());
-      slot ^= 1;
-      const BatchStats stats = model.stats();
-      if (!std::isfinite(stats.loss_sum)) {
-        return absl::InternalError(absl::StrCat(tag, ": loss became ", stats.loss_sum, " at clock ", clock,
-                                                "; lower optimizer.learning_rate"));
-      }
-      const uint64_t lag = clock - std::min(clock, *have);  // clocks this step's parameters lagged
-      const bool last = epoch + 1 == epochs && s + 1 == steps_per_epoch;
-      waited = absl::ZeroDuration();
-      absl::Status sent = strategy->Finish(encode(clock, grad), last, &waited);
-      count_blocked(waited);
-      SEGPS_RETURN_IF_ERROR(sent);
-      if (options.slowdown > absl::ZeroDuration()) absl::SleepFor(options.slowdown);
-
-      for (Window* w : {&window, &epoch_window}) {
-        w->loss += stats.loss_sum;
-        w->correct += stats.correct;
-        w->samples += rows;
-        w->steps += 1;
-        w->staleness += static_cast<double>(lag);
-        w->max_staleness = std::max(w->max_staleness, lag);
-      }
-      staleness_sum += static_cast<double>(lag);
-      if (options.metrics != nullptr) {
-        options.metrics->ObserveStep(stats.loss_sum / rows, static_cast<double>(stats.correct) / rows, rows, lag,
-                                     clock + 1);
-      }
-      report.max_staleness = std::max(report.max_staleness, lag);
-      report.steps += 1;
-      report.samples += rows;
-
-      const absl::Time now = absl::Now();
-      const bool epoch_end = s + 1 == steps_per_epoch;
-      if (now >= next_log || epoch_end) {
-        const double secs = std::max(1e-9, absl::ToDoubleSeconds(now - window.start));
-        const std::string line = absl::StrFormat(
-            "%s: epoch %u/%u step %d/%d loss %.4f acc %.4f samples/s %.0f staleness avg %.2f max %d blocked %.0f%%",
-            tag, epoch + 1, epochs, report.steps, total_steps, window.loss / window.samples,
-            static_cast<double>(window.correct) / window.samples, window.samples / secs,
-            window.staleness / window.steps, window.max_staleness,
-            100.0 * absl::ToDoubleSeconds(window.blocked) / secs);
-        if (options.progress_bar) {
-          const int width_bar = 30;
-          const int filled = static_cast<int>(width_bar * report.steps / total_steps);
-          std::printf("\r[%s%s] %s", std::string(filled, '#').c_str(),
-                      std::string(width_bar - filled, '.').c_str(), line.c_str());
-          std::fflush(stdout);
-        } else {
-          SEGPS_LOG_INFO << line;
-        }
-        if (options.metrics != nullptr) options.metrics->SetSamplesPerSecond(window.samples / secs);
-        window = Window();
-        next_log = now + log_every;
-      }
+  // One step; `servers` tells whether a failure came from the servers.
+  auto run_step = [&](uint64_t clock, bool* servers) -> absl::Status {
+    const uint32_t epoch = static_cast<uint32_t>(clock / steps_per_epoch);
+    const uint64_t s = clock % steps_per_epoch;
+    if (window_epoch != epoch) {
+      epoch_window = Window();
+      window_epoch = epoch;
     }
+    if (staged_clock != clock) {
+      absl::StatusOr<size_t> rows = stage(clock, slot);
+      if (!rows.ok()) return rows.status();
+      batch_rows = *rows;
+      staged_clock = clock;
+    }
+    absl::Duration waited;
+    absl::StatusOr<uint64_t> have = strategy->Prepare(clock, &waited);
+    count_blocked(waited);
+    if (!have.ok()) {
+      *servers = true;
+      return have.status();
+    }
+    const size_t rows = batch_rows;
+    SEGPS_RETURN_IF_ERROR(model.TrainStep(static_cast<int>(rows), slot));
+    // On the CPU the gradient is read where it is; a GPU's comes back through pinned memory.
+    const float* grad = model.grad();
+    if (device) {
+      SEGPS_RETURN_IF_ERROR(backend->Download(model.grad(), grad_host->data(), n * sizeof(float)));
+      grad = grad_host->data();
+    }
+    SEGPS_RETURN_IF_ERROR(model.DownloadStats());
+    // Stage the next batch while this step runs on the device.
+    staged_clock.reset();
+    if (clock + 1 < total_steps) {
+      absl::StatusOr<size_t> next = stage(clock + 1, slot ^ 1);
+      if (!next.ok()) return next.status();
+      batch_rows = *next;
+      staged_clock = clock + 1;
+    }
+    SEGPS_RETURN_IF_ERROR(backend->Synchronize());
+    slot ^= 1;
+    const BatchStats stats = model.stats();
+    if (!std::isfinite(stats.loss_sum)) {
+      return absl::InternalError(absl::StrCat(tag, ": loss became ", stats.loss_sum, " at clock ", clock,
+                                              "; lower optimizer.learning_rate"));
+    }
+    const uint64_t lag = clock - std::min(clock, *have);  // clocks this step's parameters lagged
+    waited = absl::ZeroDuration();
+    absl::Status sent = strategy->Finish(encode(clock, grad), clock + 1 == total_steps, &waited);
+    count_blocked(waited);
+    if (!sent.ok()) {
+      *servers = true;
+      return sent;
+    }
+    if (options.slowdown > absl::ZeroDuration()) absl::SleepFor(options.slowdown);
+
+    for (Window* w : {&window, &epoch_window}) {
+      w->loss += stats.loss_sum;
+      w->correct += stats.correct;
+      w->samples += rows;
+      w->steps += 1;
+      w->staleness += static_cast<double>(lag);
+      w->max_staleness = std::max(w->max_staleness, lag);
+    }
+    staleness_sum += static_cast<double>(lag);
+    if (options.metrics != nullptr) {
+      options.metrics->ObserveStep(stats.loss_sum / rows, static_cast<double>(stats.correct) / rows, rows, lag,
+                                   clock + 1);
+    }
+    report.max_staleness = std::max(report.max_staleness, lag);
+    report.steps += 1;
+    report.samples += rows;
+
+    const absl::Time now = absl::Now();
+    const bool epoch_end = s + 1 == steps_per_epoch;
+    if (now >= next_log || epoch_end) {
+      const double secs = std::max(1e-9, absl::ToDoubleSeconds(now - window.start));
+      const std::string line = absl::StrFormat(
+          "%s: epoch %u/%u step %d/%d loss %.4f acc %.4f samples/s %.0f staleness avg %.2f max %d blocked %.0f%%",
+          tag, epoch + 1, epochs, clock + 1, total_steps, window.loss / window.samples,
+          static_cast<double>(window.correct) / window.samples, window.samples / secs,
+          window.staleness / window.steps, window.max_staleness,
+          100.0 * absl::ToDoubleSeconds(window.blocked) / secs);
+      if (options.progress_bar) {
+        const int width_bar = 30;
+        const int filled = static_cast<int>(width_bar * (clock + 1) / total_steps);
+        std::printf("\r[%s%s] %s", std::string(filled, '#').c_str(),
+                    std::string(width_bar - filled, '.').c_str(), line.c_str());
+        std::fflush(stdout);
+      } else {
+        SEGPS_LOG_INFO << line;
+      }
+      if (options.metrics != nullptr) options.metrics->SetSamplesPerSecond(window.samples / secs);
+      window = Window();
+      next_log = now + log_every;
+    }
+    if (!epoch_end) return absl::OkStatus();
     report.last_loss = epoch_window.loss / epoch_window.samples;
     report.last_accuracy = static_cast<double>(epoch_window.correct) / epoch_window.samples;
+    // An epoch computed again after a rollback replaces its record.
+    auto* records = report.history.mutable_epochs();
+    while (!records->empty() && records->rbegin()->epoch() > epoch) records->RemoveLast();
     v1::EpochRecord* record = report.history.add_epochs();
     record->set_epoch(epoch + 1);
     record->set_train_seconds(absl::ToDoubleSeconds(absl::Now() - t0 - scoring_time));
@@ -294,15 +349,73 @@ absl::StatusOr<TrainReport> Train(const v1::JobConfig& config, const TrainerOpti
       if (!probs.ok()) return probs.status();
       const double accuracy = Accuracy(*probs, options.test->y);
       record->set_test_accuracy(accuracy);
-      if (options.test_probabilities != nullptr) options.test_probabilities->push_back(*std::move(probs));
+      if (options.test_probabilities != nullptr) {
+        options.test_probabilities->resize(epoch);
+        options.test_probabilities->push_back(*std::move(probs));
+      }
       SEGPS_LOG_INFO << absl::StrFormat("%s: epoch %u test accuracy %.4f after %.2f s of training", tag, epoch + 1,
                                         accuracy, record->train_seconds());
       scoring_time += absl::Now() - scoring;
     }
-    if (epoch + 1 < epochs) order = std::move(next_order);
+    return absl::OkStatus();
+  };
+
+  // After a failure the servers caused (one restarted, paused or cut off;
+  // this worker's registration dropped): registers again, retrying until
+  // cluster.recovery_timeout_ms, and returns the clock to continue at.
+  const absl::Duration recovery_timeout = absl::Milliseconds(config.cluster().recovery_timeout_ms());
+  auto recover = [&](const absl::Status& why, uint64_t at) -> absl::StatusOr<uint64_t> {
+    SEGPS_LOG_WARNING << tag << ": clock " << at << ": " << why.message() << "; rejoining the servers";
+    const absl::Time since = absl::Now();
+    // What is in flight fails or is abandoned; the lanes and the heartbeat stop first.
+    strategy.reset();
+    async.reset();
+    heartbeat.reset();
+    absl::Duration delay = absl::Milliseconds(50);
+    absl::StatusOr<Registration> again = client->Register(segment, rank);
+    while (!again.ok()) {
+      if (!Recoverable(again.status()) || absl::Now() + delay - since > recovery_timeout) {
+        return absl::Status(again.status().code(),
+                            absl::StrCat(tag, ": could not rejoin the servers within ",
+                                         absl::FormatDuration(recovery_timeout), " (cluster.recovery_timeout_ms): ",
+                                         again.status().message()));
+      }
+      absl::SleepFor(delay);
+      delay = std::min(delay * 2, absl::Seconds(1));
+      again = client->Register(segment, rank);
+    }
+    const uint64_t resume = std::min(again->start_clock, total_steps);
+    SEGPS_LOG_WARNING << tag << ": rejoined at clock " << resume << " after "
+                      << absl::FormatDuration(absl::Now() - since)
+                      << (resume < at ? absl::StrCat("; ", at - resume, " steps are computed again") : std::string());
+    report.recoveries += 1;
+    heartbeat.emplace(client, heartbeat_period);
+    connect(resume);
+    return resume;
+  };
+
+  uint64_t clock = std::min(start, total_steps);
+  while (true) {
+    while (clock < total_steps) {
+      bool servers = false;
+      absl::Status status = run_step(clock, &servers);
+      if (status.ok()) {
+        ++clock;
+        continue;
+      }
+      if (!servers || !Recoverable(status)) return status;
+      absl::StatusOr<uint64_t> resume = recover(status, clock);
+      if (!resume.ok()) return resume.status();
+      clock = *resume;
+    }
+    absl::Status drained = strategy->Drain();
+    if (drained.ok()) break;
+    if (!Recoverable(drained)) return drained;
+    absl::StatusOr<uint64_t> resume = recover(drained, clock);
+    if (!resume.ok()) return resume.status();
+    clock = *resume;
   }
   if (options.progress_bar) std::printf("\n");
-  SEGPS_RETURN_IF_ERROR(strategy->Drain());
   report.seconds = absl::ToDoubleSeconds(absl::Now() - t0 - scoring_time);
   report.blocked_seconds = absl::ToDoubleSeconds(blocked);
   report.history.set_segment(seg.name());

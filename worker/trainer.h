@@ -46,6 +46,7 @@ struct TrainReport {
   uint64_t max_staleness = 0;  // most clocks a step's parameters lagged behind it
   double mean_staleness = 0;
   double blocked_seconds = 0;  // time waiting for pulls
+  uint64_t recoveries = 0;     // times the worker rejoined the servers after a failure
   v1::WorkerHistory history;  // one record per epoch
 };
 

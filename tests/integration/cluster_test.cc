@@ -235,7 +235,8 @@ TEST(Cluster, KilledWorkerDoesNotHangItsPeers) {
   std::optional<int> survivor = workers[0]->Wait(absl::Seconds(120));
   ASSERT_TRUE(survivor.has_value()) << "the surviving worker hung:\n" << workers[0]->output();
   EXPECT_TRUE(ExitedOk(*survivor)) << workers[0]->output();
-  EXPECT_NE(workers[0]->output().find("done: 500 steps"), std::string::npos) << workers[0]->output();
+  // The survivor trains to the end of the schedule (clock 500), from wherever it joined.
+  EXPECT_NE(workers[0]->output().find("step 500/500"), std::string::npos) << workers[0]->output();
 }
 
 }  // namespace

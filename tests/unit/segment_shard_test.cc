@@ -45,7 +45,8 @@ class SegmentShardTest : public ::testing::Test {
  protected:
   // SGD with lr 1 and gradients of ones: every applied update lowers every
   // value by exactly 1, so a pulled value tells how many updates it reflects.
-  std::unique_ptr<SegmentShard> MakeShard(int32_t staleness, absl::Duration lease = absl::Seconds(60)) {
+  std::unique_ptr<SegmentShard> MakeShard(int32_t staleness, absl::Duration lease = absl::Seconds(60),
+                                          uint32_t checkpoint_every = 0) {
     v1::OptimizerConfig sgd;
     sgd.set_kind(v1::SGD);
     sgd.set_learning_rate(1.0f);
@@ -55,6 +56,8 @@ class SegmentShardTest : public ::testing::Test {
     options.max_clock_ahead = 4;
     options.lease = lease;
     options.clock = &clock_;
+    options.checkpoint_every = checkpoint_every;
+    options.on_checkpoint = [this](std::shared_ptr<const ShardState> cut) { cuts_.push_back(std::move(cut)); };
     return std::make_unique<SegmentShard>(options, std::vector<float>(kSize, 0.0f), *CreateOptimizer(sgd, kSize));
   }
 
@@ -104,14 +107,15 @@ class SegmentShardTest : public ::testing::Test {
   }
 
   FakeClock clock_;
+  std::vector<std::shared_ptr<const ShardState>> cuts_;  // the checkpoints cut, in order
   std::vector<std::unique_ptr<Payload>> payloads_;
   std::vector<std::unique_ptr<DenseView>> views_;
 };
 
 TEST_F(SegmentShardTest, SynchronousPullWaitsForEveryWorkerHoldingNoThread) {
   auto shard = MakeShard(0);
-  EXPECT_EQ(shard->Register(1, 0, std::nullopt), 0u);
-  EXPECT_EQ(shard->Register(2, 1, std::nullopt), 0u);
+  EXPECT_EQ(shard->Register(1, 0, std::nullopt).start_clock, 0u);
+  EXPECT_EQ(shard->Register(2, 1, std::nullopt).start_clock, 0u);
   ASSERT_TRUE(Done(Pull(*shard, 1, 0, Now())).ok());  // clock 0 needs nothing
   ASSERT_TRUE(Done(Push(*shard, 1, 0, Soon())).ok());
   absl::StatusOr<PullResult> refused = Done(Pull(*shard, 1, 1, Now()));  // no time to wait
@@ -343,7 +347,7 @@ TEST_F(SegmentShardTest, ExpiredLeaseStopsHoldingOthersBackAndRejoinCatchesUp) {
   EXPECT_EQ(late.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_NE(std::string(late.status().message()).find("register again"), std::string::npos);
   EXPECT_EQ(shard->Snapshot()[0], -1.0f);
-  EXPECT_EQ(shard->Register(3, 1, std::nullopt), 1u);  // rejoins at the segment's clock
+  EXPECT_EQ(shard->Register(3, 1, std::nullopt).start_clock, 1u);  // rejoins at the segment's clock
   ASSERT_TRUE(Done(Push(*shard, 3, 1, Soon())).ok());
 }
 
@@ -500,6 +504,120 @@ TEST_F(SegmentShardTest, UpdateSplitOverThreadsMatchesOneThread) {
   const std::vector<float> alone = shards[0]->Snapshot(), split = shards[1]->Snapshot();
   ASSERT_NE(alone, initial);
   EXPECT_EQ(alone, split);
+}
+
+// A checkpoint at clock 2 holds exactly the updates of clocks 0 and 1 of
+// every worker: the fast worker's push of clock 2 waits for the cut.
+TEST_F(SegmentShardTest, CheckpointIsACutAtItsClock) {
+  auto shard = MakeShard(2, absl::Seconds(60), /*checkpoint_every=*/2);
+  shard->Register(1, 0, std::nullopt);
+  shard->Register(2, 1, std::nullopt);
+  ASSERT_EQ(cuts_.size(), 1u);  // the initial state, at clock 0
+  EXPECT_EQ(cuts_[0]->clock, 0u);
+  EXPECT_EQ(cuts_[0]->values, std::vector<float>(kSize, 0.0f));
+  ASSERT_TRUE(Done(Push(*shard, 1, 0, Soon())).ok());
+  ASSERT_TRUE(Done(Push(*shard, 1, 1, Soon())).ok());
+  Call<PushResult> early = Push(*shard, 1, 2, Soon());
+  EXPECT_FALSE(early->done);
+  EXPECT_EQ(shard->Waiting(), 1u);
+  ASSERT_TRUE(Done(Push(*shard, 2, 0, Soon())).ok());
+  EXPECT_FALSE(early->done);
+  ASSERT_TRUE(Done(Push(*shard, 2, 1, Soon())).ok());
+  ASSERT_TRUE(Done(early).ok()) << Done(early).status();
+  ASSERT_EQ(cuts_.size(), 2u);
+  EXPECT_EQ(cuts_[1]->clock, 2u);
+  EXPECT_EQ(cuts_[1]->values, std::vector<float>(kSize, -4.0f));  // four updates, not five
+  EXPECT_EQ(cuts_[1]->steps, 4u);
+  EXPECT_EQ(cuts_[1]->ranks, (std::vector<uint32_t>{0, 1}));
+  EXPECT_EQ(shard->Snapshot(), std::vector<float>(kSize, -5.0f));
+}
+
+// A waiting push whose cut never comes fails at its deadline, naming the laggard.
+TEST_F(SegmentShardTest, PushWaitingForACutFailsAtItsDeadline) {
+  auto shard = MakeShard(2, absl::Seconds(60), 2);
+  shard->Register(1, 0, std::nullopt);
+  shard->Register(2, 1, std::nullopt);
+  ASSERT_TRUE(Done(Push(*shard, 1, 0, Soon())).ok());
+  ASSERT_TRUE(Done(Push(*shard, 1, 1, Soon())).ok());
+  Call<PushResult> early = Push(*shard, 1, 2, Now() + absl::Seconds(1));
+  clock_.Advance(absl::Seconds(1));
+  shard->Tick();
+  absl::StatusOr<PushResult> r = Done(early);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kUnavailable) << r.status();
+  EXPECT_NE(std::string(r.status().message()).find("waits for the checkpoint at clock 2"), std::string::npos)
+      << r.status();
+  EXPECT_EQ(shard->Snapshot(), std::vector<float>(kSize, -2.0f));
+}
+
+TEST_F(SegmentShardTest, FinalStateIsCutWhenTheLastWorkerLeaves) {
+  auto shard = MakeShard(0, absl::Seconds(60), 100);
+  shard->Register(1, 0, std::nullopt);
+  ASSERT_TRUE(Done(Push(*shard, 1, 0, Soon())).ok());
+  ASSERT_TRUE(Done(Push(*shard, 1, 1, Soon())).ok());
+  ASSERT_TRUE(shard->Leave(1));
+  ASSERT_EQ(cuts_.size(), 2u);
+  EXPECT_EQ(cuts_[1]->clock, 2u);
+  EXPECT_EQ(cuts_[1]->values, std::vector<float>(kSize, -2.0f));
+  EXPECT_TRUE(cuts_[1]->ranks.empty());
+}
+
+// A restore drops every registration; the ranks it held come back at its
+// clock, and the segment waits for them meanwhile.
+TEST_F(SegmentShardTest, RestoreDropsRegistrationsAndKeepsRanksAtItsClock) {
+  auto shard = MakeShard(0, absl::Seconds(60), 2);
+  shard->Register(1, 0, std::nullopt);
+  shard->Register(2, 1, std::nullopt);
+  for (uint64_t c = 0; c < 3; ++c) {
+    ASSERT_TRUE(Done(Push(*shard, 1, c, Soon())).ok());
+    ASSERT_TRUE(Done(Push(*shard, 2, c, Soon())).ok());
+  }
+  ASSERT_EQ(cuts_.back()->clock, 2u);
+  const ShardState cut = *cuts_.back();
+  Call<PullResult> parked = Pull(*shard, 1, 4, Soon());  // behind the bound: worker 2 is at 3
+  EXPECT_FALSE(parked->done);
+  const uint64_t generation = shard->generation();
+  std::vector<uint64_t> dropped;
+  EXPECT_FALSE(shard->Restore(cut, generation + 1, &dropped));  // someone else's view: nothing changes
+  EXPECT_EQ(shard->Snapshot(), std::vector<float>(kSize, -6.0f));
+  ASSERT_TRUE(shard->Restore(cut, generation, &dropped));
+  EXPECT_EQ(dropped, (std::vector<uint64_t>{1, 2}));
+  EXPECT_EQ(shard->generation(), generation + 1);
+  EXPECT_EQ(Done(parked).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(shard->Snapshot(), std::vector<float>(kSize, -4.0f));
+  EXPECT_EQ(Done(Push(*shard, 1, 3, Soon())).status().code(), absl::StatusCode::kNotFound);
+  const Registered back = shard->Register(3, 1, std::nullopt);
+  EXPECT_EQ(back.start_clock, 2u);
+  ASSERT_TRUE(back.rank_clock.has_value());
+  EXPECT_EQ(*back.rank_clock, 2u);
+  // Rank 0 is expected back: the step after clock 2 waits for it.
+  ASSERT_TRUE(Done(Push(*shard, 3, 2, Soon())).ok());
+  Call<PullResult> waits = Pull(*shard, 3, 3, Soon());
+  EXPECT_FALSE(waits->done);
+  EXPECT_EQ(shard->Register(4, 0, std::nullopt).start_clock, 2u);
+  ASSERT_TRUE(Done(Push(*shard, 4, 2, Soon())).ok());
+  ASSERT_TRUE(Done(waits).ok());
+  EXPECT_EQ(waits->Reflected(), 6);
+}
+
+// A rank the shard still knows continues at its own clock: nothing it
+// pushed is applied twice.
+TEST_F(SegmentShardTest, ReRegisteredRankContinuesAtItsClock) {
+  auto shard = MakeShard(0, absl::Milliseconds(200));
+  shard->Register(1, 0, std::nullopt);
+  ASSERT_TRUE(Done(Push(*shard, 1, 0, Soon())).ok());
+  ASSERT_TRUE(Done(Push(*shard, 1, 1, Soon())).ok());
+  clock_.Advance(absl::Seconds(1));
+  shard->Tick();  // the lease ran out
+  Registered again = shard->Register(7, 0, std::nullopt);
+  EXPECT_EQ(again.start_clock, 2u);
+  EXPECT_EQ(again.rank_clock, std::optional<uint64_t>(2));
+  // Asked to start lower (another server lags), it acknowledges the repeat.
+  again = shard->Register(8, 0, 1);
+  EXPECT_EQ(again.start_clock, 1u);
+  absl::StatusOr<PushResult> repeat = Done(Push(*shard, 8, 1, Soon()));
+  ASSERT_TRUE(repeat.ok());
+  EXPECT_FALSE(repeat->applied);
+  EXPECT_EQ(shard->Snapshot(), std::vector<float>(kSize, -2.0f));
 }
 
 }  // namespace

@@ -1,0 +1,297 @@
+#include "server/checkpoint.h"
+
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+#include <system_error>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "common/config.h"
+#include "common/hash.h"
+#include "common/log.h"
+#include "common/safetensors.h"
+#include "server/optimizer.h"
+
+namespace segps {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr char kFormat[] = "segps-checkpoint-1";
+
+std::string ShapeText(const std::vector<uint64_t>& shape) { return absl::StrJoin(shape, "x"); }
+
+// The checksum of a checkpoint's data: its tensors' bytes in name order.
+template <typename Bytes>
+uint64_t DataChecksum(const std::map<std::string, Bytes>& by_name) {
+  uint64_t h = 0;
+  for (const auto& [name, bytes] : by_name) h = Checksum64(bytes, h ^ Fnv1a64(name));
+  return h;
+}
+
+absl::string_view AsBytes(absl::Span<const float> values) {
+  return absl::string_view(reinterpret_cast<const char*>(values.data()), values.size() * sizeof(float));
+}
+
+std::string ServerFile(uint32_t index, uint32_t servers) {
+  return absl::StrFormat("server-%u-of-%u", index, servers);
+}
+
+}  // namespace
+
+std::vector<TensorPart> TensorParts(const v1::ModelConfig& model, const ShardMap& map, int segment, Range range) {
+  std::vector<TensorPart> parts;
+  for (const TensorLayout& t : map.tensors(segment)) {
+    const uint64_t begin = std::max(t.offset, range.offset);
+    const uint64_t end = std::min(t.offset + t.size(), range.end());
+    if (begin >= end) continue;
+    parts.push_back({TensorName(model, segment, t), TensorShape(t), begin - t.offset, begin - range.offset,
+                     end - begin});
+  }
+  return parts;
+}
+
+CheckpointStore::CheckpointStore(const v1::JobConfig& config, uint32_t index, ShardMap map, std::string dir)
+    : config_(config), index_(index), map_(std::move(map)), dir_(std::move(dir)),
+      model_fingerprint_(ModelFingerprint(config)) {}
+
+absl::StatusOr<std::unique_ptr<CheckpointStore>> CheckpointStore::Open(const v1::JobConfig& config, uint32_t index,
+                                                                      const std::string& dir) {
+  absl::StatusOr<ShardMap> map = ShardMap::Create(config.model(), config.cluster().num_servers());
+  if (!map.ok()) return map.status();
+  std::error_code error;
+  fs::create_directories(dir, error);
+  if (error) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("checkpoint dir ", dir, ": cannot be created: ", error.message()));
+  }
+  std::unique_ptr<CheckpointStore> store(new CheckpointStore(config, index, *std::move(map), dir));
+  absl::StatusOr<std::unique_ptr<Optimizer>> optimizer = CreateOptimizer(config.optimizer(), 0);
+  if (!optimizer.ok()) return optimizer.status();
+  store->slot_names_ = (*optimizer)->SlotNames();
+  MutexLock lock(&store->mu_);
+  store->clocks_.resize(store->map_.num_segments());
+  const std::string mine = ServerFile(index, config.cluster().num_servers()) + ".safetensors";
+  for (int k = 0; k < store->map_.num_segments(); ++k) {
+    const fs::path segment_dir = fs::path(dir) / config.model().segments(k).name();
+    if (!fs::is_directory(segment_dir, error)) continue;
+    for (const fs::directory_entry& entry : fs::directory_iterator(segment_dir, error)) {
+      const std::string name = entry.path().filename().string();
+      uint64_t clock = 0;
+      if (name.rfind("clock-", 0) != 0 || !absl::SimpleAtoi(name.substr(6), &clock)) continue;
+      if (fs::exists(entry.path() / mine, error)) {
+        store->clocks_[k].push_back(clock);
+        continue;
+      }
+      // A checkpoint of this index for another server count?
+      for (const fs::directory_entry& file : fs::directory_iterator(entry.path(), error)) {
+        const std::string other = file.path().filename().string();
+        if (other.rfind(absl::StrCat("server-", index, "-of-"), 0) == 0 && other.find(".tmp.") == std::string::npos) {
+          store->foreign_[k] = file.path().string();
+        }
+      }
+    }
+    std::sort(store->clocks_[k].begin(), store->clocks_[k].end());
+    if (!store->clocks_[k].empty()) store->foreign_.erase(k);
+  }
+  return store;
+}
+
+std::string CheckpointStore::Path(int segment, uint64_t clock) const {
+  return absl::StrFormat("%s/%s/clock-%012u/%s.safetensors", dir_, config_.model().segments(segment).name(), clock,
+                         ServerFile(index_, map_.num_servers()));
+}
+
+absl::Status CheckpointStore::Write(int segment, const ShardState& state) {
+  const Range range = map_.range(segment, index_);
+  if (state.values.size() != range.count || state.slots.size() != slot_names_.size()) {
+    return absl::InternalError(absl::StrCat("checkpoint of segment ", segment, ": state has ", state.values.size(),
+                                            " values and ", state.slots.size(), " optimizer slots"));
+  }
+  std::vector<TensorToWrite> tensors;
+  std::map<std::string, absl::string_view> by_name;
+  std::map<std::string, std::string> metadata = {
+      {"format", kFormat},
+      {"segps.job", config_.name()},
+      {"segps.model_fingerprint", model_fingerprint_},
+      {"segps.shard_fingerprint", map_.fingerprint()},
+      {"segps.optimizer", v1::OptimizerKind_Name(config_.optimizer().kind())},
+      {"segps.server", absl::StrCat(index_)},
+      {"segps.num_servers", absl::StrCat(map_.num_servers())},
+      {"segps.segment", config_.model().segments(segment).name()},
+      {"segps.clock", absl::StrCat(state.clock)},
+      {"segps.steps", absl::StrCat(state.steps)},
+      {"segps.updates", absl::StrCat(state.updates)},
+      {"segps.ranks", absl::StrJoin(state.ranks, ",")},
+      {"segps.range", absl::StrCat(range.offset, " ", range.count)},
+  };
+  auto add = [&](const std::string& name, const TensorPart& part, const std::vector<float>& from) {
+    const absl::Span<const float> values = absl::MakeConstSpan(from).subspan(part.range_offset, part.count);
+    const bool whole = part.tensor_offset == 0 && part.count == [&] {
+      uint64_t n = 1;
+      for (uint64_t d : part.shape) n *= d;
+      return n;
+    }();
+    tensors.push_back({name, whole ? part.shape : std::vector<uint64_t>{part.count}, values});
+    by_name[name] = AsBytes(values);
+    metadata["segps.part." + name] = absl::StrCat(part.tensor_offset, " of ", ShapeText(part.shape));
+  };
+  for (const TensorPart& part : TensorParts(config_.model(), map_, segment, range)) {
+    add(part.name, part, state.values);
+    for (size_t s = 0; s < slot_names_.size(); ++s) add(part.name + "/" + slot_names_[s], part, state.slots[s]);
+  }
+  metadata["segps.checksum"] = absl::StrFormat("%016x", DataChecksum(by_name));
+  const std::string path = Path(segment, state.clock);
+  std::error_code error;
+  fs::create_directories(fs::path(path).parent_path(), error);
+  if (error) return absl::UnavailableError(absl::StrCat(path, ": cannot create its directory: ", error.message()));
+  absl::Status written = WriteSafetensors(path, tensors, metadata);
+  if (!written.ok()) return written;
+
+  std::vector<uint64_t> removed;
+  {
+    MutexLock lock(&mu_);
+    std::vector<uint64_t>& clocks = clocks_[segment];
+    if (std::find(clocks.begin(), clocks.end(), state.clock) == clocks.end()) {
+      clocks.insert(std::upper_bound(clocks.begin(), clocks.end(), state.clock), state.clock);
+    }
+    while (clocks.size() > config_.checkpoint().keep()) {
+      removed.push_back(clocks.front());
+      clocks.erase(clocks.begin());
+    }
+  }
+  for (uint64_t clock : removed) {
+    const fs::path old = Path(segment, clock);
+    fs::remove(old, error);
+    fs::remove(old.parent_path(), error);  // only once every server's file of that clock is gone
+  }
+  return WriteManifest();
+}
+
+absl::Status CheckpointStore::WriteManifest() const {
+  std::vector<std::string> segments;
+  {
+    MutexLock lock(&mu_);
+    for (int k = 0; k < map_.num_segments(); ++k) {
+      std::vector<std::string> tensors;
+      for (const TensorPart& part : TensorParts(config_.model(), map_, k, map_.range(k, index_))) {
+        tensors.push_back(absl::StrFormat("{\"name\":%s,\"shape\":[%s],\"offset\":%u,\"count\":%u}",
+                                          JsonQuote(part.name), absl::StrJoin(part.shape, ","), part.tensor_offset,
+                                          part.count));
+      }
+      const std::vector<uint64_t>& clocks = clocks_[k];
+      segments.push_back(absl::StrFormat(
+          "{\"name\":%s,\"clock\":%u,\"clocks\":[%s],\"files\":%s,\"optimizer_slots\":[%s],\"tensors\":[%s]}",
+          JsonQuote(config_.model().segments(k).name()), clocks.empty() ? 0 : clocks.back(),
+          absl::StrJoin(clocks, ","), JsonQuote(clocks.empty() ? "" : Path(k, clocks.back())),
+          absl::StrJoin(slot_names_, ",", [](std::string* out, const std::string& s) { out->append(JsonQuote(s)); }),
+          absl::StrJoin(tensors, ",")));
+    }
+  }
+  const std::string json = absl::StrFormat(
+      "{\"format\":\"%s\",\"job\":%s,\"model_fingerprint\":\"%s\",\"shard_fingerprint\":\"%s\",\"server\":%u,"
+      "\"num_servers\":%u,\"optimizer\":\"%s\",\"segments\":[%s]}\n",
+      kFormat, JsonQuote(config_.name()), model_fingerprint_, map_.fingerprint(), index_, map_.num_servers(),
+      v1::OptimizerKind_Name(config_.optimizer().kind()), absl::StrJoin(segments, ","));
+  return WriteFileAtomically(absl::StrCat(dir_, "/", ServerFile(index_, map_.num_servers()), ".json"), json);
+}
+
+absl::StatusOr<ShardState> CheckpointStore::Read(int segment, uint64_t clock) const {
+  const std::string path = Path(segment, clock);
+  absl::StatusOr<SafetensorsFile> file = SafetensorsFile::Read(path);
+  if (!file.ok()) return file.status();
+  const auto& meta = file->metadata();
+  auto field = [&](const std::string& key) -> std::string {
+    auto it = meta.find(key);
+    return it == meta.end() ? "" : it->second;
+  };
+  auto corrupt = [&](const std::string& what) { return absl::DataLossError(absl::StrCat(path, ": ", what)); };
+  if (field("format") != kFormat) return corrupt(absl::StrCat("metadata format is \"", field("format"), "\", not ", kFormat));
+  if (field("segps.model_fingerprint") != model_fingerprint_ || field("segps.shard_fingerprint") != map_.fingerprint()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        path, ": a checkpoint of another job: model fingerprint ", field("segps.model_fingerprint"),
+        " and shard fingerprint ", field("segps.shard_fingerprint"), " (", field("segps.num_servers"),
+        " servers, optimizer ", field("segps.optimizer"), "), but this server's are ", model_fingerprint_, " and ",
+        map_.fingerprint(), " (", map_.num_servers(), " servers, optimizer ",
+        v1::OptimizerKind_Name(config_.optimizer().kind()), "); move the directory away or use another --checkpoint_dir"));
+  }
+  std::map<std::string, absl::string_view> by_name;
+  for (const auto& [name, tensor] : file->tensors()) by_name[name] = tensor.bytes;
+  if (field("segps.checksum") != absl::StrFormat("%016x", DataChecksum(by_name))) {
+    return corrupt(absl::StrCat("checksum ", field("segps.checksum"), " does not match the data (",
+                                absl::StrFormat("%016x", DataChecksum(by_name)), "): the file is damaged"));
+  }
+  ShardState state;
+  uint64_t file_clock = 0;
+  if (!absl::SimpleAtoi(field("segps.clock"), &file_clock) || file_clock != clock ||
+      !absl::SimpleAtoi(field("segps.steps"), &state.steps) ||
+      !absl::SimpleAtoi(field("segps.updates"), &state.updates)) {
+    return corrupt("metadata segps.clock, segps.steps or segps.updates is missing or wrong");
+  }
+  state.clock = clock;
+  for (absl::string_view rank : absl::StrSplit(field("segps.ranks"), ',', absl::SkipEmpty())) {
+    uint32_t r = 0;
+    if (!absl::SimpleAtoi(rank, &r)) return corrupt(absl::StrCat("metadata segps.ranks has \"", rank, "\""));
+    state.ranks.push_back(r);
+  }
+  const Range range = map_.range(segment, index_);
+  state.values.resize(range.count);
+  state.slots.assign(slot_names_.size(), std::vector<float>(range.count));
+  auto take = [&](const std::string& name, const TensorPart& part, std::vector<float>* into) -> absl::Status {
+    auto it = file->tensors().find(name);
+    if (it == file->tensors().end() || it->second.dtype != "F32" ||
+        it->second.bytes.size() != part.count * sizeof(float)) {
+      return corrupt(absl::StrCat("tensor ", name, " is missing or not ", part.count, " float32 values"));
+    }
+    std::memcpy(into->data() + part.range_offset, it->second.bytes.data(), it->second.bytes.size());
+    return absl::OkStatus();
+  };
+  for (const TensorPart& part : TensorParts(config_.model(), map_, segment, range)) {
+    absl::Status status = take(part.name, part, &state.values);
+    for (size_t s = 0; s < slot_names_.size() && status.ok(); ++s) {
+      status = take(part.name + "/" + slot_names_[s], part, &state.slots[s]);
+    }
+    if (!status.ok()) return status;
+  }
+  return state;
+}
+
+absl::StatusOr<std::optional<ShardState>> CheckpointStore::Latest(int segment) {
+  while (true) {
+    uint64_t clock = 0;
+    {
+      MutexLock lock(&mu_);
+      if (clocks_[segment].empty()) {
+        auto foreign = foreign_.find(segment);
+        if (foreign == foreign_.end()) return std::optional<ShardState>();
+        return absl::FailedPreconditionError(absl::StrCat(
+            foreign->second, ": a checkpoint for another server count; this cluster has ", map_.num_servers(),
+            " servers. Re-cut it with segps-checkpoint split, or use another --checkpoint_dir"));
+      }
+      clock = clocks_[segment].back();
+    }
+    absl::StatusOr<ShardState> state = Read(segment, clock);
+    if (state.ok()) return std::optional<ShardState>(*std::move(state));
+    if (absl::IsFailedPrecondition(state.status())) return state.status();
+    SEGPS_LOG_WARNING << "checkpoint refused, trying the next older one: " << state.status().message();
+    MutexLock lock(&mu_);
+    clocks_[segment].pop_back();
+  }
+}
+
+void CheckpointStore::Forget(int segment, uint64_t clock) {
+  MutexLock lock(&mu_);
+  std::vector<uint64_t>& clocks = clocks_[segment];
+  clocks.erase(std::remove(clocks.begin(), clocks.end(), clock), clocks.end());
+}
+
+std::vector<uint64_t> CheckpointStore::Clocks(int segment) const {
+  MutexLock lock(&mu_);
+  return clocks_[segment];
+}
+
+}  // namespace segps

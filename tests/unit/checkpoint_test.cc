@@ -1,0 +1,158 @@
+#include "server/checkpoint.h"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+
+#include "absl/strings/str_format.h"
+#include "common/config.h"
+#include "common/safetensors.h"
+#include "tests/support/subprocess.h"
+
+namespace segps {
+namespace {
+
+// Two servers over segment "a" (50 -> 16 -> 10: 986 parameters), Adam:
+// server 0's range ends at element 493, inside the first kernel [50, 16]
+// (800 elements), which it cuts.
+v1::JobConfig Job(const std::string& dir, uint32_t servers = 2, v1::OptimizerKind kind = v1::ADAM) {
+  absl::StatusOr<v1::JobConfig> config = ParseConfig(absl::StrFormat(R"pb(
+    name: "ckpt"
+    cluster { num_servers: %u }
+    model {
+      input_width: 50
+      num_classes: 10
+      segments { name: "a" layers { units: 16 activation: RELU } layers { units: 10 activation: SOFTMAX } }
+    }
+    optimizer { kind: %s }
+    data { source: SYNTHETIC_TEACHER }
+    checkpoint { dir: "%s" every_clocks: 10 keep: 2 }
+  )pb", servers, v1::OptimizerKind_Name(kind), dir), "test.pbtxt");
+  EXPECT_TRUE(config.ok()) << config.status();
+  return *config;
+}
+
+ShardState StateOf(uint64_t clock, uint64_t n, size_t slots) {
+  ShardState state;
+  state.clock = clock;
+  state.steps = clock * 2;
+  state.updates = clock * 2;
+  state.ranks = {0, 1};
+  for (uint64_t i = 0; i < n; ++i) state.values.push_back(static_cast<float>(clock) + 0.001f * i);
+  for (size_t s = 0; s < slots; ++s) state.slots.emplace_back(n, static_cast<float>(s + 1) * clock);
+  return state;
+}
+
+TEST(Checkpoint, RoundTripsStateWithUserNamesAndPartsOfCutTensors) {
+  const std::string dir = MakeTempDir();
+  const v1::JobConfig config = Job(dir);
+  absl::StatusOr<std::unique_ptr<CheckpointStore>> store = CheckpointStore::Open(config, 0, dir);
+  ASSERT_TRUE(store.ok()) << store.status();
+  const uint64_t n = 493;  // server 0's range of 986
+  const ShardState state = StateOf(10, n, 2);
+  ASSERT_TRUE((*store)->Write(0, state).ok());
+  EXPECT_EQ((*store)->Path(0, 10), dir + "/a/clock-000000000010/server-0-of-2.safetensors");
+  absl::StatusOr<ShardState> back = (*store)->Read(0, 10);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->values, state.values);
+  EXPECT_EQ(back->slots, state.slots);
+  EXPECT_EQ(back->steps, 20u);
+  EXPECT_EQ(back->ranks, state.ranks);
+
+  // What another tool sees: the cut kernel stored flat with its offset, slots beside it.
+  absl::StatusOr<SafetensorsFile> file = SafetensorsFile::Read((*store)->Path(0, 10));
+  ASSERT_TRUE(file.ok()) << file.status();
+  EXPECT_EQ(file->tensors().at("a/dense_0/kernel").shape, (std::vector<uint64_t>{493}));
+  EXPECT_EQ(file->metadata().at("segps.part.a/dense_0/kernel"), "0 of 50x16");
+  EXPECT_EQ(file->tensors().count("a/dense_0/kernel/adam_m"), 1u);
+  EXPECT_EQ(file->tensors().count("a/dense_0/bias"), 0u);  // server 1's
+  EXPECT_EQ(file->metadata().at("segps.clock"), "10");
+  const std::string manifest = ReadFile(dir + "/server-0-of-2.json");
+  EXPECT_NE(manifest.find("\"clocks\":[10]"), std::string::npos) << manifest;
+  EXPECT_NE(manifest.find("\"optimizer_slots\":[\"adam_m\",\"adam_v\"]"), std::string::npos) << manifest;
+
+  // Server 1 stores the rest of that kernel with its offset, and whole tensors with their shapes.
+  absl::StatusOr<std::unique_ptr<CheckpointStore>> other = CheckpointStore::Open(config, 1, dir);
+  ASSERT_TRUE(other.ok());
+  ASSERT_TRUE((*other)->Write(0, StateOf(10, 493, 2)).ok());
+  file = SafetensorsFile::Read((*other)->Path(0, 10));
+  ASSERT_TRUE(file.ok()) << file.status();
+  EXPECT_EQ(file->metadata().at("segps.part.a/dense_0/kernel"), "493 of 50x16");
+  EXPECT_EQ(file->tensors().at("a/dense_1/kernel").shape, (std::vector<uint64_t>{16, 10}));
+}
+
+TEST(Checkpoint, KeepsTheNewestAndFindsThemAgainAtOpen) {
+  const std::string dir = MakeTempDir();
+  const v1::JobConfig config = Job(dir);
+  {
+    std::unique_ptr<CheckpointStore> store = *CheckpointStore::Open(config, 0, dir);
+    for (uint64_t c : {0, 10, 20}) ASSERT_TRUE(store->Write(0, StateOf(c, 493, 2)).ok());
+    EXPECT_EQ(store->Clocks(0), (std::vector<uint64_t>{10, 20}));
+    EXPECT_FALSE(std::filesystem::exists(store->Path(0, 0)));
+  }
+  std::unique_ptr<CheckpointStore> reopened = *CheckpointStore::Open(config, 0, dir);
+  EXPECT_EQ(reopened->Clocks(0), (std::vector<uint64_t>{10, 20}));
+  absl::StatusOr<std::optional<ShardState>> latest = reopened->Latest(0);
+  ASSERT_TRUE(latest.ok() && latest->has_value()) << latest.status();
+  EXPECT_EQ((*latest)->clock, 20u);
+}
+
+// A damaged newest file is refused with its name, and the one before is used.
+TEST(Checkpoint, DamagedOrTruncatedNewestFallsBackToThePreviousNamingTheFile) {
+  for (const char* damage : {"flip", "truncate", "torn write"}) {
+    SCOPED_TRACE(damage);
+    const std::string dir = MakeTempDir();
+    const v1::JobConfig config = Job(dir);
+    std::unique_ptr<CheckpointStore> store = *CheckpointStore::Open(config, 0, dir);
+    ASSERT_TRUE(store->Write(0, StateOf(10, 493, 2)).ok());
+    ASSERT_TRUE(store->Write(0, StateOf(20, 493, 2)).ok());
+    const std::string newest = store->Path(0, 20);
+    std::string bytes = ReadFile(newest);
+    if (std::string(damage) == "flip") {
+      bytes[bytes.size() - 100] ^= 0x10;  // a bit of the data
+    } else if (std::string(damage) == "truncate") {
+      bytes.resize(bytes.size() / 2);
+    } else {
+      // A writer killed mid-write without the rename: the old name holds a
+      // prefix and its temporary file lies beside it.
+      WriteFile(newest + ".tmp.12345", bytes.substr(0, 100));
+      bytes.resize(300);
+    }
+    WriteFile(newest, bytes);
+    std::unique_ptr<CheckpointStore> reopened = *CheckpointStore::Open(config, 0, dir);
+    absl::StatusOr<ShardState> bad = reopened->Read(0, 20);
+    ASSERT_FALSE(bad.ok());
+    EXPECT_NE(std::string(bad.status().message()).find(newest), std::string::npos) << bad.status();
+    absl::StatusOr<std::optional<ShardState>> latest = reopened->Latest(0);
+    ASSERT_TRUE(latest.ok() && latest->has_value()) << latest.status();
+    EXPECT_EQ((*latest)->clock, 10u);
+    EXPECT_EQ((*latest)->values, StateOf(10, 493, 2).values);
+    EXPECT_EQ(reopened->Clocks(0), (std::vector<uint64_t>{10}));
+  }
+}
+
+TEST(Checkpoint, AnotherJobsCheckpointIsRefusedNamingBothFingerprints) {
+  const std::string dir = MakeTempDir();
+  {
+    std::unique_ptr<CheckpointStore> store = *CheckpointStore::Open(Job(dir), 0, dir);
+    ASSERT_TRUE(store->Write(0, StateOf(10, 493, 2)).ok());
+  }
+  // Another optimizer (SGD has no slots), and another server count.
+  for (const v1::JobConfig& other : {Job(dir, 2, v1::SGD), Job(dir, 3)}) {
+    std::unique_ptr<CheckpointStore> store = *CheckpointStore::Open(other, 0, dir);
+    absl::StatusOr<std::optional<ShardState>> latest = store->Latest(0);
+    ASSERT_EQ(latest.status().code(), absl::StatusCode::kFailedPrecondition) << latest.status();
+    const std::string message(latest.status().message());
+    if (other.cluster().num_servers() == 3) {
+      EXPECT_NE(message.find("server-0-of-2.safetensors"), std::string::npos) << message;
+      EXPECT_NE(message.find("segps-checkpoint split"), std::string::npos) << message;
+      continue;
+    }
+    EXPECT_NE(message.find("another job"), std::string::npos) << message;
+    EXPECT_NE(message.find(ModelFingerprint(Job(dir))), std::string::npos) << message;
+    EXPECT_NE(message.find(ModelFingerprint(other)), std::string::npos) << message;
+  }
+}
+
+}  // namespace
+}  // namespace segps
