@@ -645,9 +645,8 @@ void SegmentShard::FillStats(v1::SegmentStats* stats,
     stats->set_generation(generation_);
     stats->set_restored_clock(restored_clock_);
     for (const auto& [id, w] : workers_) {
-      if (id >= kPlaceholder) continue;
       v1::WorkerStats* ws = workers->Add();
-      ws->set_worker_id(id);
+      ws->set_worker_id(id < kPlaceholder ? id : 0);
       ws->set_segment(options_.segment);
       ws->set_rank(w.rank);
       ws->set_next_clock(w.next_clock);

@@ -10,6 +10,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "common/lock_checks.h"
@@ -60,8 +61,36 @@ void PrintTraffic(const std::vector<segps::v1::StatsResponse>& servers) {
   }
 }
 
-// Training is over when every server has applied updates to every segment
-// and holds no live worker. Polled: the evaluator is a tool, not a peer.
+// Where the servers' states of a segment do not form one model: a server
+// behind the others (a recovery under way, or training still moving), or
+// one that was restarted or rolled back since `before` was taken. Empty
+// when they agree: every server reports the same clock and update count,
+// and the same incarnation and generation as in `before` (if given).
+std::string Disagreement(const std::vector<segps::v1::StatsResponse>& servers,
+                         const std::vector<segps::v1::StatsResponse>* before = nullptr) {
+  for (int k = 0; k < servers[0].segments_size(); ++k) {
+    for (size_t i = 0; i < servers.size(); ++i) {
+      const segps::v1::SegmentStats& a = servers[0].segments(k);
+      const segps::v1::SegmentStats& b = servers[i].segments(k);
+      if (a.clock() != b.clock() || a.updates() != b.updates()) {
+        const bool behind = b.updates() < a.updates();
+        return absl::StrFormat(
+            "segment %s: server %d is at clock %d (%d updates), server %d at clock %d (%d updates); server %d is "
+            "behind, a recovery or training is under way",
+            a.name(), i, b.clock(), b.updates(), 0, a.clock(), a.updates(), behind ? i : 0);
+      }
+      if (before != nullptr && ((*before)[i].incarnation() != servers[i].incarnation() ||
+                                (*before)[i].segments(k).generation() != b.generation())) {
+        return absl::StrFormat("segment %s: server %d restarted or rolled back while it was read", a.name(), i);
+      }
+    }
+  }
+  return "";
+}
+
+// Training is over when every server has applied updates to every segment,
+// holds no live worker (nor a rank it waits for after a restore) and the
+// servers agree. Polled: the evaluator is a tool, not a peer.
 absl::Status WaitForTraining(segps::ParameterClient& client, absl::Duration timeout) {
   const absl::Time deadline = absl::Now() + timeout;
   std::string last;
@@ -76,9 +105,12 @@ absl::Status WaitForTraining(segps::ParameterClient& client, absl::Duration time
       }
       done = done && live == 0;
     }
-    if (done) return absl::OkStatus();
-    const std::string now = stats.ok() ? absl::StrFormat("waiting for training: %d live worker registrations", live)
-                                       : std::string(stats.status().message());
+    const std::string disagreement = stats.ok() ? Disagreement(*stats) : "";
+    if (done && disagreement.empty()) return absl::OkStatus();
+    const std::string now =
+        !stats.ok() ? std::string(stats.status().message())
+        : live > 0  ? absl::StrFormat("waiting for training: %d live worker registrations", live)
+                    : absl::StrCat("waiting for the servers to agree: ", disagreement);
     if (now != last) std::cout << now << std::endl;
     last = now;
     absl::SleepFor(absl::Seconds(1));
@@ -105,13 +137,29 @@ int main(int argc, char** argv) {
     absl::Status waited = WaitForTraining(**client, absl::Seconds(absl::GetFlag(FLAGS_wait_timeout_s)));
     if (!waited.ok()) return Fail(std::string(waited.message()));
   }
-  // Counted before this evaluation's own reads.
-  if (absl::StatusOr<std::vector<segps::v1::StatsResponse>> stats = (*client)->Stats(); stats.ok()) {
-    PrintTraffic(*stats);
+  // Never a mixture: the servers must agree before and after the read. A
+  // disagreement that lasts (a recovery) is waited out for a while, then refused.
+  absl::StatusOr<std::vector<std::vector<float>>> params;
+  const absl::Time give_up = absl::Now() + absl::Seconds(30);
+  for (bool first = true;; first = false) {
+    absl::StatusOr<std::vector<segps::v1::StatsResponse>> before = (*client)->Stats();
+    if (!before.ok()) return Fail(std::string(before.status().message()));
+    std::string disagreement = Disagreement(*before);
+    if (disagreement.empty()) {
+      if (first) PrintTraffic(*before);  // counted before this evaluation's own reads
+      params = segps::PullParameters(**client, config->model(), config->cluster().num_servers());
+      if (!params.ok()) return Fail(std::string(params.status().message()));
+      absl::StatusOr<std::vector<segps::v1::StatsResponse>> after = (*client)->Stats();
+      if (!after.ok()) return Fail(std::string(after.status().message()));
+      disagreement = Disagreement(*after, &*before);
+      if (disagreement.empty()) break;
+    }
+    if (absl::Now() > give_up) {
+      return Fail(absl::StrCat("refusing to score a mixture of the servers' states: ", disagreement));
+    }
+    if (first) std::cout << "waiting for the servers to agree: " << disagreement << std::endl;
+    absl::SleepFor(absl::Milliseconds(200));
   }
-  absl::StatusOr<std::vector<std::vector<float>>> params =
-      segps::PullParameters(**client, config->model(), config->cluster().num_servers());
-  if (!params.ok()) return Fail(std::string(params.status().message()));
   for (size_t k = 0; k < params->size() && !absl::GetFlag(FLAGS_dump_params).empty(); ++k) {
     const std::string path = absl::GetFlag(FLAGS_dump_params) + "/" + config->model().segments(k).name() + ".npy";
     absl::Status written = segps::WriteNpyFloat32(path, (*params)[k].data(), {(*params)[k].size()});

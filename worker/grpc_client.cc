@@ -96,6 +96,11 @@ class GrpcClient final : public ParameterClient {
     grpc::ChannelArguments args;
     args.SetMaxReceiveMessageSize(static_cast<int>(config.cluster().max_message_bytes()));
     args.SetMaxSendMessageSize(static_cast<int>(config.cluster().max_message_bytes()));
+    // A server that restarts is back within a second or two: reconnect
+    // promptly (gRPC's defaults back off from 1 s by 1.6x up to 2 minutes).
+    args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+    args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+    args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
     std::vector<std::shared_ptr<grpc::Channel>> channels;
     for (const std::string& address : addresses_) {
       channels.push_back(grpc::CreateCustomChannel(address, credentials, args));

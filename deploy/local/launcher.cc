@@ -47,6 +47,12 @@ ABSL_FLAG(std::string, bin_dir, "", "Directory of segps-server, segps-worker and
 ABSL_FLAG(int32_t, straggler_ms, 0,
           "Slow the last worker of the first segment by this many milliseconds per step (staleness experiments).");
 ABSL_FLAG(int32_t, start_timeout_s, 60, "Seconds to wait for servers to start listening.");
+ABSL_FLAG(bool, no_restart, false,
+          "Do not restart a server or worker that exits abnormally during training (by default each is restarted "
+          "up to 3 times; servers restore their newest checkpoint and workers rejoin).");
+ABSL_FLAG(std::string, checkpoint_dir, "",
+          "Directory of the servers' checkpoints. Default: checkpoint.dir of the config, else a temporary directory "
+          "removed at the end (so that a restarted server restores the job).");
 ABSL_FLAG(std::string, export, "", "After training, write the model as safetensors to this file (segps-export --out).");
 ABSL_FLAG(std::string, onnx, "", "After training, write the model as an ONNX graph to this file (segps-export --onnx).");
 ABSL_FLAG(std::string, plot, "",
@@ -66,7 +72,12 @@ struct Child {
   bool running = true;
   int status = 0;
   std::function<void(const std::string&)> on_line;  // sees each line before it is relayed
+  std::vector<std::string> argv;  // to start it again
+  int restarts = 0;
 };
+
+// Times a process that exits abnormally during training is started again.
+constexpr int kMaxRestarts = 3;
 
 class Launcher {
  public:
@@ -121,6 +132,7 @@ class Launcher {
       return nullptr;
     }
     auto child = std::make_unique<Child>();
+    child->argv = argv;
     child->name = name;
     child->pid = pid;
     child->fd = fds[0];
@@ -317,8 +329,19 @@ int main(int argc, char** argv) {
   const std::string history_dir = history_template;
   struct RemoveWhenDone {
     std::string dir;
-    ~RemoveWhenDone() { std::filesystem::remove_all(dir); }
+    ~RemoveWhenDone() {
+      if (!dir.empty()) std::filesystem::remove_all(dir);
+    }
   } remove_history{history_dir};
+  // Checkpoints, so that a server that dies is restarted without losing the job.
+  std::string checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
+  if (checkpoint_dir.empty()) checkpoint_dir = config->checkpoint().dir();
+  RemoveWhenDone remove_checkpoints;
+  if (checkpoint_dir.empty()) {
+    char checkpoint_template[] = "/tmp/segps-checkpoints.XXXXXX";
+    if (mkdtemp(checkpoint_template) == nullptr) return Fail("cannot make a directory for the checkpoints");
+    checkpoint_dir = remove_checkpoints.dir = checkpoint_template;
+  }
 
   const absl::Time t0 = absl::Now();
   Launcher launcher;
@@ -348,7 +371,8 @@ int main(int argc, char** argv) {
     Child* c = launcher.Spawn(absl::StrCat("server", i),
                               {bin + "/segps-server", "--config", config_path, "--index", std::to_string(i),
                                "--listen", "127.0.0.1:0", "--apply_threads",
-                               std::to_string(absl::GetFlag(FLAGS_apply_threads))});
+                               std::to_string(absl::GetFlag(FLAGS_apply_threads)), "--checkpoint_dir",
+                               checkpoint_dir});
     if (c == nullptr) return Fail("cannot start segps-server");
     c->on_line = [&addresses, i](const std::string& line) {
       static const std::string kReady = "segps-server listening on ";
@@ -379,16 +403,50 @@ int main(int argc, char** argv) {
   std::cout << "segps-local: " << num_servers << " servers at " << server_list << std::endl;
   for (Child* c : workers) launcher.SendInput(c, server_list + "\n");
 
+  auto stopped = [](const std::vector<Child*>& group, bool servers) {
+    for (Child* c : group) {
+      if (!c->running && (servers || !Succeeded(*c))) return true;
+    }
+    return false;
+  };
   auto workers_done = [&] {
-    if (any_failed(workers) || any_failed(servers)) return true;
+    if (stopped(workers, false) || stopped(servers, true)) return true;
     for (Child* c : workers) {
       if (c->running) return false;
     }
     return true;
   };
-  if (!launcher.RunUntil(workers_done)) return Fail("interrupted");
-  for (Child* c : servers) {
-    if (!c->running) return Fail(absl::StrCat(c->name, " stopped during training (", Describe(c->status), ")"));
+  // A process that dies during training is started again with the same
+  // command (a server on its address: it restores its newest checkpoint,
+  // and the workers rejoin it), up to kMaxRestarts times each.
+  auto restart = [&](std::vector<Child*>& group, bool servers) -> std::string {
+    for (Child*& c : group) {
+      if (c->running || (!servers && Succeeded(*c))) continue;
+      const std::string why = absl::StrCat(c->name, " stopped during training (", Describe(c->status), ")");
+      if (absl::GetFlag(FLAGS_no_restart) || c->restarts >= kMaxRestarts) {
+        return absl::GetFlag(FLAGS_no_restart) ? why : absl::StrCat(why, " after ", kMaxRestarts, " restarts");
+      }
+      std::vector<std::string> argv = c->argv;
+      for (std::string& a : argv) {
+        if (a == "127.0.0.1:0") a = addresses[&c - group.data()];  // a server keeps its address
+        if (a == "--servers=-") a = "--servers=" + server_list;    // a worker is told the servers at once
+      }
+      std::cout << "segps-local: " << why << "; restarting it (" << c->restarts + 1 << " of " << kMaxRestarts << ")"
+                << std::endl;
+      Child* again = launcher.Spawn(c->name, argv);
+      if (again == nullptr) return "cannot restart " + c->name;
+      again->restarts = c->restarts + 1;
+      again->on_line = c->on_line;
+      c = again;
+    }
+    return "";
+  };
+  while (true) {
+    if (!launcher.RunUntil(workers_done)) return Fail("interrupted");
+    if (!stopped(workers, false) && !stopped(servers, true)) break;
+    for (auto* group : {&servers, &workers}) {
+      if (std::string failed = restart(*group, group == &servers); !failed.empty()) return Fail(failed);
+    }
   }
   for (Child* c : workers) {
     if (!c->running && !Succeeded(*c)) return Fail(absl::StrCat(c->name, " failed (", Describe(c->status), ")"));

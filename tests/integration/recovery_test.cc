@@ -1,0 +1,226 @@
+// Jobs that survive failures, as separate processes on loopback: servers
+// killed (-9) mid-run and started again with the same command, paused past
+// their lease, workers killed and started again. The job completes, and at
+// staleness 0 with one worker per segment its parameters are bit-identical
+// to the same job never interrupted.
+#include <signal.h>
+#include <sys/wait.h>
+
+#include <gtest/gtest.h>
+
+#include <random>
+#include <regex>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+#include "tests/support/subprocess.h"
+
+namespace segps {
+namespace {
+
+bool ExitedOk(int status) { return WIFEXITED(status) && WEXITSTATUS(status) == 0; }
+
+// 2 servers, segment "s" (50 -> 32 -> 10), Adam, one worker per segment
+// unless `training` says otherwise; 375 steps at batch 32 and 3 epochs.
+std::string Job(const std::string& dir, const std::string& training, int epochs = 3, int every_clocks = 25) {
+  const std::string path = dir + "/job.pbtxt";
+  WriteFile(path, absl::StrFormat(R"pb(
+    cluster { num_servers: 2 lease_ms: 1000 }
+    model {
+      input_width: 50
+      num_classes: 10
+      segments { name: "s" layers { units: 32 activation: RELU } layers { units: 10 activation: SOFTMAX } }
+    }
+    optimizer { kind: ADAM }
+    training { batch_size: 32 epochs: %d log_interval_s: 0.000001 %s }
+    data { source: SYNTHETIC_TEACHER test_samples: 500 train_samples: 4000 }
+    checkpoint { every_clocks: %d }
+  )pb", epochs, training, every_clocks));
+  return path;
+}
+
+// A cluster whose servers keep their addresses and checkpoint directories,
+// so that a killed one is started again exactly as before.
+class Cluster {
+ public:
+  Cluster(std::string config, std::string dir, int servers) : config_(std::move(config)), dir_(std::move(dir)) {
+    for (int i = 0; i < servers; ++i) {
+      addresses_.push_back("127.0.0.1:0");
+      servers_.emplace_back();
+      StartServer(i);
+    }
+  }
+
+  // Starts server i (again) on its address; false if it does not listen.
+  bool StartServer(int i) {
+    servers_[i] = Subprocess::Start({BinaryPath("segps-server"), "--config", config_, "--index", std::to_string(i),
+                                     "--listen", addresses_[i], "--checkpoint_dir",
+                                     absl::StrCat(dir_, "/ckpt", i)});
+    std::optional<std::string> line = servers_[i]->WaitForLine("listening on", absl::Seconds(60));
+    if (!line.has_value()) return false;
+    addresses_[i] = line->substr(line->rfind(' ') + 1);
+    return true;
+  }
+  // Stops server i for `duration` (a long pause, a VM migration), then lets it run.
+  void Pause(int i, absl::Duration duration) {
+    servers_[i]->Signal(SIGSTOP);
+    absl::SleepFor(duration);
+    servers_[i]->Signal(SIGCONT);
+  }
+  void KillServer(int i) {
+    servers_[i]->Signal(SIGKILL);
+    servers_[i]->Wait(absl::Seconds(30));
+  }
+
+  std::unique_ptr<Subprocess> StartWorker(const std::string& segment, int rank) const {
+    return Subprocess::Start({BinaryPath("segps-worker"), "--config", config_, "--segment", segment, "--rank",
+                              std::to_string(rank), "--servers", Joined()});
+  }
+
+  // The trained parameters of segment `name`, as segps-eval dumps them.
+  std::string Parameters(const std::string& name) const {
+    const std::string& out = dir_;
+    std::unique_ptr<Subprocess> eval = Subprocess::Start(
+        {BinaryPath("segps-eval"), "--config", config_, "--servers", Joined(), "--dump_params", out});
+    std::optional<int> status = eval->Wait(absl::Seconds(120));
+    EXPECT_TRUE(status.has_value() && ExitedOk(*status)) << eval->output();
+    return ReadFile(out + "/" + name + ".npy");
+  }
+
+  double EnsembleAccuracy() const {
+    std::unique_ptr<Subprocess> eval =
+        Subprocess::Start({BinaryPath("segps-eval"), "--config", config_, "--servers", Joined()});
+    std::optional<int> status = eval->Wait(absl::Seconds(120));
+    EXPECT_TRUE(status.has_value() && ExitedOk(*status)) << eval->output();
+    std::smatch m;
+    const std::regex re("ENSEMBLE.* accuracy *([0-9.]+)%");
+    return std::regex_search(eval->output(), m, re) ? std::stod(m[1]) / 100 : -1;
+  }
+
+  std::string Output() const {
+    std::string all;
+    for (const auto& s : servers_) all += s->output();
+    return all;
+  }
+
+ private:
+  std::string Joined() const {
+    std::string joined;
+    for (const std::string& a : addresses_) joined += (joined.empty() ? "" : ",") + a;
+    return joined;
+  }
+
+  const std::string config_, dir_;
+  std::vector<std::string> addresses_;
+  std::vector<std::unique_ptr<Subprocess>> servers_;
+};
+
+// The parameters of the job run once without interruption.
+std::string Uninterrupted(const std::string& training) {
+  const std::string dir = MakeTempDir();
+  Cluster cluster(Job(dir, training), dir, 2);
+  std::unique_ptr<Subprocess> worker = cluster.StartWorker("s", 0);
+  std::optional<int> status = worker->Wait(absl::Seconds(120));
+  EXPECT_TRUE(status.has_value() && ExitedOk(*status)) << worker->output();
+  return cluster.Parameters("s");
+}
+
+// A seeded step to fail at, between the first checkpoints and the end.
+int StepToFailAt(uint32_t seed) {
+  std::mt19937 rng(seed);
+  return std::uniform_int_distribution<int>(40, 300)(rng);
+}
+
+struct Failure {
+  enum Kind { kServer0, kServer1, kWorker } kind;
+  int step;  // when the worker prints step N/375
+};
+
+// Runs the job with `failures` injected in order, each process killed with
+// SIGKILL and started again with the same command; returns the parameters.
+std::string Interrupted(const std::vector<Failure>& failures) {
+  const std::string dir = MakeTempDir();
+  Cluster cluster(Job(dir, "staleness: 0"), dir, 2);
+  std::unique_ptr<Subprocess> worker = cluster.StartWorker("s", 0);
+  for (const Failure& f : failures) {
+    const std::string step = absl::StrCat(" step ", f.step, "/375 ");
+    EXPECT_TRUE(worker->WaitForLine(step, absl::Seconds(120)).has_value()) << step << "\n" << worker->output();
+    if (f.kind == Failure::kWorker) {
+      worker->Signal(SIGKILL);
+      worker->Wait(absl::Seconds(30));
+      worker = cluster.StartWorker("s", 0);
+    } else {
+      const int i = f.kind == Failure::kServer0 ? 0 : 1;
+      cluster.KillServer(i);
+      EXPECT_TRUE(cluster.StartServer(i)) << cluster.Output();
+      EXPECT_TRUE(worker->WaitForLine("rejoined at clock", absl::Seconds(120)).has_value()) << worker->output();
+    }
+  }
+  std::optional<int> status = worker->Wait(absl::Seconds(120));
+  EXPECT_TRUE(status.has_value() && ExitedOk(*status)) << worker->output() << cluster.Output();
+  return cluster.Parameters("s");
+}
+
+TEST(Recovery, KilledServerRestartedGivesTheUninterruptedParametersBitForBit) {
+  const std::string reference = Uninterrupted("staleness: 0");
+  ASSERT_GT(reference.size(), 1000u);
+  const int step = StepToFailAt(1);
+  SCOPED_TRACE(absl::StrCat("server 1 killed at step ", step));
+  EXPECT_TRUE(Interrupted({{Failure::kServer1, step}}) == reference);
+}
+
+TEST(Recovery, KilledWorkerRestartedGivesTheUninterruptedParametersBitForBit) {
+  const std::string reference = Uninterrupted("staleness: 0");
+  const int step = StepToFailAt(2);
+  SCOPED_TRACE(absl::StrCat("the worker killed at step ", step));
+  EXPECT_TRUE(Interrupted({{Failure::kWorker, step}}) == reference);
+}
+
+TEST(Recovery, TwoFailuresInARowGiveTheUninterruptedParametersBitForBit) {
+  const std::string reference = Uninterrupted("staleness: 0");
+  const int first = StepToFailAt(3);
+  SCOPED_TRACE(absl::StrCat("server 0 killed at step ", first, ", then the worker 40 steps later"));
+  EXPECT_TRUE(Interrupted({{Failure::kServer0, first}, {Failure::kWorker, first + 40}}) == reference);
+}
+
+// Staleness 2, two workers per segment: each server in turn is killed
+// mid-run and started again; every worker completes and the model is good.
+TEST(Recovery, EachServerKilledInTurnAtStaleness2TheJobCompletesAndReachesItsBar) {
+  const std::string dir = MakeTempDir();
+  Cluster cluster(Job(dir, "staleness: 2 workers_per_segment: 2", 8), dir, 2);
+  std::vector<std::unique_ptr<Subprocess>> workers;
+  for (int r = 0; r < 2; ++r) workers.push_back(cluster.StartWorker("s", r));
+  // 8 epochs of 63 steps per worker (2000 samples each).
+  for (const auto& [server, step] : {std::pair{0, 120}, std::pair{1, 300}}) {
+    ASSERT_TRUE(workers[0]->WaitForLine(absl::StrCat(" step ", step, "/"), absl::Seconds(120)).has_value())
+        << workers[0]->output();
+    cluster.KillServer(server);
+    ASSERT_TRUE(cluster.StartServer(server)) << cluster.Output();
+    for (auto& w : workers) {
+      EXPECT_TRUE(w->WaitForLine("rejoined at clock", absl::Seconds(120)).has_value()) << w->output();
+    }
+  }
+  for (auto& w : workers) {
+    std::optional<int> status = w->Wait(absl::Seconds(180));
+    EXPECT_TRUE(status.has_value() && ExitedOk(*status)) << w->output();
+  }
+  EXPECT_GT(cluster.EnsembleAccuracy(), 0.80);
+}
+
+// A server paused for longer than the lease: once it runs again, the
+// worker's lease there has run out (unless the worker's queued calls reach
+// it before its lease check does); either way the job completes.
+TEST(Recovery, ServerPausedPastTheLeaseAndResumedTheJobCompletes) {
+  const std::string dir = MakeTempDir();
+  Cluster cluster(Job(dir, "staleness: 1", 4), dir, 2);
+  std::unique_ptr<Subprocess> worker = cluster.StartWorker("s", 0);
+  ASSERT_TRUE(worker->WaitForLine(" step 100/", absl::Seconds(120)).has_value()) << worker->output();
+  cluster.Pause(1, absl::Milliseconds(2500));  // 2.5 leases
+  std::optional<int> status = worker->Wait(absl::Seconds(120));
+  EXPECT_TRUE(status.has_value() && ExitedOk(*status)) << worker->output();
+  EXPECT_NE(worker->output().find("step 500/500"), std::string::npos) << worker->output();
+}
+
+}  // namespace
+}  // namespace segps
