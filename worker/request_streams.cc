@@ -165,12 +165,24 @@ std::vector<absl::Status> RequestStreams::Exchange(const std::vector<size_t>& se
         absl::Status status = !s.break_cause.ok() ? s.break_cause
                               : s.status.ok()     ? absl::UnavailableError("the server ended the stream")
                                                   : FromGrpcStatus(s.status);
+        const bool failed = !s.unanswered.empty() || !s.unsent.empty();
         for (std::deque<size_t>* left : {&s.unanswered, &s.unsent}) {
           for (size_t k : *left) settle(k, status);
           left->clear();
         }
         s.io.reset();
         s.context.reset();
+        // A request that failed for good fails the exchange: the others are
+        // abandoned rather than waited for (a pull parked on a peer that
+        // this failure also stops would wait for its deadline).
+        if (failed && !IsTransient(status)) {
+          for (size_t j = 0; j < streams_.size(); ++j) {
+            const Stream& other = streams_[j];
+            if (j != i && !other.broken && (!other.unsent.empty() || !other.unanswered.empty())) {
+              Break(j, absl::AbortedError(absl::StrCat("abandoned: server ", i, " failed: ", status.message())));
+            }
+          }
+        }
         continue;
       }
     }

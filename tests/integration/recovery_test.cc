@@ -8,10 +8,14 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <filesystem>
 #include <random>
 #include <regex>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "tests/support/subprocess.h"
@@ -220,6 +224,49 @@ TEST(Recovery, ServerPausedPastTheLeaseAndResumedTheJobCompletes) {
   std::optional<int> status = worker->Wait(absl::Seconds(120));
   EXPECT_TRUE(status.has_value() && ExitedOk(*status)) << worker->output();
   EXPECT_NE(worker->output().find("step 500/500"), std::string::npos) << worker->output();
+}
+
+// The pid of the running process started as `program` with `args`
+// consecutive among its arguments.
+std::optional<pid_t> FindProcess(const std::string& program, const std::vector<std::string>& args) {
+  for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
+    pid_t pid = 0;
+    if (!absl::SimpleAtoi(entry.path().filename().string(), &pid)) continue;
+    const std::string cmdline = ReadFile(entry.path().string() + "/cmdline");
+    const std::vector<std::string> argv = absl::StrSplit(cmdline, '\0');
+    if (!argv.empty() && argv[0] == program &&
+        std::search(argv.begin(), argv.end(), args.begin(), args.end()) != argv.end()) {
+      return pid;
+    }
+  }
+  return std::nullopt;
+}
+
+// segps-local restarts a server killed mid-run on its address; it restores
+// its checkpoint, the workers rejoin, and the job reaches its bar.
+TEST(Recovery, LocalLauncherRestartsAKilledServerAndTheJobReachesItsBar) {
+  const std::string dir = MakeTempDir();
+  const std::string config = dir + "/teacher.pbtxt";
+  std::string job = ReadFile(std::string(SEGPS_SOURCE_DIR) + "/deploy/configs/teacher.pbtxt");
+  job.replace(job.find("epochs: 6"), 9, "epochs: 6 log_interval_s: 0.01");
+  WriteFile(config, job);
+  std::unique_ptr<Subprocess> local =
+      Subprocess::Start({BinaryPath("segps-local"), "--config", config, "--report", dir + "/report.json"});
+  ASSERT_TRUE(local->WaitForLine("epoch 2/6 step", absl::Seconds(120)).has_value()) << local->output();
+  const std::optional<pid_t> server = FindProcess(BinaryPath("segps-server"), {"--config", config, "--index", "1"});
+  ASSERT_TRUE(server.has_value());
+  ASSERT_EQ(kill(*server, SIGKILL), 0);
+  std::optional<int> status = local->Wait(absl::Minutes(3));
+  ASSERT_TRUE(status.has_value() && ExitedOk(*status)) << local->output();
+  EXPECT_NE(local->output().find("server1 stopped during training (killed by signal 9); restarting it (1 of 3)"),
+            std::string::npos)
+      << local->output();
+  EXPECT_NE(local->output().find("restored relu64"), std::string::npos) << local->output();
+  std::smatch m;
+  const std::string report = ReadFile(dir + "/report.json");
+  ASSERT_TRUE(std::regex_search(report, m, std::regex("\"ensemble\": \\{\"name\": \"ensemble\", \"accuracy\": ([0-9.]+)")))
+      << report;
+  EXPECT_GT(std::stod(m[1]), 0.90) << report;
 }
 
 }  // namespace
