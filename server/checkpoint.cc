@@ -3,8 +3,12 @@
 #include <algorithm>
 #include <cstring>
 #include <filesystem>
+#include <functional>
+#include <iostream>
+#include <set>
 #include <system_error>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -13,6 +17,7 @@
 #include "common/config.h"
 #include "common/hash.h"
 #include "common/log.h"
+#include "common/proto_json.h"
 #include "common/safetensors.h"
 #include "server/optimizer.h"
 
@@ -128,6 +133,7 @@ absl::Status CheckpointStore::Write(int segment, const ShardState& state) {
       {"segps.updates", absl::StrCat(state.updates)},
       {"segps.ranks", absl::StrJoin(state.ranks, ",")},
       {"segps.range", absl::StrCat(range.offset, " ", range.count)},
+      {"segps.model", ToJson(config_.model())},
   };
   auto add = [&](const std::string& name, const TensorPart& part, const std::vector<float>& from) {
     const absl::Span<const float> values = absl::MakeConstSpan(from).subspan(part.range_offset, part.count);
@@ -202,38 +208,28 @@ absl::Status CheckpointStore::WriteManifest() const {
 
 absl::StatusOr<ShardState> CheckpointStore::Read(int segment, uint64_t clock) const {
   const std::string path = Path(segment, clock);
-  absl::StatusOr<SafetensorsFile> file = SafetensorsFile::Read(path);
+  absl::StatusOr<CheckpointFile> file = ReadCheckpointFile(path);
   if (!file.ok()) return file.status();
-  const auto& meta = file->metadata();
-  auto field = [&](const std::string& key) -> std::string {
-    auto it = meta.find(key);
-    return it == meta.end() ? "" : it->second;
-  };
   auto corrupt = [&](const std::string& what) { return absl::DataLossError(absl::StrCat(path, ": ", what)); };
-  if (field("format") != kFormat) return corrupt(absl::StrCat("metadata format is \"", field("format"), "\", not ", kFormat));
-  if (field("segps.model_fingerprint") != model_fingerprint_ || field("segps.shard_fingerprint") != map_.fingerprint()) {
+  if (file->Field("segps.model_fingerprint") != model_fingerprint_ ||
+      file->Field("segps.shard_fingerprint") != map_.fingerprint()) {
     return absl::FailedPreconditionError(absl::StrCat(
-        path, ": a checkpoint of another job: model fingerprint ", field("segps.model_fingerprint"),
-        " and shard fingerprint ", field("segps.shard_fingerprint"), " (", field("segps.num_servers"),
-        " servers, optimizer ", field("segps.optimizer"), "), but this server's are ", model_fingerprint_, " and ",
-        map_.fingerprint(), " (", map_.num_servers(), " servers, optimizer ",
-        v1::OptimizerKind_Name(config_.optimizer().kind()), "); move the directory away or use another --checkpoint_dir"));
-  }
-  std::map<std::string, absl::string_view> by_name;
-  for (const auto& [name, tensor] : file->tensors()) by_name[name] = tensor.bytes;
-  if (field("segps.checksum") != absl::StrFormat("%016x", DataChecksum(by_name))) {
-    return corrupt(absl::StrCat("checksum ", field("segps.checksum"), " does not match the data (",
-                                absl::StrFormat("%016x", DataChecksum(by_name)), "): the file is damaged"));
+        path, ": a checkpoint of another job: model fingerprint ", file->Field("segps.model_fingerprint"),
+        " and shard fingerprint ", file->Field("segps.shard_fingerprint"), " (", file->Field("segps.num_servers"),
+        " servers, optimizer ", file->Field("segps.optimizer"), "), but this server's are ", model_fingerprint_,
+        " and ", map_.fingerprint(), " (", map_.num_servers(), " servers, optimizer ",
+        v1::OptimizerKind_Name(config_.optimizer().kind()),
+        "); move the directory away or use another --checkpoint_dir"));
   }
   ShardState state;
   uint64_t file_clock = 0;
-  if (!absl::SimpleAtoi(field("segps.clock"), &file_clock) || file_clock != clock ||
-      !absl::SimpleAtoi(field("segps.steps"), &state.steps) ||
-      !absl::SimpleAtoi(field("segps.updates"), &state.updates)) {
+  if (!absl::SimpleAtoi(file->Field("segps.clock"), &file_clock) || file_clock != clock ||
+      !absl::SimpleAtoi(file->Field("segps.steps"), &state.steps) ||
+      !absl::SimpleAtoi(file->Field("segps.updates"), &state.updates)) {
     return corrupt("metadata segps.clock, segps.steps or segps.updates is missing or wrong");
   }
   state.clock = clock;
-  for (absl::string_view rank : absl::StrSplit(field("segps.ranks"), ',', absl::SkipEmpty())) {
+  for (absl::string_view rank : absl::StrSplit(file->Field("segps.ranks"), ',', absl::SkipEmpty())) {
     uint32_t r = 0;
     if (!absl::SimpleAtoi(rank, &r)) return corrupt(absl::StrCat("metadata segps.ranks has \"", rank, "\""));
     state.ranks.push_back(r);
@@ -242,12 +238,13 @@ absl::StatusOr<ShardState> CheckpointStore::Read(int segment, uint64_t clock) co
   state.values.resize(range.count);
   state.slots.assign(slot_names_.size(), std::vector<float>(range.count));
   auto take = [&](const std::string& name, const TensorPart& part, std::vector<float>* into) -> absl::Status {
-    auto it = file->tensors().find(name);
-    if (it == file->tensors().end() || it->second.dtype != "F32" ||
-        it->second.bytes.size() != part.count * sizeof(float)) {
-      return corrupt(absl::StrCat("tensor ", name, " is missing or not ", part.count, " float32 values"));
+    auto it = file->parts.find(name);
+    if (it == file->parts.end() || it->second.values.size() != part.count ||
+        it->second.tensor_offset != part.tensor_offset) {
+      return corrupt(absl::StrCat("tensor ", name, " is missing or not the ", part.count,
+                                  " values from element ", part.tensor_offset, " this server holds"));
     }
-    std::memcpy(into->data() + part.range_offset, it->second.bytes.data(), it->second.bytes.size());
+    std::copy(it->second.values.begin(), it->second.values.end(), into->begin() + part.range_offset);
     return absl::OkStatus();
   };
   for (const TensorPart& part : TensorParts(config_.model(), map_, segment, range)) {
@@ -258,6 +255,52 @@ absl::StatusOr<ShardState> CheckpointStore::Read(int segment, uint64_t clock) co
     if (!status.ok()) return status;
   }
   return state;
+}
+
+std::string CheckpointFile::Field(const std::string& key) const {
+  auto it = metadata.find(key);
+  return it == metadata.end() ? "" : it->second;
+}
+
+absl::StatusOr<CheckpointFile> ReadCheckpointFile(const std::string& path) {
+  absl::StatusOr<SafetensorsFile> safetensors = SafetensorsFile::Read(path);
+  if (!safetensors.ok()) return absl::DataLossError(safetensors.status().message());
+  CheckpointFile file{*std::move(safetensors), {}, {}};
+  file.metadata = file.file.metadata();
+  auto corrupt = [&](const std::string& what) { return absl::DataLossError(absl::StrCat(path, ": ", what)); };
+  if (file.Field("format") != kFormat) {
+    return corrupt(absl::StrCat("metadata format is \"", file.Field("format"), "\", not ", kFormat));
+  }
+  std::map<std::string, absl::string_view> by_name;
+  for (const auto& [name, tensor] : file.file.tensors()) by_name[name] = tensor.bytes;
+  const std::string checksum = absl::StrFormat("%016x", DataChecksum(by_name));
+  if (file.Field("segps.checksum") != checksum) {
+    return corrupt(absl::StrCat("checksum ", file.Field("segps.checksum"), " does not match the data (", checksum,
+                                "): the file is damaged"));
+  }
+  for (const auto& [name, tensor] : file.file.tensors()) {
+    // "OFFSET of AxB": where the stored part starts within the whole tensor.
+    const std::vector<std::string> words = absl::StrSplit(file.Field("segps.part." + name), ' ');
+    CheckpointFile::Part part;
+    uint64_t elements = 1;
+    bool ok = words.size() == 3 && words[1] == "of" && absl::SimpleAtoi(words[0], &part.tensor_offset);
+    for (absl::string_view d : absl::StrSplit(ok ? words[2] : "", 'x')) {
+      uint64_t n = 0;
+      ok = ok && absl::SimpleAtoi(d, &n) && n > 0;
+      part.shape.push_back(n);
+      elements *= n;
+    }
+    const uint64_t count = tensor.bytes.size() / sizeof(float);
+    const bool aligned = reinterpret_cast<uintptr_t>(tensor.bytes.data()) % alignof(float) == 0;
+    if (!ok || !aligned || tensor.dtype != "F32" || part.tensor_offset > elements ||
+        count > elements - part.tensor_offset) {
+      return corrupt(absl::StrCat("tensor ", name, ": metadata segps.part.", name, " is \"",
+                                  file.Field("segps.part." + name), "\", not the part of a tensor it holds"));
+    }
+    part.values = absl::MakeConstSpan(reinterpret_cast<const float*>(tensor.bytes.data()), count);
+    file.parts[name] = part;
+  }
+  return file;
 }
 
 absl::StatusOr<std::optional<ShardState>> CheckpointStore::Latest(int segment) {
@@ -292,6 +335,184 @@ void CheckpointStore::Forget(int segment, uint64_t clock) {
 std::vector<uint64_t> CheckpointStore::Clocks(int segment) const {
   MutexLock lock(&mu_);
   return clocks_[segment];
+}
+
+namespace {
+
+// Whether `name` is an optimizer slot ("s/dense_0/kernel/adam_m"), not a tensor.
+bool IsSlot(const std::string& name) {
+  const size_t last = name.rfind('/');
+  const std::string leaf = name.substr(last + 1);
+  return leaf != "kernel" && leaf != "bias";
+}
+
+// One whole tensor being assembled from parts.
+struct Whole {
+  std::vector<uint64_t> shape;
+  std::vector<float> values;
+  uint64_t covered = 0;
+};
+
+}  // namespace
+
+absl::Status MergeCheckpoints(const std::string& dir, std::optional<uint64_t> clock, bool slots,
+                              const std::string& out) {
+  std::error_code error;
+  std::map<std::string, Whole> tensors;
+  std::map<std::string, std::string> metadata = {{"format", "segps-checkpoint-merged-1"}};
+  int segments = 0;
+  std::vector<fs::path> segment_dirs;
+  for (const fs::directory_entry& entry : fs::directory_iterator(dir, error)) {
+    if (entry.is_directory()) segment_dirs.push_back(entry.path());
+  }
+  if (error) return absl::NotFoundError(absl::StrCat("merge: ", dir, ": ", error.message()));
+  std::sort(segment_dirs.begin(), segment_dirs.end());
+  for (const fs::path& segment_dir : segment_dirs) {
+    // Clocks of this segment, newest first, with the files found for each.
+    std::map<uint64_t, std::vector<fs::path>, std::greater<>> clocks;
+    for (const fs::directory_entry& entry : fs::directory_iterator(segment_dir, error)) {
+      uint64_t c = 0;
+      const std::string name = entry.path().filename().string();
+      if (name.rfind("clock-", 0) != 0 || !absl::SimpleAtoi(name.substr(6), &c)) continue;
+      for (const fs::directory_entry& file : fs::directory_iterator(entry.path(), error)) {
+        const std::string f = file.path().filename().string();
+        if (f.rfind("server-", 0) == 0 && absl::EndsWith(f, ".safetensors")) clocks[c].push_back(file.path());
+      }
+    }
+    if (clocks.empty()) continue;
+    std::vector<std::string> skipped;
+    bool merged = false;
+    for (auto& [c, files] : clocks) {
+      if (clock.has_value() && c != *clock) continue;
+      std::vector<CheckpointFile> read;
+      for (const fs::path& f : files) {
+        absl::StatusOr<CheckpointFile> file = ReadCheckpointFile(f.string());
+        if (!file.ok()) return file.status();
+        read.push_back(*std::move(file));
+      }
+      uint32_t servers = 0;
+      absl::SimpleAtoi(read[0].Field("segps.num_servers"), &servers);
+      std::set<std::string> indices;
+      for (const CheckpointFile& f : read) {
+        if (f.Field("segps.num_servers") == read[0].Field("segps.num_servers") &&
+            f.Field("segps.model_fingerprint") == read[0].Field("segps.model_fingerprint")) {
+          indices.insert(f.Field("segps.server"));
+        }
+      }
+      if (servers == 0 || indices.size() != servers || read.size() != servers) {
+        skipped.push_back(absl::StrCat("clock ", c, " (", read.size(), " files for ", servers, " servers)"));
+        continue;
+      }
+      const std::string name = read[0].Field("segps.segment");
+      for (const char* key : {"segps.job", "segps.model_fingerprint", "segps.optimizer", "segps.model"}) {
+        if (!metadata.count(key)) metadata[key] = read[0].Field(key);
+        if (metadata[key] != read[0].Field(key)) {
+          return absl::FailedPreconditionError(absl::StrCat("merge: ", files[0].string(), " has ", key, " ",
+                                                            read[0].Field(key), ", other segments ", metadata[key]));
+        }
+      }
+      for (const char* key : {"segps.clock", "segps.steps", "segps.updates", "segps.ranks"}) {
+        metadata[absl::StrCat(key, ".", name)] = read[0].Field(key);
+      }
+      for (const CheckpointFile& f : read) {
+        for (const auto& [tensor, part] : f.parts) {
+          if (IsSlot(tensor) && !slots) continue;
+          Whole& whole = tensors[tensor];
+          if (whole.shape.empty()) {
+            whole.shape = part.shape;
+            uint64_t n = 1;
+            for (uint64_t d : part.shape) n *= d;
+            whole.values.assign(n, 0.0f);
+          }
+          if (whole.shape != part.shape) {
+            return absl::DataLossError(absl::StrCat("merge: tensor ", tensor, " has two shapes"));
+          }
+          std::copy(part.values.begin(), part.values.end(), whole.values.begin() + part.tensor_offset);
+          whole.covered += part.values.size();
+        }
+      }
+      std::cout << "segment " << name << ": clock " << c << " from " << servers << " servers"
+                << (skipped.empty() ? "" : absl::StrCat(" (incomplete: ", absl::StrJoin(skipped, ", "), ")")) << "\n";
+      merged = true;
+      ++segments;
+      break;
+    }
+    if (!merged) {
+      return absl::NotFoundError(absl::StrCat(
+          "merge: ", segment_dir.string(), ": no clock", clock.has_value() ? absl::StrCat(" ", *clock) : "",
+          " with every server's file", skipped.empty() ? "" : absl::StrCat(" (", absl::StrJoin(skipped, ", "), ")")));
+    }
+  }
+  if (segments == 0) return absl::NotFoundError(absl::StrCat("merge: no checkpoints under ", dir));
+  std::vector<TensorToWrite> out_tensors;
+  for (const auto& [name, whole] : tensors) {
+    if (whole.covered != whole.values.size()) {
+      return absl::DataLossError(absl::StrCat("merge: tensor ", name, ": the servers' parts cover ", whole.covered,
+                                              " of its ", whole.values.size(), " elements"));
+    }
+    out_tensors.push_back({name, whole.shape, whole.values});
+  }
+  return WriteSafetensors(out, out_tensors, metadata);
+}
+
+absl::Status SplitCheckpoint(const std::string& merged, const v1::JobConfig& config, const std::string& dir) {
+  absl::StatusOr<SafetensorsFile> file = SafetensorsFile::Read(merged);
+  if (!file.ok()) return file.status();
+  auto field = [&](const std::string& key) -> std::string {
+    auto it = file->metadata().find(key);
+    return it == file->metadata().end() ? "" : it->second;
+  };
+  if (field("format") != "segps-checkpoint-merged-1") {
+    return absl::InvalidArgumentError(absl::StrCat(merged, ": not a merged checkpoint (segps-checkpoint merge)"));
+  }
+  if (field("segps.model_fingerprint") != ModelFingerprint(config)) {
+    return absl::FailedPreconditionError(absl::StrCat(merged, ": model fingerprint ",
+                                                      field("segps.model_fingerprint"), ", the config's ",
+                                                      ModelFingerprint(config)));
+  }
+  absl::StatusOr<ShardMap> map = ShardMap::Create(config.model(), config.cluster().num_servers());
+  if (!map.ok()) return map.status();
+  absl::StatusOr<std::unique_ptr<Optimizer>> optimizer = CreateOptimizer(config.optimizer(), 0);
+  if (!optimizer.ok()) return optimizer.status();
+  const std::vector<std::string> slot_names = (*optimizer)->SlotNames();
+  for (uint32_t i = 0; i < map->num_servers(); ++i) {
+    absl::StatusOr<std::unique_ptr<CheckpointStore>> store = CheckpointStore::Open(config, i, dir);
+    if (!store.ok()) return store.status();
+    for (int k = 0; k < map->num_segments(); ++k) {
+      const std::string name = config.model().segments(k).name();
+      ShardState state;
+      std::vector<uint32_t> ranks;
+      if (!absl::SimpleAtoi(field("segps.clock." + name), &state.clock) ||
+          !absl::SimpleAtoi(field("segps.steps." + name), &state.steps) ||
+          !absl::SimpleAtoi(field("segps.updates." + name), &state.updates)) {
+        return absl::InvalidArgumentError(absl::StrCat(merged, ": no clock of segment ", name));
+      }
+      for (absl::string_view r : absl::StrSplit(field("segps.ranks." + name), ',', absl::SkipEmpty())) {
+        uint32_t rank = 0;
+        if (absl::SimpleAtoi(r, &rank)) state.ranks.push_back(rank);
+      }
+      const Range range = map->range(k, i);
+      state.values.resize(range.count);
+      state.slots.assign(slot_names.size(), std::vector<float>(range.count));
+      for (const TensorPart& part : TensorParts(config.model(), *map, k, range)) {
+        for (size_t s = 0; s <= slot_names.size(); ++s) {
+          const std::string tensor = s == 0 ? part.name : part.name + "/" + slot_names[s - 1];
+          absl::StatusOr<std::vector<float>> whole = file->Float32(tensor, part.shape);
+          if (!whole.ok()) {
+            return s == 0 ? whole.status()
+                          : absl::NotFoundError(absl::StrCat(merged, ": no optimizer slot ", tensor,
+                                                             "; merge with --optimizer_slots"));
+          }
+          std::vector<float>& into = s == 0 ? state.values : state.slots[s - 1];
+          std::copy(whole->begin() + part.tensor_offset, whole->begin() + part.tensor_offset + part.count,
+                    into.begin() + part.range_offset);
+        }
+      }
+      absl::Status written = (*store)->Write(k, state);
+      if (!written.ok()) return written;
+    }
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace segps

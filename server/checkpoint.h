@@ -30,6 +30,8 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "common/safetensors.h"
 #include "common/shard_map.h"
 #include "common/sync.h"
 #include "segps/v1/config.pb.h"
@@ -91,6 +93,32 @@ class CheckpointStore {
   // Per segment without checkpoints of its own: a file of this index for another server count.
   std::map<int, std::string> foreign_ ABSL_GUARDED_BY(mu_);
 };
+
+// One checkpoint file as any tool reads it: format and checksum verified,
+// each stored part located (tensors and optimizer slots alike).
+struct CheckpointFile {
+  struct Part {
+    std::vector<uint64_t> shape;  // of the whole tensor
+    uint64_t tensor_offset = 0;   // of the part within it
+    absl::Span<const float> values;
+  };
+  SafetensorsFile file;  // owns the bytes the parts view
+  std::map<std::string, std::string> metadata;
+  std::map<std::string, Part> parts;  // by tensor name, e.g. "s/dense_0/kernel/adam_m"
+  std::string Field(const std::string& key) const;
+};
+absl::StatusOr<CheckpointFile> ReadCheckpointFile(const std::string& path);
+
+// segps-checkpoint merge: joins the S servers' files of one clock of every
+// segment under `dir` (`clock`: the newest clock every server holds, per
+// segment, when unset) into one whole-model safetensors file at `out`,
+// tensors in their full shapes, optimizer slots with `slots`.
+absl::Status MergeCheckpoints(const std::string& dir, std::optional<uint64_t> clock, bool slots,
+                              const std::string& out);
+// segps-checkpoint split: re-cuts a merged file (with its optimizer slots)
+// into checkpoints of `config`'s servers in `dir`, to restore the job on
+// another number of servers.
+absl::Status SplitCheckpoint(const std::string& merged, const v1::JobConfig& config, const std::string& dir);
 
 // Tensor parts as they are stored: for each tensor that segment k's range
 // `range` overlaps, its name, the part's element offset within the tensor,

@@ -81,7 +81,7 @@ TEST(OwnData, NpyFilesTrainAndTheExportReproducesTheEvaluatorElsewhere) {
                                          "test_x: \"test_x.npy\" test_y: \"test_y.npy\" normalize: STANDARDIZE");
   Finished run = RunToEnd({BinaryPath("segps-local"), "--config", config, "--report", dir + "/report.json", "--export",
                       dir + "/model.safetensors", "--onnx", dir + "/model.onnx", "--probabilities_out",
-                      dir + "/eval_probs.npy"},
+                      dir + "/eval_probs.npy", "--checkpoint_dir", dir + "/checkpoints"},
                      absl::Minutes(5));
   ASSERT_TRUE(run.ok) << run.output;
   const std::string report = ReadFile(dir + "/report.json");
@@ -107,6 +107,18 @@ TEST(OwnData, NpyFilesTrainAndTheExportReproducesTheEvaluatorElsewhere) {
   EXPECT_NE(python.output.find("onnx: checker accepts"), std::string::npos) << python.output;
   EXPECT_NE(ReadFile(dir + "/model.safetensors").find("\"segps.normalize\":\"STANDARDIZE\""), std::string::npos);
   std::cout << python.output;
+  // The servers' final checkpoints, merged, are the same model, readable elsewhere.
+  Finished merge = RunToEnd({BinaryPath("segps-checkpoint"), "merge", "--dir", dir + "/checkpoints", "--out",
+                             dir + "/merged.safetensors"},
+                            absl::Seconds(60));
+  ASSERT_TRUE(merge.ok) << merge.output;
+  Finished merged = RunToEnd({"/usr/bin/python3", kSource + "/tests/python/check_checkpoint.py",
+                              dir + "/merged.safetensors", dir + "/model.safetensors", dir + "/test_x.npy",
+                              dir + "/test_y.npy", dir + "/eval_probs.npy", dir + "/report.json"},
+                             absl::Minutes(2));
+  EXPECT_TRUE(merged.ok) << merged.output;
+  EXPECT_NE(merged.output.find("merged torch"), std::string::npos) << merged.output;
+  std::cout << merged.output;
 }
 
 // Rows of an .npy float32 file as CSV text with a header f0..fN-1,label.

@@ -154,5 +154,57 @@ TEST(Checkpoint, AnotherJobsCheckpointIsRefusedNamingBothFingerprints) {
   }
 }
 
+// The servers' files of one clock merge into the whole tensors, and a
+// merged file splits again for another server count, with the same state.
+TEST(Checkpoint, MergeJoinsTheServersFilesAndSplitRecutsThemForThreeServers) {
+  const std::string dir = MakeTempDir();
+  const v1::JobConfig two = Job(dir + "/ckpt");
+  const ShardMap map2 = *ShardMap::Create(two.model(), 2);
+  // The whole segment's state: values v, Adam's m = 2v, v = 3v.
+  std::vector<float> whole(map2.segment_size(0));
+  for (size_t i = 0; i < whole.size(); ++i) whole[i] = 0.5f + static_cast<float>(i);
+  for (uint32_t server = 0; server < 2; ++server) {
+    const Range r = map2.range(0, server);
+    ShardState state;
+    state.clock = 30;
+    state.steps = state.updates = 60;
+    state.ranks = {0};
+    state.values.assign(whole.begin() + r.offset, whole.begin() + r.end());
+    for (float scale : {2.0f, 3.0f}) {
+      state.slots.emplace_back();
+      for (float v : state.values) state.slots.back().push_back(scale * v);
+    }
+    ASSERT_TRUE((*CheckpointStore::Open(two, server, dir + "/ckpt"))->Write(0, state).ok());
+  }
+  ASSERT_TRUE(MergeCheckpoints(dir + "/ckpt", std::nullopt, true, dir + "/merged.safetensors").ok());
+  absl::StatusOr<SafetensorsFile> merged = SafetensorsFile::Read(dir + "/merged.safetensors");
+  ASSERT_TRUE(merged.ok()) << merged.status();
+  const std::vector<float> kernel(whole.begin(), whole.begin() + 800);
+  EXPECT_EQ(*merged->Float32("a/dense_0/kernel", {50, 16}), kernel);
+  EXPECT_EQ(merged->Float32("a/dense_1/bias", {10})->back(), whole.back());
+  EXPECT_EQ(merged->Float32("a/dense_0/kernel/adam_v", {50, 16})->at(799), 3 * whole[799]);
+  EXPECT_EQ(merged->metadata().at("segps.clock.a"), "30");
+
+  // Without every server's file a clock is not merged.
+  std::filesystem::remove(dir + "/ckpt/a/clock-000000000030/server-1-of-2.safetensors");
+  absl::Status incomplete = MergeCheckpoints(dir + "/ckpt", std::nullopt, true, dir + "/other.safetensors");
+  EXPECT_EQ(incomplete.code(), absl::StatusCode::kNotFound) << incomplete;
+  EXPECT_NE(std::string(incomplete.message()).find("1 files for 2 servers"), std::string::npos) << incomplete;
+
+  v1::JobConfig three = Job(dir + "/three", 3);
+  ASSERT_TRUE(SplitCheckpoint(dir + "/merged.safetensors", three, dir + "/three").ok());
+  const ShardMap map3 = *ShardMap::Create(three.model(), 3);
+  for (uint32_t server = 0; server < 3; ++server) {
+    std::unique_ptr<CheckpointStore> store = *CheckpointStore::Open(three, server, dir + "/three");
+    absl::StatusOr<std::optional<ShardState>> restored = store->Latest(0);
+    ASSERT_TRUE(restored.ok() && restored->has_value()) << restored.status();
+    const Range r = map3.range(0, server);
+    EXPECT_EQ((*restored)->clock, 30u);
+    EXPECT_EQ((*restored)->steps, 60u);
+    EXPECT_EQ((*restored)->values, std::vector<float>(whole.begin() + r.offset, whole.begin() + r.end()));
+    EXPECT_EQ((*restored)->slots[0][0], 2 * whole[r.offset]);
+  }
+}
+
 }  // namespace
 }  // namespace segps
