@@ -153,13 +153,15 @@ absl::StatusOr<std::unique_ptr<ParameterServer>> ParameterServer::Create(const v
     server->shards_.push_back(
         std::make_unique<SegmentShard>(options, std::move(values), *std::move(optimizer)));
     if (server->store_ == nullptr) continue;
+    const absl::Time read_start = absl::Now();
     absl::StatusOr<std::optional<ShardState>> latest = server->store_->Latest(k);
     if (!latest.ok()) return latest.status();
     if (!latest->has_value()) continue;
     server->shards_.back()->Restore(**latest, std::nullopt, nullptr);
     SEGPS_LOG_INFO << "server " << index << ": restored " << config.model().segments(k).name() << " at clock "
                    << (*latest)->clock << " from " << server->store_->Path(k, (*latest)->clock) << " (ranks "
-                   << absl::StrJoin((*latest)->ranks, ",") << " resume there)";
+                   << absl::StrJoin((*latest)->ranks, ",") << " resume there), read in "
+                   << absl::ToDoubleMilliseconds(absl::Now() - read_start) << " ms";
   }
   if (server->store_ != nullptr) {
     ParameterServer* const s = server.get();

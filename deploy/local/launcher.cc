@@ -51,8 +51,8 @@ ABSL_FLAG(bool, no_restart, false,
           "Do not restart a server or worker that exits abnormally during training (by default each is restarted "
           "up to 3 times; servers restore their newest checkpoint and workers rejoin).");
 ABSL_FLAG(std::string, checkpoint_dir, "",
-          "Directory of the servers' checkpoints. Default: checkpoint.dir of the config, else a temporary directory "
-          "removed at the end (so that a restarted server restores the job).");
+          "Directory of the servers' checkpoints. Default: checkpoint.dir of the config, else (unless --no_restart) "
+          "a temporary directory removed at the end, so that a restarted server restores the job.");
 ABSL_FLAG(std::string, export, "", "After training, write the model as safetensors to this file (segps-export --out).");
 ABSL_FLAG(std::string, onnx, "", "After training, write the model as an ONNX graph to this file (segps-export --onnx).");
 ABSL_FLAG(std::string, plot, "",
@@ -333,11 +333,12 @@ int main(int argc, char** argv) {
       if (!dir.empty()) std::filesystem::remove_all(dir);
     }
   } remove_history{history_dir};
-  // Checkpoints, so that a server that dies is restarted without losing the job.
+  // Checkpoints, so that a server that dies is restarted without losing the
+  // job (none with --no_restart, unless asked for).
   std::string checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
   if (checkpoint_dir.empty()) checkpoint_dir = config->checkpoint().dir();
   RemoveWhenDone remove_checkpoints;
-  if (checkpoint_dir.empty()) {
+  if (checkpoint_dir.empty() && !absl::GetFlag(FLAGS_no_restart)) {
     char checkpoint_template[] = "/tmp/segps-checkpoints.XXXXXX";
     if (mkdtemp(checkpoint_template) == nullptr) return Fail("cannot make a directory for the checkpoints");
     checkpoint_dir = remove_checkpoints.dir = checkpoint_template;
@@ -372,7 +373,7 @@ int main(int argc, char** argv) {
                               {bin + "/segps-server", "--config", config_path, "--index", std::to_string(i),
                                "--listen", "127.0.0.1:0", "--apply_threads",
                                std::to_string(absl::GetFlag(FLAGS_apply_threads)), "--checkpoint_dir",
-                               checkpoint_dir});
+                               checkpoint_dir.empty() ? "" : checkpoint_dir});
     if (c == nullptr) return Fail("cannot start segps-server");
     c->on_line = [&addresses, i](const std::string& line) {
       static const std::string kReady = "segps-server listening on ";

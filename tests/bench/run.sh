@@ -245,6 +245,41 @@ fi
 target scale_256_vs_best_throughput "$(result scale_256_vs_best_throughput "$out/scale.txt")" 0.8
 target scale_256_p99_vs_1_worker_p50 "$(result scale_256_p99_vs_1_p50 "$out/scale.txt")" 20 le
 
+echo "== 9. durability: checkpoint overhead and recovery time (teacher config, segps-local)"
+# Overhead: training time with a checkpoint every 300 clocks (under a second
+# apart here) against none (--no_restart, no checkpoint dir), alternating runs.
+sed "s/^training {/checkpoint { every_clocks: 300 }\ntraining {/" deploy/configs/teacher.pbtxt > "$out/teacher_ckpt.pbtxt"
+train_secs() { sed -n 's/^segps-local: training finished in \([0-9.]*\) s.*/\1/p' "$1"; }
+: > "$out/ckpt_on.txt"; : > "$out/ckpt_off.txt"
+for i in 1 2 3; do
+  $bin/segps-local --config "$out/teacher_ckpt.pbtxt" --report "$out/c.json" > "$out/ckpt_run.txt" 2>&1
+  train_secs "$out/ckpt_run.txt" >> "$out/ckpt_on.txt"
+  written=$(grep -c "checkpoint of .* written" "$out/ckpt_run.txt")
+  $bin/segps-local --config "$out/teacher_ckpt.pbtxt" --report "$out/c.json" --no_restart > "$out/ckpt_run.txt" 2>&1
+  train_secs "$out/ckpt_run.txt" >> "$out/ckpt_off.txt"
+done
+median_file() { sort -g "$1" | awk '{a[NR]=$1} END{if (NR) print a[int((NR+1)/2)]}'; }
+on=$(median_file "$out/ckpt_on.txt"); off=$(median_file "$out/ckpt_off.txt")
+echo "training seconds, medians of 3 alternating runs: no checkpoints $off, checkpoints every 300 clocks $on ($written files written in the last run)"
+target checkpoint_overhead_vs_none "$(div "$on" "$off")" 1.03 le
+# Recovery: server 1 killed mid-run; segps-local restarts it at once. From
+# the kill to the last worker training again (its "rejoined" line).
+sed "s/^training {/training { log_interval_s: 0.05 /" deploy/configs/teacher.pbtxt > "$out/teacher_kill.pbtxt"
+$bin/segps-local --config "$out/teacher_kill.pbtxt" --report "$out/k.json" > "$out/kill_run.txt" 2>&1 &
+local_pid=$!
+for _ in $(seq 1 600); do grep -q "epoch 2/6 step" "$out/kill_run.txt" && break; sleep 0.05; done
+victim=$(pgrep -f -- "--config $out/teacher_kill.pbtxt --index 1" | head -1)
+killed_at=$(date -u +%H:%M:%S.%N)
+[ -n "$victim" ] && kill -9 "$victim"
+wait $local_pid
+secs_of_day() { awk -F: '{printf "%.3f\n", $1*3600 + $2*60 + $3}'; }
+kill_s=$(echo "$killed_at" | secs_of_day)
+last_rejoin=$(sed -n 's/^\[[^]]*\] \([0-9:.]*\) W .*rejoined at clock.*/\1/p' "$out/kill_run.txt" | secs_of_day | sort -g | tail -1)
+read_ms=$(sed -n 's/.*restored .* read in \([0-9.]*\) ms.*/\1/p' "$out/kill_run.txt" | awk '{t+=$1} END{print t+0}')
+recovery=$(awk -v a="$last_rejoin" -v b="$kill_s" 'BEGIN{ if (a=="") print ""; else printf "%.3f", a-b }')
+echo "recovery: server 1 killed at $killed_at; every worker training again after ${recovery:-n/a} s (checkpoints read in $read_ms ms); accuracy $(sed -n 's/.*"ensemble": {"name": "ensemble", "accuracy": \([0-9.]*\).*/\1/p' "$out/k.json")"
+target recovery_seconds_vs_2s_plus_read "$(div "$recovery" "$(awk -v r="$read_ms" 'BEGIN{print 2 + r/1000}')")" 1.0 le
+
 if $py -c "import matplotlib" 2> /dev/null; then
   echo "== figures (python/segps_plot.py)"
   $py python/segps_plot.py bench --out "$out/figures" "$out"

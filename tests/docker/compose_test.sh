@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The compose cluster for real: builds the image, trains the walk-through and
 # the teacher config in containers, checks the evaluation's accuracy against
-# the local run's bars, then kills a worker container mid-run in a second
-# teacher round and checks that training still completes. Tears everything
+# the local run's bars, then kills a worker container and a server's
+# process mid-run in a third round and checks that training completes with
+# its bar (the server restarted by Docker, restoring its checkpoint). Tears everything
 # down whatever happens. Exit 77 (skipped) when no Docker engine runs here:
 # run deploy/docker-setup.sh first.
 set -uo pipefail
@@ -89,7 +90,7 @@ echo "prometheus scraped both servers"
 "${compose[@]}" -p "$project" --profile monitoring down -v > /dev/null 2>&1
 down
 
-echo "== round 3: teacher again (30 epochs, so that the kill lands mid-run), one worker container killed"
+echo "== round 3: teacher again (30 epochs, so that the kills land mid-run), a worker container and a server killed"
 long=$(mktemp /tmp/segps-teacher-long.XXXXXX)
 sed 's/epochs: 6 /epochs: 30 /' configs/teacher.pbtxt > "$long"
 grep -q "epochs: 30 " "$long" || fail "could not lengthen the teacher config"
@@ -100,7 +101,19 @@ victim=$(cid worker-seg0 2)
 (set +o pipefail; timeout 300 docker logs -f "$victim" 2>&1 | grep -m1 -q "step") || fail "worker never made progress"
 docker kill "$victim" > /dev/null || fail "docker kill"
 echo "killed $victim"
+# Then server1 dies as a crash would (its process killed from outside, not
+# stopped through Docker): Docker restarts it, it restores its checkpoint
+# from its volume, and the workers roll back to it and go on.
+server=$(cid server1)
+pid=$(docker inspect --format '{{.State.Pid}}' "$server")
+[ -n "$pid" ] && [ "$pid" != "0" ] || fail "no pid for server1"
+kill -9 "$pid" || fail "kill server1"
+echo "killed server1's process $pid"
 acc=$(finish) || exit 1
-echo "training completed after the kill; ensemble accuracy $acc%"
+restarts=$(docker inspect --format '{{.RestartCount}}' "$server")
+[ "$restarts" -ge 1 ] || fail "server1 was not restarted (RestartCount $restarts)"
+docker logs "$server" 2>&1 | grep -q "restored relu64" || { docker logs "$server" 2>&1 | tail -20 >&2; fail "server1 did not restore its checkpoint"; }
+awk -v a="$acc" 'BEGIN { exit !(a > 90) }' || fail "ensemble accuracy $acc% not above 90 after the kills"
+echo "training completed after the kills (server1 restarted $restarts times, restored its checkpoint); ensemble accuracy $acc%"
 down
 echo "PASS"
