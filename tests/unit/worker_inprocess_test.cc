@@ -9,6 +9,7 @@
 #include "common/config.h"
 #include "server/grpc_service.h"
 #include "server/parameter_server.h"
+#include "tests/support/faulty_client.h"
 #include "tests/support/reference_training.h"
 #include "worker/backend.h"
 #include "worker/dataset.h"
@@ -95,6 +96,41 @@ TEST_P(SynchronousTraining, EqualsSingleProcessReference) {
       EXPECT_EQ(cluster.Pulls(i, k), chunks * reports[k]->steps) << "segment " << k << " server " << i;
     }
   }
+}
+
+// Lost replies, duplicated pushes, calls that never left, dropped
+// registrations and a failing re-registration, injected at chosen calls:
+// the worker recovers from each by registering again, continues where the
+// servers say, and ends with exactly the parameters of a run without faults.
+TEST(FaultInjection, RecoveredRunEqualsTheRunWithoutFaultsBitForBit) {
+  v1::JobConfig config = SeedConfig(2);
+  TrainTest data = *LoadData(config);
+  auto run = [&](std::vector<FaultRule> rules, int* injected) {
+    InProcessCluster cluster(config);
+    std::unique_ptr<Backend> backend = CreateCpuBackend(1);
+    FaultyClient client(*ConnectGrpc(config, cluster.addresses()), std::move(rules));
+    absl::StatusOr<TrainReport> report = Train(config, TrainerOptions(), data.train, backend.get(), &client);
+    EXPECT_TRUE(report.ok()) << report.status();
+    if (injected != nullptr) *injected = client.injected();
+    return std::make_pair(cluster.Parameters(0), report.ok() ? report->recoveries : 0);
+  };
+  const auto [clean, none] = run({}, nullptr);
+  EXPECT_EQ(none, 0u);
+  int injected = 0;
+  const auto [faulty, recoveries] = run(
+      {
+          {"Pull", 1, Fault::kFailBefore},          // the first step's pull never left
+          {"SendAndPull", 10, Fault::kLoseReply},   // step 10 applied, its reply lost
+          {"SendAndPull", 20, Fault::kDuplicate},   // step 20 sent twice: applied once
+          {"SendAndPull", 30, Fault::kFailBefore},  // step 30 never sent: computed again
+          {"SendAndPull", 40, Fault::kNotFound},    // the servers dropped the registration
+          {"Register", 3, Fault::kFailBefore},      // the second re-registration fails once: retried
+          {"SendAndPull", 50, Fault::kDelay, absl::Milliseconds(50)},
+      },
+      &injected);
+  EXPECT_EQ(injected, 7);
+  EXPECT_EQ(recoveries, 4u);  // the pull, the lost reply, the unsent push, the dropped registration
+  EXPECT_TRUE(faulty == clean) << "the recovered run's parameters differ from the clean run's";
 }
 
 INSTANTIATE_TEST_SUITE_P(ChunkBytes, SynchronousTraining, ::testing::Values(0, 4096),
