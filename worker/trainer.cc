@@ -12,6 +12,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "common/config.h"
+#include "common/grpc_status.h"
 #include "common/log.h"
 #include "common/status_macros.h"
 #include "common/sync.h"
@@ -374,7 +375,9 @@ absl::StatusOr<TrainReport> Train(const v1::JobConfig& config, const TrainerOpti
     absl::Duration delay = absl::Milliseconds(50);
     absl::StatusOr<Registration> again = client->Register(segment, rank);
     while (!again.ok()) {
-      if (!Recoverable(again.status()) || absl::Now() + delay - since > recovery_timeout) {
+      // Servers still unreachable or recovering are waited for; a refusal
+      // (another model, a server that restarted without checkpoints) is final.
+      if (!IsTransient(again.status()) || absl::Now() + delay - since > recovery_timeout) {
         return absl::Status(again.status().code(),
                             absl::StrCat(tag, ": could not rejoin the servers within ",
                                          absl::FormatDuration(recovery_timeout), " (cluster.recovery_timeout_ms): ",
