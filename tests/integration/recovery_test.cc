@@ -195,8 +195,15 @@ TEST(Recovery, EachServerKilledInTurnAtStaleness2TheJobCompletesAndReachesItsBar
   Cluster cluster(Job(dir, "staleness: 2 workers_per_segment: 2", 8), dir, 2);
   std::vector<std::unique_ptr<Subprocess>> workers;
   for (int r = 0; r < 2; ++r) workers.push_back(cluster.StartWorker("s", r));
-  // 8 epochs of 63 steps per worker (2000 samples each).
-  for (const auto& [server, step] : {std::pair{0, 120}, std::pair{1, 300}}) {
+  // 8 epochs of 63 steps per worker (2000 samples each). A worker that
+  // starts late joins at its peer's clock: the kills count from there.
+  std::optional<std::string> joined = workers[0]->WaitForLine("registered at clock ", absl::Seconds(60));
+  ASSERT_TRUE(joined.has_value()) << workers[0]->output();
+  uint64_t start = 0;
+  const size_t at = joined->find("at clock ") + 9;
+  ASSERT_TRUE(absl::SimpleAtoi(joined->substr(at, joined->find(' ', at) - at), &start)) << *joined;
+  ASSERT_LT(start, 300u) << *joined;
+  for (const auto& [server, step] : {std::pair{0, start + 60}, std::pair{1, start + 160}}) {
     ASSERT_TRUE(workers[0]->WaitForLine(absl::StrCat(" step ", step, "/"), absl::Seconds(120)).has_value())
         << workers[0]->output();
     cluster.KillServer(server);
