@@ -141,6 +141,7 @@ void SegmentShard::FailWaitsOf(uint64_t id, Completions* ready) {
          absl::FailedPreconditionError(absl::StrCat("Pull: worker ", id, " was replaced or left while waiting")),
          ready);
     it = pulls_waiting_.erase(it);
+    Unparked(id);
   }
   for (auto it = pushes_waiting_.begin(); it != pushes_waiting_.end();) {
     if ((*it)->id != id) {
@@ -151,6 +152,7 @@ void SegmentShard::FailWaitsOf(uint64_t id, Completions* ready) {
          absl::FailedPreconditionError(absl::StrCat("Push: worker ", id, " was replaced or left while waiting")),
          ready);
     it = pushes_waiting_.erase(it);
+    Unparked(id);
   }
 }
 
@@ -212,6 +214,7 @@ bool SegmentShard::Restore(const ShardState& state, std::optional<uint64_t> gene
     pulls_waiting_.clear();
     for (auto& waiter : pushes_waiting_) Fail(std::move(waiter), gone, &ready);
     pushes_waiting_.clear();
+    parked_.clear();
     for (auto& [id, w] : workers_) {
       SetLive(&w, false);
       if (id < kPlaceholder && dropped != nullptr) dropped->push_back(id);
@@ -271,6 +274,23 @@ void SegmentShard::Cut(absl::Time now) {
   if (options_.on_checkpoint) options_.on_checkpoint(std::move(state));
 }
 
+absl::Status SegmentShard::Park(const Waiter& waiter, const char* call) {
+  uint32_t& parked = parked_[waiter.id];
+  if (parked >= options_.max_waiting_per_worker) {
+    if (parked == 0) parked_.erase(waiter.id);
+    return absl::ResourceExhaustedError(absl::StrCat(
+        call, ": worker ", waiter.id, " already has ", options_.max_waiting_per_worker,
+        " calls waiting on segment ", options_.segment, " (a worker has at most a few); this one is refused"));
+  }
+  ++parked;
+  return absl::OkStatus();
+}
+
+void SegmentShard::Unparked(uint64_t id) {
+  auto it = parked_.find(id);
+  if (it != parked_.end() && --it->second == 0) parked_.erase(it);
+}
+
 bool SegmentShard::WaitsForCut(const Waiter& push) const {
   return options_.checkpoint_every > 0 && push.clock >= next_cut_;
 }
@@ -316,6 +336,8 @@ void SegmentShard::StartPull(std::unique_ptr<Waiter> waiter, absl::Time now, Com
   } else if (now >= waiter->deadline || !draining_.empty()) {
     absl::Status behind = draining_.empty() ? BehindBound(waiter->clock) : absl::UnavailableError(draining_);
     Fail(std::move(waiter), std::move(behind), ready);
+  } else if (absl::Status full = Park(*waiter, "Pull"); !full.ok()) {
+    Fail(std::move(waiter), std::move(full), ready);
   } else {
     const uint64_t needed = Needed(waiter->clock);
     pulls_waiting_.emplace(needed, std::move(waiter));
@@ -411,6 +433,7 @@ void SegmentShard::StartPush(std::unique_ptr<Waiter> waiter, absl::Time now, Com
     // for the cut before it).
     if (now >= waiter->deadline) return Fail(std::move(waiter), Skipped(*w, *waiter), ready);
     if (!draining_.empty()) return Fail(std::move(waiter), absl::UnavailableError(draining_), ready);
+    if (absl::Status full = Park(*waiter, "Push"); !full.ok()) return Fail(std::move(waiter), std::move(full), ready);
     pushes_waiting_.push_back(std::move(waiter));
     return;
   }
@@ -492,6 +515,14 @@ void SegmentShard::Resume(absl::Time now, Completions* ready) {
     pushes.swap(pushes_waiting_);
     for (auto& push : pushes) {
       auto it = workers_.find(push->id);
+      const bool stays = it != workers_.end() && it->second.live && !AppliedBefore(it->second, *push) &&
+                         !(it->second.next_clock == push->clock && it->second.applied == push->first &&
+                           !WaitsForCut(*push));
+      if (stays) {
+        pushes_waiting_.push_back(std::move(push));
+        continue;
+      }
+      Unparked(push->id);
       if (it == workers_.end() || !it->second.live) {
         Fail(std::move(push),
              absl::FailedPreconditionError(
@@ -502,12 +533,10 @@ void SegmentShard::Resume(absl::Time now, Completions* ready) {
       Worker* w = &it->second;
       if (AppliedBefore(*w, *push)) {
         AfterPush(std::move(push), w, Acknowledged(*w), now, ready);
-      } else if (w->next_clock == push->clock && w->applied == push->first && !WaitsForCut(*push)) {
+      } else {
         const PushResult result = Apply(w, *push);
         AfterPush(std::move(push), w, result, now, ready);
         progress = true;
-      } else {
-        pushes_waiting_.push_back(std::move(push));
       }
     }
     // Parked pulls the bound now allows: those needing at most one clock
@@ -521,6 +550,7 @@ void SegmentShard::Resume(absl::Time now, Completions* ready) {
       }
       std::unique_ptr<Waiter> waiter = std::move(it->second);
       it = pulls_waiting_.erase(it);
+      Unparked(waiter->id);
       FinishPull(std::move(waiter), now, ready);
     }
   }
@@ -538,6 +568,7 @@ void SegmentShard::Tick() {
         continue;
       }
       blocked_ += now - it->second->since;
+      Unparked(it->second->id);
       Fail(std::move(it->second), BehindBound(it->second->clock), &ready);
       it = pulls_waiting_.erase(it);
     }
@@ -552,6 +583,7 @@ void SegmentShard::Tick() {
                                     "Push: clock ", (*it)->clock, " waits for the checkpoint at clock ", next_cut_,
                                     ", which needs worker ", Laggard(), " to push clock ", SegmentClock()))
                               : Skipped(w, **it);
+      Unparked((*it)->id);
       Fail(std::move(*it), std::move(late), &ready);
       it = pushes_waiting_.erase(it);
     }
@@ -569,6 +601,7 @@ void SegmentShard::Drain(const std::string& why) {
     pulls_waiting_.clear();
     for (auto& waiter : pushes_waiting_) Fail(std::move(waiter), absl::UnavailableError(why), &ready);
     pushes_waiting_.clear();
+    parked_.clear();
   }
   for (auto& complete : ready) std::move(complete)();
 }

@@ -86,6 +86,10 @@ struct ShardOptions {
   // Must outlive the shard.
   ApplyPool* apply_pool = nullptr;
   Clock* clock = Clock::Real();  // must outlive the shard
+  // Calls one worker may have parked at once (a worker has a pull and a
+  // few pushes or chunks in flight); more are refused with
+  // RESOURCE_EXHAUSTED, so no caller can fill a server's memory with them.
+  uint32_t max_waiting_per_worker = 64;
   // Cut a checkpoint at multiples of this segment clock (0: never), unless
   // the last one is less than checkpoint_interval old.
   uint32_t checkpoint_every = 0;
@@ -250,6 +254,9 @@ class SegmentShard {
   // Cuts a checkpoint if the segment clock has reached the next one.
   void MaybeCheckpoint(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Cut(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Counts a call parked for its worker; RESOURCE_EXHAUSTED past the limit.
+  absl::Status Park(const Waiter& waiter, const char* call) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Unparked(uint64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Whether `push` must wait for the checkpoint cut before its clock.
   bool WaitsForCut(const Waiter& push) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Minimum next_clock of live workers; the highest clock reached when none is live.
@@ -291,6 +298,7 @@ class SegmentShard {
   uint64_t generation_ ABSL_GUARDED_BY(mu_) = 1;
   uint64_t restored_clock_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t next_placeholder_ ABSL_GUARDED_BY(mu_) = 0;
+  std::map<uint64_t, uint32_t> parked_ ABSL_GUARDED_BY(mu_);  // calls parked per worker
 };
 
 }  // namespace segps

@@ -46,7 +46,7 @@ class SegmentShardTest : public ::testing::Test {
   // SGD with lr 1 and gradients of ones: every applied update lowers every
   // value by exactly 1, so a pulled value tells how many updates it reflects.
   std::unique_ptr<SegmentShard> MakeShard(int32_t staleness, absl::Duration lease = absl::Seconds(60),
-                                          uint32_t checkpoint_every = 0) {
+                                          uint32_t checkpoint_every = 0, uint32_t max_waiting = 64) {
     v1::OptimizerConfig sgd;
     sgd.set_kind(v1::SGD);
     sgd.set_learning_rate(1.0f);
@@ -57,6 +57,7 @@ class SegmentShardTest : public ::testing::Test {
     options.lease = lease;
     options.clock = &clock_;
     options.checkpoint_every = checkpoint_every;
+    options.max_waiting_per_worker = max_waiting;
     options.on_checkpoint = [this](std::shared_ptr<const ShardState> cut) { cuts_.push_back(std::move(cut)); };
     return std::make_unique<SegmentShard>(options, std::vector<float>(kSize, 0.0f), *CreateOptimizer(sgd, kSize));
   }
@@ -618,6 +619,29 @@ TEST_F(SegmentShardTest, ReRegisteredRankContinuesAtItsClock) {
   ASSERT_TRUE(repeat.ok());
   EXPECT_FALSE(repeat->applied);
   EXPECT_EQ(shard->Snapshot(), std::vector<float>(kSize, -2.0f));
+}
+
+// One worker cannot park more than its share of calls: the next is
+// refused with RESOURCE_EXHAUSTED, and other workers still wait normally.
+TEST_F(SegmentShardTest, CallsParkedPerWorkerAreBounded) {
+  auto shard = MakeShard(0, absl::Seconds(60), 0, /*max_waiting=*/3);
+  shard->Register(1, 0, std::nullopt);
+  shard->Register(2, 1, std::nullopt);
+  std::vector<Call<PushResult>> early;
+  for (int i = 0; i < 3; ++i) early.push_back(Push(*shard, 1, 1, Soon()));  // each waits for clock 0
+  EXPECT_EQ(shard->Waiting(), 3u);
+  absl::StatusOr<PushResult> refused = Done(Push(*shard, 1, 1, Soon()));
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted) << refused.status();
+  EXPECT_EQ(shard->Waiting(), 3u);
+  Call<PullResult> other = Pull(*shard, 2, 1, Soon());  // worker 2's own share
+  EXPECT_FALSE(other->done);
+  EXPECT_EQ(shard->Waiting(), 4u);
+  ASSERT_TRUE(Done(Push(*shard, 1, 0, Soon())).ok());  // releases worker 1's three
+  for (const auto& call : early) EXPECT_TRUE(Done(call).ok());
+  EXPECT_EQ(shard->Waiting(), 1u);
+  for (int i = 0; i < 3; ++i) early[i] = Push(*shard, 1, 3, Soon());  // its share is free again
+  EXPECT_EQ(shard->Waiting(), 4u);
+  EXPECT_EQ(shard->Snapshot(), std::vector<float>(kSize, -2.0f));  // clocks 0 and 1, once each
 }
 
 }  // namespace
