@@ -21,8 +21,10 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <iostream>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -47,8 +49,11 @@ ABSL_FLAG(std::string, bin_dir, "", "Directory of segps-server, segps-worker and
 ABSL_FLAG(int32_t, straggler_ms, 0,
           "Slow the last worker of the first segment by this many milliseconds per step (staleness experiments).");
 ABSL_FLAG(int32_t, start_timeout_s, 60, "Seconds to wait for servers to start listening.");
+ABSL_FLAG(bool, tls, false,
+          "Run the whole job over mutual TLS with bearer tokens, with a CA, certificates and tokens made for it "
+          "(deploy/make-certs.sh, openssl) in a temporary directory. Default: plaintext on loopback.");
 ABSL_FLAG(bool, no_restart, false,
-          "Do not restart a server or worker that exits abnormally during training (by default each is restarted "
+          "Do not restart a server or worker killed by a signal during training (by default each is restarted "
           "up to 3 times; servers restore their newest checkpoint and workers rejoin).");
 ABSL_FLAG(std::string, checkpoint_dir, "",
           "Directory of the servers' checkpoints. Default: checkpoint.dir of the config, else (unless --no_restart) "
@@ -281,6 +286,11 @@ std::string SelfDir() {
   return self.substr(0, self.rfind('/'));
 }
 
+std::string ReadAll(const std::string& path) {
+  std::ifstream in(path);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
 int Fail(const std::string& message) {
   std::cerr << "segps-local: " << message << std::endl;
   return 1;
@@ -344,6 +354,33 @@ int main(int argc, char** argv) {
     checkpoint_dir = remove_checkpoints.dir = checkpoint_template;
   }
 
+  // Mutual TLS with tokens: a CA, certificates and tokens for this job alone.
+  std::vector<std::string> server_tls, worker_tls, reader_tls;
+  RemoveWhenDone remove_certs;
+  if (absl::GetFlag(FLAGS_tls)) {
+    char certs_template[] = "/tmp/segps-certs.XXXXXX";
+    if (mkdtemp(certs_template) == nullptr) return Fail("cannot make a directory for the certificates");
+    const std::string certs = remove_certs.dir = certs_template;
+    const std::string make = absl::StrCat("bash '", SEGPS_DEPLOY_DIR, "/make-certs.sh' '", certs, "' > '", certs,
+                                          "/make-certs.log' 2>&1");
+    if (std::system(make.c_str()) != 0) {
+      return Fail(absl::StrCat("--tls: ", SEGPS_DEPLOY_DIR, "/make-certs.sh failed (is openssl installed?): ",
+                               ReadAll(certs + "/make-certs.log")));
+    }
+    server_tls = {"--tls_ca", certs + "/ca.pem", "--tls_cert", certs + "/server.pem", "--tls_key",
+                  certs + "/server.key", "--token_file", certs + "/tokens", "--require_client_cert"};
+    const std::vector<std::string> client = {"--tls_ca", certs + "/ca.pem", "--tls_cert", certs + "/client.pem",
+                                             "--tls_key", certs + "/client.key", "--token_file"};
+    worker_tls = client;
+    worker_tls.push_back(certs + "/worker.token");
+    reader_tls = client;
+    reader_tls.push_back(certs + "/reader.token");
+    std::cout << "segps-local: mutual TLS with bearer tokens; certificates and tokens made in " << certs << std::endl;
+  } else {
+    std::cout << "segps-local: plaintext on loopback, no authentication (--tls runs the job over mutual TLS with tokens)"
+              << std::endl;
+  }
+
   const absl::Time t0 = absl::Now();
   Launcher launcher;
   // Workers start first: a worker needs more CPU before it can register
@@ -357,6 +394,7 @@ int main(int argc, char** argv) {
                                        "--rank", std::to_string(r), "--servers=-", "--device",
                                        absl::GetFlag(FLAGS_device), "--cpu_threads",
                                        std::to_string(absl::GetFlag(FLAGS_cpu_threads)), "--history_dir", history_dir};
+      args.insert(args.end(), worker_tls.begin(), worker_tls.end());
       if (k == 0 && r + 1 == segps::WorkersOf(*config, k) && absl::GetFlag(FLAGS_straggler_ms) > 0) {
         args.insert(args.end(), {"--slowdown_ms", std::to_string(absl::GetFlag(FLAGS_straggler_ms))});
       }
@@ -369,11 +407,12 @@ int main(int argc, char** argv) {
   std::vector<std::string> addresses(num_servers);
   std::vector<Child*> servers;
   for (uint32_t i = 0; i < num_servers; ++i) {
-    Child* c = launcher.Spawn(absl::StrCat("server", i),
-                              {bin + "/segps-server", "--config", config_path, "--index", std::to_string(i),
-                               "--listen", "127.0.0.1:0", "--apply_threads",
-                               std::to_string(absl::GetFlag(FLAGS_apply_threads)), "--checkpoint_dir",
-                               checkpoint_dir.empty() ? "" : checkpoint_dir});
+    std::vector<std::string> args = {bin + "/segps-server", "--config", config_path, "--index", std::to_string(i),
+                                     "--listen", "127.0.0.1:0", "--apply_threads",
+                                     std::to_string(absl::GetFlag(FLAGS_apply_threads)), "--checkpoint_dir",
+                                     checkpoint_dir};
+    args.insert(args.end(), server_tls.begin(), server_tls.end());
+    Child* c = launcher.Spawn(absl::StrCat("server", i), args);
     if (c == nullptr) return Fail("cannot start segps-server");
     c->on_line = [&addresses, i](const std::string& line) {
       static const std::string kReady = "segps-server listening on ";
@@ -417,12 +456,17 @@ int main(int argc, char** argv) {
     }
     return true;
   };
-  // A process that dies during training is started again with the same
-  // command (a server on its address: it restores its newest checkpoint,
-  // and the workers rejoin it), up to kMaxRestarts times each.
+  // A process killed during training (a crash, the OOM killer, kill -9) is
+  // started again with the same command (a server on its address: it
+  // restores its newest checkpoint, and the workers rejoin it), up to
+  // kMaxRestarts times each. One that exits with an error meant it: its
+  // error stands.
   auto restart = [&](std::vector<Child*>& group, bool servers) -> std::string {
     for (Child*& c : group) {
       if (c->running || (!servers && Succeeded(*c))) continue;
+      if (WIFEXITED(c->status) && WEXITSTATUS(c->status) != 0) {
+        return absl::StrCat(c->name, " failed (", Describe(c->status), ")");
+      }
       const std::string why = absl::StrCat(c->name, " stopped during training (", Describe(c->status), ")");
       if (absl::GetFlag(FLAGS_no_restart) || c->restarts >= kMaxRestarts) {
         return absl::GetFlag(FLAGS_no_restart) ? why : absl::StrCat(why, " after ", kMaxRestarts, " restarts");
@@ -457,6 +501,7 @@ int main(int argc, char** argv) {
 
   std::vector<std::string> eval_args = {bin + "/segps-eval", "--config", config_path, "--servers", server_list,
                                         "--report", absl::GetFlag(FLAGS_report), "--history_dir", history_dir};
+  eval_args.insert(eval_args.end(), reader_tls.begin(), reader_tls.end());
   if (!absl::GetFlag(FLAGS_params_dir).empty()) {
     eval_args.insert(eval_args.end(), {"--dump_params", absl::GetFlag(FLAGS_params_dir)});
   }
@@ -473,6 +518,7 @@ int main(int argc, char** argv) {
   if (std::string failed = run_tool("eval", eval_args); !failed.empty()) return Fail(failed);
   if (!absl::GetFlag(FLAGS_export).empty() || !absl::GetFlag(FLAGS_onnx).empty()) {
     std::vector<std::string> export_args = {bin + "/segps-export", "--config", config_path, "--servers", server_list};
+    export_args.insert(export_args.end(), reader_tls.begin(), reader_tls.end());
     if (!absl::GetFlag(FLAGS_export).empty()) export_args.insert(export_args.end(), {"--out", absl::GetFlag(FLAGS_export)});
     if (!absl::GetFlag(FLAGS_onnx).empty()) export_args.insert(export_args.end(), {"--onnx", absl::GetFlag(FLAGS_onnx)});
     if (std::string failed = run_tool("export", export_args); !failed.empty()) return Fail(failed);

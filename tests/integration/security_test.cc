@@ -193,5 +193,19 @@ TEST(SecurityConfig, TokenFileErrorsNameTheFileAndLine) {
   EXPECT_FALSE(ChannelCredentials(no_tls).ok());
 }
 
+// segps-local --tls makes a CA, certificates and tokens for the job and runs
+// every process over mutual TLS: no server serves plaintext.
+TEST(Security, LocalLauncherRunsTheWholeJobOverMutualTls) {
+  const std::string dir = MakeTempDir();
+  auto [status, output] =
+      RunToEnd({BinaryPath("segps-local"), "--config", std::string(SEGPS_SOURCE_DIR) + "/deploy/configs/seed.pbtxt",
+                "--tls", "--report", dir + "/report.json"},
+               absl::Minutes(3));
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << output;
+  EXPECT_NE(output.find("segps-local: mutual TLS with bearer tokens"), std::string::npos) << output;
+  EXPECT_EQ(output.find("plaintext"), std::string::npos) << output;
+  EXPECT_NE(output.find("ENSEMBLE"), std::string::npos) << output;
+}
+
 }  // namespace
 }  // namespace segps

@@ -25,7 +25,8 @@ namespace segps {
 namespace {
 
 const char kConfig[] = R"pb(
-cluster { num_servers: 2 lease_ms: 60000 max_message_bytes: 1048576 }
+# max_waiting_calls: one registration parks 300 pulls below (a worker parks a few).
+cluster { num_servers: 2 lease_ms: 60000 max_message_bytes: 1048576 max_waiting_calls: 1000 }
 model {
   input_width: 50
   num_classes: 10
