@@ -86,17 +86,22 @@ class Endpoint final : public MetricsEndpoint {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<MetricsEndpoint>> MetricsEndpoint::Start(const std::string& listen) {
+  // A port alone, or an empty host, is loopback: serving other hosts is
+  // asked for by naming an address (0.0.0.0:PORT, [::]:PORT, a host's IP).
   const size_t colon = listen.rfind(':');
-  if (colon == std::string::npos) {
-    return absl::InvalidArgumentError(absl::StrCat("metrics address '", listen, "': expected HOST:PORT"));
+  std::string host = colon == std::string::npos ? "" : listen.substr(0, colon);
+  const std::string port = colon == std::string::npos ? listen : listen.substr(colon + 1);
+  if (host.empty()) host = "127.0.0.1";
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  if (port.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("metrics address '", listen, "': expected [HOST:]PORT"));
   }
-  const std::string host = listen.substr(0, colon), port = listen.substr(colon + 1);
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
   hints.ai_flags = AI_PASSIVE;
   addrinfo* found = nullptr;
-  if (const int err = getaddrinfo(host.empty() ? nullptr : host.c_str(), port.c_str(), &hints, &found); err != 0) {
+  if (const int err = getaddrinfo(host.c_str(), port.c_str(), &hints, &found); err != 0) {
     return absl::InvalidArgumentError(absl::StrCat("metrics address '", listen, "': ", gai_strerror(err)));
   }
   int fd = socket(found->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);

@@ -19,7 +19,9 @@ namespace segps {
 
 class MetricsEndpoint {
  public:
-  // Serves the registry on `listen` ("host:port"; port 0 picks one).
+  // Serves the registry on `listen` ("host:port"; port 0 picks one). A port
+  // alone (or ":port") is loopback: other hosts reach the endpoint only when
+  // an address is named, e.g. "0.0.0.0:9100".
   static absl::StatusOr<std::unique_ptr<MetricsEndpoint>> Start(const std::string& listen);
   virtual ~MetricsEndpoint() = default;
   virtual prometheus::Registry& registry() = 0;

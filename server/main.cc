@@ -25,7 +25,8 @@
 ABSL_FLAG(std::string, config, "", "Job config file (*.pbtxt). Required.");
 ABSL_FLAG(int32_t, index, -1, "This server's index in [0, cluster.num_servers). Required.");
 ABSL_FLAG(std::string, metrics_listen, "",
-          "host:port to serve Prometheus metrics on (/metrics). Default: no metrics.");
+          "[host:]port to serve Prometheus metrics on (/metrics); a port alone is loopback, 0.0.0.0:PORT serves "
+          "other hosts. Default: no metrics.");
 ABSL_FLAG(int32_t, apply_threads, 1,
           "Threads a push's optimizer update is split over (updates of 128K elements or more). More than one "
           "shortens a synchronous worker's wait where the server has idle cores.");

@@ -30,7 +30,9 @@ ABSL_FLAG(std::string, segment, "", "Segment to train: its index or its name. Re
 ABSL_FLAG(std::string, rank, "0",
           "This worker's rank within the segment, in [0, workers), or 'auto' to take the lowest free "
           "rank (identical replicas, e.g. a scaled compose service).");
-ABSL_FLAG(std::string, metrics_listen, "", "host:port to serve Prometheus metrics on (/metrics). Default: none.");
+ABSL_FLAG(std::string, metrics_listen, "",
+          "[host:]port to serve Prometheus metrics on (/metrics); a port alone is loopback, 0.0.0.0:PORT serves "
+          "other hosts. Default: none.");
 ABSL_FLAG(std::string, servers, "",
           "Comma-separated host:port of every server, in index order. Default: "
           "cluster.server_addresses. '-' (--servers=-): read the list from the first line of stdin once the data "

@@ -350,7 +350,9 @@ absl::StatusOr<TrainReport> Train(const v1::JobConfig& config, const TrainerOpti
       if (!probs.ok()) return probs.status();
       const double accuracy = Accuracy(*probs, options.test->y);
       record->set_test_accuracy(accuracy);
-      if (options.test_probabilities != nullptr) {
+      // Indexed by epoch: an epoch computed again replaces its entry; a
+      // worker that joined after the first epochs keeps none (no gaps).
+      if (options.test_probabilities != nullptr && epoch <= options.test_probabilities->size()) {
         options.test_probabilities->resize(epoch);
         options.test_probabilities->push_back(*std::move(probs));
       }
