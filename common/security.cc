@@ -18,6 +18,7 @@ namespace segps {
 namespace {
 
 constexpr char kRoleProperty[] = "segps-role";
+constexpr char kTokenProperty[] = "segps-token";  // the matching token's line in the token file
 
 absl::StatusOr<std::string> ReadWhole(const std::string& path, const char* field) {
   std::ifstream in(path, std::ios::binary);
@@ -43,13 +44,18 @@ class TokenProcessor final : public grpc::AuthMetadataProcessor {
     const std::string value(it->second.data(), it->second.size());
     const std::string presented(absl::StripPrefix(value, "Bearer "));
     const Token* match = nullptr;
-    for (const Token& token : tokens_) {  // every token compared, whichever matches
-      if (ConstantTimeEqual(presented, token.secret) && match == nullptr) match = &token;
+    size_t line = 0;
+    for (size_t i = 0; i < tokens_.size(); ++i) {  // every token compared, whichever matches
+      if (ConstantTimeEqual(presented, tokens_[i].secret) && match == nullptr) {
+        match = &tokens_[i];
+        line = i;
+      }
     }
     if (match == nullptr || presented.size() == value.size()) {
       return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "the bearer token is not one this server accepts");
     }
     context->AddProperty(kRoleProperty, match->role == Role::kWorker ? "worker" : "reader");
+    context->AddProperty(kTokenProperty, std::to_string(line));
     consumed->insert(std::make_pair(std::string(it->first.data(), it->first.size()), value));
     return grpc::Status::OK;
   }
@@ -178,6 +184,20 @@ absl::Status AuthorizeCall(const grpc::AuthContext& context, bool worker_call, c
   if (std::string(roles[0].data(), roles[0].size()) == "worker") return absl::OkStatus();
   return absl::PermissionDeniedError(
       absl::StrCat(method, ": a reader token may only read (Stats, reader pulls, health); this call needs a worker token"));
+}
+
+std::string CallerIdentity(const grpc::AuthContext& context) {
+  // The first token property: a call's context may list the processor's
+  // properties more than once (a stream's context accumulates them).
+  std::string identity;
+  const std::vector<grpc::string_ref> tokens = context.FindPropertyValues(kTokenProperty);
+  if (!tokens.empty()) identity.append("token ").append(tokens[0].data(), tokens[0].size());
+  if (context.IsPeerAuthenticated()) {
+    for (const grpc::string_ref& name : context.GetPeerIdentity()) {
+      identity.append(" cert ").append(name.data(), name.size());
+    }
+  }
+  return identity;
 }
 
 }  // namespace segps

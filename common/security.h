@@ -68,6 +68,12 @@ bool ConstantTimeEqual(const std::string& a, const std::string& b);
 // (A call without a valid token never reaches the service: UNAUTHENTICATED.)
 absl::Status AuthorizeCall(const grpc::AuthContext& context, bool worker_call, const char* method);
 
+// Who a call comes from, as far as the server can tell: which of its tokens
+// it carried and the identity its client certificate names. Empty for calls
+// that are not authenticated. A registration is bound to the identity that
+// made it: no other caller can act on it, even with its secret.
+std::string CallerIdentity(const grpc::AuthContext& context);
+
 }  // namespace segps
 
 #endif  // SEGPS_COMMON_SECURITY_H_

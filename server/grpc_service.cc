@@ -89,8 +89,9 @@ struct InFlight {
   OutgoingValues values;
 };
 
-// Serves a parsed pull.
-void Pull(ParameterServer* server, absl::Time deadline, const v1::PullRequest& request, Reply finish);
+// Serves a parsed pull from `caller`.
+void Pull(ParameterServer* server, absl::Time deadline, const v1::PullRequest& request, std::string caller,
+          Reply finish);
 
 // Tensor bytes from which a request is served on the handler pool.
 constexpr size_t kHeavyBytes = 256 << 10;
@@ -110,15 +111,16 @@ void ServePull(ParameterServer* server, HandlerPool* pool, const grpc::AuthConte
   if (pool != nullptr && request.segment() < static_cast<uint32_t>(map.num_segments())) {
     const uint64_t count = request.count() != 0 ? request.count() : map.range(request.segment(), server->index()).count;
     if (count * sizeof(float) >= kHeavyBytes) {
-      return pool->Post([server, deadline, request, finish = std::move(finish)]() mutable {
-        Pull(server, deadline, request, std::move(finish));
+      return pool->Post([server, deadline, request, caller = CallerIdentity(auth), finish = std::move(finish)]() mutable {
+        Pull(server, deadline, request, std::move(caller), std::move(finish));
       });
     }
   }
-  Pull(server, deadline, request, std::move(finish));
+  Pull(server, deadline, request, CallerIdentity(auth), std::move(finish));
 }
 
-void Pull(ParameterServer* server, absl::Time deadline, const v1::PullRequest& request, Reply finish) {
+void Pull(ParameterServer* server, absl::Time deadline, const v1::PullRequest& request, std::string caller,
+          Reply finish) {
   auto call = std::make_unique<InFlight<v1::PullResponse>>();
   InFlight<v1::PullResponse>* const c = call.get();
   server->Pull(request, deadline, c->values.reader(), &c->response,
@@ -126,7 +128,8 @@ void Pull(ParameterServer* server, absl::Time deadline, const v1::PullRequest& r
                  if (!status.ok()) return std::move(finish)(ToGrpcStatus(status), grpc::ByteBuffer());
                  std::move(finish)(grpc::Status::OK,
                                    call->values.Encode(&call->response, v1::PullResponse::kValuesFieldNumber));
-               });
+               },
+               caller);
 }
 
 void ServePush(ParameterServer* server, HandlerPool* pool, const grpc::AuthContext& auth, absl::Time deadline,
@@ -156,7 +159,8 @@ void ServePush(ParameterServer* server, HandlerPool* pool, const grpc::AuthConte
                  if (!status.ok()) return std::move(finish)(ToGrpcStatus(status), grpc::ByteBuffer());
                  std::move(finish)(grpc::Status::OK,
                                    call->values.Encode(&call->response, v1::PushResponse::kValuesFieldNumber));
-               });
+               },
+               CallerIdentity(auth));
 }
 
 // A PushStream or PullStream: reads a request, serves it (which may wait,
@@ -216,36 +220,39 @@ class Service final : public RawService {
                                      grpc::ByteBuffer* reply) override {
     return Control<v1::RegisterRequest, v1::RegisterResponse>(
         context, "Register", true, bytes, reply,
-        [this](const v1::RegisterRequest& request, v1::RegisterResponse* response) {
-          return server_->Register(request, response);
+        [this](const v1::RegisterRequest& request, v1::RegisterResponse* response, const std::string& caller) {
+          return server_->Register(request, response, caller);
         });
   }
   grpc::ServerUnaryReactor* Heartbeat(grpc::CallbackServerContext* context, const grpc::ByteBuffer* bytes,
                                       grpc::ByteBuffer* reply) override {
     return Control<v1::HeartbeatRequest, v1::HeartbeatResponse>(
         context, "Heartbeat", true, bytes, reply,
-        [this](const v1::HeartbeatRequest& request, v1::HeartbeatResponse* response) {
-          return server_->Heartbeat(request, response);
+        [this](const v1::HeartbeatRequest& request, v1::HeartbeatResponse* response, const std::string& caller) {
+          return server_->Heartbeat(request, response, caller);
         });
   }
   grpc::ServerUnaryReactor* Leave(grpc::CallbackServerContext* context, const grpc::ByteBuffer* bytes,
                                   grpc::ByteBuffer* reply) override {
     return Control<v1::LeaveRequest, v1::LeaveResponse>(
         context, "Leave", true, bytes, reply,
-        [this](const v1::LeaveRequest& request, v1::LeaveResponse*) { return server_->Leave(request); });
+        [this](const v1::LeaveRequest& request, v1::LeaveResponse*, const std::string& caller) {
+          return server_->Leave(request, caller);
+        });
   }
   grpc::ServerUnaryReactor* Rollback(grpc::CallbackServerContext* context, const grpc::ByteBuffer* bytes,
                                      grpc::ByteBuffer* reply) override {
     return Control<v1::RollbackRequest, v1::RollbackResponse>(
         context, "Rollback", true, bytes, reply,
-        [this](const v1::RollbackRequest& request, v1::RollbackResponse* response) {
-          return server_->Rollback(request, response);
+        [this](const v1::RollbackRequest& request, v1::RollbackResponse* response, const std::string& caller) {
+          return server_->Rollback(request, response, caller);
         });
   }
   grpc::ServerUnaryReactor* Stats(grpc::CallbackServerContext* context, const grpc::ByteBuffer* bytes,
                                   grpc::ByteBuffer* reply) override {
     return Control<v1::StatsRequest, v1::StatsResponse>(
-        context, "Stats", false, bytes, reply, [this](const v1::StatsRequest&, v1::StatsResponse* response) {
+        context, "Stats", false, bytes, reply,
+        [this](const v1::StatsRequest&, v1::StatsResponse* response, const std::string&) {
           server_->Stats(response);
           response->set_open_streams(open_streams_.load());
           return absl::OkStatus();
@@ -299,7 +306,7 @@ class Service final : public RawService {
     Response response;
     grpc::Status status = ToGrpcStatus(AuthorizeCall(*context->auth_context(), worker_call, name));
     if (status.ok()) status = Parse(name, *bytes, &request);
-    if (status.ok()) status = ToGrpcStatus(run(request, &response));
+    if (status.ok()) status = ToGrpcStatus(run(request, &response, CallerIdentity(*context->auth_context())));
     if (status.ok()) *reply = Serialize(response);
     reactor->Finish(status);
     return reactor;

@@ -195,8 +195,8 @@ absl::Status ParameterServer::Reject(uint32_t segment, absl::Status status) {
   return status;
 }
 
-absl::Status ParameterServer::Register(const v1::RegisterRequest& request,
-                                       v1::RegisterResponse* response) {
+absl::Status ParameterServer::Register(const v1::RegisterRequest& request, v1::RegisterResponse* response,
+                                       const std::string& caller) {
   absl::StatusOr<SegmentShard*> shard = ShardFor(request.segment(), "Register");
   if (!shard.ok()) return Reject(request.segment(), shard.status());
   if (request.model_fingerprint() != model_fingerprint_) {
@@ -257,7 +257,7 @@ absl::Status ParameterServer::Register(const v1::RegisterRequest& request,
   response->set_rank(rank);
   response->set_registration_secret(secret);
   MutexLock lock(&secrets_mu_);
-  secrets_[id] = {std::move(secret), request.segment()};
+  secrets_[id] = {std::move(secret), request.segment(), caller};
   return absl::OkStatus();
 }
 
@@ -266,8 +266,8 @@ void ParameterServer::ForgetRegistrations(const std::vector<uint64_t>& ids) {
   for (uint64_t id : ids) secrets_.erase(id);
 }
 
-absl::Status ParameterServer::CheckRegistration(uint64_t id, const std::string& secret, const char* call,
-                                                std::optional<uint32_t> segment) {
+absl::Status ParameterServer::CheckRegistration(uint64_t id, const std::string& secret, const std::string& caller,
+                                                const char* call, std::optional<uint32_t> segment) {
   Secret expected;
   {
     MutexLock lock(&secrets_mu_);
@@ -275,7 +275,7 @@ absl::Status ParameterServer::CheckRegistration(uint64_t id, const std::string& 
     if (it != secrets_.end()) expected = it->second;
   }
   // Compared in constant time: the secret is what names the registration.
-  if (!expected.bytes.empty() && ConstantTimeEqual(expected.bytes, secret) &&
+  if (!expected.bytes.empty() && ConstantTimeEqual(expected.bytes, secret) && caller == expected.caller &&
       (!segment.has_value() || *segment == expected.segment)) {
     return absl::OkStatus();
   }
@@ -284,7 +284,7 @@ absl::Status ParameterServer::CheckRegistration(uint64_t id, const std::string& 
 }
 
 void ParameterServer::Pull(const v1::PullRequest& request, absl::Time deadline, ReadValues read,
-                           v1::PullResponse* response, Done done) {
+                           v1::PullResponse* response, Done done, const std::string& caller) {
   absl::StatusOr<SegmentShard*> shard = ShardFor(request.segment(), "Pull");
   if (!shard.ok()) return std::move(done)(Reject(request.segment(), shard.status()));
   if (request.reader() != (request.worker_id() == 0)) {
@@ -292,7 +292,7 @@ void ParameterServer::Pull(const v1::PullRequest& request, absl::Time deadline, 
         "Pull: a reader pull has worker_id 0 and a worker pull has its registered worker_id")));
   }
   if (!request.reader()) {
-    absl::Status known = CheckRegistration(request.worker_id(), request.registration_secret(), "Pull");
+    absl::Status known = CheckRegistration(request.worker_id(), request.registration_secret(), caller, "Pull");
     if (!known.ok()) return std::move(done)(Reject(request.segment(), std::move(known)));
   }
   const Range range = map_.range(request.segment(), index_);
@@ -350,22 +350,23 @@ void ParameterServer::ObservePull(uint32_t segment, absl::Time start, size_t byt
                         absl::ToDoubleSeconds(blocked));
 }
 
-absl::Status ParameterServer::Pull(const v1::PullRequest& request, absl::Time deadline, v1::PullResponse* response) {
+absl::Status ParameterServer::Pull(const v1::PullRequest& request, absl::Time deadline, v1::PullResponse* response,
+                                   const std::string& caller) {
   std::string data;
   absl::Status status = Wait([&](Done done) {
     Pull(
         request, deadline, [&](absl::Span<const float> values, v1::DType dtype) { ReadInto(&data, values, dtype); },
-        response, std::move(done));
+        response, std::move(done), caller);
   });
   if (status.ok()) *response->mutable_values()->mutable_data() = std::move(data);
   return status;
 }
 
 void ParameterServer::Push(const v1::PushRequest& request, Payload data, absl::Time deadline, ReadValues read,
-                           v1::PushResponse* response, Done done) {
+                           v1::PushResponse* response, Done done, const std::string& caller) {
   absl::StatusOr<SegmentShard*> shard = ShardFor(request.segment(), "Push");
   if (!shard.ok()) return std::move(done)(Reject(request.segment(), shard.status()));
-  absl::Status known = CheckRegistration(request.worker_id(), request.registration_secret(), "Push");
+  absl::Status known = CheckRegistration(request.worker_id(), request.registration_secret(), caller, "Push");
   if (!known.ok()) return std::move(done)(Reject(request.segment(), std::move(known)));
   const Range range = map_.range(request.segment(), index_);
   const v1::TensorSlice& gradient = request.gradient();
@@ -434,13 +435,14 @@ void ParameterServer::Push(const v1::PushRequest& request, Payload data, absl::T
       });
 }
 
-absl::Status ParameterServer::Push(const v1::PushRequest& request, absl::Time deadline, v1::PushResponse* response) {
+absl::Status ParameterServer::Push(const v1::PushRequest& request, absl::Time deadline, v1::PushResponse* response,
+                                   const std::string& caller) {
   std::string data;
   absl::Status status = Wait([&](Done done) {
     Push(
         request, Payload::Borrow(request.gradient().data()), deadline,
         [&](absl::Span<const float> values, v1::DType dtype) { ReadInto(&data, values, dtype); }, response,
-        std::move(done));
+        std::move(done), caller);
   });
   if (status.ok() && request.pull()) *response->mutable_values()->mutable_data() = std::move(data);
   return status;
@@ -462,9 +464,9 @@ size_t ParameterServer::Waiting() {
   return waiting;
 }
 
-absl::Status ParameterServer::Heartbeat(const v1::HeartbeatRequest& request,
-                                        v1::HeartbeatResponse* response) {
-  SEGPS_RETURN_IF_ERROR(CheckRegistration(request.worker_id(), request.registration_secret(), "Heartbeat"));
+absl::Status ParameterServer::Heartbeat(const v1::HeartbeatRequest& request, v1::HeartbeatResponse* response,
+                                        const std::string& caller) {
+  SEGPS_RETURN_IF_ERROR(CheckRegistration(request.worker_id(), request.registration_secret(), caller, "Heartbeat"));
   response->set_incarnation(incarnation_);
   for (auto& shard : shards_) {
     if (shard->Renew(request.worker_id())) {
@@ -476,8 +478,8 @@ absl::Status ParameterServer::Heartbeat(const v1::HeartbeatRequest& request,
   return absl::OkStatus();
 }
 
-absl::Status ParameterServer::Leave(const v1::LeaveRequest& request) {
-  SEGPS_RETURN_IF_ERROR(CheckRegistration(request.worker_id(), request.registration_secret(), "Leave"));
+absl::Status ParameterServer::Leave(const v1::LeaveRequest& request, const std::string& caller) {
+  SEGPS_RETURN_IF_ERROR(CheckRegistration(request.worker_id(), request.registration_secret(), caller, "Leave"));
   {
     MutexLock lock(&secrets_mu_);
     secrets_.erase(request.worker_id());
@@ -507,11 +509,12 @@ void ParameterServer::Stats(v1::StatsResponse* response) {
   }
 }
 
-absl::Status ParameterServer::Rollback(const v1::RollbackRequest& request, v1::RollbackResponse* response) {
+absl::Status ParameterServer::Rollback(const v1::RollbackRequest& request, v1::RollbackResponse* response,
+                                       const std::string& caller) {
   absl::StatusOr<SegmentShard*> shard = ShardFor(request.segment(), "Rollback");
   if (!shard.ok()) return Reject(request.segment(), shard.status());
   SEGPS_RETURN_IF_ERROR(
-      CheckRegistration(request.worker_id(), request.registration_secret(), "Rollback", request.segment()));
+      CheckRegistration(request.worker_id(), request.registration_secret(), caller, "Rollback", request.segment()));
   response->set_incarnation(incarnation_);
   const int segment = static_cast<int>(request.segment());
   const std::vector<uint64_t> clocks = store_ == nullptr ? std::vector<uint64_t>() : store_->Clocks(segment);

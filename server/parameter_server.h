@@ -56,7 +56,11 @@ class ParameterServer {
   ~ParameterServer();
 
   // Each call validates its request; a rejected call changes nothing.
-  absl::Status Register(const v1::RegisterRequest& request, v1::RegisterResponse* response);
+  // `caller` is who the transport says the call came from (CallerIdentity:
+  // empty when calls are not authenticated): a registration is bound to the
+  // caller that made it, and calls on it from another get NOT_FOUND.
+  absl::Status Register(const v1::RegisterRequest& request, v1::RegisterResponse* response,
+                        const std::string& caller = "");
 
   // Pull and Push complete through `done`, exactly once: at once, or when
   // the staleness bound (or a push's predecessor) allows, or with
@@ -68,21 +72,25 @@ class ParameterServer {
   using ReadValues = absl::AnyInvocable<void(absl::Span<const float> values, v1::DType dtype)>;
   using Done = absl::AnyInvocable<void(absl::Status) &&>;
   void Pull(const v1::PullRequest& request, absl::Time deadline, ReadValues read, v1::PullResponse* response,
-            Done done);
+            Done done, const std::string& caller = "");
   // Push reads the gradient's data from `data` (kept until `done`), not
   // from the request. With request.pull, the push and the pull of the same
   // elements for clock + 1 are one operation on the shard; the values go to
   // `read` as Pull's.
   void Push(const v1::PushRequest& request, Payload data, absl::Time deadline, ReadValues read,
-            v1::PushResponse* response, Done done);
+            v1::PushResponse* response, Done done, const std::string& caller = "");
   // Blocking forms for whole messages (values' data in the responses,
   // gradient's in the request), for tools and tests on the real clock.
-  absl::Status Pull(const v1::PullRequest& request, absl::Time deadline, v1::PullResponse* response);
-  absl::Status Push(const v1::PushRequest& request, absl::Time deadline, v1::PushResponse* response);
-  absl::Status Heartbeat(const v1::HeartbeatRequest& request, v1::HeartbeatResponse* response);
-  absl::Status Leave(const v1::LeaveRequest& request);
+  absl::Status Pull(const v1::PullRequest& request, absl::Time deadline, v1::PullResponse* response,
+                    const std::string& caller = "");
+  absl::Status Push(const v1::PushRequest& request, absl::Time deadline, v1::PushResponse* response,
+                    const std::string& caller = "");
+  absl::Status Heartbeat(const v1::HeartbeatRequest& request, v1::HeartbeatResponse* response,
+                         const std::string& caller = "");
+  absl::Status Leave(const v1::LeaveRequest& request, const std::string& caller = "");
   void Stats(v1::StatsResponse* response);
-  absl::Status Rollback(const v1::RollbackRequest& request, v1::RollbackResponse* response);
+  absl::Status Rollback(const v1::RollbackRequest& request, v1::RollbackResponse* response,
+                        const std::string& caller = "");
 
   // Writes the checkpoints cut so far (tests; shutdown).
   void FlushCheckpoints();
@@ -126,13 +134,15 @@ class ParameterServer {
   std::atomic<uint64_t> next_worker_id_{1};
   // OK when `secret` is the one worker `id` was registered with; else
   // NOT_FOUND naming `call`, whether the id is unknown or the secret wrong.
-  // `segment`, when given, must be the registration's.
-  absl::Status CheckRegistration(uint64_t id, const std::string& secret, const char* call,
+  // `segment`, when given, must be the registration's, and `caller` the
+  // one that made it.
+  absl::Status CheckRegistration(uint64_t id, const std::string& secret, const std::string& caller, const char* call,
                                  std::optional<uint32_t> segment = std::nullopt);
   void ForgetRegistrations(const std::vector<uint64_t>& ids);
   struct Secret {
     std::string bytes;
     uint32_t segment = 0;
+    std::string caller;  // who registered it
   };
   Mutex secrets_mu_;
   std::unordered_map<uint64_t, Secret> secrets_ ABSL_GUARDED_BY(secrets_mu_);

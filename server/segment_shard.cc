@@ -181,7 +181,10 @@ Registered SegmentShard::Register(uint64_t id, uint32_t rank, std::optional<uint
     if (previous.has_value()) {
       out.rank_clock = previous->next_clock;
       out.partial = previous->applied != 0;
-      out.start_clock = join_clock.value_or(std::max(previous->next_clock, segment_clock));
+      // Peers that moved on without it set the pace; with none left (they
+      // finished) the rank still owes its own steps.
+      out.start_clock = join_clock.value_or(live_ == 0 ? previous->next_clock
+                                                       : std::max(previous->next_clock, segment_clock));
       w.next_clock = std::max(previous->next_clock, out.start_clock);
       w.applied = w.next_clock == previous->next_clock ? previous->applied : 0;
       w.step = previous->step;

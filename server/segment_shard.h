@@ -135,7 +135,8 @@ class SegmentShard {
   // Registers worker `id` as `rank`, replacing any earlier registration of
   // that rank (their ids go to `replaced`). Returns the clock the worker
   // starts at: `join_clock` if given, else the segment clock, or the rank's
-  // own next clock if the shard knew the rank and it is further. A
+  // own next clock if the shard knew the rank and it is further (or no
+  // other worker is live: peers that finished do not skip its steps). A
   // join_clock below the rank's clock only lets the worker pull from there:
   // its pushes below the rank's clock are acknowledged, not applied again.
   Registered Register(uint64_t id, uint32_t rank, std::optional<uint64_t> join_clock,

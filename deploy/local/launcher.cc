@@ -376,9 +376,11 @@ int main(int argc, char** argv) {
     reader_tls = client;
     reader_tls.push_back(certs + "/reader.token");
     std::cout << "segps-local: mutual TLS with bearer tokens; certificates and tokens made in " << certs << std::endl;
-  } else {
+  } else if (config->security().cert().empty()) {
     std::cout << "segps-local: plaintext on loopback, no authentication (--tls runs the job over mutual TLS with tokens)"
               << std::endl;
+  } else {
+    std::cout << "segps-local: TLS with the config's certificates" << std::endl;
   }
 
   const absl::Time t0 = absl::Now();

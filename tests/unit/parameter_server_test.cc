@@ -251,6 +251,34 @@ TEST_F(ParameterServerTest, ForgedCallsOnALiveRegistrationChangeNothing) {
   EXPECT_TRUE(response.applied());
 }
 
+// A registration is bound to the caller that made it: another caller (a
+// different token or client certificate), even with the id and the secret,
+// gets NOT_FOUND and changes nothing.
+TEST_F(ParameterServerTest, ARegistrationAnswersOnlyTheCallerThatMadeIt) {
+  v1::RegisterResponse registered;
+  ASSERT_TRUE(server_->Register(Registration(0, 1), &registered, "token 0 cert worker-a").ok());
+  const std::string before = State();
+  v1::PushRequest push = GoodPush();
+  push.set_worker_id(registered.worker_id());
+  push.set_registration_secret(registered.registration_secret());
+  v1::PushResponse pushed;
+  for (const std::string& other : {std::string(), std::string("token 1"), std::string("token 0 cert worker-b")}) {
+    EXPECT_EQ(server_->Push(push, absl::Now() + absl::Seconds(5), &pushed, other).code(), absl::StatusCode::kNotFound);
+    v1::HeartbeatRequest beat;
+    beat.set_worker_id(registered.worker_id());
+    beat.set_registration_secret(registered.registration_secret());
+    v1::HeartbeatResponse beaten;
+    EXPECT_EQ(server_->Heartbeat(beat, &beaten, other).code(), absl::StatusCode::kNotFound);
+    v1::LeaveRequest leave;
+    leave.set_worker_id(registered.worker_id());
+    leave.set_registration_secret(registered.registration_secret());
+    EXPECT_EQ(server_->Leave(leave, other).code(), absl::StatusCode::kNotFound);
+  }
+  EXPECT_EQ(before, State());
+  ASSERT_TRUE(server_->Push(push, absl::Now() + absl::Seconds(5), &pushed, "token 0 cert worker-a").ok());
+  EXPECT_TRUE(pushed.applied());
+}
+
 TEST_F(ParameterServerTest, RejectsMismatchedFingerprints) {
   const std::string before = State();
   v1::RegisterRequest r = Registration(0, 1);

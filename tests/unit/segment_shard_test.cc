@@ -348,7 +348,7 @@ TEST_F(SegmentShardTest, ExpiredLeaseStopsHoldingOthersBackAndRejoinCatchesUp) {
   EXPECT_EQ(late.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_NE(std::string(late.status().message()).find("register again"), std::string::npos);
   EXPECT_EQ(shard->Snapshot()[0], -1.0f);
-  EXPECT_EQ(shard->Register(3, 1, std::nullopt).start_clock, 1u);  // rejoins at the segment's clock
+  EXPECT_EQ(shard->Register(3, 1, std::nullopt).start_clock, 1u);  // rejoins at its live peer's clock
   ASSERT_TRUE(Done(Push(*shard, 3, 1, Soon())).ok());
 }
 
@@ -642,6 +642,24 @@ TEST_F(SegmentShardTest, CallsParkedPerWorkerAreBounded) {
   for (int i = 0; i < 3; ++i) early[i] = Push(*shard, 1, 3, Soon());  // its share is free again
   EXPECT_EQ(shard->Waiting(), 4u);
   EXPECT_EQ(shard->Snapshot(), std::vector<float>(kSize, -2.0f));  // clocks 0 and 1, once each
+}
+
+// A rank whose peers all finished while it was away still owes its steps:
+// it continues at its own clock, not at the end.
+TEST_F(SegmentShardTest, RankRejoiningAfterItsPeersFinishedContinuesAtItsOwnClock) {
+  auto shard = MakeShard(2, absl::Milliseconds(200));
+  shard->Register(1, 0, std::nullopt);
+  shard->Register(2, 1, std::nullopt);
+  ASSERT_TRUE(Done(Push(*shard, 2, 0, Soon())).ok());
+  clock_.Advance(absl::Milliseconds(150));
+  ASSERT_TRUE(shard->Renew(1));
+  clock_.Advance(absl::Milliseconds(100));
+  shard->Tick();  // worker 2's lease ran out at clock 1
+  for (uint64_t c = 0; c < 5; ++c) ASSERT_TRUE(Done(Push(*shard, 1, c, Soon())).ok());
+  ASSERT_TRUE(shard->Leave(1));  // its peer finished at clock 5
+  const Registered back = shard->Register(3, 1, std::nullopt);
+  EXPECT_EQ(back.start_clock, 1u);
+  EXPECT_EQ(back.rank_clock, std::optional<uint64_t>(1));
 }
 
 }  // namespace
