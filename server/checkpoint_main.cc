@@ -61,7 +61,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (!status.ok()) {
-    std::cerr << "segps-checkpoint " << command << ": " << status.message() << "\n";
+    std::cerr << "segps-checkpoint: " << status.message() << "\n";
     return 1;
   }
   return 0;
