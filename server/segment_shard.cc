@@ -518,28 +518,25 @@ void SegmentShard::Resume(absl::Time now, Completions* ready) {
     pushes.swap(pushes_waiting_);
     for (auto& push : pushes) {
       auto it = workers_.find(push->id);
-      const bool stays = it != workers_.end() && it->second.live && !AppliedBefore(it->second, *push) &&
-                         !(it->second.next_clock == push->clock && it->second.applied == push->first &&
-                           !WaitsForCut(*push));
-      if (stays) {
-        pushes_waiting_.push_back(std::move(push));
+      Worker* w = it == workers_.end() || !it->second.live ? nullptr : &it->second;
+      const bool turn = w != nullptr && w->next_clock == push->clock && w->applied == push->first &&
+                        !WaitsForCut(*push);
+      if (w != nullptr && !turn && !AppliedBefore(*w, *push)) {
+        pushes_waiting_.push_back(std::move(push));  // still waiting
         continue;
       }
       Unparked(push->id);
-      if (it == workers_.end() || !it->second.live) {
+      if (w == nullptr) {
         Fail(std::move(push),
              absl::FailedPreconditionError(
                  absl::StrCat("Push: worker ", push->id, " was replaced or left while waiting")),
              ready);
-        continue;
-      }
-      Worker* w = &it->second;
-      if (AppliedBefore(*w, *push)) {
-        AfterPush(std::move(push), w, Acknowledged(*w), now, ready);
-      } else {
+      } else if (turn) {
         const PushResult result = Apply(w, *push);
         AfterPush(std::move(push), w, result, now, ready);
         progress = true;
+      } else {
+        AfterPush(std::move(push), w, Acknowledged(*w), now, ready);
       }
     }
     // Parked pulls the bound now allows: those needing at most one clock
