@@ -351,10 +351,11 @@ absl::StatusOr<TrainReport> Train(const v1::JobConfig& config, const TrainerOpti
       const double accuracy = Accuracy(*probs, options.test->y);
       record->set_test_accuracy(accuracy);
       // Indexed by epoch: an epoch computed again replaces its entry; a
-      // worker that joined after the first epochs keeps none (no gaps).
-      if (options.test_probabilities != nullptr && epoch <= options.test_probabilities->size()) {
-        options.test_probabilities->resize(epoch);
-        options.test_probabilities->push_back(*std::move(probs));
+      // worker that joined after the first epochs (its peers trained them)
+      // gives those its first scores, so the history has no gaps.
+      if (options.test_probabilities != nullptr) {
+        options.test_probabilities->resize(std::min<size_t>(options.test_probabilities->size(), epoch));
+        while (options.test_probabilities->size() <= epoch) options.test_probabilities->push_back(*probs);
       }
       SEGPS_LOG_INFO << absl::StrFormat("%s: epoch %u test accuracy %.4f after %.2f s of training", tag, epoch + 1,
                                         accuracy, record->train_seconds());
