@@ -130,6 +130,7 @@ absl::StatusOr<std::unique_ptr<ParameterServer>> ParameterServer::Create(const v
     options.apply_pool = server->apply_pool_.get();
     options.clock = server_options.clock;
     options.max_waiting_per_worker = config.cluster().max_waiting_calls();
+    options.ranks = WorkersOf(config, k);
     if (server->store_ != nullptr) {
       ParameterServer* const s = server.get();
       options.checkpoint_every = config.checkpoint().every_clocks();

@@ -87,21 +87,24 @@ bool SegmentShard::BoundAllows(uint64_t clock, uint64_t end) const {
   return SegmentClock() >= needed || ClockOf(end) >= needed;
 }
 
-uint64_t SegmentShard::Laggard() const {
-  uint64_t laggard = 0, clock = std::numeric_limits<uint64_t>::max();
-  for (const auto& [id, w] : workers_) {
-    if (w.live && w.next_clock < clock) {
-      clock = w.next_clock;
-      laggard = id;
+std::string SegmentShard::Laggard() const {
+  const std::pair<const uint64_t, Worker>* laggard = nullptr;
+  for (const auto& entry : workers_) {
+    if (entry.second.live && (laggard == nullptr || entry.second.next_clock < laggard->second.next_clock)) {
+      laggard = &entry;
     }
   }
-  return laggard;
+  if (laggard == nullptr) return "no worker";
+  if (laggard->first >= kPlaceholder) {
+    return absl::StrCat("rank ", laggard->second.rank, ", expected back or to start");
+  }
+  return absl::StrCat("worker ", laggard->first, " (rank ", laggard->second.rank, ")");
 }
 
 absl::Status SegmentShard::BehindBound(uint64_t clock) const {
   return absl::UnavailableError(absl::StrCat(
       "Pull: segment ", options_.segment, " clock ", SegmentClock(), " is below ", Needed(clock),
-      " needed for clock ", clock, " with staleness ", options_.staleness, "; waiting for worker ", Laggard()));
+      " needed for clock ", clock, " with staleness ", options_.staleness, "; waiting for ", Laggard()));
 }
 
 absl::StatusOr<SegmentShard::Worker*> SegmentShard::FindLive(uint64_t id, absl::Time now,
@@ -164,6 +167,12 @@ Registered SegmentShard::Register(uint64_t id, uint32_t rank, std::optional<uint
     MutexLock lock(&mu_);
     const absl::Time now = options_.clock->Now();
     ExpireLeases(now);
+    if (!started_) {
+      started_ = true;
+      for (uint32_t r = 0; r < options_.ranks; ++r) {
+        if (r != rank) AddPlaceholder(r, 0, now);
+      }
+    }
     // Taken before the rank's registrations go: a live one holds it back.
     const uint64_t segment_clock = SegmentClock();
     std::optional<Worker> previous;  // the rank's furthest registration, if any
@@ -232,16 +241,20 @@ bool SegmentShard::Restore(const ShardState& state, std::optional<uint64_t> gene
     const absl::Time now = options_.clock->Now();
     last_cut_ = now;
     next_cut_ = options_.checkpoint_every == 0 ? 0 : (state.clock / options_.checkpoint_every + 1) * options_.checkpoint_every;
-    for (uint32_t rank : state.ranks) {
-      Worker& w = workers_[kPlaceholder + next_placeholder_++];
-      w.rank = rank;
-      w.next_clock = w.last_pull_clock = state.clock;
-      w.last_seen = now;
-      SetLive(&w, true);
-    }
+    started_ = true;
+    for (uint32_t rank : state.ranks) AddPlaceholder(rank, state.clock, now);
   }
   for (auto& complete : ready) std::move(complete)();
   return true;
+}
+
+void SegmentShard::AddPlaceholder(uint32_t rank, uint64_t clock, absl::Time now) {
+  Worker& w = workers_[kPlaceholder + next_placeholder_++];
+  w.rank = rank;
+  w.next_clock = w.last_pull_clock = clock;
+  w.last_seen = now;
+  SetLive(&w, true);
+  highest_clock_ = std::max(highest_clock_, clock);
 }
 
 uint64_t SegmentShard::generation() {
@@ -581,7 +594,7 @@ void SegmentShard::Tick() {
       absl::Status late = WaitsForCut(**it) && w.next_clock == (*it)->clock
                               ? absl::UnavailableError(absl::StrCat(
                                     "Push: clock ", (*it)->clock, " waits for the checkpoint at clock ", next_cut_,
-                                    ", which needs worker ", Laggard(), " to push clock ", SegmentClock()))
+                                    ", which needs ", Laggard(), " to push clock ", SegmentClock()))
                               : Skipped(w, **it);
       Unparked((*it)->id);
       Fail(std::move(*it), std::move(late), &ready);
@@ -620,7 +633,8 @@ std::optional<uint32_t> SegmentShard::FreeRank(uint32_t ranks) {
     ExpireLeases(now);
     std::vector<bool> taken(ranks, false);
     for (const auto& [id, w] : workers_) {
-      if (w.live && w.rank < ranks) taken[w.rank] = true;
+      // A placeholder's rank is free: it waits for whichever worker takes it.
+      if (w.live && id < kPlaceholder && w.rank < ranks) taken[w.rank] = true;
     }
     for (uint32_t r = 0; r < ranks && !free.has_value(); ++r) {
       if (!taken[r]) free = r;

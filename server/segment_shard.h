@@ -36,6 +36,11 @@
 // held is kept as a placeholder at its clock (live for one lease), so that
 // the segment waits for it and it rejoins there.
 //
+// Starting. The segment's first registration keeps a placeholder at clock
+// 0 for each other configured rank (live for one lease): a worker started a
+// moment after its peers starts where they do, instead of at the clock they
+// reached without it.
+//
 // Rejoining. A registration of a rank that the shard still knows (a
 // placeholder, an expired lease, a replaced worker) continues at that
 // rank's next clock: nothing it pushed is applied twice or lost.
@@ -86,6 +91,10 @@ struct ShardOptions {
   // Must outlive the shard.
   ApplyPool* apply_pool = nullptr;
   Clock* clock = Clock::Real();  // must outlive the shard
+  // The ranks the segment is configured with. Its first registration keeps
+  // a placeholder at clock 0 for each other rank, live for one lease, so
+  // that workers started moments apart all start at clock 0 (0: none).
+  uint32_t ranks = 0;
   // Calls one worker may have parked at once (a worker has a pull and a
   // few pushes or chunks in flight); more are refused with
   // RESOURCE_EXHAUSTED, so no caller can fill a server's memory with them.
@@ -177,7 +186,8 @@ class SegmentShard {
   // Calls parked now (tests observe that a call waits).
   size_t Waiting();
 
-  // The lowest rank below `ranks` that no live worker holds, if any.
+  // The lowest rank below `ranks` that no live worker holds (a placeholder
+  // holds none), if any.
   std::optional<uint32_t> FreeRank(uint32_t ranks);
 
   // Renews a lease; false when the worker is unknown here or no longer live.
@@ -255,6 +265,8 @@ class SegmentShard {
   // Cuts a checkpoint if the segment clock has reached the next one.
   void MaybeCheckpoint(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Cut(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Keeps `rank` at `clock`, live for one lease from `now`, until a worker registers it.
+  void AddPlaceholder(uint32_t rank, uint64_t clock, absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Counts a call parked for its worker; RESOURCE_EXHAUSTED past the limit.
   absl::Status Park(const Waiter& waiter, const char* call) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Unparked(uint64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -269,8 +281,8 @@ class SegmentShard {
   // Updates expected before live worker `id`'s gradient for `clock` lands:
   // its steps not yet applied, times the live workers.
   uint64_t UpdatesAhead(uint64_t id, uint64_t clock) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The live worker holding the segment clock back (for error messages).
-  uint64_t Laggard() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The live worker holding the segment clock back, in words (for errors).
+  std::string Laggard() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<Worker*> FindLive(uint64_t id, absl::Time now, const char* call)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
@@ -299,6 +311,7 @@ class SegmentShard {
   uint64_t generation_ ABSL_GUARDED_BY(mu_) = 1;
   uint64_t restored_clock_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t next_placeholder_ ABSL_GUARDED_BY(mu_) = 0;
+  bool started_ ABSL_GUARDED_BY(mu_) = false;  // a registration or a restore happened
   std::map<uint64_t, uint32_t> parked_ ABSL_GUARDED_BY(mu_);  // calls parked per worker
 };
 

@@ -35,7 +35,7 @@ struct FaultRule {
   std::string call;  // "Register", "Pull", "Send", "SendAndPull", "Heartbeat"
   int nth = 1;       // the call it hits, counting from 1
   Fault fault = Fault::kFailBefore;
-  absl::Duration delay;  // kDelay
+  absl::Duration delay = absl::ZeroDuration();  // kDelay
 };
 
 class FaultyClient final : public ParameterClient {

@@ -46,7 +46,8 @@ class SegmentShardTest : public ::testing::Test {
   // SGD with lr 1 and gradients of ones: every applied update lowers every
   // value by exactly 1, so a pulled value tells how many updates it reflects.
   std::unique_ptr<SegmentShard> MakeShard(int32_t staleness, absl::Duration lease = absl::Seconds(60),
-                                          uint32_t checkpoint_every = 0, uint32_t max_waiting = 64) {
+                                          uint32_t checkpoint_every = 0, uint32_t max_waiting = 64,
+                                          uint32_t ranks = 0) {
     v1::OptimizerConfig sgd;
     sgd.set_kind(v1::SGD);
     sgd.set_learning_rate(1.0f);
@@ -58,6 +59,7 @@ class SegmentShardTest : public ::testing::Test {
     options.clock = &clock_;
     options.checkpoint_every = checkpoint_every;
     options.max_waiting_per_worker = max_waiting;
+    options.ranks = ranks;
     options.on_checkpoint = [this](std::shared_ptr<const ShardState> cut) { cuts_.push_back(std::move(cut)); };
     return std::make_unique<SegmentShard>(options, std::vector<float>(kSize, 0.0f), *CreateOptimizer(sgd, kSize));
   }
@@ -121,7 +123,7 @@ TEST_F(SegmentShardTest, SynchronousPullWaitsForEveryWorkerHoldingNoThread) {
   ASSERT_TRUE(Done(Push(*shard, 1, 0, Soon())).ok());
   absl::StatusOr<PullResult> refused = Done(Pull(*shard, 1, 1, Now()));  // no time to wait
   ASSERT_EQ(refused.status().code(), absl::StatusCode::kUnavailable) << refused.status();
-  EXPECT_NE(std::string(refused.status().message()).find("waiting for worker 2"), std::string::npos);
+  EXPECT_NE(std::string(refused.status().message()).find("waiting for worker 2 (rank 1)"), std::string::npos);
 
   // A pull that may wait is parked, and completes when the missing push lands.
   Call<PullResult> waiting = Pull(*shard, 1, 1, Soon());
@@ -152,7 +154,7 @@ TEST_F(SegmentShardTest, WaitingPullFailsAtItsDeadlineNamingTheLaggard) {
   shard->Tick();
   absl::StatusOr<PullResult> r = Done(waiting);
   ASSERT_EQ(r.status().code(), absl::StatusCode::kUnavailable) << r.status();
-  EXPECT_NE(std::string(r.status().message()).find("waiting for worker 2"), std::string::npos);
+  EXPECT_NE(std::string(r.status().message()).find("waiting for worker 2 (rank 1)"), std::string::npos);
   EXPECT_TRUE(waiting->values.empty());
   EXPECT_EQ(shard->Waiting(), 0u);
 }
@@ -660,6 +662,40 @@ TEST_F(SegmentShardTest, RankRejoiningAfterItsPeersFinishedContinuesAtItsOwnCloc
   const Registered back = shard->Register(3, 1, std::nullopt);
   EXPECT_EQ(back.start_clock, 1u);
   EXPECT_EQ(back.rank_clock, std::optional<uint64_t>(1));
+}
+
+TEST_F(SegmentShardTest, AWorkerStartingMomentsAfterItsPeerStartsAtClock0) {
+  auto shard = MakeShard(0, absl::Seconds(5), 0, 64, /*ranks=*/2);
+  ASSERT_EQ(shard->Register(1, 0, std::nullopt).start_clock, 0u);
+  ASSERT_TRUE(Done(Push(*shard, 1, 0, Soon())).ok());
+  Call<PullResult> waiting = Pull(*shard, 1, 1, Soon());
+  clock_.Advance(absl::Seconds(2));
+  shard->Tick();
+  EXPECT_FALSE(waiting->done) << "rank 1's place at clock 0 holds the segment back";
+  const Registered late = shard->Register(2, 1, std::nullopt);
+  EXPECT_EQ(late.start_clock, 0u);
+  EXPECT_FALSE(waiting->done);
+  ASSERT_TRUE(Done(Push(*shard, 2, 0, Soon())).ok());
+  ASSERT_TRUE(Done(waiting).ok());
+  EXPECT_EQ(waiting->Reflected(), 2);
+}
+
+TEST_F(SegmentShardTest, ARankThatNeverStartsHoldsItsPeersForOneLease) {
+  auto shard = MakeShard(0, absl::Seconds(5), 0, 64, /*ranks=*/2);
+  shard->Register(1, 0, std::nullopt);
+  ASSERT_TRUE(Done(Push(*shard, 1, 0, Soon())).ok());
+  absl::StatusOr<PullResult> refused = Done(Pull(*shard, 1, 1, Now()));
+  ASSERT_EQ(refused.status().code(), absl::StatusCode::kUnavailable) << refused.status();
+  EXPECT_NE(std::string(refused.status().message()).find("rank 1, expected back or to start"), std::string::npos)
+      << refused.status();
+  Call<PullResult> waiting = Pull(*shard, 1, 1, Soon());
+  clock_.Advance(absl::Seconds(5));
+  shard->Tick();
+  absl::StatusOr<PullResult> waited = Done(waiting);
+  ASSERT_TRUE(waited.ok()) << waited.status();
+  EXPECT_EQ(waited->blocked, absl::Seconds(5));
+  // Its place held no rank: a worker asking for any rank gets it.
+  EXPECT_EQ(shard->FreeRank(2), std::optional<uint32_t>(1));
 }
 
 }  // namespace
