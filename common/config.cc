@@ -215,6 +215,43 @@ absl::Status ValidateAndFill(v1::JobConfig& c, const Locator& at) {
     return at.Error({{"training", -1}, {"gradient_topk", -1}},
                     absl::StrCat("must be in [0, 1) (0: dense pushes), got ", training->gradient_topk()));
   }
+  if (training->has_balance()) {
+    auto* balance = training->mutable_balance();
+    if (!balance->has_every_clocks()) balance->set_every_clocks(20);
+    if (!balance->has_min_share()) balance->set_min_share(0.1f);
+    if (!(balance->min_share() > 0 && balance->min_share() <= 1)) {
+      return at.Error({{"training", -1}, {"balance", -1}, {"min_share", -1}},
+                      absl::StrCat("must be in (0, 1], got ", balance->min_share()));
+    }
+    const uint32_t least = MinShare(*training);
+    for (int k = 0; k < model->segments_size(); ++k) {
+      const auto& seg = model->segments(k);
+      if (seg.staleness() < 0) {
+        return at.Error({{"training", -1}, {"balance", -1}}, absl::StrCat("needs a finite staleness bound, but segment \"", seg.name(),
+                                            "\" is unbounded: the shares of a clock are fixed before any "
+                                            "worker reaches it, which only a bound guarantees"));
+      }
+      if (balance->shares_size() == 0) continue;
+      if (static_cast<uint32_t>(balance->shares_size()) != seg.workers()) {
+        return at.Error({{"training", -1}, {"balance", -1}, {"shares", -1}},
+                        absl::StrCat("gives ", balance->shares_size(), " shares, but segment \"", seg.name(),
+                                     "\" has ", seg.workers(), " workers"));
+      }
+    }
+    uint64_t total = 0;
+    for (int r = 0; r < balance->shares_size(); ++r) {
+      if (balance->shares(r) < least) {
+        return at.Error({{"training", -1}, {"balance", -1}, {"shares", r}},
+                        absl::StrCat("is ", balance->shares(r), ", below min_share x batch_size (", least, ")"));
+      }
+      total += balance->shares(r);
+    }
+    if (balance->shares_size() > 0 && total != uint64_t{training->batch_size()} * balance->shares_size()) {
+      return at.Error({{"training", -1}, {"balance", -1}, {"shares", -1}},
+                      absl::StrCat("sum to ", total, "; they must sum to batch_size x workers (",
+                                   uint64_t{training->batch_size()} * balance->shares_size(), ")"));
+    }
+  }
   if (training->pushes_in_flight() > 64) {
     return at.Error({{"training", -1}, {"pushes_in_flight", -1}}, "must be <= 64");
   }
@@ -397,6 +434,11 @@ uint32_t PushesInFlight(const v1::JobConfig& config, int segment) {
   return static_cast<uint32_t>(std::min(s + 1, 8));
 }
 
+uint32_t MinShare(const v1::TrainingConfig& training) {
+  const double share = std::ceil(double{training.balance().min_share()} * training.batch_size() - 1e-9);
+  return std::max<uint32_t>(1, static_cast<uint32_t>(share));
+}
+
 std::string ModelFingerprint(const v1::JobConfig& config) {
   std::string bytes;
   {
@@ -406,6 +448,11 @@ std::string ModelFingerprint(const v1::JobConfig& config) {
     config.model().SerializeToCodedStream(&coded);
     config.optimizer().SerializeToCodedStream(&coded);
     coded.WriteVarint64(config.seed());
+    // Balanced pushes are weighted by their samples against batch_size.
+    if (config.training().has_balance()) {
+      config.training().balance().SerializeToCodedStream(&coded);
+      coded.WriteVarint32(config.training().batch_size());
+    }
   }
   return HexFingerprint(bytes);
 }

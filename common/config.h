@@ -35,9 +35,14 @@ inline uint32_t WorkersOf(const v1::JobConfig& config, int segment) {
 // training.pushes_in_flight, or s + 1 bounded to [1, 8] (8 when unbounded).
 uint32_t PushesInFlight(const v1::JobConfig& config, int segment);
 
+// The least share of a balanced worker, in samples per clock:
+// ceil(balance.min_share x batch_size), at least 1.
+uint32_t MinShare(const v1::TrainingConfig& training);
+
 // Hex fingerprint of everything that must agree between servers and workers
 // for their parameters to mean the same thing: the model, the optimizer and
-// the initialisation seed.
+// the initialisation seed (and, for balanced training, the balance and the
+// batch size that pushes are weighted against).
 std::string ModelFingerprint(const v1::JobConfig& config);
 
 }  // namespace segps

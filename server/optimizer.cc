@@ -53,8 +53,8 @@ constexpr uint64_t kMaxDriftUpdates = 4096;
 class Sgd final : public Optimizer {
  public:
   Sgd(float lr, float wd) : lr_(lr), wd_(wd) {}
-  void Apply(uint64_t, uint64_t, absl::Span<float> params, absl::Span<const float> grad) override {
-    SgdKernel(params.data(), grad.data(), params.size(), lr_, wd_);
+  void Apply(uint64_t, uint64_t, absl::Span<float> params, absl::Span<const float> grad, float scale) override {
+    SgdKernel(params.data(), grad.data(), params.size(), lr_ * scale, wd_);
   }
 
  private:
@@ -65,12 +65,12 @@ class Momentum final : public Optimizer {
  public:
   Momentum(float lr, float momentum, float wd, uint64_t n)
       : lr_(lr), momentum_(momentum), wd_(wd), velocity_(n, 0.0f) {}
-  void Apply(uint64_t, uint64_t first, absl::Span<float> params, absl::Span<const float> grad) override {
+  void Apply(uint64_t, uint64_t first, absl::Span<float> params, absl::Span<const float> grad, float scale) override {
     float* __restrict w = params.data();
     const float* __restrict g = grad.data();
     float* __restrict v = velocity_.data() + first;
     const size_t n = params.size();
-    const float lr = lr_, mu = momentum_, wd = wd_;
+    const float lr = lr_ * scale, mu = momentum_, wd = wd_;
     for (size_t i = 0; i < n; ++i) {
       v[i] = mu * v[i] - lr * (g[i] + wd * w[i]);
       w[i] += v[i];
@@ -102,7 +102,7 @@ class Adam final : public Optimizer {
   Adam(const v1::OptimizerConfig& c, uint64_t n)
       : lr_(c.learning_rate()), b1_(c.beta1()), b2_(c.beta2()), eps_(c.epsilon()),
         wd_(c.weight_decay()), moments_(2 * n, 0.0f) {}
-  void Apply(uint64_t step, uint64_t first, absl::Span<float> params, absl::Span<const float> grad) override {
+  void Apply(uint64_t step, uint64_t first, absl::Span<float> params, absl::Span<const float> grad, float scale) override {
     // An update comes in blocks, which reuse its factor (two pow calls cost
     // about 2% of a block's update). The cache is per thread: parts of one
     // update run on several threads at once.
@@ -114,7 +114,7 @@ class Adam final : public Optimizer {
       const double t = static_cast<double>(step);
       cache = {id_, step, static_cast<float>(lr_ * std::sqrt(1.0 - std::pow(b2_, t)) / (1.0 - std::pow(b1_, t)))};
     }
-    AdamKernel(params.data(), grad.data(), moments_.data() + 2 * first, params.size(), cache.alpha, 1.0f - b1_,
+    AdamKernel(params.data(), grad.data(), moments_.data() + 2 * first, params.size(), cache.alpha * scale, 1.0f - b1_,
                1.0f - b2_, eps_, wd_);
   }
   // With no gradient m decays by b1 each update and v by b2; v is held at
@@ -162,12 +162,12 @@ class AdaGrad final : public Optimizer {
   AdaGrad(const v1::OptimizerConfig& c, uint64_t n)
       : lr_(c.learning_rate()), eps_(c.epsilon()), wd_(c.weight_decay()),
         accumulator_(n, c.initial_accumulator()) {}
-  void Apply(uint64_t, uint64_t first, absl::Span<float> params, absl::Span<const float> grad) override {
+  void Apply(uint64_t, uint64_t first, absl::Span<float> params, absl::Span<const float> grad, float scale) override {
     float* __restrict w = params.data();
     const float* __restrict g = grad.data();
     float* __restrict a = accumulator_.data() + first;
     const size_t n = params.size();
-    const float lr = lr_, eps = eps_, wd = wd_;
+    const float lr = lr_ * scale, eps = eps_, wd = wd_;
     for (size_t i = 0; i < n; ++i) {
       const float gi = g[i] + wd * w[i];
       a[i] += gi * gi;

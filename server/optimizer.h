@@ -24,8 +24,11 @@ class Optimizer {
  public:
   virtual ~Optimizer() = default;
   // Applies `grad` to `params`, the elements [first, first + params.size())
-  // of the range, as part of update number `step` (1 for the first).
-  virtual void Apply(uint64_t step, uint64_t first, absl::Span<float> params, absl::Span<const float> grad) = 0;
+  // of the range, as part of update number `step` (1 for the first), with
+  // the learning rate times `scale` (a balanced push's weight: its samples
+  // over batch_size).
+  virtual void Apply(uint64_t step, uint64_t first, absl::Span<float> params, absl::Span<const float> grad,
+                     float scale) = 0;
   // Writes to `out` where `updates` more updates carrying no new gradient
   // would take `params` (elements [first, first + params.size()) of the
   // range) once `applied` updates have been made: the momentum's own drift.

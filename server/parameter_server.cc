@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/balance.h"
 #include "common/log.h"
 #include "common/config.h"
 #include "common/security.h"
@@ -131,6 +132,21 @@ absl::StatusOr<std::unique_ptr<ParameterServer>> ParameterServer::Create(const v
     options.clock = server_options.clock;
     options.max_waiting_per_worker = config.cluster().max_waiting_calls();
     options.ranks = WorkersOf(config, k);
+    if (config.training().has_balance()) {
+      const v1::BalanceConfig& balance = config.training().balance();
+      options.batch_size = config.training().batch_size();
+      // Server 0 decides every segment's shares: one place that every
+      // worker already calls each step, so all see the same decisions.
+      if (index == 0) {
+        ShardOptions::Balance decide;
+        decide.initial = InitialShares(config.training(), options.ranks);
+        decide.every_clocks = balance.every_clocks();
+        decide.least = MinShare(config.training());
+        decide.hysteresis = std::max<uint32_t>(1, config.training().batch_size() / 20);
+        decide.lead = static_cast<uint32_t>(options.staleness) + 2;
+        options.balance = std::move(decide);
+      }
+    }
     if (server->store_ != nullptr) {
       ParameterServer* const s = server.get();
       options.checkpoint_every = config.checkpoint().every_clocks();
@@ -248,6 +264,9 @@ absl::Status ParameterServer::Register(const v1::RegisterRequest& request, v1::R
   response->set_generation(registered.generation);
   response->set_partial(registered.partial);
   if (registered.rank_clock.has_value()) response->set_rank_clock(*registered.rank_clock);
+  if (std::optional<v1::SharePlan> plan = (*shard)->PlanFrom(registered.start_clock)) {
+    *response->mutable_plan() = *std::move(plan);
+  }
   if (store_ != nullptr) {
     for (uint64_t clock : store_->Clocks(request.segment())) response->add_checkpoint_clocks(clock);
   }
@@ -330,6 +349,7 @@ void ParameterServer::Pull(const v1::PullRequest& request, absl::Time deadline, 
         response->set_clock(result->clock);
         response->set_updates(result->updates);
         response->set_incarnation(incarnation_);
+        if (result->plan.has_value()) *response->mutable_plan() = *std::move(result->plan);
         FillValues(chunk, dtype, response->mutable_values());
         ObservePull(segment, start, chunk.count * DTypeBytes(dtype),
                     reader || clock <= result->clock ? 0 : clock - result->clock, result->blocked);
@@ -404,6 +424,15 @@ void ParameterServer::Push(const v1::PushRequest& request, Payload data, absl::T
     pull_read = [read = std::move(read), dtype](absl::Span<const float> values) mutable { read(values, dtype); };
   }
   const DenseView* view = &grad->view;
+  const uint64_t most = uint64_t{config_.training().batch_size()} * WorkersOf(config_, segment);
+  if (request.has_samples() && request.samples() > most) {
+    return std::move(done)(Reject(segment, absl::InvalidArgumentError(absl::StrCat(
+        "Push samples: ", request.samples(), " is more than a clock's batch_size x workers (", most,
+        "); nothing was applied"))));
+  }
+  PushInfo info;
+  if (request.has_samples()) info.samples = request.samples();
+  if (std::isfinite(request.samples_per_second())) info.samples_per_second = request.samples_per_second();
   (*shard)->Push(
       request.worker_id(), clock, chunk.offset - range.offset, view, deadline, std::move(pull_read),
       [this, response, done = std::move(done), grad = std::move(grad), start, segment, clock, chunk, dtype,
@@ -428,12 +457,13 @@ void ParameterServer::Push(const v1::PushRequest& request, Payload data, absl::T
           const PullResult& pulled = *result->pulled;
           response->set_clock(pulled.clock);
           response->set_updates(pulled.updates);
+          if (pulled.plan.has_value()) *response->mutable_plan() = *pulled.plan;
           FillValues(chunk, dtype, response->mutable_values());
           ObservePull(segment, start, chunk.count * DTypeBytes(dtype),
                       clock + 1 <= pulled.clock ? 0 : clock + 1 - pulled.clock, pulled.blocked);
         }
         std::move(done)(absl::OkStatus());
-      });
+      }, info);
 }
 
 absl::Status ParameterServer::Push(const v1::PushRequest& request, absl::Time deadline, v1::PushResponse* response,

@@ -4,6 +4,9 @@
 #include <limits>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "common/log.h"
 #include "common/staleness.h"
 
 namespace segps {
@@ -16,6 +19,8 @@ constexpr uint64_t kMinPartElements = 1 << 16;
 // Ids of the placeholders a restore keeps for the ranks it expects back:
 // no registration gets one (the server hands out ids from 1).
 constexpr uint64_t kPlaceholder = 1ull << 63;
+// Share decisions a balanced segment remembers (a rollback may return to them).
+constexpr int kMaxPlan = 4096;
 
 // Parts to split an update of `count` elements into over `pool`.
 size_t ApplyParts(const ApplyPool* pool, uint64_t count) {
@@ -30,7 +35,15 @@ uint64_t PartStart(uint64_t count, size_t parts, size_t part) { return count * p
 
 SegmentShard::SegmentShard(const ShardOptions& options, std::vector<float> initial,
                            std::unique_ptr<Optimizer> optimizer)
-    : options_(options), values_(std::move(initial)), optimizer_(std::move(optimizer)) {}
+    : options_(options), values_(std::move(initial)), optimizer_(std::move(optimizer)) {
+  if (options_.balance.has_value()) {
+    v1::Shares* first = plan_.add_shares();
+    first->set_from_clock(0);
+    for (uint32_t share : options_.balance->initial) first->add_samples(share);
+    throughput_.assign(options_.balance->initial.size(), 0.0);
+    next_decision_ = options_.balance->every_clocks;
+  }
+}
 
 void SegmentShard::SetLive(Worker* w, bool live) {
   if (w->live == live) return;
@@ -262,6 +275,52 @@ uint64_t SegmentShard::generation() {
   return generation_;
 }
 
+void SegmentShard::MaybeRebalance() {
+  if (!options_.balance.has_value() || options_.balance->every_clocks == 0 || live_ == 0) return;
+  const uint64_t clock = SegmentClock();
+  if (clock < next_decision_) return;
+  const ShardOptions::Balance& balance = *options_.balance;
+  next_decision_ = (clock / balance.every_clocks + 1) * balance.every_clocks;
+  const v1::Shares& now = *plan_.shares().rbegin();
+  const std::vector<uint32_t> current(now.samples().begin(), now.samples().end());
+  std::optional<std::vector<uint32_t>> next = Rebalance(current, throughput_, balance.least, balance.hysteresis);
+  if (!next.has_value()) return;
+  // Replies so far promised no change up to promised_through_ (FillPlan).
+  const uint64_t from = std::max(clock + balance.lead, promised_through_ + 1);
+  // After a rollback the segment clock is back below earlier decisions: this one replaces them.
+  while (plan_.shares_size() > 1 && plan_.shares(plan_.shares_size() - 1).from_clock() >= from) {
+    plan_.mutable_shares()->RemoveLast();
+  }
+  if (plan_.shares_size() >= kMaxPlan) plan_.mutable_shares()->DeleteSubrange(0, 1);
+  v1::Shares* entry = plan_.add_shares();
+  entry->set_from_clock(from);
+  for (uint32_t share : *next) entry->add_samples(share);
+  std::vector<std::string> speeds;
+  for (double t : throughput_) speeds.push_back(absl::StrFormat("%.0f", t));
+  SEGPS_LOG_INFO << "segment " << options_.segment << ": shares from clock " << from << ": "
+                 << absl::StrJoin(*next, " ") << " samples (throughput " << absl::StrJoin(speeds, " ")
+                 << " samples/s; were " << absl::StrJoin(current, " ") << ")";
+}
+
+void SegmentShard::FillPlan(uint64_t clock, v1::SharePlan* plan) {
+  int first = 0;
+  for (int i = 0; i < plan_.shares_size(); ++i) {
+    if (plan_.shares(i).from_clock() <= clock) first = i;
+  }
+  for (int i = first; i < plan_.shares_size(); ++i) *plan->add_shares() = plan_.shares(i);
+  // The next decision comes at a segment clock of at least this one.
+  promised_through_ = std::max(promised_through_, SegmentClock() + options_.balance->lead - 1);
+  plan->set_final_through(promised_through_);
+}
+
+std::optional<v1::SharePlan> SegmentShard::PlanFrom(uint64_t clock) {
+  MutexLock lock(&mu_);
+  if (!options_.balance.has_value()) return std::nullopt;
+  v1::SharePlan plan;
+  FillPlan(clock, &plan);
+  return plan;
+}
+
 void SegmentShard::MaybeCheckpoint(absl::Time now) {
   if (options_.checkpoint_every == 0 || live_ == 0 || SegmentClock() < next_cut_) return;
   if (now - last_cut_ >= options_.checkpoint_interval) {
@@ -377,6 +436,7 @@ void SegmentShard::FinishPull(std::unique_ptr<Waiter> waiter, absl::Time now, Co
   }
   result.clock = ClockOf(waiter->first + waiter->count);
   result.updates = pushes_;
+  if (options_.balance.has_value() && waiter->id != 0) FillPlan(waiter->clock, &result.plan.emplace());
   if (waiter->pushed.has_value()) {
     PushResult pushed = *waiter->pushed;
     pushed.pulled = result;
@@ -392,7 +452,7 @@ uint64_t SegmentShard::UpdatesAhead(uint64_t id, uint64_t clock) const {
 }
 
 void SegmentShard::Push(uint64_t id, uint64_t clock, uint64_t first, const DenseView* grad, absl::Time deadline,
-                        ReadRange read, PushDone done) {
+                        ReadRange read, PushDone done, const PushInfo& info) {
   Completions ready;
   {
     MutexLock lock(&mu_);
@@ -400,6 +460,7 @@ void SegmentShard::Push(uint64_t id, uint64_t clock, uint64_t first, const Dense
     auto waiter = std::make_unique<Waiter>(id, clock, first, grad->count(), deadline, std::move(read));
     waiter->since = now;
     waiter->grad = grad;
+    waiter->info = info;
     waiter->push_done = std::move(done);
     StartPush(std::move(waiter), now, &ready);
     Resume(now, &ready);
@@ -443,6 +504,7 @@ void SegmentShard::StartPush(std::unique_ptr<Waiter> waiter, absl::Time now, Com
                 ready);
   }
   MaybeCheckpoint(now);
+  MaybeRebalance();
   if (w->next_clock != waiter->clock || w->applied != waiter->first || WaitsForCut(*waiter)) {
     // Pushes (and chunks) of one worker may overtake each other on the
     // wire: this one waits for its predecessors (or, a checkpoint's clock,
@@ -485,15 +547,25 @@ PushResult SegmentShard::Apply(Worker* w, const Waiter& push) {
   Optimizer* const optimizer = optimizer_.get();
   const absl::Span<float> values = absl::MakeSpan(values_);
   const uint64_t step = w->step;
+  // A balanced push weighs as the samples behind it.
+  float scale = 1.0f;
+  if (push.info.samples.has_value() && options_.batch_size > 0) {
+    scale = static_cast<float>(*push.info.samples) / static_cast<float>(options_.batch_size);
+  }
+  if (first == 0 && push.info.samples_per_second > 0 && w->rank < throughput_.size()) {
+    throughput_[w->rank] = push.info.samples_per_second;
+  }
   auto apply_part = [&](uint64_t begin, uint64_t end) {
     grad.ForEachFloatBlock(begin, end, [&](size_t at, absl::Span<const float> block) {
-      optimizer->Apply(step, first + at, values.subspan(first + at, block.size()), block);
+      optimizer->Apply(step, first + at, values.subspan(first + at, block.size()), block, scale);
     });
   };
   // Helpers update disjoint parts of the values and the optimizer's state
   // while this thread holds the lock for them: Run returns once all are done.
-  const size_t parts = ApplyParts(options_.apply_pool, count);
-  if (parts == 1) {
+  const size_t parts = scale == 0.0f ? 0 : ApplyParts(options_.apply_pool, count);
+  if (parts == 0) {
+    // No samples behind it: the step counts, nothing moves.
+  } else if (parts == 1) {
     apply_part(0, count);
   } else {
     options_.apply_pool->Run(parts, [&](size_t part) {
@@ -526,6 +598,7 @@ void SegmentShard::Resume(absl::Time now, Completions* ready) {
   while (progress) {
     progress = false;
     MaybeCheckpoint(now);
+    MaybeRebalance();
     // Parked pushes whose turn has come.
     std::vector<std::unique_ptr<Waiter>> pushes;
     pushes.swap(pushes_waiting_);

@@ -67,6 +67,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "common/balance.h"
 #include "common/clock.h"
 #include "common/shard_map.h"
 #include "common/sync.h"
@@ -103,6 +104,20 @@ struct ShardOptions {
   // the last one is less than checkpoint_interval old.
   uint32_t checkpoint_every = 0;
   absl::Duration checkpoint_interval;
+  // Balanced training (training.balance): pushes are weighted by their
+  // samples against batch_size (0: unweighted). On the segment's deciding
+  // server (server 0), `balance` is set: the shares start at `initial`, and
+  // at every multiple of every_clocks of the segment clock T new ones are
+  // decided from the workers' reported throughput, in effect from T + lead.
+  uint32_t batch_size = 0;
+  struct Balance {
+    std::vector<uint32_t> initial;
+    uint32_t every_clocks = 0;  // 0: the shares stay
+    uint32_t least = 1;         // samples
+    uint32_t hysteresis = 1;    // samples a share must move by
+    uint32_t lead = 2;          // s + 2
+  };
+  std::optional<Balance> balance;
   // Takes each cut, under the shard's lock: it must only hand it on.
   std::function<void(std::shared_ptr<const ShardState>)> on_checkpoint;
 };
@@ -119,6 +134,15 @@ struct PullResult {
   uint64_t clock = 0;  // the values pulled reflect every step below it
   uint64_t updates = 0;
   absl::Duration blocked;  // time waiting on the staleness bound
+  // The deciding server of a balanced segment, a worker's pull: the shares
+  // from the pull's clock on.
+  std::optional<v1::SharePlan> plan;
+};
+
+// What a push says beside its gradient.
+struct PushInfo {
+  std::optional<uint32_t> samples;  // behind the gradient; unset: batch_size
+  double samples_per_second = 0;    // the worker's throughput; 0: unknown
 };
 
 struct PushResult {
@@ -174,8 +198,14 @@ class SegmentShard {
   // ahead of its predecessor waits for it until `deadline`. With `read`, the
   // same operation then pulls the same elements for clock + 1 (as Pull, into
   // the result's `pulled`): a synchronous step's round trip.
+  // `info.samples` scales the update's learning rate by samples /
+  // batch_size (0 samples: the step counts, the values stay).
   void Push(uint64_t id, uint64_t clock, uint64_t first, const DenseView* grad, absl::Time deadline,
-            ReadRange read, PushDone done);
+            ReadRange read, PushDone done, const PushInfo& info = {});
+
+  // The deciding server of a balanced segment: the shares from `clock` on
+  // (a registration's start clock). Nullopt elsewhere.
+  std::optional<v1::SharePlan> PlanFrom(uint64_t clock);
 
   // Expires leases and fails the waits whose deadline has passed, at the
   // clock's time. A waiting worker's lease is renewed: it is alive.
@@ -221,6 +251,7 @@ class SegmentShard {
     absl::Time deadline, since;
     ReadRange read;           // the pull's (or a push's follow-up pull's)
     const DenseView* grad = nullptr;  // a push not yet applied
+    PushInfo info;                     // a push's
     PullDone pull_done;        // a pull
     PushDone push_done;        // a push, with or without a pull
     std::optional<PushResult> pushed;  // a push applied, its pull waiting
@@ -262,6 +293,10 @@ class SegmentShard {
   // Completes a push (applied now or before), or goes on to its pull.
   void AfterPush(std::unique_ptr<Waiter> waiter, Worker* w, const PushResult& result, absl::Time now,
                  Completions* ready) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Decides new shares if the segment clock has reached the next decision.
+  void MaybeRebalance() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The shares from `clock` on, and how far they are final.
+  void FillPlan(uint64_t clock, v1::SharePlan* plan) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Cuts a checkpoint if the segment clock has reached the next one.
   void MaybeCheckpoint(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Cut(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -312,6 +347,12 @@ class SegmentShard {
   uint64_t restored_clock_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t next_placeholder_ ABSL_GUARDED_BY(mu_) = 0;
   bool started_ ABSL_GUARDED_BY(mu_) = false;  // a registration or a restore happened
+  // Balance: the shares decided (by from_clock), the latest throughput per
+  // rank, and the segment clock of the next decision.
+  v1::SharePlan plan_ ABSL_GUARDED_BY(mu_);
+  std::vector<double> throughput_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_decision_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t promised_through_ ABSL_GUARDED_BY(mu_) = 0;  // the highest final_through sent
   std::map<uint64_t, uint32_t> parked_ ABSL_GUARDED_BY(mu_);  // calls parked per worker
 };
 

@@ -614,11 +614,13 @@ absl::StatusOr<Dataset> OpenNpyFeatures(const std::string& path, int width, floa
   return out;
 }
 
+Range SegmentRows(const v1::JobConfig& config, size_t train_size, int segment) {
+  if (config.data().split() == v1::BY_SEGMENT) return BalancedRange(train_size, config.model().segments_size(), segment);
+  return {0, train_size};
+}
+
 Range WorkerSlice(const v1::JobConfig& config, size_t train_size, int segment, uint32_t rank) {
-  Range seg{0, train_size};
-  if (config.data().split() == v1::BY_SEGMENT) {
-    seg = BalancedRange(train_size, config.model().segments_size(), segment);
-  }
+  const Range seg = SegmentRows(config, train_size, segment);
   Range mine = BalancedRange(seg.count, WorkersOf(config, segment), rank);
   mine.offset += seg.offset;
   return mine;

@@ -73,9 +73,17 @@ absl::StatusOr<Dataset> OpenNpyFeatures(const std::string& path, int width, floa
 // Reads Fashion-MNIST IDX files (gzip) from `dir`: pixels scaled to [0, 1].
 absl::StatusOr<TrainTest> LoadFashionMnist(const std::string& dir);
 
+// The rows of the training set that `segment` trains on (by data.split).
+Range SegmentRows(const v1::JobConfig& config, size_t train_size, int segment);
+
 // The rows of the training set that worker `rank` of `segment` trains on:
-// the segment's share (by data.split), cut evenly over its workers.
+// the segment's rows, cut evenly over its workers. (Balanced training
+// instead cuts every clock's samples of the segment's rows by the shares.)
 Range WorkerSlice(const v1::JobConfig& config, size_t train_size, int segment, uint32_t rank);
+
+// EpochOrder's `rank` for one order of a whole segment's rows, which every
+// worker of a balanced segment shares.
+constexpr uint32_t kWholeSegment = 0xFFFFFFFFu;
 
 // The slice's row indices in the order epoch `epoch` visits them: a
 // Fisher-Yates shuffle keyed by (seed, segment, rank, epoch).

@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <map>
 #include <optional>
 #include <set>
 
@@ -20,6 +21,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "common/balance.h"
 #include "common/config.h"
 #include "common/grpc_status.h"
 #include "common/log.h"
@@ -147,6 +149,10 @@ class GrpcClient final : public ParameterClient {
       for (size_t i = 0; i < stubs_.size(); ++i) {
         if (responses[i].start_clock() != start) SEGPS_RETURN_IF_ERROR(RegisterWith(i, request, &responses[i]));
         incarnations_[i] = responses[i].incarnation();
+      }
+      {
+        absl::MutexLock lock(&plan_mu_);
+        plans_[segment] = responses[0].plan();
       }
       return Registration{start, responses[0].rank()};
     }
@@ -279,7 +285,7 @@ class GrpcClient final : public ParameterClient {
           servers, requests, kChunksInFlight, pull_wait_ + rpc_deadline_,
           [&](size_t j, grpc::ByteBuffer* reply) {
             return TakeValues<v1::PullResponse>(reply, v1::PullResponse::kValuesFieldNumber, chunks[j], dest,
-                                                &min_clock);
+                                                &min_clock, servers[j] == 0 ? segment : -1);
           },
           pending);
     }));
@@ -322,6 +328,15 @@ class GrpcClient final : public ParameterClient {
 
   absl::StatusOr<uint64_t> SendAndPull(const EncodedPush& encoded, absl::Span<float> dest) override {
     return SendChunks(static_cast<const GrpcEncodedPush&>(encoded), dest);
+  }
+
+  std::optional<std::vector<uint32_t>> Shares(int segment, uint64_t clock) override {
+    absl::MutexLock lock(&plan_mu_);
+    auto it = plans_.find(segment);
+    if (it == plans_.end() || clock > it->second.final_through()) return std::nullopt;
+    const v1::Shares* shares = SharesAt(it->second, clock);
+    if (shares == nullptr) return std::nullopt;
+    return std::vector<uint32_t>(shares->samples().begin(), shares->samples().end());
   }
 
   absl::Status Heartbeat() override {
@@ -412,7 +427,7 @@ class GrpcClient final : public ParameterClient {
           [&](size_t j, grpc::ByteBuffer* reply) {
             if (!pull) return absl::OkStatus();
             return TakeValues<v1::PushResponse>(reply, v1::PushResponse::kValuesFieldNumber, chunks[j], pull_into,
-                                                &min_clock);
+                                                &min_clock, servers[j] == 0 ? push.segment : -1);
           },
           pending);
     }));
@@ -427,6 +442,8 @@ class GrpcClient final : public ParameterClient {
     header.set_registration_secret(secrets_[i]);
     header.set_clock(push.clock);
     header.set_pull(pull);
+    if (push.samples.has_value()) header.set_samples(*push.samples);
+    header.set_samples_per_second(push.samples_per_second);
     v1::TensorSlice tensor;
     tensor.set_offset(chunk.offset);
     tensor.set_count(chunk.count);
@@ -455,11 +472,12 @@ class GrpcClient final : public ParameterClient {
 
   // Copies the values `reply` (a Response) carries for `chunk` into `dest`
   // (the whole segment), frees the reply, and lowers `min_clock` to the
-  // clock they reflect. A float16 reply with non-finite values fails after
-  // landing them (the caller stops on it).
+  // clock they reflect; a reply from server 0 (plan_segment >= 0) adds its
+  // share plan. A float16 reply with non-finite values fails after landing
+  // them (the caller stops on it).
   template <typename Response>
-  static absl::Status TakeValues(grpc::ByteBuffer* reply, int field, Range chunk, absl::Span<float> dest,
-                                 uint64_t* min_clock) {
+  absl::Status TakeValues(grpc::ByteBuffer* reply, int field, Range chunk, absl::Span<float> dest,
+                          uint64_t* min_clock, int plan_segment) {
     Response header;
     v1::TensorSlice tensor;
     Payload values;
@@ -484,6 +502,10 @@ class GrpcClient final : public ParameterClient {
     values = Payload();
     reply->Clear();
     *min_clock = std::min(*min_clock, header.clock());
+    if (plan_segment >= 0 && header.has_plan()) {
+      absl::MutexLock lock(&plan_mu_);
+      MergePlan(header.plan(), &plans_[plan_segment]);
+    }
     return absl::OkStatus();
   }
 
@@ -582,6 +604,8 @@ class GrpcClient final : public ParameterClient {
   std::vector<uint64_t> worker_ids_;  // per server; 0 until registered
   std::vector<std::string> secrets_;  // per server: each registration's secret
   std::vector<uint64_t> incarnations_;  // per server: as of the last registration (0: none yet)
+  absl::Mutex plan_mu_;  // replies land on the push and pull threads
+  std::map<int, v1::SharePlan> plans_ ABSL_GUARDED_BY(plan_mu_);  // per segment, from server 0
 };
 
 }  // namespace

@@ -43,6 +43,9 @@ ABSL_FLAG(int32_t, cpu_threads, 1,
           "sharing the machine are idle while this worker computes (staleness 0).");
 ABSL_FLAG(bool, tf32, false, "On a GPU, let cuBLAS use TF32 tensor cores for float32 products.");
 ABSL_FLAG(int32_t, slowdown_ms, 0, "Extra milliseconds per step (to play a straggler).");
+ABSL_FLAG(double, slowdown_factor, 1,
+          "Stretch each step's compute time by this factor, >= 1 (to play a slower device, whose cost grows with "
+          "its share of the samples).");
 ABSL_FLAG(std::string, history_dir, "",
           "Write this worker's per-epoch history to DIR/SEGMENT.RANK.json (segps.v1.WorkerHistory) and, with "
           "training.test_every_epoch, its test-set probabilities after each epoch to DIR/SEGMENT.RANK.test_probs.npy "
@@ -124,6 +127,10 @@ int main(int argc, char** argv) {
   options.rank = rank;
   options.metrics = metrics.get();
   options.slowdown = absl::Milliseconds(absl::GetFlag(FLAGS_slowdown_ms));
+  options.slowdown_factor = absl::GetFlag(FLAGS_slowdown_factor);
+  if (!(options.slowdown_factor >= 1 && options.slowdown_factor <= 1000)) {
+    return Fail(absl::StrCat("--slowdown_factor must be in [1, 1000], got ", options.slowdown_factor));
+  }
   options.progress_bar = isatty(STDOUT_FILENO) != 0;
   std::vector<std::vector<float>> test_probabilities;
   if (config->training().test_every_epoch()) {

@@ -32,6 +32,10 @@ namespace segps {
 class EncodedPush {
  public:
   virtual ~EncodedPush() = default;
+  // Balanced training: the samples behind the gradient (the servers weight
+  // it by them) and the worker's compute throughput (server 0 balances by it).
+  std::optional<uint32_t> samples;
+  float samples_per_second = 0;
 };
 
 struct Registration {
@@ -76,6 +80,11 @@ class ParameterClient {
 
   // Every server's counters and clocks, in index order.
   virtual absl::StatusOr<std::vector<v1::StatsResponse>> Stats() = 0;
+
+  // A balanced segment (training.balance): the samples per clock of each
+  // rank at `clock`, as server 0's replies so far decided them; nullopt
+  // while they may still change (or server 0 sent none).
+  virtual std::optional<std::vector<uint32_t>> Shares(int segment, uint64_t clock) = 0;
 };
 
 // The servers a tool talks to: the comma-separated host:port list of a

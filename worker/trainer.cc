@@ -10,7 +10,9 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "common/balance.h"
 #include "common/config.h"
 #include "common/grpc_status.h"
 #include "common/log.h"
@@ -84,7 +86,25 @@ struct Window {
   double staleness = 0;
   uint64_t max_staleness = 0;
   absl::Duration blocked;
+  absl::Duration compute;  // the worker's own computing
   absl::Time start = absl::Now();
+};
+
+// A worker's compute throughput, smoothed over its last steps (a share
+// follows it; the waits of the staleness bound are not in it).
+class Throughput {
+ public:
+  void Observe(size_t rows, absl::Duration compute) {
+    const double seconds = absl::ToDoubleSeconds(compute);
+    if (rows == 0 || seconds <= 0) return;
+    const double alpha = samples_ == 0 ? 1.0 : 0.2;
+    samples_ += alpha * (static_cast<double>(rows) - samples_);
+    seconds_ += alpha * (seconds - seconds_);
+  }
+  double rate() const { return seconds_ > 0 ? samples_ / seconds_ : 0; }
+
+ private:
+  double samples_ = 0, seconds_ = 0;
 };
 
 }  // namespace
@@ -100,8 +120,15 @@ absl::StatusOr<TrainReport> Train(const v1::JobConfig& config, const TrainerOpti
     return absl::InvalidArgumentError(absl::StrCat("data width ", train.width, " != model.input_width ",
                                                    config.model().input_width()));
   }
+  // Balanced (training.balance): each clock takes the next batch x workers
+  // samples of one order of the segment's rows, cut by server 0's shares;
+  // a share reaches at most the clock's samples less the others' least.
+  const bool balanced = config.training().has_balance();
+  const uint32_t workers = WorkersOf(config, segment);
+  const uint32_t clock_samples = balanced ? batch * workers : batch;
+  const uint32_t capacity = balanced ? clock_samples - (workers - 1) * MinShare(config.training()) : batch;
   absl::StatusOr<SegmentModel> model_or =
-      SegmentModel::Create(backend, config.model(), segment, static_cast<int>(batch));
+      SegmentModel::Create(backend, config.model(), segment, static_cast<int>(capacity));
   if (!model_or.ok()) return model_or.status();
   SegmentModel& model = *model_or;
   const size_t n = model.num_params();
@@ -115,7 +142,7 @@ absl::StatusOr<TrainReport> Train(const v1::JobConfig& config, const TrainerOpti
   absl::StatusOr<Buffer> pulled0 = host(n * sizeof(float)), pulled1 = host(n * sizeof(float));
   const bool device = !backend->host_addressable();
   absl::StatusOr<Buffer> grad_host = host(device ? n * sizeof(float) : 0);
-  const size_t staged_rows = device ? batch : 0;
+  const size_t staged_rows = device ? capacity : 0;
   absl::StatusOr<Buffer> batch_x0 = host(staged_rows * width * sizeof(float));
   absl::StatusOr<Buffer> batch_x1 = host(staged_rows * width * sizeof(float));
   absl::StatusOr<Buffer> batch_y0 = host(staged_rows * sizeof(int32_t)), batch_y1 = host(staged_rows * sizeof(int32_t));
@@ -131,18 +158,23 @@ absl::StatusOr<TrainReport> Train(const v1::JobConfig& config, const TrainerOpti
   const uint64_t start = registration->start_clock;
   const uint32_t rank = registration->rank;
   const std::string tag = absl::StrCat(seg.name(), "/", rank);
-  const Range slice = WorkerSlice(config, train.size(), segment, rank);
+  // The rows this worker draws from: its slice, or a balanced segment's rows.
+  const Range slice = balanced ? SegmentRows(config, train.size(), segment)
+                               : WorkerSlice(config, train.size(), segment, rank);
   if (slice.count == 0) {
     return absl::FailedPreconditionError(absl::StrCat(tag, ": its data slice is empty (", train.size(),
                                                       " training samples for too many workers)"));
   }
-  // A file-backed data set maps only this worker's rows.
+  // A file-backed data set maps only these rows.
   SEGPS_RETURN_IF_ERROR(train.MapRows(slice));
-  const uint64_t steps_per_epoch = StepsPerEpoch(slice.count, batch);
+  const uint64_t steps_per_epoch = StepsPerEpoch(slice.count, clock_samples);
   const uint64_t total_steps = steps_per_epoch * epochs;
   SEGPS_LOG_INFO << tag << ": registered at clock " << start << " on " << backend->name() << "; "
-                 << slice.count << " samples [" << slice.offset << ", " << slice.end() << "), " << epochs
-                 << " epochs of " << steps_per_epoch << " steps, batch " << batch << ", staleness "
+                 << slice.count << " samples [" << slice.offset << ", " << slice.end() << ")"
+                 << (balanced ? absl::StrCat(" shared by ", workers, " workers, ", clock_samples,
+                                             " a clock by speed (training.balance)")
+                              : std::string())
+                 << ", " << epochs << " epochs of " << steps_per_epoch << " steps, batch " << batch << ", staleness "
                  << (staleness < 0 ? std::string("unbounded") : std::to_string(staleness))
                  << (config.training().gradient_topk() > 0
                          ? absl::StrCat(", top-k pushes of ", config.training().gradient_topk() * 100, "% of ", n)
@@ -163,6 +195,25 @@ absl::StatusOr<TrainReport> Train(const v1::JobConfig& config, const TrainerOpti
     if (!topk) return client->Encode(segment, clock, absl::MakeConstSpan(grad, n));
     topk->Select(absl::MakeConstSpan(grad, n));
     return client->EncodeSparse(segment, clock, topk->indices(), topk->values());
+  };
+  // The rows of `clock` this worker computes, as positions in the epoch's
+  // order; balanced, by the shares server 0 decided (nullopt: not final yet).
+  std::vector<uint32_t> shares;  // as of the last clock staged
+  auto rows_of = [&](uint64_t clock) -> std::optional<Range> {
+    const uint64_t begin = (clock % steps_per_epoch) * clock_samples;
+    const uint64_t samples = std::min<uint64_t>(clock_samples, slice.count - begin);
+    if (!balanced) return Range{begin, samples};
+    std::optional<std::vector<uint32_t>> now = client->Shares(segment, clock);
+    if (!now.has_value()) return std::nullopt;
+    if (*now != shares) {
+      if (!shares.empty()) {
+        SEGPS_LOG_INFO << tag << ": shares from clock " << clock << ": " << absl::StrJoin(*now, " ")
+                       << " samples (this worker " << (*now)[rank] << ")";
+      }
+      shares = *std::move(now);
+    }
+    const Range part = ShareOf(shares, rank, samples);
+    return Range{begin + part.offset, part.count};
   };
   StepContext step_context;
   step_context.backend = backend;
@@ -204,7 +255,7 @@ absl::StatusOr<TrainReport> Train(const v1::JobConfig& config, const TrainerOpti
   std::optional<uint32_t> order_epoch;
   auto order_of = [&](uint32_t epoch) -> const std::vector<uint32_t>& {
     if (order_epoch != epoch) {
-      order = EpochOrder(slice, config.seed(), segment, rank, epoch);
+      order = EpochOrder(slice, config.seed(), segment, balanced ? kWholeSegment : rank, epoch);
       order_epoch = epoch;
     }
     return order;
@@ -212,9 +263,15 @@ absl::StatusOr<TrainReport> Train(const v1::JobConfig& config, const TrainerOpti
   // Gathers the batch of `clock` on the host and enqueues its upload into
   // input slot `slot` (on the CPU, gathers straight into the slot); returns its rows.
   auto stage = [&](uint64_t clock, int slot) -> absl::StatusOr<size_t> {
+    const std::optional<Range> mine = rows_of(clock);
+    if (!mine.has_value()) {
+      return absl::InternalError(absl::StrCat(tag, ": server 0's shares for clock ", clock,
+                                              " are not final after its pull (training.balance)"));
+    }
     const std::vector<uint32_t>& epoch_order = order_of(static_cast<uint32_t>(clock / steps_per_epoch));
-    const size_t begin = (clock % steps_per_epoch) * batch;
-    const size_t rows = std::min<size_t>(batch, slice.count - begin);
+    const size_t begin = mine->offset;
+    const size_t rows = mine->count;
+    if (rows == 0) return rows;
     if (!device) {
       GatherBatch(train, epoch_order, begin, rows, model.input(slot), model.labels(slot));
       return rows;
@@ -224,6 +281,8 @@ absl::StatusOr<TrainReport> Train(const v1::JobConfig& config, const TrainerOpti
     SEGPS_RETURN_IF_ERROR(backend->Upload(batch_y[slot]->data(), model.labels(slot), rows * sizeof(int32_t)));
     return rows;
   };
+  Throughput throughput;
+  std::vector<float> no_gradient;  // a share of no rows pushes zeros
   int slot = 0;
   std::optional<uint64_t> staged_clock;  // the clock whose batch is in `slot`
   size_t batch_rows = 0;  // its rows
@@ -237,12 +296,6 @@ absl::StatusOr<TrainReport> Train(const v1::JobConfig& config, const TrainerOpti
       epoch_window = Window();
       window_epoch = epoch;
     }
-    if (staged_clock != clock) {
-      absl::StatusOr<size_t> rows = stage(clock, slot);
-      if (!rows.ok()) return rows.status();
-      batch_rows = *rows;
-      staged_clock = clock;
-    }
     absl::Duration waited;
     absl::StatusOr<uint64_t> have = strategy->Prepare(clock, &waited);
     count_blocked(waited);
@@ -250,18 +303,32 @@ absl::StatusOr<TrainReport> Train(const v1::JobConfig& config, const TrainerOpti
       *servers = true;
       return have.status();
     }
+    // Staged after the pull: a balanced clock's shares are final by then.
+    if (staged_clock != clock) {
+      absl::StatusOr<size_t> rows = stage(clock, slot);
+      if (!rows.ok()) return rows.status();
+      batch_rows = *rows;
+      staged_clock = clock;
+    }
     const size_t rows = batch_rows;
-    SEGPS_RETURN_IF_ERROR(model.TrainStep(static_cast<int>(rows), slot));
+    const absl::Time compute_start = absl::Now();
+    // A share of no rows (an epoch's last clock cut over more workers than
+    // it has samples) still pushes, as 0 samples: the step counts.
+    BatchStats stats;
+    if (rows > 0) SEGPS_RETURN_IF_ERROR(model.TrainStep(static_cast<int>(rows), slot));
     // On the CPU the gradient is read where it is; a GPU's comes back through pinned memory.
     const float* grad = model.grad();
-    if (device) {
+    if (rows == 0) {
+      no_gradient.assign(n, 0.0f);
+      grad = no_gradient.data();
+    } else if (device) {
       SEGPS_RETURN_IF_ERROR(backend->Download(model.grad(), grad_host->data(), n * sizeof(float)));
       grad = grad_host->data();
     }
-    SEGPS_RETURN_IF_ERROR(model.DownloadStats());
+    if (rows > 0) SEGPS_RETURN_IF_ERROR(model.DownloadStats());
     // Stage the next batch while this step runs on the device.
     staged_clock.reset();
-    if (clock + 1 < total_steps) {
+    if (clock + 1 < total_steps && rows_of(clock + 1).has_value()) {
       absl::StatusOr<size_t> next = stage(clock + 1, slot ^ 1);
       if (!next.ok()) return next.status();
       batch_rows = *next;
@@ -269,14 +336,26 @@ absl::StatusOr<TrainReport> Train(const v1::JobConfig& config, const TrainerOpti
     }
     SEGPS_RETURN_IF_ERROR(backend->Synchronize());
     slot ^= 1;
-    const BatchStats stats = model.stats();
+    if (rows > 0) stats = model.stats();
     if (!std::isfinite(stats.loss_sum)) {
       return absl::InternalError(absl::StrCat(tag, ": loss became ", stats.loss_sum, " at clock ", clock,
                                               "; lower optimizer.learning_rate"));
     }
+    // A slower device: its compute takes slowdown_factor times as long.
+    absl::Duration compute = absl::Now() - compute_start;
+    if (options.slowdown_factor > 1) {
+      absl::SleepFor(compute * (options.slowdown_factor - 1));
+      compute = absl::Now() - compute_start;
+    }
+    throughput.Observe(rows, compute);
     const uint64_t lag = clock - std::min(clock, *have);  // clocks this step's parameters lagged
     waited = absl::ZeroDuration();
-    absl::Status sent = strategy->Finish(encode(clock, grad), clock + 1 == total_steps, &waited);
+    std::unique_ptr<EncodedPush> push = encode(clock, grad);
+    if (balanced) {
+      push->samples = static_cast<uint32_t>(rows);
+      push->samples_per_second = static_cast<float>(throughput.rate());
+    }
+    absl::Status sent = strategy->Finish(std::move(push), clock + 1 == total_steps, &waited);
     count_blocked(waited);
     if (!sent.ok()) {
       *servers = true;
@@ -291,9 +370,10 @@ absl::StatusOr<TrainReport> Train(const v1::JobConfig& config, const TrainerOpti
       w->steps += 1;
       w->staleness += static_cast<double>(lag);
       w->max_staleness = std::max(w->max_staleness, lag);
+      w->compute += compute;
     }
     staleness_sum += static_cast<double>(lag);
-    if (options.metrics != nullptr) {
+    if (options.metrics != nullptr && rows > 0) {
       options.metrics->ObserveStep(stats.loss_sum / rows, static_cast<double>(stats.correct) / rows, rows, lag,
                                    clock + 1);
     }
@@ -305,12 +385,17 @@ absl::StatusOr<TrainReport> Train(const v1::JobConfig& config, const TrainerOpti
     const bool epoch_end = s + 1 == steps_per_epoch;
     if (now >= next_log || epoch_end) {
       const double secs = std::max(1e-9, absl::ToDoubleSeconds(now - window.start));
-      const std::string line = absl::StrFormat(
+      const double samples = std::max<double>(1, static_cast<double>(window.samples));
+      std::string line = absl::StrFormat(
           "%s: epoch %u/%u step %d/%d loss %.4f acc %.4f samples/s %.0f staleness avg %.2f max %d blocked %.0f%%",
-          tag, epoch + 1, epochs, clock + 1, total_steps, window.loss / window.samples,
-          static_cast<double>(window.correct) / window.samples, window.samples / secs,
+          tag, epoch + 1, epochs, clock + 1, total_steps, window.loss / samples,
+          static_cast<double>(window.correct) / samples, window.samples / secs,
           window.staleness / window.steps, window.max_staleness,
           100.0 * absl::ToDoubleSeconds(window.blocked) / secs);
+      if (balanced) {
+        absl::StrAppendFormat(&line, " share %.0f compute %.0f samples/s",
+                              static_cast<double>(window.samples) / window.steps, throughput.rate());
+      }
       if (options.progress_bar) {
         const int width_bar = 30;
         const int filled = static_cast<int>(width_bar * (clock + 1) / total_steps);
@@ -320,13 +405,18 @@ absl::StatusOr<TrainReport> Train(const v1::JobConfig& config, const TrainerOpti
       } else {
         SEGPS_LOG_INFO << line;
       }
-      if (options.metrics != nullptr) options.metrics->SetSamplesPerSecond(window.samples / secs);
+      if (options.metrics != nullptr) {
+        options.metrics->SetSamplesPerSecond(window.samples / secs);
+        options.metrics->SetShare(static_cast<uint32_t>(window.samples / window.steps));
+        options.metrics->SetComputeSamplesPerSecond(throughput.rate());
+      }
       window = Window();
       next_log = now + log_every;
     }
     if (!epoch_end) return absl::OkStatus();
-    report.last_loss = epoch_window.loss / epoch_window.samples;
-    report.last_accuracy = static_cast<double>(epoch_window.correct) / epoch_window.samples;
+    const double epoch_samples = std::max<double>(1, static_cast<double>(epoch_window.samples));
+    report.last_loss = epoch_window.loss / epoch_samples;
+    report.last_accuracy = static_cast<double>(epoch_window.correct) / epoch_samples;
     // An epoch computed again after a rollback replaces its record.
     auto* records = report.history.mutable_epochs();
     while (!records->empty() && records->rbegin()->epoch() > epoch) records->RemoveLast();
@@ -339,6 +429,9 @@ absl::StatusOr<TrainReport> Train(const v1::JobConfig& config, const TrainerOpti
         epoch_window.samples / std::max(1e-9, absl::ToDoubleSeconds(absl::Now() - epoch_window.start)));
     record->set_mean_staleness(epoch_window.staleness / epoch_window.steps);
     record->set_blocked_seconds(absl::ToDoubleSeconds(epoch_window.blocked));
+    record->set_mean_share(static_cast<double>(epoch_window.samples) / epoch_window.steps);
+    record->set_compute_samples_per_second(
+        epoch_window.samples / std::max(1e-9, absl::ToDoubleSeconds(epoch_window.compute)));
     if (options.test != nullptr) {
       const absl::Time scoring = absl::Now();
       std::vector<float> params(n);

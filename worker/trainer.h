@@ -28,6 +28,9 @@ struct TrainerOptions {
   WorkerMetrics* metrics = nullptr;
   // Extra time per step, to play a straggler in staleness experiments.
   absl::Duration slowdown = absl::ZeroDuration();
+  // Stretches each step's compute time by this factor (>= 1): a slower
+  // device, whose cost grows with its share of the samples.
+  double slowdown_factor = 1;
   // Draw a progress bar on stdout (when it is a terminal).
   bool progress_bar = false;
   // When set, the segment is scored on it after every epoch.

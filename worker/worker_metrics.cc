@@ -18,6 +18,9 @@ WorkerMetrics::WorkerMetrics(prometheus::Registry& registry, const std::string& 
   accuracy_ = gauge("segps_worker_training_accuracy", "Accuracy on the last batch");
   clock_ = gauge("segps_worker_clock", "Steps pushed so far, as a clock");
   samples_per_second_ = gauge("segps_worker_samples_per_second", "Training throughput over the last log interval");
+  share_ = gauge("segps_worker_share_samples", "Samples this worker computes per clock (training.balance: its share)");
+  compute_samples_per_second_ = gauge("segps_worker_compute_samples_per_second",
+                                      "Samples per second of this worker's own computing, waits excluded");
   steps_ = counter("segps_worker_steps_total", "Training steps done");
   samples_ = counter("segps_worker_samples_total", "Training samples processed");
   blocked_seconds_ = counter("segps_worker_blocked_seconds_total", "Time waiting for parameters the bound requires");

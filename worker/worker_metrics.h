@@ -24,6 +24,10 @@ class WorkerMetrics {
   // clocks its parameters lagged behind it, and the worker's clock after it.
   void ObserveStep(double loss, double accuracy, uint64_t rows, uint64_t staleness, uint64_t clock);
   void SetSamplesPerSecond(double rate) { samples_per_second_->Set(rate); }
+  // Balanced training: the samples this worker computes per clock, and its
+  // compute throughput (waits excluded), which its share follows.
+  void SetShare(uint32_t samples) { share_->Set(samples); }
+  void SetComputeSamplesPerSecond(double rate) { compute_samples_per_second_->Set(rate); }
   void ObserveBlocked(double seconds) { blocked_seconds_->Increment(seconds); }
   void ObservePull(double seconds, uint64_t bytes);
   void ObservePush(double seconds, uint64_t bytes);
@@ -34,6 +38,8 @@ class WorkerMetrics {
   prometheus::Gauge* accuracy_;
   prometheus::Gauge* clock_;
   prometheus::Gauge* samples_per_second_;
+  prometheus::Gauge* share_;
+  prometheus::Gauge* compute_samples_per_second_;
   prometheus::Counter* steps_;
   prometheus::Counter* samples_;
   prometheus::Counter* blocked_seconds_;

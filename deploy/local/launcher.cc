@@ -48,6 +48,9 @@ ABSL_FLAG(int32_t, apply_threads, 1, "Threads each server splits an update over 
 ABSL_FLAG(std::string, bin_dir, "", "Directory of segps-server, segps-worker and segps-eval. Default: this binary's.");
 ABSL_FLAG(int32_t, straggler_ms, 0,
           "Slow the last worker of the first segment by this many milliseconds per step (staleness experiments).");
+ABSL_FLAG(double, straggler_factor, 1,
+          "Stretch the compute time of the first segment's last worker by this factor (>= 1): a slower device "
+          "(segps-worker --slowdown_factor).");
 ABSL_FLAG(int32_t, start_timeout_s, 60, "Seconds to wait for servers to start listening.");
 ABSL_FLAG(bool, tls, false,
           "Run the whole job over mutual TLS with bearer tokens, with a CA, certificates and tokens made for it "
@@ -399,6 +402,9 @@ int main(int argc, char** argv) {
       args.insert(args.end(), worker_tls.begin(), worker_tls.end());
       if (k == 0 && r + 1 == segps::WorkersOf(*config, k) && absl::GetFlag(FLAGS_straggler_ms) > 0) {
         args.insert(args.end(), {"--slowdown_ms", std::to_string(absl::GetFlag(FLAGS_straggler_ms))});
+      }
+      if (k == 0 && r + 1 == segps::WorkersOf(*config, k) && absl::GetFlag(FLAGS_straggler_factor) != 1) {
+        args.insert(args.end(), {"--slowdown_factor", absl::StrCat(absl::GetFlag(FLAGS_straggler_factor))});
       }
       Child* c = launcher.Spawn(absl::StrCat(config->model().segments(k).name(), "/", r), args, /*with_input=*/true);
       if (c == nullptr) return Fail("cannot start segps-worker");

@@ -109,7 +109,7 @@ int main(int argc, char** argv) {
       std::vector<float> w(n, 0.1f), g(n, 0.01f);
       uint64_t step = 0;
       sample_bound();
-      const double s = MedianSeconds([&] { opt->Apply(++step, 0, absl::MakeSpan(w), g); }, budget);
+      const double s = MedianSeconds([&] { opt->Apply(++step, 0, absl::MakeSpan(w), g, 1.0f); }, budget);
       sample_bound();
       rows.push_back({kind, n, n / s, bytes});
     }

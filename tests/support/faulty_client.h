@@ -55,6 +55,9 @@ class FaultyClient final : public ParameterClient {
   absl::StatusOr<uint64_t> Pull(int segment, uint64_t clock, absl::Span<float> dest) override {
     return Run<uint64_t>("Pull", [&] { return inner_->Pull(segment, clock, dest); });
   }
+  std::optional<std::vector<uint32_t>> Shares(int segment, uint64_t clock) override {
+    return inner_->Shares(segment, clock);
+  }
   std::unique_ptr<EncodedPush> Encode(int segment, uint64_t clock, absl::Span<const float> grad) override {
     return inner_->Encode(segment, clock, grad);
   }

@@ -4,6 +4,7 @@
 
 #include <cmath>
 
+#include "common/config.h"
 #include "common/shard_map.h"
 #include "server/optimizer.h"
 #include "worker/backend.h"
@@ -35,7 +36,43 @@ std::vector<std::vector<float>> TrainReference(const v1::JobConfig& config, cons
         EXPECT_TRUE(backend->Upload(y.data(), model.labels(), rows * sizeof(int32_t)).ok());
         EXPECT_TRUE(model.TrainStep(static_cast<int>(rows)).ok());
         EXPECT_TRUE(backend->Download(model.grad(), grad.data(), grad.size() * sizeof(float)).ok());
-        optimizer->Apply(++step, 0, absl::MakeSpan(params), grad);
+        optimizer->Apply(++step, 0, absl::MakeSpan(params), grad, 1.0f);
+      }
+    }
+    result.push_back(std::move(params));
+  }
+  return result;
+}
+
+std::vector<std::vector<float>> TrainBalancedReference(const v1::JobConfig& config, const Dataset& train) {
+  std::unique_ptr<Backend> backend = CreateCpuBackend(1);
+  ShardMap map = *ShardMap::Create(config.model(), 1);
+  const uint32_t batch = config.training().batch_size();
+  std::vector<std::vector<float>> result;
+  for (int k = 0; k < map.num_segments(); ++k) {
+    const uint32_t clock_samples = batch * WorkersOf(config, k);
+    std::vector<float> params(map.segment_size(k)), grad(params.size());
+    InitializeRange(map, k, 0, config.seed(), params.data(), params.size());
+    std::unique_ptr<Optimizer> optimizer = *CreateOptimizer(config.optimizer(), params.size());
+    SegmentModel model = *SegmentModel::Create(backend.get(), config.model(), k, static_cast<int>(clock_samples));
+    const Range rows_of_segment = SegmentRows(config, train.size(), k);
+    std::vector<float> x(clock_samples * train.width);
+    std::vector<int32_t> y(clock_samples);
+    uint64_t step = 0;
+    for (uint32_t epoch = 0; epoch < config.training().epochs(); ++epoch) {
+      const std::vector<uint32_t> order = EpochOrder(rows_of_segment, config.seed(), k, kWholeSegment, epoch);
+      for (uint64_t begin = 0; begin < rows_of_segment.count; begin += clock_samples) {
+        const size_t rows = std::min<size_t>(clock_samples, rows_of_segment.count - begin);
+        GatherBatch(train, order, begin, rows, x.data(), y.data());
+        EXPECT_TRUE(backend->Upload(params.data(), model.params(), params.size() * sizeof(float)).ok());
+        EXPECT_TRUE(backend->Upload(x.data(), model.input(), rows * train.width * sizeof(float)).ok());
+        EXPECT_TRUE(backend->Upload(y.data(), model.labels(), rows * sizeof(int32_t)).ok());
+        EXPECT_TRUE(model.TrainStep(static_cast<int>(rows)).ok());
+        EXPECT_TRUE(backend->Download(model.grad(), grad.data(), grad.size() * sizeof(float)).ok());
+        // The workers' pushes of one clock, each weighted by its samples
+        // over batch_size, sum to the clock's mean gradient times rows / batch_size.
+        optimizer->Apply(++step, 0, absl::MakeSpan(params), grad,
+                         static_cast<float>(rows) / static_cast<float>(batch));
       }
     }
     result.push_back(std::move(params));

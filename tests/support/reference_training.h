@@ -14,6 +14,12 @@ namespace segps {
 // Each segment's flat parameters after training, in segment order.
 std::vector<std::vector<float>> TrainReference(const v1::JobConfig& config, const Dataset& train);
 
+// The same for balanced training (training.balance) with SGD at staleness
+// 0: one step per clock on the clock's whole batch of the segment's order,
+// whatever the shares, which is what the workers' weighted pushes of that
+// clock add up to (exactly so for SGD without weight decay).
+std::vector<std::vector<float>> TrainBalancedReference(const v1::JobConfig& config, const Dataset& train);
+
 // Largest |a - b| / max(1, |b|) over two parameter vectors.
 double MaxRelativeError(const std::vector<float>& a, const std::vector<float>& b);
 

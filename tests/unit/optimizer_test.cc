@@ -14,28 +14,29 @@ struct Reference {
   v1::OptimizerConfig c;
   std::vector<double> w, m, v, a;
   int t = 0;
-  void Step(const std::vector<double>& g0) {
+  // One update with the learning rate times `scale`.
+  void Step(const std::vector<double>& g0, double scale = 1) {
     ++t;
     for (size_t i = 0; i < w.size(); ++i) {
       const double g = g0[i] + c.weight_decay() * w[i];
       switch (c.kind()) {
         case v1::SGD:
-          w[i] -= c.learning_rate() * g;
+          w[i] -= scale * c.learning_rate() * g;
           break;
         case v1::MOMENTUM:
-          m[i] = c.momentum() * m[i] - c.learning_rate() * g;
+          m[i] = c.momentum() * m[i] - scale * c.learning_rate() * g;
           w[i] += m[i];
           break;
         case v1::ADAM: {
           m[i] = c.beta1() * m[i] + (1 - c.beta1()) * g;
           v[i] = c.beta2() * v[i] + (1 - c.beta2()) * g * g;
-          const double alpha = c.learning_rate() * std::sqrt(1 - std::pow(c.beta2(), t)) / (1 - std::pow(c.beta1(), t));
+          const double alpha = scale * c.learning_rate() * std::sqrt(1 - std::pow(c.beta2(), t)) / (1 - std::pow(c.beta1(), t));
           w[i] -= alpha * m[i] / (std::sqrt(v[i]) + c.epsilon());
           break;
         }
         case v1::ADAGRAD:
           a[i] += g * g;
-          w[i] -= c.learning_rate() * g / (std::sqrt(a[i]) + c.epsilon());
+          w[i] -= scale * c.learning_rate() * g / (std::sqrt(a[i]) + c.epsilon());
           break;
         default:
           FAIL();
@@ -94,9 +95,26 @@ TEST_P(OptimizerTest, MatchesDoublePrecisionReference) {
     for (size_t first = 0; first < n; first += 100) {
       const size_t count = std::min<size_t>(100, n - first);
       t.opt->Apply(step + 1, first, absl::MakeSpan(t.w).subspan(first, count),
-                   absl::MakeConstSpan(gf).subspan(first, count));
+                   absl::MakeConstSpan(gf).subspan(first, count), 1.0f);
     }
     t.ref.Step(g);
+  }
+  for (size_t i = 0; i < n; ++i) {
+    EXPECT_NEAR(t.w[i], t.ref.w[i], 2e-5 * (1 + std::abs(t.ref.w[i]))) << "element " << i;
+  }
+}
+
+// A balanced push's weight (its samples over batch_size) scales the
+// update's learning rate, for every optimizer.
+TEST_P(OptimizerTest, WeightedUpdatesScaleTheLearningRate) {
+  const size_t n = 257;
+  Twins t(Config(GetParam()), n, 3);
+  for (int step = 0; step < 12; ++step) {
+    const float scale = 0.25f * static_cast<float>(step % 4 + 1);  // 0.25 .. 1
+    std::vector<double> g;
+    const std::vector<float> gf = t.Gradient(&g);
+    t.opt->Apply(step + 1, 0, absl::MakeSpan(t.w), gf, scale);
+    t.ref.Step(g, scale);
   }
   for (size_t i = 0; i < n; ++i) {
     EXPECT_NEAR(t.w[i], t.ref.w[i], 2e-5 * (1 + std::abs(t.ref.w[i]))) << "element " << i;
@@ -117,7 +135,7 @@ TEST_P(OptimizerTest, ExtrapolateIsUpdatesWithoutGradient) {
   for (int step = 1; step <= steps; ++step) {
     std::vector<double> g;
     const std::vector<float> gf = t.Gradient(&g);
-    t.opt->Apply(step, 0, absl::MakeSpan(t.w), gf);
+    t.opt->Apply(step, 0, absl::MakeSpan(t.w), gf, 1.0f);
     t.ref.Step(g);
   }
   for (int k : {0, 1, 3}) {

@@ -1,0 +1,104 @@
+#include "common/balance.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+namespace segps {
+
+std::vector<uint32_t> InitialShares(const v1::TrainingConfig& training, uint32_t workers) {
+  if (training.balance().shares_size() > 0) {
+    return {training.balance().shares().begin(), training.balance().shares().end()};
+  }
+  return std::vector<uint32_t>(workers, training.batch_size());
+}
+
+std::optional<std::vector<uint32_t>> Rebalance(const std::vector<uint32_t>& current,
+                                               const std::vector<double>& throughput, uint32_t least,
+                                               uint32_t hysteresis) {
+  const size_t n = current.size();
+  // Ranks with a throughput share the samples they hold now between them.
+  std::vector<size_t> measured;
+  uint64_t pool = 0;
+  for (size_t r = 0; r < n; ++r) {
+    if (r < throughput.size() && throughput[r] > 0 && std::isfinite(throughput[r])) {
+      measured.push_back(r);
+      pool += current[r];
+    }
+  }
+  if (measured.size() < 2) return std::nullopt;
+  std::vector<uint32_t> next = current;
+  // Proportional split; a rank below `least` is held there and the rest
+  // split again among the others, until none is below.
+  std::vector<size_t> free = measured;
+  uint64_t left = pool;
+  while (true) {
+    double speed = 0;
+    for (size_t r : free) speed += throughput[r];
+    std::vector<size_t> held;
+    for (size_t r : free) {
+      if (static_cast<double>(left) * throughput[r] / speed < least) held.push_back(r);
+    }
+    if (held.empty() || held.size() == free.size()) {
+      // Largest remainders make the integer shares add up to `left`.
+      std::vector<std::pair<double, size_t>> remainders;
+      uint64_t given = 0;
+      for (size_t r : free) {
+        const double exact = held.empty() ? static_cast<double>(left) * throughput[r] / speed
+                                          : static_cast<double>(left) / static_cast<double>(free.size());
+        next[r] = static_cast<uint32_t>(std::floor(exact));
+        given += next[r];
+        remainders.push_back({exact - std::floor(exact), r});
+      }
+      std::sort(remainders.begin(), remainders.end(),
+                [](const auto& a, const auto& b) { return a.first > b.first || (a.first == b.first && a.second < b.second); });
+      for (size_t i = 0; given < left; ++i, ++given) next[remainders[i % remainders.size()].second] += 1;
+      break;
+    }
+    for (size_t r : held) {
+      next[r] = least;
+      left -= least;
+      free.erase(std::find(free.begin(), free.end(), r));
+    }
+  }
+  for (size_t r = 0; r < n; ++r) {
+    const uint32_t moved = next[r] > current[r] ? next[r] - current[r] : current[r] - next[r];
+    if (moved >= hysteresis) return next;
+  }
+  return std::nullopt;
+}
+
+Range ShareOf(const std::vector<uint32_t>& shares, uint32_t rank, uint64_t samples) {
+  uint64_t total = 0, before = 0;
+  for (size_t r = 0; r < shares.size(); ++r) {
+    if (r < rank) before += shares[r];
+    total += shares[r];
+  }
+  if (total == 0 || rank >= shares.size()) return {0, 0};
+  // Cut at floor(samples x prefix / total): exact shares for a whole clock.
+  const auto cut = [&](uint64_t prefix) {
+    return static_cast<uint64_t>(static_cast<unsigned __int128>(samples) * prefix / total);
+  };
+  const uint64_t begin = cut(before), end = cut(before + shares[rank]);
+  return {begin, end - begin};
+}
+
+void MergePlan(const v1::SharePlan& reply, v1::SharePlan* known) {
+  if (reply.shares_size() == 0) return;
+  const uint64_t from = reply.shares(0).from_clock();
+  while (known->shares_size() > 0 && known->shares(known->shares_size() - 1).from_clock() >= from) {
+    known->mutable_shares()->RemoveLast();
+  }
+  for (const v1::Shares& entry : reply.shares()) *known->add_shares() = entry;
+  known->set_final_through(std::max(known->final_through(), reply.final_through()));
+}
+
+const v1::Shares* SharesAt(const v1::SharePlan& plan, uint64_t clock) {
+  const v1::Shares* found = nullptr;
+  for (const v1::Shares& entry : plan.shares()) {
+    if (entry.from_clock() <= clock) found = &entry;
+  }
+  return found;
+}
+
+}  // namespace segps
