@@ -27,40 +27,40 @@ std::optional<std::vector<uint32_t>> Rebalance(const std::vector<uint32_t>& curr
     }
   }
   if (measured.size() < 2) return std::nullopt;
-  std::vector<uint32_t> next = current;
-  // Proportional split; a rank below `least` is held there and the rest
-  // split again among the others, until none is below.
+  // Targets proportional to throughput; a rank below `least` is held there
+  // and the rest split again among the others, until none is below.
+  std::vector<double> target(n, 0.0);
   std::vector<size_t> free = measured;
-  uint64_t left = pool;
+  double left = static_cast<double>(pool);
   while (true) {
     double speed = 0;
     for (size_t r : free) speed += throughput[r];
     std::vector<size_t> held;
     for (size_t r : free) {
-      if (static_cast<double>(left) * throughput[r] / speed < least) held.push_back(r);
+      target[r] = left * throughput[r] / speed;
+      if (target[r] < least) held.push_back(r);
     }
-    if (held.empty() || held.size() == free.size()) {
-      // Largest remainders make the integer shares add up to `left`.
-      std::vector<std::pair<double, size_t>> remainders;
-      uint64_t given = 0;
-      for (size_t r : free) {
-        const double exact = held.empty() ? static_cast<double>(left) * throughput[r] / speed
-                                          : static_cast<double>(left) / static_cast<double>(free.size());
-        next[r] = static_cast<uint32_t>(std::floor(exact));
-        given += next[r];
-        remainders.push_back({exact - std::floor(exact), r});
-      }
-      std::sort(remainders.begin(), remainders.end(),
-                [](const auto& a, const auto& b) { return a.first > b.first || (a.first == b.first && a.second < b.second); });
-      for (size_t i = 0; given < left; ++i, ++given) next[remainders[i % remainders.size()].second] += 1;
-      break;
-    }
+    if (held.empty()) break;
     for (size_t r : held) {
-      next[r] = least;
+      target[r] = least;
       left -= least;
       free.erase(std::find(free.begin(), free.end(), r));
     }
+    if (free.empty()) return std::nullopt;  // cannot happen: the total holds every rank's least
   }
+  // Halfway there, in whole samples that add up to the pool (largest remainders).
+  std::vector<uint32_t> next = current;
+  std::vector<std::pair<double, size_t>> remainders;
+  uint64_t given = 0;
+  for (size_t r : measured) {
+    const double exact = 0.5 * (target[r] + current[r]);
+    next[r] = static_cast<uint32_t>(std::floor(exact));
+    given += next[r];
+    remainders.push_back({exact - std::floor(exact), r});
+  }
+  std::sort(remainders.begin(), remainders.end(),
+            [](const auto& a, const auto& b) { return a.first > b.first || (a.first == b.first && a.second < b.second); });
+  for (size_t i = 0; given < pool; ++i, ++given) next[remainders[i % remainders.size()].second] += 1;
   for (size_t r = 0; r < n; ++r) {
     const uint32_t moved = next[r] > current[r] ? next[r] - current[r] : current[r] - next[r];
     if (moved >= hysteresis) return next;

@@ -23,10 +23,12 @@ namespace segps {
 // The shares a balanced segment starts with: balance.shares, or batch_size each.
 std::vector<uint32_t> InitialShares(const v1::TrainingConfig& training, uint32_t workers);
 
-// New shares proportional to `throughput` (samples per second per rank; 0:
+// New shares: each moves halfway from `current` towards its part of the
+// total proportional to `throughput` (samples per second per rank; 0:
 // unknown, the rank keeps its share), each at least `least`, with the same
-// total as `current`; nullopt when no share would move by `hysteresis`
-// samples or more.
+// total; nullopt when no share would move by `hysteresis` samples or more.
+// Halfway: throughput measured on a shared machine is noisy, and a share
+// given at once on one noisy measure swings back at the next.
 std::optional<std::vector<uint32_t>> Rebalance(const std::vector<uint32_t>& current,
                                                const std::vector<double>& throughput, uint32_t least,
                                                uint32_t hysteresis);

@@ -132,6 +132,7 @@ absl::StatusOr<std::unique_ptr<ParameterServer>> ParameterServer::Create(const v
     options.clock = server_options.clock;
     options.max_waiting_per_worker = config.cluster().max_waiting_calls();
     options.ranks = WorkersOf(config, k);
+    options.hold_for_joiners = options.staleness == 0;
     if (config.training().has_balance()) {
       const v1::BalanceConfig& balance = config.training().balance();
       options.batch_size = config.training().batch_size();

@@ -51,11 +51,30 @@ void SegmentShard::SetLive(Worker* w, bool live) {
   if (live) {
     ++live_clocks_[w->next_clock];
     ++live_;
+    if (!w->pulled) ++unpulled_[w->next_clock];
     return;
   }
   auto at = live_clocks_.find(w->next_clock);
   if (--at->second == 0) live_clocks_.erase(at);
   --live_;
+  if (!w->pulled) {
+    auto fresh = unpulled_.find(w->next_clock);
+    if (--fresh->second == 0) unpulled_.erase(fresh);
+  }
+}
+
+void SegmentShard::MarkPulled(Worker* w) {
+  if (w->pulled) return;
+  const bool live = w->live;
+  SetLive(w, false);
+  w->pulled = true;
+  SetLive(w, live);
+}
+
+bool SegmentShard::WaitsForPeers(const Waiter& push) const {
+  if (!options_.hold_for_joiners) return false;
+  // The pusher itself counts as pulled (StartPush).
+  return unpulled_.count(push.clock) > 0;
 }
 
 void SegmentShard::ExpireLeases(absl::Time now) {
@@ -100,6 +119,11 @@ bool SegmentShard::BoundAllows(uint64_t clock, uint64_t end) const {
   return SegmentClock() >= needed || ClockOf(end) >= needed;
 }
 
+std::string SegmentShard::Describe(uint64_t id, const Worker& w) {
+  if (id >= kPlaceholder) return absl::StrCat("rank ", w.rank, ", expected back or to start");
+  return absl::StrCat("worker ", id, " (rank ", w.rank, ")");
+}
+
 std::string SegmentShard::Laggard() const {
   const std::pair<const uint64_t, Worker>* laggard = nullptr;
   for (const auto& entry : workers_) {
@@ -107,11 +131,14 @@ std::string SegmentShard::Laggard() const {
       laggard = &entry;
     }
   }
-  if (laggard == nullptr) return "no worker";
-  if (laggard->first >= kPlaceholder) {
-    return absl::StrCat("rank ", laggard->second.rank, ", expected back or to start");
+  return laggard == nullptr ? "no worker" : Describe(laggard->first, laggard->second);
+}
+
+std::string SegmentShard::Unpulled(uint64_t clock, uint64_t except) const {
+  for (const auto& [id, w] : workers_) {
+    if (id != except && w.live && !w.pulled && w.next_clock == clock) return Describe(id, w);
   }
-  return absl::StrCat("worker ", laggard->first, " (rank ", laggard->second.rank, ")");
+  return "no worker";
 }
 
 absl::Status SegmentShard::BehindBound(uint64_t clock) const {
@@ -393,10 +420,12 @@ void SegmentShard::Pull(uint64_t id, uint64_t clock, uint64_t first, uint64_t co
             (*w)->next_clock, ", at most ", options_.max_clock_ahead, " may be in flight)"));
       } else {
         (*w)->last_pull_clock = clock;
+        MarkPulled(*w);
       }
     }
     if (valid.ok()) {
       StartPull(std::move(waiter), now, &ready);
+      Resume(now, &ready);  // a first pull may free a peer's push (WaitsForPeers)
     } else {
       Fail(std::move(waiter), valid, &ready);
     }
@@ -485,6 +514,9 @@ void SegmentShard::StartPush(std::unique_ptr<Waiter> waiter, absl::Time now, Com
   absl::StatusOr<Worker*> found = FindLive(waiter->id, now, "Push");
   if (!found.ok()) return Fail(std::move(waiter), found.status(), ready);
   Worker* w = *found;
+  // It computed a step on something: no longer a worker that just joined
+  // (two that push without pulling must not wait for each other).
+  MarkPulled(w);
   if (AppliedBefore(*w, *waiter)) {
     return AfterPush(std::move(waiter), w, Acknowledged(*w),
                      now, ready);
@@ -505,11 +537,12 @@ void SegmentShard::StartPush(std::unique_ptr<Waiter> waiter, absl::Time now, Com
   }
   MaybeCheckpoint(now);
   MaybeRebalance();
-  if (w->next_clock != waiter->clock || w->applied != waiter->first || WaitsForCut(*waiter)) {
+  if (w->next_clock != waiter->clock || w->applied != waiter->first || WaitsForCut(*waiter) ||
+      WaitsForPeers(*waiter)) {
     // Pushes (and chunks) of one worker may overtake each other on the
     // wire: this one waits for its predecessors (or, a checkpoint's clock,
     // for the cut before it).
-    if (now >= waiter->deadline) return Fail(std::move(waiter), Skipped(*w, *waiter), ready);
+    if (now >= waiter->deadline) return Fail(std::move(waiter), Late(*w, *waiter), ready);
     if (!draining_.empty()) return Fail(std::move(waiter), absl::UnavailableError(draining_), ready);
     if (absl::Status full = Park(*waiter, "Push"); !full.ok()) return Fail(std::move(waiter), std::move(full), ready);
     pushes_waiting_.push_back(std::move(waiter));
@@ -517,6 +550,18 @@ void SegmentShard::StartPush(std::unique_ptr<Waiter> waiter, absl::Time now, Com
   }
   const PushResult result = Apply(w, *waiter);
   AfterPush(std::move(waiter), w, result, now, ready);
+}
+
+absl::Status SegmentShard::Late(const Worker& w, const Waiter& push) const {
+  if (w.next_clock != push.clock || w.applied != push.first) return Skipped(w, push);
+  if (WaitsForCut(push)) {
+    return absl::UnavailableError(absl::StrCat("Push: clock ", push.clock, " waits for the checkpoint at clock ",
+                                               next_cut_, ", which needs ", Laggard(), " to push clock ",
+                                               SegmentClock()));
+  }
+  return absl::UnavailableError(absl::StrCat("Push: clock ", push.clock, " waits for ",
+                                             Unpulled(push.clock, push.id),
+                                             ", which joined at that clock, to pull it first"));
 }
 
 absl::Status SegmentShard::Skipped(const Worker& w, const Waiter& push) {
@@ -606,7 +651,7 @@ void SegmentShard::Resume(absl::Time now, Completions* ready) {
       auto it = workers_.find(push->id);
       Worker* w = it == workers_.end() || !it->second.live ? nullptr : &it->second;
       const bool turn = w != nullptr && w->next_clock == push->clock && w->applied == push->first &&
-                        !WaitsForCut(*push);
+                        !WaitsForCut(*push) && !WaitsForPeers(*push);
       if (w != nullptr && !turn && !AppliedBefore(*w, *push)) {
         pushes_waiting_.push_back(std::move(push));  // still waiting
         continue;
@@ -663,12 +708,7 @@ void SegmentShard::Tick() {
         ++it;
         continue;
       }
-      const Worker& w = workers_.at((*it)->id);
-      absl::Status late = WaitsForCut(**it) && w.next_clock == (*it)->clock
-                              ? absl::UnavailableError(absl::StrCat(
-                                    "Push: clock ", (*it)->clock, " waits for the checkpoint at clock ", next_cut_,
-                                    ", which needs ", Laggard(), " to push clock ", SegmentClock()))
-                              : Skipped(w, **it);
+      absl::Status late = Late(workers_.at((*it)->id), **it);
       Unparked((*it)->id);
       Fail(std::move(*it), std::move(late), &ready);
       it = pushes_waiting_.erase(it);

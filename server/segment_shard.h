@@ -39,7 +39,9 @@
 // Starting. The segment's first registration keeps a placeholder at clock
 // 0 for each other configured rank (live for one lease): a worker started a
 // moment after its peers starts where they do, instead of at the clock they
-// reached without it.
+// reached without it. With hold_for_joiners (staleness 0) a push of clock c
+// also waits while a worker that registered at c (or a placeholder there)
+// has not yet pulled: its step computes on exactly the updates below c.
 //
 // Rejoining. A registration of a rank that the shard still knows (a
 // placeholder, an expired lease, a replaced worker) continues at that
@@ -92,6 +94,10 @@ struct ShardOptions {
   // Must outlive the shard.
   ApplyPool* apply_pool = nullptr;
   Clock* clock = Clock::Real();  // must outlive the shard
+  // Synchronous training (staleness 0, set by the server): a push of clock
+  // c waits while a worker that joined at c (or a placeholder there) has
+  // not pulled yet, so that its step sees only the clocks below c.
+  bool hold_for_joiners = false;
   // The ranks the segment is configured with. Its first registration keeps
   // a placeholder at clock 0 for each other rank, live for one lease, so
   // that workers started moments apart all start at clock 0 (0: none).
@@ -240,6 +246,7 @@ class SegmentShard {
     uint64_t last_pull_clock = 0;
     absl::Time last_seen;
     bool live = false;  // changed by SetLive only
+    bool pulled = false;  // has pulled or pushed since it registered (MarkPulled only)
   };
 
   // A parked call: a pull behind the bound, a push (grad set) waiting for
@@ -290,6 +297,8 @@ class SegmentShard {
   // The answer to a push applied before (a retry).
   static PushResult Acknowledged(const Worker& w);
   static absl::Status Skipped(const Worker& w, const Waiter& push);
+  // Why a parked push of `w` is still waiting at its deadline.
+  absl::Status Late(const Worker& w, const Waiter& push) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Completes a push (applied now or before), or goes on to its pull.
   void AfterPush(std::unique_ptr<Waiter> waiter, Worker* w, const PushResult& result, absl::Time now,
                  Completions* ready) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -305,6 +314,11 @@ class SegmentShard {
   // Counts a call parked for its worker; RESOURCE_EXHAUSTED past the limit.
   absl::Status Park(const Waiter& waiter, const char* call) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Unparked(uint64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void MarkPulled(Worker* w) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // With hold_for_joiners, whether `push` must wait for a peer that joined at its
+  // clock (or a placeholder's rank) to pull that clock first, so that the
+  // peer's step sees none of the clock's updates.
+  bool WaitsForPeers(const Waiter& push) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Whether `push` must wait for the checkpoint cut before its clock.
   bool WaitsForCut(const Waiter& push) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Minimum next_clock of live workers; the highest clock reached when none is live.
@@ -318,6 +332,9 @@ class SegmentShard {
   uint64_t UpdatesAhead(uint64_t id, uint64_t clock) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The live worker holding the segment clock back, in words (for errors).
   std::string Laggard() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A live worker other than `except` that has not pulled since it joined at `clock`, in words.
+  std::string Unpulled(uint64_t clock, uint64_t except) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  static std::string Describe(uint64_t id, const Worker& w);
   absl::StatusOr<Worker*> FindLive(uint64_t id, absl::Time now, const char* call)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
@@ -335,6 +352,8 @@ class SegmentShard {
   absl::Duration blocked_ ABSL_GUARDED_BY(mu_);
   // Live workers per next_clock: the segment clock is the first key.
   std::map<uint64_t, uint32_t> live_clocks_ ABSL_GUARDED_BY(mu_);
+  // Live workers that have not pulled since they registered, per next_clock.
+  std::map<uint64_t, uint32_t> unpulled_ ABSL_GUARDED_BY(mu_);
   uint64_t live_ ABSL_GUARDED_BY(mu_) = 0;
   // Parked pulls (and pushes' pulls) by the segment clock they need; parked pushes.
   std::multimap<uint64_t, std::unique_ptr<Waiter>> pulls_waiting_ ABSL_GUARDED_BY(mu_);

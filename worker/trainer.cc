@@ -90,14 +90,14 @@ struct Window {
   absl::Time start = absl::Now();
 };
 
-// A worker's compute throughput, smoothed over its last steps (a share
-// follows it; the waits of the staleness bound are not in it).
+// A worker's compute throughput, smoothed over its last 20 or so steps (a
+// share follows it; the waits of the staleness bound are not in it).
 class Throughput {
  public:
   void Observe(size_t rows, absl::Duration compute) {
     const double seconds = absl::ToDoubleSeconds(compute);
     if (rows == 0 || seconds <= 0) return;
-    const double alpha = samples_ == 0 ? 1.0 : 0.2;
+    const double alpha = samples_ == 0 ? 1.0 : 0.05;
     samples_ += alpha * (static_cast<double>(rows) - samples_);
     seconds_ += alpha * (seconds - seconds_);
   }

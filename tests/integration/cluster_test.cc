@@ -25,22 +25,6 @@ std::string Config(const std::string& name) {
   return std::string(SEGPS_SOURCE_DIR) + "/deploy/configs/" + name;
 }
 
-double EnsembleAccuracy(const std::string& json) {
-  std::smatch m;
-  const std::regex re("\"ensemble\": \\{\"name\": \"ensemble\", \"accuracy\": ([0-9.]+)");
-  if (!std::regex_search(json, m, re)) return -1;
-  return std::stod(m[1]);
-}
-
-std::vector<float> ReadNpyFloat32(const std::string& path) {
-  std::string bytes = ReadFile(path);
-  if (bytes.size() < 10) return {};
-  const size_t header = static_cast<uint8_t>(bytes[8]) | static_cast<uint8_t>(bytes[9]) << 8;
-  std::vector<float> v((bytes.size() - 10 - header) / 4);
-  std::memcpy(v.data(), bytes.data() + 10 + header, v.size() * 4);
-  return v;
-}
-
 struct LocalRun {
   int status = -1;
   std::string output;
@@ -57,8 +41,6 @@ LocalRun RunLocal(const std::string& config, const std::string& dir, absl::Durat
   run.report = ReadFile(dir + "/report.json");
   return run;
 }
-
-bool ExitedOk(int status) { return WIFEXITED(status) && WEXITSTATUS(status) == 0; }
 
 TEST(Cluster, SeedRecipeRunsAndEqualsTheSingleProcessReference) {
   const std::string dir = MakeTempDir();

@@ -26,15 +26,6 @@ namespace {
 
 const std::string kSource = SEGPS_SOURCE_DIR;
 
-double EnsembleAccuracy(const std::string& json) {
-  std::smatch m;
-  const std::regex re("\"ensemble\": \\{\"name\": \"ensemble\", \"accuracy\": ([0-9.]+)");
-  if (!std::regex_search(json, m, re)) return -1;
-  return std::stod(m[1]);
-}
-
-bool ExitedOk(int status) { return WIFEXITED(status) && WEXITSTATUS(status) == 0; }
-
 struct Finished {
   bool ok = false;
   std::string output;

@@ -23,8 +23,6 @@
 namespace segps {
 namespace {
 
-bool ExitedOk(int status) { return WIFEXITED(status) && WEXITSTATUS(status) == 0; }
-
 // 2 servers, segment "s" (50 -> 32 -> 10), Adam, one worker per segment
 // unless `training` says otherwise; 375 steps at batch 32 and 3 epochs.
 std::string Job(const std::string& dir, const std::string& training, int epochs = 3, int lease_ms = 1000) {

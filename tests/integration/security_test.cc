@@ -26,8 +26,6 @@ std::pair<int, std::string> RunToEnd(const std::vector<std::string>& argv, absl:
   return {status, p->output()};
 }
 
-bool ExitedOk(int status) { return WIFEXITED(status) && WEXITSTATUS(status) == 0; }
-
 std::string MakeCerts(const std::string& dir) {
   auto [status, output] =
       RunToEnd({"/bin/bash", std::string(SEGPS_SOURCE_DIR) + "/deploy/make-certs.sh", dir}, absl::Minutes(1));

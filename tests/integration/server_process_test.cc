@@ -85,6 +85,16 @@ class ServerProcessTest : public ::testing::Test {
     EXPECT_TRUE(status.ok()) << status.error_message();
     EXPECT_EQ(resp.offset(), map_->range(0, server).offset);
     secrets_[{server, resp.worker_id()}] = resp.registration_secret();
+    // A worker pulls before its first step: at staleness 0, peers' pushes
+    // of its start clock wait for that (they must not be in its step).
+    v1::PullRequest pull;
+    pull.set_segment(0);
+    pull.set_worker_id(resp.worker_id());
+    pull.set_registration_secret(resp.registration_secret());
+    pull.set_clock(resp.start_clock());
+    v1::PullResponse pulled;
+    status = Call(server, pull, &pulled);
+    EXPECT_TRUE(status.ok()) << status.error_message();
     return resp.worker_id();
   }
 
@@ -134,6 +144,7 @@ TEST_F(ServerProcessTest, ServesTheSameModelAsASingleProcessInitialisation) {
 TEST_F(ServerProcessTest, StalenessPushesAndBadInput) {
   const uint64_t a0 = Register(0, 0), a1 = Register(1, 0);
   const uint64_t b0 = Register(0, 1);
+  Register(1, 1);  // B on server 1 too (else its place at clock 0 holds A's push there for a lease)
   const std::vector<float> before = Read(0);
   v1::PushResponse presp;
   ASSERT_TRUE(Call(0, Push(0, a0, 0, 1.0f), &presp).ok());
@@ -301,6 +312,7 @@ TEST_F(ServerProcessTest, UnparseableRequestsGetInvalidArgumentNamingTheMethod) 
 
 TEST_F(ServerProcessTest, PushStreamAnswersInOrderAndEndsAtTheFirstBadPush) {
   const uint64_t a0 = Register(0, 0);
+  Register(0, 1);  // its peer, started (else its place at clock 0 holds a0's first push for a lease)
   const std::vector<float> before = Read(0);
   v1::PushResponse reply;
   // Writes worker a0's push of `clock` and checks its answer.

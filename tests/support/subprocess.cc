@@ -10,7 +10,9 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
+#include <regex>
 #include <sstream>
 
 #include "absl/strings/match.h"
@@ -163,5 +165,24 @@ std::string ReadFile(const std::string& path) {
   s << in.rdbuf();
   return s.str();
 }
+
+double EnsembleAccuracy(const std::string& report_json) {
+  std::smatch m;
+  const std::regex re("\"ensemble\": \\{\"name\": \"ensemble\", \"accuracy\": ([0-9.]+)");
+  if (!std::regex_search(report_json, m, re)) return -1;
+  return std::stod(m[1]);
+}
+
+std::vector<float> ReadNpyFloat32(const std::string& path) {
+  const std::string bytes = ReadFile(path);
+  if (bytes.size() < 10) return {};
+  const size_t header = static_cast<uint8_t>(bytes[8]) | static_cast<uint8_t>(bytes[9]) << 8;
+  if (bytes.size() < 10 + header) return {};
+  std::vector<float> v((bytes.size() - 10 - header) / 4);
+  std::memcpy(v.data(), bytes.data() + 10 + header, v.size() * 4);
+  return v;
+}
+
+bool ExitedOk(int status) { return WIFEXITED(status) && WEXITSTATUS(status) == 0; }
 
 }  // namespace segps

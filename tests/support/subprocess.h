@@ -67,6 +67,15 @@ std::string MakeTempDir();
 void WriteFile(const std::string& path, const std::string& text);
 std::string ReadFile(const std::string& path);
 
+// The ensemble's accuracy in a segps-local report (JSON); -1 if absent.
+double EnsembleAccuracy(const std::string& report_json);
+
+// A float32 .npy file's values (as segps-local --params_dir writes them).
+std::vector<float> ReadNpyFloat32(const std::string& path);
+
+// Whether a wait status is a clean exit.
+bool ExitedOk(int status);
+
 // Writes dir/job.pbtxt, a small job that trains until it is stopped (for
 // tests that stop or watch a running cluster), and returns its path.
 std::string WriteEndlessJob(const std::string& dir, int num_servers, int staleness);

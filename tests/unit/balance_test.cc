@@ -11,26 +11,36 @@ namespace {
 
 uint64_t Sum(const std::vector<uint32_t>& v) { return std::accumulate(v.begin(), v.end(), uint64_t{0}); }
 
-TEST(Balance, SharesFollowThroughputAndKeepTheirTotal) {
-  const std::optional<std::vector<uint32_t>> next = Rebalance({32, 32, 32, 32}, {300, 300, 300, 100}, 3, 1);
+TEST(Balance, SharesMoveHalfwayToTheirThroughputAndKeepTheirTotal) {
+  std::optional<std::vector<uint32_t>> next = Rebalance({32, 32, 32, 32}, {300, 300, 300, 100}, 3, 1);
   ASSERT_TRUE(next.has_value());
   EXPECT_EQ(Sum(*next), 128u);
-  EXPECT_EQ(*next, (std::vector<uint32_t>{39, 38, 38, 13}));  // 128 x 3/10, ..., 128 x 1/10, largest remainders
+  // Targets 38.4 x 3 and 12.8: halfway, 35.2 x 3 and 22.4, in whole samples.
+  EXPECT_EQ(*next, (std::vector<uint32_t>{35, 35, 35, 23}));
+  // At the same throughput the shares keep closing in on the targets.
+  std::vector<uint32_t> shares = *next;
+  for (int i = 0; i < 8; ++i) {
+    if (std::optional<std::vector<uint32_t>> again = Rebalance(shares, {300, 300, 300, 100}, 3, 1)) shares = *again;
+  }
+  EXPECT_EQ(Sum(shares), 128u);
+  EXPECT_NEAR(shares[3], 12.8, 1.5);  // whole samples: halving stops within a sample or so
 }
 
 TEST(Balance, ALeastShareHoldsAndTheRestSplitsByThroughput) {
-  const std::optional<std::vector<uint32_t>> next = Rebalance({32, 32}, {1000, 1}, 6, 1);
-  ASSERT_TRUE(next.has_value());
-  EXPECT_EQ(*next, (std::vector<uint32_t>{58, 6}));
+  std::vector<uint32_t> shares = {32, 32};
+  for (int i = 0; i < 10; ++i) {
+    if (std::optional<std::vector<uint32_t>> next = Rebalance(shares, {1000, 1}, 6, 1)) shares = *next;
+  }
+  EXPECT_EQ(shares, (std::vector<uint32_t>{58, 6}));
 }
 
 TEST(Balance, SmallMovesAndUnmeasuredRanksChangeNothing) {
-  EXPECT_FALSE(Rebalance({32, 32}, {100, 104}, 3, 2).has_value());  // 31.4 / 32.6: under 2 samples
+  EXPECT_FALSE(Rebalance({32, 32}, {100, 110}, 3, 2).has_value());  // 30.5 / 33.5, halfway 31.2 / 32.8
   EXPECT_FALSE(Rebalance({32, 32}, {100, 0}, 3, 1).has_value());    // only one rank measured
   // An unmeasured rank keeps its share; the measured ones split theirs.
   const std::optional<std::vector<uint32_t>> next = Rebalance({32, 32, 32}, {100, 0, 300}, 3, 1);
   ASSERT_TRUE(next.has_value());
-  EXPECT_EQ(*next, (std::vector<uint32_t>{16, 32, 48}));
+  EXPECT_EQ(*next, (std::vector<uint32_t>{24, 32, 40}));  // targets 16 and 48
 }
 
 TEST(Balance, SharesTileAClockAndAShortLastClock) {

@@ -23,7 +23,7 @@ model {
   segments { name: "b" layers { units: 3 activation: SOFTMAX } }
 }
 optimizer { kind: ADAM }
-training { staleness: 0 workers_per_segment: 2 }
+training { staleness: 0 workers_per_segment: 1 }
 data { source: SYNTHETIC_SEED }
 )pb";
 
@@ -256,7 +256,7 @@ TEST_F(ParameterServerTest, ForgedCallsOnALiveRegistrationChangeNothing) {
 // gets NOT_FOUND and changes nothing.
 TEST_F(ParameterServerTest, ARegistrationAnswersOnlyTheCallerThatMadeIt) {
   v1::RegisterResponse registered;
-  ASSERT_TRUE(server_->Register(Registration(0, 1), &registered, "token 0 cert worker-a").ok());
+  ASSERT_TRUE(server_->Register(Registration(0, 0), &registered, "token 0 cert worker-a").ok());
   const std::string before = State();
   v1::PushRequest push = GoodPush();
   push.set_worker_id(registered.worker_id());
@@ -429,7 +429,7 @@ TEST_F(ParameterServerTest, ChunkAheadOfItsPredecessorWaitsThenFails) {
 TEST(ParameterServer, LookaheadFromTheConfigMovesWorkerPulls) {
   std::string text = kConfig;
   text.replace(text.find("kind: ADAM"), 10, "kind: ADAM momentum_lookahead: true");
-  text.replace(text.find("staleness: 0 workers_per_segment: 2"), 35, "staleness: 1 workers_per_segment: 1");
+  text.replace(text.find("staleness: 0 workers_per_segment: 1"), 35, "staleness: 1 workers_per_segment: 1");
   const v1::JobConfig config = *ParseConfig(text, "test");
   std::unique_ptr<ParameterServer> server = *ParameterServer::Create(config, 0);
   v1::RegisterRequest reg;

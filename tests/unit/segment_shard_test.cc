@@ -47,7 +47,7 @@ class SegmentShardTest : public ::testing::Test {
   // value by exactly 1, so a pulled value tells how many updates it reflects.
   std::unique_ptr<SegmentShard> MakeShard(int32_t staleness, absl::Duration lease = absl::Seconds(60),
                                           uint32_t checkpoint_every = 0, uint32_t max_waiting = 64,
-                                          uint32_t ranks = 0) {
+                                          uint32_t ranks = 0, bool hold_for_joiners = false) {
     v1::OptimizerConfig sgd;
     sgd.set_kind(v1::SGD);
     sgd.set_learning_rate(1.0f);
@@ -60,6 +60,7 @@ class SegmentShardTest : public ::testing::Test {
     options.checkpoint_every = checkpoint_every;
     options.max_waiting_per_worker = max_waiting;
     options.ranks = ranks;
+    options.hold_for_joiners = hold_for_joiners;
     options.on_checkpoint = [this](std::shared_ptr<const ShardState> cut) { cuts_.push_back(std::move(cut)); };
     return std::make_unique<SegmentShard>(options, std::vector<float>(kSize, 0.0f), *CreateOptimizer(sgd, kSize));
   }
@@ -664,36 +665,54 @@ TEST_F(SegmentShardTest, RankRejoiningAfterItsPeersFinishedContinuesAtItsOwnCloc
   EXPECT_EQ(back.rank_clock, std::optional<uint64_t>(1));
 }
 
-TEST_F(SegmentShardTest, AWorkerStartingMomentsAfterItsPeerStartsAtClock0) {
-  auto shard = MakeShard(0, absl::Seconds(5), 0, 64, /*ranks=*/2);
+// Synchronous (staleness 0, as the server sets it): the first worker's
+// push of clock 0 waits for its peer to start and pull clock 0, so that the
+// peer's first step sees no update of clock 0: exactly synchronous steps.
+TEST_F(SegmentShardTest, AWorkerStartingMomentsAfterItsPeerStartsAtClock0AndSeesNoneOfItsUpdates) {
+  auto shard = MakeShard(0, absl::Seconds(5), 0, 64, /*ranks=*/2, /*hold_for_joiners=*/true);
   ASSERT_EQ(shard->Register(1, 0, std::nullopt).start_clock, 0u);
-  ASSERT_TRUE(Done(Push(*shard, 1, 0, Soon())).ok());
-  Call<PullResult> waiting = Pull(*shard, 1, 1, Soon());
+  ASSERT_TRUE(Done(Pull(*shard, 1, 0, Soon())).ok());
+  Call<PushResult> first = Push(*shard, 1, 0, Soon(), /*and_pull=*/true);
   clock_.Advance(absl::Seconds(2));
   shard->Tick();
-  EXPECT_FALSE(waiting->done) << "rank 1's place at clock 0 holds the segment back";
+  EXPECT_FALSE(first->done) << "rank 1's place at clock 0 holds the segment back";
   const Registered late = shard->Register(2, 1, std::nullopt);
   EXPECT_EQ(late.start_clock, 0u);
-  EXPECT_FALSE(waiting->done);
+  EXPECT_FALSE(first->done);
+  Call<PullResult> peer = Pull(*shard, 2, 0, Soon());
+  ASSERT_TRUE(Done(peer).ok());
+  EXPECT_EQ(peer->Reflected(), 0) << "the late worker's step saw an update of its own clock";
+  EXPECT_FALSE(first->done) << "its pull of clock 1 waits for the peer's push";
   ASSERT_TRUE(Done(Push(*shard, 2, 0, Soon())).ok());
-  ASSERT_TRUE(Done(waiting).ok());
-  EXPECT_EQ(waiting->Reflected(), 2);
+  ASSERT_TRUE(Done(first).ok());
+  EXPECT_EQ(first->Reflected(), 2);
+}
+
+// A push counts as its worker's start: two workers that push their first
+// step without pulling (as a benchmark client does) do not wait for each other.
+TEST_F(SegmentShardTest, WorkersPushingWithoutPullingDoNotHoldEachOther) {
+  auto shard = MakeShard(0, absl::Seconds(5), 0, 64, /*ranks=*/2, /*hold_for_joiners=*/true);
+  shard->Register(1, 0, std::nullopt);
+  shard->Register(2, 1, std::nullopt);
+  Call<PushResult> first = Push(*shard, 1, 0, Soon());
+  EXPECT_FALSE(first->done) << "worker 2 may still pull clock 0";
+  ASSERT_TRUE(Done(Push(*shard, 2, 0, Soon())).ok());
+  ASSERT_TRUE(Done(first).ok());
 }
 
 TEST_F(SegmentShardTest, ARankThatNeverStartsHoldsItsPeersForOneLease) {
-  auto shard = MakeShard(0, absl::Seconds(5), 0, 64, /*ranks=*/2);
+  auto shard = MakeShard(0, absl::Seconds(5), 0, 64, /*ranks=*/2, /*hold_for_joiners=*/true);
   shard->Register(1, 0, std::nullopt);
-  ASSERT_TRUE(Done(Push(*shard, 1, 0, Soon())).ok());
-  absl::StatusOr<PullResult> refused = Done(Pull(*shard, 1, 1, Now()));
+  absl::StatusOr<PushResult> refused = Done(Push(*shard, 1, 0, Now()));  // no time to wait
   ASSERT_EQ(refused.status().code(), absl::StatusCode::kUnavailable) << refused.status();
   EXPECT_NE(std::string(refused.status().message()).find("rank 1, expected back or to start"), std::string::npos)
       << refused.status();
-  Call<PullResult> waiting = Pull(*shard, 1, 1, Soon());
+  Call<PushResult> waiting = Push(*shard, 1, 0, Soon(), /*and_pull=*/true);
   clock_.Advance(absl::Seconds(5));
   shard->Tick();
-  absl::StatusOr<PullResult> waited = Done(waiting);
+  absl::StatusOr<PushResult> waited = Done(waiting);
   ASSERT_TRUE(waited.ok()) << waited.status();
-  EXPECT_EQ(waited->blocked, absl::Seconds(5));
+  EXPECT_EQ(waiting->Reflected(), 1);
   // Its place held no rank: a worker asking for any rank gets it.
   EXPECT_EQ(shard->FreeRank(2), std::optional<uint32_t>(1));
 }
