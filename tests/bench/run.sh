@@ -280,6 +280,47 @@ recovery=$(awk -v a="$last_rejoin" -v b="$kill_s" 'BEGIN{ if (a=="") print ""; e
 echo "recovery: server 1 killed at $killed_at; every worker training again after ${recovery:-n/a} s (checkpoints read in $read_ms ms); accuracy $(sed -n 's/.*"ensemble": {"name": "ensemble", "accuracy": \([0-9.]*\).*/\1/p' "$out/k.json")"
 target recovery_seconds_vs_2s_plus_read "$(div "$recovery" "$(awk -v r="$read_ms" 'BEGIN{print 2 + r/1000}')")" 1.0 le
 
+echo "== 10. load balancing: one worker's compute 3x slower (--straggler_factor 3), staleness 2"
+# Each row: medians of 3 alternating runs: static slices (batch_size each)
+# without and with the straggler, and training.balance with it; seconds of
+# training (the job), of the first segment (its slowest worker: the
+# straggler's segment), and the ensemble's accuracy.
+balance_runs() {  # label config
+  local label=$1 cfg=$2 mode f first
+  first=$(sed -n 's/^    name: "\([^"]*\)".*/\1/p' "$cfg" | head -1)
+  sed "s/^training {/training { balance {} /" "$cfg" > "$out/bal_cfg_balanced.pbtxt"
+  cp "$cfg" "$out/bal_cfg_static.pbtxt"; cp "$cfg" "$out/bal_cfg_unslowed.pbtxt"
+  for mode in unslowed static balanced; do : > "$out/bal_$mode.txt"; done
+  for i in 1 2 3; do
+    for mode in unslowed static balanced; do
+      $bin/segps-local --config "$out/bal_cfg_$mode.pbtxt" --report "$out/b.json" --no_restart \
+        --straggler_factor "$([ $mode = unslowed ] && echo 1 || echo 3)" > "$out/bal_run.txt" 2>&1
+      echo "$(train_secs "$out/bal_run.txt")" \
+        "$(grep "^\[$first/" "$out/bal_run.txt" | sed -n 's/.*: done: .* in \([0-9.]*\) s (.*/\1/p' | sort -g | tail -1)" \
+        "$(sed -n 's/.*"ensemble": {"name": "ensemble", "accuracy": \([0-9.]*\).*/\1/p' "$out/b.json")" \
+        >> "$out/bal_$mode.txt"
+    done
+  done
+  for mode in unslowed static balanced; do
+    for f in 1 2 3; do awk -v f=$f '{print $f}' "$out/bal_$mode.txt" > "$out/bal_col.txt"; eval "${mode}_$f=$(median_file "$out/bal_col.txt")"; done
+    printf "%-34s %-22s %8s %12s %9s\n" "$label" "$([ $mode = unslowed ] && echo "static, no straggler" || echo $mode)" \
+      "$(eval echo \$${mode}_1)" "$(eval echo \$${mode}_2)" "$(eval echo \$${mode}_3)" | tee -a "$out/balance.txt"
+  done
+}
+printf "%-34s %-22s %8s %12s %9s\n" config slices seconds "1st segment" accuracy | tee "$out/balance.txt"
+balance_runs "teacher (2 segments x 2 workers)" deploy/configs/teacher.pbtxt
+target balance_straggler_time_vs_static "$(div "$balanced_1" "$static_1")" 0.6 le
+target balance_straggler_accuracy_points_vs_static \
+  "$(awk -v a="$balanced_3" -v b="$static_3" 'BEGIN{d=100*(a-b); if (d<0) d=-d; print d}')" 0.5 le
+# The same task where a step's compute outweighs its communication: one
+# segment of 512 hidden units, batch 256, 2 workers.
+awk '/^  segments \{/ {n++} n == 2 && /^  segments \{/ {skip = 1} !skip {print} skip && /^  \}/ {skip = 0}' \
+    deploy/configs/teacher.pbtxt |
+  sed -e 's/units: 64 activation: RELU/units: 512 activation: RELU/' -e 's/relu64/relu512/' -e 's/batch_size: 64 /batch_size: 256 /' \
+    > "$out/teacher_wide.pbtxt"
+balance_runs "teacher task, 1 segment 512 wide" "$out/teacher_wide.pbtxt"
+echo "wide segment: balanced/static $(div "$balanced_1" "$static_1"), static/no straggler $(div "$static_1" "$unslowed_1")"
+
 if $py -c "import matplotlib" 2> /dev/null; then
   echo "== figures (python/segps_plot.py)"
   $py python/segps_plot.py bench --out "$out/figures" "$out"
