@@ -61,11 +61,15 @@ std::optional<std::vector<uint32_t>> Rebalance(const std::vector<uint32_t>& curr
   std::sort(remainders.begin(), remainders.end(),
             [](const auto& a, const auto& b) { return a.first > b.first || (a.first == b.first && a.second < b.second); });
   for (size_t i = 0; given < pool; ++i, ++given) next[remainders[i % remainders.size()].second] += 1;
-  for (size_t r = 0; r < n; ++r) {
-    const uint32_t moved = next[r] > current[r] ? next[r] - current[r] : current[r] - next[r];
-    if (moved >= hysteresis) return next;
+  // Moves when a share is `hysteresis` or more from its target, and then
+  // by at least a sample.
+  bool far = false, moves = false;
+  for (size_t r : measured) {
+    far |= std::abs(target[r] - current[r]) >= hysteresis;
+    moves |= next[r] != current[r];
   }
-  return std::nullopt;
+  if (!far || !moves) return std::nullopt;
+  return next;
 }
 
 Range ShareOf(const std::vector<uint32_t>& shares, uint32_t rank, uint64_t samples) {

@@ -26,7 +26,8 @@ std::vector<uint32_t> InitialShares(const v1::TrainingConfig& training, uint32_t
 // New shares: each moves halfway from `current` towards its part of the
 // total proportional to `throughput` (samples per second per rank; 0:
 // unknown, the rank keeps its share), each at least `least`, with the same
-// total; nullopt when no share would move by `hysteresis` samples or more.
+// total; nullopt when no share is `hysteresis` samples or more from its
+// target (or halfway rounds to no move).
 // Halfway: throughput measured on a shared machine is noisy, and a share
 // given at once on one noisy measure swings back at the next.
 std::optional<std::vector<uint32_t>> Rebalance(const std::vector<uint32_t>& current,

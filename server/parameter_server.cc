@@ -143,7 +143,7 @@ absl::StatusOr<std::unique_ptr<ParameterServer>> ParameterServer::Create(const v
         decide.initial = InitialShares(config.training(), options.ranks);
         decide.every_clocks = balance.every_clocks();
         decide.least = MinShare(config.training());
-        decide.hysteresis = std::max<uint32_t>(1, config.training().batch_size() / 20);
+        decide.hysteresis = std::max<uint32_t>(1, config.training().batch_size() / 50);
         decide.lead = static_cast<uint32_t>(options.staleness) + 2;
         options.balance = std::move(decide);
       }

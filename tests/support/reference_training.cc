@@ -11,6 +11,22 @@
 #include "worker/segment_model.h"
 
 namespace segps {
+namespace {
+
+// The gradient (a mean) of `rows` samples from `order[begin]` at `params`.
+void Gradient(Backend* backend, SegmentModel& model, const Dataset& train, const std::vector<uint32_t>& order,
+              uint64_t begin, size_t rows, const std::vector<float>& params, std::vector<float>* grad) {
+  std::vector<float> x(rows * train.width);
+  std::vector<int32_t> y(rows);
+  GatherBatch(train, order, begin, rows, x.data(), y.data());
+  EXPECT_TRUE(backend->Upload(params.data(), model.params(), params.size() * sizeof(float)).ok());
+  EXPECT_TRUE(backend->Upload(x.data(), model.input(), x.size() * sizeof(float)).ok());
+  EXPECT_TRUE(backend->Upload(y.data(), model.labels(), y.size() * sizeof(int32_t)).ok());
+  EXPECT_TRUE(model.TrainStep(static_cast<int>(rows)).ok());
+  EXPECT_TRUE(backend->Download(model.grad(), grad->data(), grad->size() * sizeof(float)).ok());
+}
+
+}  // namespace
 
 std::vector<std::vector<float>> TrainReference(const v1::JobConfig& config, const Dataset& train) {
   std::unique_ptr<Backend> backend = CreateCpuBackend(1);
@@ -23,19 +39,12 @@ std::vector<std::vector<float>> TrainReference(const v1::JobConfig& config, cons
     std::unique_ptr<Optimizer> optimizer = *CreateOptimizer(config.optimizer(), params.size());
     SegmentModel model = *SegmentModel::Create(backend.get(), config.model(), k, static_cast<int>(batch));
     const Range slice = WorkerSlice(config, train.size(), k, 0);
-    std::vector<float> x(batch * train.width);
-    std::vector<int32_t> y(batch);
     uint64_t step = 0;
     for (uint32_t epoch = 0; epoch < config.training().epochs(); ++epoch) {
       const std::vector<uint32_t> order = EpochOrder(slice, config.seed(), k, 0, epoch);
       for (uint64_t begin = 0; begin < slice.count; begin += batch) {
         const size_t rows = std::min<size_t>(batch, slice.count - begin);
-        GatherBatch(train, order, begin, rows, x.data(), y.data());
-        EXPECT_TRUE(backend->Upload(params.data(), model.params(), params.size() * sizeof(float)).ok());
-        EXPECT_TRUE(backend->Upload(x.data(), model.input(), rows * train.width * sizeof(float)).ok());
-        EXPECT_TRUE(backend->Upload(y.data(), model.labels(), rows * sizeof(int32_t)).ok());
-        EXPECT_TRUE(model.TrainStep(static_cast<int>(rows)).ok());
-        EXPECT_TRUE(backend->Download(model.grad(), grad.data(), grad.size() * sizeof(float)).ok());
+        Gradient(backend.get(), model, train, order, begin, rows, params, &grad);
         optimizer->Apply(++step, 0, absl::MakeSpan(params), grad, 1.0f);
       }
     }
@@ -56,19 +65,12 @@ std::vector<std::vector<float>> TrainBalancedReference(const v1::JobConfig& conf
     std::unique_ptr<Optimizer> optimizer = *CreateOptimizer(config.optimizer(), params.size());
     SegmentModel model = *SegmentModel::Create(backend.get(), config.model(), k, static_cast<int>(clock_samples));
     const Range rows_of_segment = SegmentRows(config, train.size(), k);
-    std::vector<float> x(clock_samples * train.width);
-    std::vector<int32_t> y(clock_samples);
     uint64_t step = 0;
     for (uint32_t epoch = 0; epoch < config.training().epochs(); ++epoch) {
       const std::vector<uint32_t> order = EpochOrder(rows_of_segment, config.seed(), k, kWholeSegment, epoch);
       for (uint64_t begin = 0; begin < rows_of_segment.count; begin += clock_samples) {
         const size_t rows = std::min<size_t>(clock_samples, rows_of_segment.count - begin);
-        GatherBatch(train, order, begin, rows, x.data(), y.data());
-        EXPECT_TRUE(backend->Upload(params.data(), model.params(), params.size() * sizeof(float)).ok());
-        EXPECT_TRUE(backend->Upload(x.data(), model.input(), rows * train.width * sizeof(float)).ok());
-        EXPECT_TRUE(backend->Upload(y.data(), model.labels(), rows * sizeof(int32_t)).ok());
-        EXPECT_TRUE(model.TrainStep(static_cast<int>(rows)).ok());
-        EXPECT_TRUE(backend->Download(model.grad(), grad.data(), grad.size() * sizeof(float)).ok());
+        Gradient(backend.get(), model, train, order, begin, rows, params, &grad);
         // The workers' pushes of one clock, each weighted by its samples
         // over batch_size, sum to the clock's mean gradient times rows / batch_size.
         optimizer->Apply(++step, 0, absl::MakeSpan(params), grad,

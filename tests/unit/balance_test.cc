@@ -35,7 +35,7 @@ TEST(Balance, ALeastShareHoldsAndTheRestSplitsByThroughput) {
 }
 
 TEST(Balance, SmallMovesAndUnmeasuredRanksChangeNothing) {
-  EXPECT_FALSE(Rebalance({32, 32}, {100, 110}, 3, 2).has_value());  // 30.5 / 33.5, halfway 31.2 / 32.8
+  EXPECT_FALSE(Rebalance({32, 32}, {100, 110}, 3, 2).has_value());  // targets 30.5 / 33.5: 1.5 samples away
   EXPECT_FALSE(Rebalance({32, 32}, {100, 0}, 3, 1).has_value());    // only one rank measured
   // An unmeasured rank keeps its share; the measured ones split theirs.
   const std::optional<std::vector<uint32_t>> next = Rebalance({32, 32, 32}, {100, 0, 300}, 3, 1);
