@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <numeric>
 #include <cstdio>
 #include <optional>
 #include <thread>
@@ -205,6 +206,11 @@ absl::StatusOr<TrainReport> Train(const v1::JobConfig& config, const TrainerOpti
     if (!balanced) return Range{begin, samples};
     std::optional<std::vector<uint32_t>> now = client->Shares(segment, clock);
     if (!now.has_value()) return std::nullopt;
+    // Bytes from a server are checked like any other: shares that do not
+    // fit the segment are not used.
+    if (now->size() != workers || std::accumulate(now->begin(), now->end(), uint64_t{0}) != clock_samples) {
+      return std::nullopt;
+    }
     if (*now != shares) {
       if (!shares.empty()) {
         SEGPS_LOG_INFO << tag << ": shares from clock " << clock << ": " << absl::StrJoin(*now, " ")
@@ -266,7 +272,8 @@ absl::StatusOr<TrainReport> Train(const v1::JobConfig& config, const TrainerOpti
     const std::optional<Range> mine = rows_of(clock);
     if (!mine.has_value()) {
       return absl::InternalError(absl::StrCat(tag, ": server 0's shares for clock ", clock,
-                                              " are not final after its pull (training.balance)"));
+                                              " are not final after its pull, or are not ", workers,
+                                              " shares summing to ", clock_samples, " (training.balance)"));
     }
     const std::vector<uint32_t>& epoch_order = order_of(static_cast<uint32_t>(clock / steps_per_epoch));
     const size_t begin = mine->offset;
