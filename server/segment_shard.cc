@@ -559,9 +559,12 @@ absl::Status SegmentShard::Late(const Worker& w, const Waiter& push) const {
                                                next_cut_, ", which needs ", Laggard(), " to push clock ",
                                                SegmentClock()));
   }
-  return absl::UnavailableError(absl::StrCat("Push: clock ", push.clock, " waits for ",
-                                             Unpulled(push.clock, push.id),
-                                             ", which joined at that clock, to pull it first"));
+  if (WaitsForPeers(push)) {
+    return absl::UnavailableError(absl::StrCat("Push: clock ", push.clock, " waits for ",
+                                               Unpulled(push.clock, push.id),
+                                               ", which joined at that clock, to pull it first"));
+  }
+  return Skipped(w, push);
 }
 
 absl::Status SegmentShard::Skipped(const Worker& w, const Waiter& push) {
