@@ -266,27 +266,19 @@ absl::StatusOr<TrainReport> Train(const v1::JobConfig& config, const TrainerOpti
     }
     return order;
   };
-  // Gathers the batch of `clock` on the host and enqueues its upload into
-  // input slot `slot` (on the CPU, gathers straight into the slot); returns its rows.
-  auto stage = [&](uint64_t clock, int slot) -> absl::StatusOr<size_t> {
-    const std::optional<Range> mine = rows_of(clock);
-    if (!mine.has_value()) {
-      return absl::InternalError(absl::StrCat(tag, ": server 0's shares for clock ", clock,
-                                              " are not final after its pull, or are not ", workers,
-                                              " shares summing to ", clock_samples, " (training.balance)"));
-    }
+  // Gathers rows `mine` of `clock`'s epoch order on the host and enqueues
+  // their upload into input slot `slot` (on the CPU, gathers straight into the slot).
+  auto stage = [&](uint64_t clock, Range mine, int slot) -> absl::Status {
+    if (mine.count == 0) return absl::OkStatus();
     const std::vector<uint32_t>& epoch_order = order_of(static_cast<uint32_t>(clock / steps_per_epoch));
-    const size_t begin = mine->offset;
-    const size_t rows = mine->count;
-    if (rows == 0) return rows;
     if (!device) {
-      GatherBatch(train, epoch_order, begin, rows, model.input(slot), model.labels(slot));
-      return rows;
+      GatherBatch(train, epoch_order, mine.offset, mine.count, model.input(slot), model.labels(slot));
+      return absl::OkStatus();
     }
-    GatherBatch(train, epoch_order, begin, rows, batch_x[slot]->data(), batch_y[slot]->data<int32_t>());
-    SEGPS_RETURN_IF_ERROR(backend->Upload(batch_x[slot]->data(), model.input(slot), rows * width * sizeof(float)));
-    SEGPS_RETURN_IF_ERROR(backend->Upload(batch_y[slot]->data(), model.labels(slot), rows * sizeof(int32_t)));
-    return rows;
+    GatherBatch(train, epoch_order, mine.offset, mine.count, batch_x[slot]->data(), batch_y[slot]->data<int32_t>());
+    SEGPS_RETURN_IF_ERROR(
+        backend->Upload(batch_x[slot]->data(), model.input(slot), mine.count * width * sizeof(float)));
+    return backend->Upload(batch_y[slot]->data(), model.labels(slot), mine.count * sizeof(int32_t));
   };
   Throughput throughput;
   std::vector<float> no_gradient;  // a share of no rows pushes zeros
@@ -312,34 +304,44 @@ absl::StatusOr<TrainReport> Train(const v1::JobConfig& config, const TrainerOpti
     }
     // Staged after the pull: a balanced clock's shares are final by then.
     if (staged_clock != clock) {
-      absl::StatusOr<size_t> rows = stage(clock, slot);
-      if (!rows.ok()) return rows.status();
-      batch_rows = *rows;
+      const std::optional<Range> mine = rows_of(clock);
+      if (!mine.has_value()) {
+        return absl::InternalError(absl::StrCat(tag, ": server 0's shares for clock ", clock,
+                                                " are not final after its pull, or are not ", workers,
+                                                " shares summing to ", clock_samples, " (training.balance)"));
+      }
+      SEGPS_RETURN_IF_ERROR(stage(clock, *mine, slot));
+      batch_rows = mine->count;
       staged_clock = clock;
     }
     const size_t rows = batch_rows;
     const absl::Time compute_start = absl::Now();
-    // A share of no rows (an epoch's last clock cut over more workers than
-    // it has samples) still pushes, as 0 samples: the step counts.
     BatchStats stats;
-    if (rows > 0) SEGPS_RETURN_IF_ERROR(model.TrainStep(static_cast<int>(rows), slot));
-    // On the CPU the gradient is read where it is; a GPU's comes back through pinned memory.
-    const float* grad = model.grad();
+    const float* grad = nullptr;
     if (rows == 0) {
+      // A share of no rows (an epoch's last clock cut over more workers
+      // than it has samples) still pushes, as 0 samples: the step counts.
       no_gradient.assign(n, 0.0f);
       grad = no_gradient.data();
-    } else if (device) {
-      SEGPS_RETURN_IF_ERROR(backend->Download(model.grad(), grad_host->data(), n * sizeof(float)));
-      grad = grad_host->data();
+    } else {
+      SEGPS_RETURN_IF_ERROR(model.TrainStep(static_cast<int>(rows), slot));
+      // On the CPU the gradient is read where it is; a GPU's comes back through pinned memory.
+      grad = model.grad();
+      if (device) {
+        SEGPS_RETURN_IF_ERROR(backend->Download(model.grad(), grad_host->data(), n * sizeof(float)));
+        grad = grad_host->data();
+      }
+      SEGPS_RETURN_IF_ERROR(model.DownloadStats());
     }
-    if (rows > 0) SEGPS_RETURN_IF_ERROR(model.DownloadStats());
-    // Stage the next batch while this step runs on the device.
+    // Stage the next batch while this step runs on the device (balanced:
+    // once its shares are final; else after the next pull).
     staged_clock.reset();
-    if (clock + 1 < total_steps && rows_of(clock + 1).has_value()) {
-      absl::StatusOr<size_t> next = stage(clock + 1, slot ^ 1);
-      if (!next.ok()) return next.status();
-      batch_rows = *next;
-      staged_clock = clock + 1;
+    if (clock + 1 < total_steps) {
+      if (const std::optional<Range> next = rows_of(clock + 1)) {
+        SEGPS_RETURN_IF_ERROR(stage(clock + 1, *next, slot ^ 1));
+        batch_rows = next->count;
+        staged_clock = clock + 1;
+      }
     }
     SEGPS_RETURN_IF_ERROR(backend->Synchronize());
     slot ^= 1;

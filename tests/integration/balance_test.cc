@@ -46,27 +46,6 @@ LocalRun RunLocal(const std::vector<std::string>& extra, const std::string& conf
   return {status.has_value() && ExitedOk(*status), p->output(), ReadFile(dir + "/report.json")};
 }
 
-// Staleness 0, SGD: whatever the shares, a clock's weighted pushes add up to
-// one step on the clock's whole batch. 2000 samples in clocks of 64: the
-// last clock's 16 are cut 11 / 5.
-TEST(Balance, FixedUnequalSharesAtStaleness0GiveTheSingleProcessSteps) {
-  const std::string dir = MakeTempDir();
-  const std::string config = WriteJob(dir, 32, "kind: SGD learning_rate: 0.05",
-                                      "batch_size: 32 epochs: 2 staleness: 0 "
-                                      "balance { every_clocks: 0 shares: 44 shares: 20 }",
-                                      2000);
-  LocalRun run = RunLocal({}, config, dir);
-  ASSERT_TRUE(run.ok) << run.output;
-  EXPECT_NE(run.output.find("s/0: registered at clock 0"), std::string::npos) << run.output;
-  const v1::JobConfig job = *LoadConfig(config);
-  const std::vector<float> reference = TrainBalancedReference(job, LoadData(job)->train)[0];
-  const std::vector<float> trained = ReadNpyFloat32(dir + "/s.npy");
-  ASSERT_EQ(trained.size(), reference.size());
-  EXPECT_LT(MaxRelativeError(trained, reference), 1e-5);
-  // The shares held: 44 and 20 a clock, so 44/64 and 20/64 of the samples.
-  EXPECT_NE(run.output.find("s/0: epoch 2/2 step 64/64"), std::string::npos) << run.output;
-}
-
 // Per worker of a one-segment job (rank order), the mean over its last
 // `epochs` epoch records in the report of its share and compute throughput.
 std::vector<std::pair<double, double>> LastShares(const std::string& report, int epochs_per_worker, int last) {
@@ -85,6 +64,31 @@ std::vector<std::pair<double, double>> LastShares(const std::string& report, int
     workers.push_back(mean);
   }
   return workers;
+}
+
+// Staleness 0, SGD: whatever the shares, a clock's weighted pushes add up to
+// one step on the clock's whole batch. 2000 samples in clocks of 64: the
+// last clock's 16 are cut 11 / 5.
+TEST(Balance, FixedUnequalSharesAtStaleness0GiveTheSingleProcessSteps) {
+  const std::string dir = MakeTempDir();
+  const std::string config = WriteJob(dir, 32, "kind: SGD learning_rate: 0.05",
+                                      "batch_size: 32 epochs: 2 staleness: 0 "
+                                      "balance { every_clocks: 0 shares: 44 shares: 20 }",
+                                      2000);
+  LocalRun run = RunLocal({}, config, dir);
+  ASSERT_TRUE(run.ok) << run.output;
+  EXPECT_NE(run.output.find("s/0: registered at clock 0"), std::string::npos) << run.output;
+  const v1::JobConfig job = *LoadConfig(config);
+  const std::vector<float> reference = TrainBalancedReference(job, LoadData(job)->train)[0];
+  const std::vector<float> trained = ReadNpyFloat32(dir + "/s.npy");
+  ASSERT_EQ(trained.size(), reference.size());
+  EXPECT_LT(MaxRelativeError(trained, reference), 1e-5);
+  // The shares held: 44 and 20 of each full clock, 11 and 5 of the last
+  // one's 16, so 1375 and 625 of an epoch's 32 clocks.
+  const std::vector<std::pair<double, double>> workers = LastShares(run.report, 2, 2);
+  ASSERT_EQ(workers.size(), 2u) << run.report;
+  EXPECT_DOUBLE_EQ(workers[0].first, 1375.0 / 32);
+  EXPECT_DOUBLE_EQ(workers[1].first, 625.0 / 32);
 }
 
 // One of two workers 3x slower: its share falls to follow its throughput

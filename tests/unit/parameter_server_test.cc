@@ -418,6 +418,12 @@ TEST_F(ParameterServerTest, PushWithPullRepliesWithTheNextClocksValues) {
   EXPECT_EQ(whole.clock(), 1u);  // the whole range does not yet
 }
 
+TEST_F(ParameterServerTest, PushClaimingMoreSamplesThanAClockHasIsRejected) {
+  v1::PushRequest p = GoodPush();
+  p.set_samples(33);  // batch_size 32 x 1 worker
+  ExpectRejected(p, absl::StatusCode::kInvalidArgument, "Push samples: 33 is more than a clock's batch_size x workers (32)");
+}
+
 TEST_F(ParameterServerTest, ChunkAheadOfItsPredecessorWaitsThenFails) {
   ExpectRejected(Chunk(GoodPush(), 1, range_.count - 1), absl::StatusCode::kFailedPrecondition, "never arrived");
   ExpectRejected(Chunk(GoodPush(), 0, 0), absl::StatusCode::kInvalidArgument, "empty chunk");

@@ -47,7 +47,8 @@ class SegmentShardTest : public ::testing::Test {
   // value by exactly 1, so a pulled value tells how many updates it reflects.
   std::unique_ptr<SegmentShard> MakeShard(int32_t staleness, absl::Duration lease = absl::Seconds(60),
                                           uint32_t checkpoint_every = 0, uint32_t max_waiting = 64,
-                                          uint32_t ranks = 0, bool hold_for_joiners = false) {
+                                          uint32_t ranks = 0, bool hold_for_joiners = false,
+                                          uint32_t batch_size = 0) {
     v1::OptimizerConfig sgd;
     sgd.set_kind(v1::SGD);
     sgd.set_learning_rate(1.0f);
@@ -61,6 +62,7 @@ class SegmentShardTest : public ::testing::Test {
     options.max_waiting_per_worker = max_waiting;
     options.ranks = ranks;
     options.hold_for_joiners = hold_for_joiners;
+    options.batch_size = batch_size;
     options.on_checkpoint = [this](std::shared_ptr<const ShardState> cut) { cuts_.push_back(std::move(cut)); };
     return std::make_unique<SegmentShard>(options, std::vector<float>(kSize, 0.0f), *CreateOptimizer(sgd, kSize));
   }
@@ -87,7 +89,7 @@ class SegmentShardTest : public ::testing::Test {
   // Pushes `view` as step `clock` from element `first`, with a pull of the
   // same elements for clock + 1 when `and_pull`. `view` must outlive the call.
   Call<PushResult> PushView(SegmentShard& shard, uint64_t id, uint64_t clock, uint64_t first, const DenseView& view,
-                            absl::Time deadline, bool and_pull = false) {
+                            absl::Time deadline, bool and_pull = false, const PushInfo& info = {}) {
     auto call = std::make_shared<Outcome<PushResult>>();
     ReadRange read;
     if (and_pull) read = [call](absl::Span<const float> v) { call->values.assign(v.begin(), v.end()); };
@@ -95,19 +97,20 @@ class SegmentShardTest : public ::testing::Test {
       EXPECT_FALSE(call->done) << "completed twice";
       call->done = true;
       call->result = std::move(r);
-    });
+    }, info);
     return call;
   }
 
   // A push of ones over `count` elements from `first`.
   Call<PushResult> Push(SegmentShard& shard, uint64_t id, uint64_t clock, absl::Time deadline,
-                        bool and_pull = false, uint64_t first = 0, uint64_t count = kSize) {
+                        bool and_pull = false, uint64_t first = 0, uint64_t count = kSize,
+                        const PushInfo& info = {}) {
     v1::TensorSlice slice;
     slice.set_count(count);
     slice.set_dtype(v1::FLOAT32);
     payloads_.push_back(std::make_unique<Payload>(Payload::Borrow(Bytes(kOnes).substr(0, count * sizeof(float)))));
     views_.push_back(std::make_unique<DenseView>(slice, *payloads_.back()));
-    return PushView(shard, id, clock, first, *views_.back(), deadline, and_pull);
+    return PushView(shard, id, clock, first, *views_.back(), deadline, and_pull, info);
   }
 
   FakeClock clock_;
@@ -715,6 +718,26 @@ TEST_F(SegmentShardTest, ARankThatNeverStartsHoldsItsPeersForOneLease) {
   EXPECT_EQ(waiting->Reflected(), 1);
   // Its place held no rank: a worker asking for any rank gets it.
   EXPECT_EQ(shard->FreeRank(2), std::optional<uint32_t>(1));
+}
+
+// Balanced pushes weigh as their samples over batch_size (SGD, lr 1, ones:
+// the values fall by the weight); a push of 0 samples counts its clock and
+// moves nothing.
+TEST_F(SegmentShardTest, APushWeighsAsItsSamples) {
+  auto shard = MakeShard(1, absl::Seconds(60), 0, 64, 0, false, /*batch_size=*/32);
+  shard->Register(1, 0, std::nullopt);
+  PushInfo half;
+  half.samples = 16;
+  ASSERT_TRUE(Done(Push(*shard, 1, 0, Soon(), false, 0, kSize, half)).ok());
+  EXPECT_FLOAT_EQ(shard->Snapshot()[0], -0.5f);
+  PushInfo none;
+  none.samples = 0;
+  absl::StatusOr<PushResult> empty = Done(Push(*shard, 1, 1, Soon(), false, 0, kSize, none));
+  ASSERT_TRUE(empty.ok()) << empty.status();
+  EXPECT_EQ(empty->next_clock, 2u);
+  EXPECT_FLOAT_EQ(shard->Snapshot()[0], -0.5f);
+  ASSERT_TRUE(Done(Push(*shard, 1, 2, Soon())).ok());  // unset: batch_size, weight 1
+  EXPECT_FLOAT_EQ(shard->Snapshot()[0], -1.5f);
 }
 
 }  // namespace
