@@ -113,6 +113,7 @@ absl::Status ValidateAndFill(v1::JobConfig& c, const Locator& at) {
   if (cluster->rpc_deadline_ms() == 0) cluster->set_rpc_deadline_ms(30000);
   if (cluster->recovery_timeout_ms() == 0) cluster->set_recovery_timeout_ms(300000);
   if (cluster->max_waiting_calls() == 0) cluster->set_max_waiting_calls(64);
+  if (cluster->max_streams_per_connection() == 0) cluster->set_max_streams_per_connection(256);
 
   auto* checkpoint = c.mutable_checkpoint();
   if (checkpoint->every_clocks() == 0) checkpoint->set_every_clocks(100);

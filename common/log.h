@@ -29,6 +29,13 @@ class LogLine {
   std::ostringstream stream_;
 };
 
+// Sends protobuf's own log messages through LogLine, except its complaint
+// about each string field with invalid UTF-8 that it parses: bytes from the
+// network must not write to a server's log (a client repeating one request
+// would fill it, or block the server on a full pipe), and the caller
+// already gets INVALID_ARGUMENT naming the method. Process-wide: for mains.
+void RouteProtobufLogs();
+
 }  // namespace segps
 
 #define SEGPS_LOG_INFO ::segps::LogLine(::segps::LogLevel::kInfo)

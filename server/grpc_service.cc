@@ -4,16 +4,17 @@
 #include <grpcpp/support/proto_buffer_reader.h>
 
 #include <algorithm>
-#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <functional>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/functional/any_invocable.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/grpc_status.h"
 #include "common/security.h"
+#include "common/sync.h"
 #include "common/tensor_wire_grpc.h"
 #include "server/handler_pool.h"
 #include "segps/v1/parameter_server.grpc.pb.h"
@@ -163,15 +164,55 @@ void ServePush(ParameterServer* server, HandlerPool* pool, const grpc::AuthConte
                CallerIdentity(auth));
 }
 
+// Open PushStream and PullStream calls per connection (its peer address),
+// each connection held to `limit`. Thread-safe.
+class StreamCounts {
+ public:
+  explicit StreamCounts(uint32_t limit) : limit_(limit) {}
+  // Counts a new stream of `peer`'s; false (nothing counted) at the limit.
+  bool Open(const std::string& peer) {
+    MutexLock lock(&mu_);
+    uint32_t& n = open_[peer];
+    if (n >= limit_) return false;
+    ++n;
+    ++total_;
+    return true;
+  }
+  void Close(const std::string& peer) {
+    MutexLock lock(&mu_);
+    auto it = open_.find(peer);
+    if (--it->second == 0) open_.erase(it);
+    --total_;
+  }
+  uint32_t limit() const { return limit_; }
+  uint32_t total() {
+    MutexLock lock(&mu_);
+    return total_;
+  }
+
+ private:
+  const uint32_t limit_;
+  Mutex mu_;
+  absl::flat_hash_map<std::string, uint32_t> open_ ABSL_GUARDED_BY(mu_);
+  uint32_t total_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
 // A PushStream or PullStream: reads a request, serves it (which may wait,
 // holding no thread), writes its reply, reads the next; a request that
 // fails ends the stream with its status. The stream has no deadline of its
-// own, so a request's wait is capped by the server's limit alone.
+// own, so a request's wait is capped by the server's limit alone. A stream
+// beyond its connection's limit ends at once with RESOURCE_EXHAUSTED.
 class StreamReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
   using Serve = std::function<void(const grpc::ByteBuffer&, Reply)>;
-  StreamReactor(Serve serve, std::atomic<uint32_t>* open) : serve_(std::move(serve)), open_(open) {
-    open_->fetch_add(1);
+  StreamReactor(const char* name, std::string peer, Serve serve, StreamCounts* counts)
+      : serve_(std::move(serve)), counts_(counts), peer_(std::move(peer)), counted_(counts_->Open(peer_)) {
+    if (!counted_) {
+      Finish(grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                          absl::StrCat(name, ": this connection already holds ", counts_->limit(),
+                                       " open streams (cluster.max_streams_per_connection)")));
+      return;
+    }
     StartRead(&request_);
   }
 
@@ -190,13 +231,15 @@ class StreamReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grp
     StartRead(&request_);
   }
   void OnDone() override {
-    open_->fetch_sub(1);
+    if (counted_) counts_->Close(peer_);
     delete this;
   }
 
  private:
   const Serve serve_;
-  std::atomic<uint32_t>* const open_;
+  StreamCounts* const counts_;
+  const std::string peer_;
+  const bool counted_;
   grpc::ByteBuffer request_, reply_;
 };
 
@@ -214,7 +257,8 @@ using RawService = v1::ParameterServer::WithRawCallbackMethod_Register<
 
 class Service final : public RawService {
  public:
-  Service(ParameterServer* server, int handler_threads) : server_(server), pool_(handler_threads) {}
+  Service(ParameterServer* server, int handler_threads)
+      : server_(server), pool_(handler_threads), streams_(server->config().cluster().max_streams_per_connection()) {}
 
   grpc::ServerUnaryReactor* Register(grpc::CallbackServerContext* context, const grpc::ByteBuffer* bytes,
                                      grpc::ByteBuffer* reply) override {
@@ -254,7 +298,7 @@ class Service final : public RawService {
         context, "Stats", false, bytes, reply,
         [this](const v1::StatsRequest&, v1::StatsResponse* response, const std::string&) {
           server_->Stats(response);
-          response->set_open_streams(open_streams_.load());
+          response->set_open_streams(streams_.total());
           return absl::OkStatus();
         });
   }
@@ -282,18 +326,20 @@ class Service final : public RawService {
 
   grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* PushStream(grpc::CallbackServerContext* context) override {
     return new StreamReactor(
+        "PushStream", context->peer(),
         [this, auth = context->auth_context()](const grpc::ByteBuffer& bytes, Reply finish) {
           ServePush(server_, &pool_, *auth, server_->clock()->Now() + server_->max_wait(), bytes, std::move(finish));
         },
-        &open_streams_);
+        &streams_);
   }
   grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* PullStream(grpc::CallbackServerContext* context) override {
     return new StreamReactor(
+        "PullStream", context->peer(),
         [this, auth = context->auth_context()](const grpc::ByteBuffer& bytes, Reply finish) {
           ServePull(server_, &pool_, *auth, server_->clock()->Now() + server_->max_wait(), "PullStream", bytes,
                     std::move(finish));
         },
-        &open_streams_);
+        &streams_);
   }
 
  private:
@@ -314,7 +360,7 @@ class Service final : public RawService {
 
   ParameterServer* const server_;
   HandlerPool pool_;
-  std::atomic<uint32_t> open_streams_{0};
+  StreamCounts streams_;
 };
 
 class GrpcRunningServer final : public RunningServer {

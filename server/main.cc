@@ -56,6 +56,7 @@ bool IsLoopback(const std::string& listen) {
 
 int main(int argc, char** argv) {
   segps::TuneMallocForLargeBuffers();
+  segps::RouteProtobufLogs();
   segps::SkipMutexDeadlockDetection();
   absl::SetProgramUsageMessage(
       "segps parameter server.\n  segps-server --config FILE --index I [--listen HOST:PORT] [--apply_threads N]");

@@ -26,7 +26,10 @@ namespace {
 
 const char kConfig[] = R"pb(
 # max_waiting_calls: one registration parks 300 pulls below (a worker parks a few).
-cluster { num_servers: 2 lease_ms: 60000 max_message_bytes: 1048576 max_waiting_calls: 1000 }
+cluster {
+  num_servers: 2 lease_ms: 60000 max_message_bytes: 1048576 max_waiting_calls: 1000
+  max_streams_per_connection: 4
+}
 model {
   input_width: 50
   num_classes: 10
@@ -48,6 +51,7 @@ class ServerProcessTest : public ::testing::Test {
     ServerProcesses started = StartServers(config_path_, 2);
     ASSERT_TRUE(started.ok()) << started.Output();
     servers_ = std::move(started.processes);
+    servers_addresses_ = started.addresses;
     for (const std::string& address : started.addresses) {
       grpc::ChannelArguments args;
       args.SetMaxSendMessageSize(64 << 20);
@@ -124,6 +128,7 @@ class ServerProcessTest : public ::testing::Test {
   v1::JobConfig config_;
   std::unique_ptr<ShardMap> map_;
   std::vector<std::unique_ptr<Subprocess>> servers_;
+  std::vector<std::string> servers_addresses_;
   std::vector<std::unique_ptr<v1::ParameterServer::Stub>> stubs_;
   std::vector<std::unique_ptr<grpc::GenericStub>> raw_stubs_;
   std::map<std::pair<int, uint64_t>, std::string> secrets_;  // (server, worker id) -> registration secret
@@ -289,7 +294,7 @@ TEST_F(ServerProcessTest, WaitingPullsHoldNoThreadAndOnePushReleasesThemAll) {
 // INVALID_ARGUMENT naming the method, on every unary method, and the server
 // keeps serving.
 TEST_F(ServerProcessTest, UnparseableRequestsGetInvalidArgumentNamingTheMethod) {
-  for (const char* method : {"Register", "Pull", "Push", "Heartbeat", "Leave", "Stats"}) {
+  for (const char* method : {"Register", "Pull", "Push", "Heartbeat", "Leave", "Stats", "Rollback"}) {
     for (const std::string& bytes : {std::string("\x22\xff\xff\xff\x0f", 5), std::string("\xff", 1)}) {
       grpc::Slice slice(bytes);
       grpc::ByteBuffer request(&slice, 1), reply;
@@ -307,6 +312,23 @@ TEST_F(ServerProcessTest, UnparseableRequestsGetInvalidArgumentNamingTheMethod) 
       EXPECT_NE(status.error_message().find(method), std::string::npos) << status.error_message();
     }
   }
+  // A string field that is not UTF-8 does not parse either, and leaves nothing in the server's log.
+  v1::RegisterRequest reg;
+  reg.set_segment(0);
+  reg.set_shard_fingerprint(map_->fingerprint());
+  std::string bytes = reg.SerializeAsString() + std::string("\x1a\x02\xff\xfe", 4);  // model_fingerprint
+  grpc::Slice slice(bytes);
+  grpc::ByteBuffer request(&slice, 1), reply;
+  grpc::ClientContext ctx;
+  grpc::Status status;
+  Latch done(1);
+  raw_stubs_[0]->UnaryCall(&ctx, "/segps.v1.ParameterServer/Register", {}, &request, &reply, [&](grpc::Status s) {
+    status = s;
+    done.CountDown();
+  });
+  done.Wait();
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << status.error_message();
+  EXPECT_FALSE(servers_[0]->WaitForLine("UTF-8", absl::Milliseconds(300)).has_value()) << servers_[0]->output();
   EXPECT_EQ(Read(0).size(), map_->range(0, 0).count);
 }
 
@@ -345,6 +367,53 @@ TEST_F(ServerProcessTest, PushStreamAnswersInOrderAndEndsAtTheFirstBadPush) {
   push(stream, 1, true, 2);
   ASSERT_TRUE(stream->WritesDone());
   EXPECT_TRUE(stream->Finish().ok());
+}
+
+TEST_F(ServerProcessTest, StreamsBeyondAConnectionsLimitAreRefusedWithResourceExhausted) {
+  v1::PullRequest read;
+  read.set_segment(0);
+  read.set_reader(true);
+  v1::PullResponse reply;
+  using Stream = std::unique_ptr<grpc::ClientReaderWriter<v1::PullRequest, v1::PullResponse>>;
+  // Opens a PullStream on `stub` and reads once through it: OK, or the status that ended it.
+  auto open = [&](v1::ParameterServer::Stub& stub, grpc::ClientContext* ctx, Stream* stream) {
+    *stream = stub.PullStream(ctx);
+    if ((*stream)->Write(read) && (*stream)->Read(&reply)) return grpc::Status::OK;
+    return (*stream)->Finish();
+  };
+  std::vector<std::unique_ptr<grpc::ClientContext>> contexts;
+  std::vector<Stream> streams(5);
+  for (int i = 0; i < 5; ++i) contexts.push_back(std::make_unique<grpc::ClientContext>());
+  for (int i = 0; i < 4; ++i) ASSERT_TRUE(open(*stubs_[0], contexts[i].get(), &streams[i]).ok()) << "stream " << i;
+  const grpc::Status refused = open(*stubs_[0], contexts[4].get(), &streams[4]);
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << refused.error_message();
+  EXPECT_NE(refused.error_message().find("PullStream: this connection already holds 4 open streams "
+                                         "(cluster.max_streams_per_connection)"),
+            std::string::npos)
+      << refused.error_message();
+  // The limit is the connection's: another connection opens its own.
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+  auto other = v1::ParameterServer::NewStub(
+      grpc::CreateCustomChannel(servers_addresses_[0], grpc::InsecureChannelCredentials(), args));
+  grpc::ClientContext other_ctx;
+  Stream other_stream;
+  EXPECT_TRUE(open(*other, &other_ctx, &other_stream).ok());
+  // A stream that ends frees its place.
+  ASSERT_TRUE(streams[0]->WritesDone());
+  ASSERT_TRUE(streams[0]->Finish().ok());
+  const absl::Time give_up = absl::Now() + absl::Seconds(10);
+  v1::StatsResponse stats;
+  do {
+    grpc::ClientContext ctx;
+    ASSERT_TRUE(stubs_[0]->Stats(&ctx, v1::StatsRequest(), &stats).ok());
+  } while (stats.open_streams() != 4 && absl::Now() < give_up);
+  ASSERT_EQ(stats.open_streams(), 4u);  // three here, one on the other connection
+  grpc::ClientContext again_ctx;
+  Stream again;
+  EXPECT_TRUE(open(*stubs_[0], &again_ctx, &again).ok());
+  for (auto* ctx : {contexts[1].get(), contexts[2].get(), contexts[3].get(), &other_ctx, &again_ctx}) ctx->TryCancel();
+  for (Stream* stream : {&streams[1], &streams[2], &streams[3], &other_stream, &again}) (*stream)->Finish();
 }
 
 TEST_F(ServerProcessTest, PullStreamAnswersEachRequestAndNamesAMalformedOne) {

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Builds the libFuzzer targets with clang, AddressSanitizer and
+# UndefinedBehaviorSanitizer (in build-fuzz/) and runs each for SECONDS
+# (default 60) from a copy of its committed corpus. Exits non-zero on a
+# crash, a leak, undefined behaviour or a slow input; the input that did it
+# is left in build-fuzz/ and named in the output. New interesting inputs
+# stay in build-fuzz/corpus/; copy the worth-keeping ones to tests/fuzz/corpus.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+seconds="${1:-60}"
+
+missing=()
+for p in clang libclang-rt-14-dev; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  sudo_cmd=()
+  [ "$(id -u)" -eq 0 ] || sudo_cmd=(sudo)
+  "${sudo_cmd[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+
+CC=clang CXX=clang++ cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSEGPS_FUZZ=ON \
+  -DSEGPS_SANITIZE=address,undefined -DSEGPS_WITH_CUDA=OFF >/dev/null
+cmake --build build-fuzz -j"$(nproc)" --target segps-fuzz-server-requests
+
+for target in server_requests; do
+  work="build-fuzz/corpus/$target"
+  rm -rf "$work" && mkdir -p "$work"
+  echo "fuzz: $target for ${seconds} s"
+  "build-fuzz/bin/segps-fuzz-${target//_/-}" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 \
+    -print_final_stats=1 -artifact_prefix="build-fuzz/${target}-" "$work" "tests/fuzz/corpus/$target"
+done

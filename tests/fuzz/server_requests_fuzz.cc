@@ -1,0 +1,232 @@
+// libFuzzer target for every decoder of network bytes and the server core
+// behind them: an input is a sequence of messages as they arrive on the
+// wire, each decoded the way its receiver decodes it and, for requests,
+// served by a ParameterServer (transport-free core, fake clock) holding two
+// live registrations.
+//
+// Record format, repeated until the input ends:
+//   kind (1 byte)  split (1 byte)  length (2 bytes, little-endian)  bytes
+// kind selects the message (see Kind), split is where the bytes are cut
+// into two gRPC slices (so that tensor data straddles slices, as it does on
+// a socket). A record asks for the harness's own registration by naming
+// worker 1 or 2 with an empty secret; a Register whose model fingerprint is
+// "=" gets the real fingerprints. Everything else reaches the server as the
+// fuzzer wrote it.
+//
+// Built with clang -fsanitize=fuzzer,address,undefined by tests/fuzz/run.sh;
+// in every other build it is linked with replay_main.cc and replays the
+// committed corpus as a unit test.
+#include <grpcpp/support/byte_buffer.h>
+#include <grpcpp/support/proto_buffer_reader.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/types/span.h"
+#include "common/clock.h"
+#include "common/config.h"
+#include "common/tensor_wire.h"
+#include "common/tensor_wire_grpc.h"
+#include "server/parameter_server.h"
+
+namespace segps {
+namespace {
+
+enum Kind : uint8_t {
+  kRegister = 0,
+  kPull,
+  kPush,
+  kHeartbeat,
+  kLeave,
+  kStats,
+  kRollback,
+  kPullReply,  // a server's PullResponse as a worker decodes it
+  kPushReply,  // a server's PushResponse as a worker decodes it
+  kTick,       // time moves on by `split` milliseconds
+  kKinds
+};
+
+// Two segments over two servers (this is server 0: it also plans shares),
+// bounded staleness, balanced shares, two workers each.
+constexpr char kConfig[] = R"pb(
+cluster { num_servers: 2 chunk_bytes: 4096 max_waiting_calls: 8 }
+model {
+  input_width: 5
+  num_classes: 3
+  segments { name: "a" layers { units: 4 activation: TANH } layers { units: 3 activation: SOFTMAX } }
+  segments { name: "b" staleness: 0 layers { units: 3 activation: SOFTMAX } }
+}
+optimizer { kind: ADAM }
+training { staleness: 1 workers_per_segment: 2 batch_size: 8 balance { every_clocks: 2 } }
+data { source: SYNTHETIC_SEED }
+)pb";
+
+grpc::ByteBuffer Buffer(absl::string_view bytes, size_t split) {
+  split = std::min(split, bytes.size());
+  grpc::Slice pieces[2] = {grpc::Slice(bytes.data(), split),
+                           grpc::Slice(bytes.data() + split, bytes.size() - split)};
+  return grpc::ByteBuffer(pieces, 2);
+}
+
+// As the service parses a unary request.
+template <typename Message>
+bool Parse(const grpc::ByteBuffer& bytes, Message* message) {
+  grpc::ByteBuffer copy(bytes);
+  grpc::ProtoBufferReader reader(&copy);
+  return message->ParseFromZeroCopyStream(&reader);
+}
+
+// As a worker takes a reply's values: decode, validate against the chunk it
+// asked for, widen.
+template <typename Response>
+void TakeReply(const grpc::ByteBuffer& bytes, int field) {
+  Response header;
+  v1::TensorSlice tensor;
+  Payload values;
+  if (!DecodeTensorMessage(bytes, field, &header, &tensor, &values).ok()) return;
+  const uint64_t offset = tensor.offset() % 64, count = tensor.count() % 64;
+  if (!ValidateTensorSlice(tensor, values.size(), offset, count, "reply values").ok()) return;
+  std::vector<float> landed(tensor.count());
+  if (!tensor.has_indices()) values.CopyTo(tensor.dtype(), absl::MakeSpan(landed));
+  DenseView view(tensor, values);
+  view.FirstNonFinite();
+  view.ForEachFloatBlock(0, view.count(), [](size_t, absl::Span<const float>) {});
+}
+
+class Harness {
+ public:
+  Harness() : config_(*ParseConfig(kConfig, "fuzz")) {
+    ServerOptions options;
+    options.clock = &clock_;
+    options.tick = absl::ZeroDuration();
+    server_ = *ParameterServer::Create(config_, 0, options);
+    for (uint32_t segment = 0; segment < 2; ++segment) {
+      v1::RegisterRequest request;
+      request.set_segment(segment);
+      request.set_model_fingerprint("=");
+      v1::RegisterResponse response;
+      Fill(&request);
+      if (!server_->Register(request, &response).ok()) abort();
+      secrets_.push_back(response.registration_secret());
+    }
+  }
+  ~Harness() {
+    // Every parked call ends (at its deadline) before the server goes.
+    clock_.Advance(absl::Hours(1));
+    server_->Tick();
+    server_->Drain();
+  }
+
+  void Serve(uint8_t kind, uint8_t split, absl::string_view bytes) {
+    const grpc::ByteBuffer buffer = Buffer(bytes, split);
+    const absl::Time deadline = clock_.Now() + absl::Milliseconds(50);
+    switch (kind % kKinds) {
+      case kRegister: {
+        v1::RegisterRequest request;
+        v1::RegisterResponse response;
+        if (Parse(buffer, &request) && Fill(&request)) server_->Register(request, &response).IgnoreError();
+        break;
+      }
+      case kPull: {
+        v1::PullRequest request;
+        if (!Parse(buffer, &request)) break;
+        Own(request.worker_id(), request.mutable_registration_secret());
+        auto response = std::make_shared<v1::PullResponse>();
+        server_->Pull(request, deadline, [](absl::Span<const float>, v1::DType) {}, response.get(),
+                      [response](absl::Status) {});
+        break;
+      }
+      case kPush: {
+        v1::PushRequest header;
+        v1::TensorSlice tensor;
+        Payload data;
+        if (!DecodeTensorMessage(buffer, v1::PushRequest::kGradientFieldNumber, &header, &tensor, &data).ok()) break;
+        *header.mutable_gradient() = std::move(tensor);
+        Own(header.worker_id(), header.mutable_registration_secret());
+        auto response = std::make_shared<v1::PushResponse>();
+        server_->Push(header, std::move(data), deadline, [](absl::Span<const float>, v1::DType) {}, response.get(),
+                      [response](absl::Status) {});
+        break;
+      }
+      case kHeartbeat: {
+        v1::HeartbeatRequest request;
+        v1::HeartbeatResponse response;
+        if (!Parse(buffer, &request)) break;
+        Own(request.worker_id(), request.mutable_registration_secret());
+        server_->Heartbeat(request, &response).IgnoreError();
+        break;
+      }
+      case kLeave: {
+        v1::LeaveRequest request;
+        if (!Parse(buffer, &request)) break;
+        Own(request.worker_id(), request.mutable_registration_secret());
+        server_->Leave(request).IgnoreError();
+        break;
+      }
+      case kStats: {
+        v1::StatsRequest request;
+        v1::StatsResponse response;
+        if (Parse(buffer, &request)) server_->Stats(&response);
+        break;
+      }
+      case kRollback: {
+        v1::RollbackRequest request;
+        v1::RollbackResponse response;
+        if (!Parse(buffer, &request)) break;
+        Own(request.worker_id(), request.mutable_registration_secret());
+        server_->Rollback(request, &response).IgnoreError();
+        break;
+      }
+      case kPullReply:
+        TakeReply<v1::PullResponse>(buffer, v1::PullResponse::kValuesFieldNumber);
+        break;
+      case kPushReply:
+        TakeReply<v1::PushResponse>(buffer, v1::PushResponse::kValuesFieldNumber);
+        break;
+      case kTick:
+        clock_.Advance(absl::Milliseconds(split));
+        server_->Tick();
+        break;
+    }
+  }
+
+ private:
+  // The harness's own registration's secret where the fuzzer asks for it.
+  void Own(uint64_t worker, std::string* secret) const {
+    if (secret->empty() && worker >= 1 && worker <= secrets_.size()) *secret = secrets_[worker - 1];
+  }
+  bool Fill(v1::RegisterRequest* request) const {
+    if (request->model_fingerprint() == "=") {
+      request->set_model_fingerprint(ModelFingerprint(config_));
+      request->set_shard_fingerprint(server_ ? server_->shard_map().fingerprint() : "");
+    }
+    return true;
+  }
+
+  const v1::JobConfig config_;
+  FakeClock clock_;
+  std::unique_ptr<ParameterServer> server_;
+  std::vector<std::string> secrets_;
+};
+
+}  // namespace
+}  // namespace segps
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  segps::Harness harness;
+  const char* p = reinterpret_cast<const char*>(data);
+  size_t left = size;
+  while (left >= 4) {
+    const uint8_t kind = static_cast<uint8_t>(p[0]), split = static_cast<uint8_t>(p[1]);
+    const size_t length = std::min<size_t>(static_cast<uint8_t>(p[2]) | (static_cast<uint8_t>(p[3]) << 8), left - 4);
+    harness.Serve(kind, split, absl::string_view(p + 4, length));
+    p += 4 + length;
+    left -= 4 + length;
+  }
+  return 0;
+}
