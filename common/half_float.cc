@@ -3,6 +3,7 @@
 #include <cstring>
 
 #if defined(__x86_64__)
+#include <cpuid.h>
 #include <immintrin.h>
 #endif
 
@@ -100,7 +101,11 @@ __attribute__((target("avx,f16c"))) void FromFloat16F16c(const uint16_t* in, abs
 }
 
 bool HasF16c() {
-  static const bool has = __builtin_cpu_supports("avx") && __builtin_cpu_supports("f16c");
+  // F16C read from CPUID itself: clang's __builtin_cpu_supports does not know it.
+  static const bool has = [] {
+    unsigned eax, ebx, ecx, edx;
+    return __builtin_cpu_supports("avx") && __get_cpuid(1, &eax, &ebx, &ecx, &edx) && (ecx & bit_F16C) != 0;
+  }();
   return has;
 }
 

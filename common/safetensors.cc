@@ -313,7 +313,8 @@ absl::StatusOr<SafetensorsFile> SafetensorsFile::Read(const std::string& path) {
       }
       continue;
     }
-    auto tensor_bad = [&](const std::string& what) { return bad(absl::StrCat("tensor ", name, ": ", what)); };
+    const std::string& tensor = name;  // a structured binding cannot be captured before C++20
+    auto tensor_bad = [&](const std::string& what) { return bad(absl::StrCat("tensor ", tensor, ": ", what)); };
     if (value.kind != Json::kObject) return tensor_bad("is not an object");
     const Json* dtype = Field(value, "dtype");
     const Json* shape = Field(value, "shape");

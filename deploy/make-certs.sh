@@ -6,13 +6,21 @@
 #   DIR/tokens                 `worker TOKEN` and `reader TOKEN` (the servers' token_file)
 #   DIR/worker.token, reader.token   one line each (a client's token_file)
 #
-#   bash deploy/make-certs.sh DIR [NAME ...]
+#   bash deploy/make-certs.sh [--container] DIR [NAME ...]
 # NAMEs are the servers' host names and IP addresses (compose service names,
 # pod DNS names, hosts); localhost and 127.0.0.1 are always included. Files
-# are made readable by their owner only.
+# are made readable by their owner only. --container (for the compose
+# file's secrets, which Docker bind-mounts with the files' own owner and
+# mode) lets the containers' user read every file but ca.key, and keeps
+# other host users out by the directory's mode (0700) instead.
 set -euo pipefail
+container=0
+if [ "${1:-}" = "--container" ]; then
+  container=1
+  shift
+fi
 if [ $# -lt 1 ]; then
-  echo "usage: $0 DIR [NAME ...]" >&2
+  echo "usage: $0 [--container] DIR [NAME ...]" >&2
   exit 2
 fi
 dir=$1
@@ -49,4 +57,8 @@ reader=$(openssl rand -hex 24)
 printf 'worker %s\nreader %s\n' "$worker" "$reader" > "$dir/tokens"
 printf 'worker %s\n' "$worker" > "$dir/worker.token"
 printf 'reader %s\n' "$reader" > "$dir/reader.token"
+if [ $container -eq 1 ]; then
+  chmod 700 "$dir"
+  chmod 644 "$dir"/*.pem "$dir"/server.key "$dir"/client.key "$dir"/tokens "$dir"/*.token
+fi
 echo "made $dir: ca.pem, server.pem/key ($san), client.pem/key, tokens, worker.token, reader.token"

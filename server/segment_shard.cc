@@ -166,7 +166,8 @@ absl::StatusOr<SegmentShard::Worker*> SegmentShard::FindLive(uint64_t id, absl::
   return &w;
 }
 
-void SegmentShard::Fail(std::unique_ptr<Waiter> waiter, absl::Status status, Completions* ready) {
+void SegmentShard::Fail(std::unique_ptr<Waiter>&& failed, absl::Status status, Completions* ready) {
+  const std::unique_ptr<Waiter> waiter = std::move(failed);
   if (waiter->pull_done) {
     ready->push_back([done = std::move(waiter->pull_done), status]() mutable { std::move(done)(std::move(status)); });
   } else {

@@ -280,8 +280,11 @@ class SegmentShard {
   PushResult Apply(Worker* w, const Waiter& push) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Resumes every parked call the current state allows, until none is left.
   void Resume(absl::Time now, Completions* ready) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Fails `waiter` with `status` into `ready`.
-  static void Fail(std::unique_ptr<Waiter> waiter, absl::Status status, Completions* ready);
+  // Fails `waiter` with `status` into `ready`, taking it. A reference, so
+  // that a caller may build `status` from the waiter in the same call:
+  // arguments are evaluated in no fixed order, and a by-value parameter
+  // could take the waiter first.
+  static void Fail(std::unique_ptr<Waiter>&& waiter, absl::Status status, Completions* ready);
   // Fails the parked calls of worker `id` (replaced or gone).
   void FailWaitsOf(uint64_t id, Completions* ready) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 

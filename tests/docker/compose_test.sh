@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# The compose cluster for real: builds the image, trains the walk-through and
+# The compose cluster for real, over mutual TLS with tokens (certificates made
+# by make-certs.sh, mounted as secrets): builds the image, checks that it
+# holds no key or token and that the servers refuse a plaintext client, trains the walk-through and
 # the teacher config in containers, checks the evaluation's accuracy against
 # the local run's bars, then kills a worker container and a server's
 # process mid-run in a third round and checks that training completes with
@@ -27,9 +29,11 @@ image="segps:test$$"
 fail() { echo "FAIL: $*"; exit 1; }
 down() { "${compose[@]}" -p "$project" --profile monitoring down -v --remove-orphans > /dev/null 2>&1; }
 long=""
+certs=$(mktemp -d /tmp/segps-certs.XXXXXX)
 cleanup() {
   down
   [ -n "$long" ] && rm -f "$long"
+  rm -rf "$certs"
   docker image rm "$image" > /dev/null 2>&1
 }
 trap cleanup EXIT
@@ -38,6 +42,10 @@ echo "== building $image"
 docker build -q -f Dockerfile -t "$image" .. > /dev/null 2>&1 || fail "docker build"
 
 docker build -q -t segps-prometheus:latest prometheus > /dev/null 2>&1 || fail "docker build prometheus"
+secrets=$(docker run --rm --entrypoint find "$image" / -xdev \( -name '*.key' -o -name '*.token' -o -name tokens \) 2>/dev/null)
+[ -z "$secrets" ] || fail "the image holds keys or tokens: $secrets"
+bash make-certs.sh --container "$certs/job" server0 server1 > /dev/null || fail "make-certs.sh"
+export SEGPS_CERTS="$certs/job"
 
 # up CONFIG WORKERS [compose options]: starts a cluster in the background.
 up() {
@@ -69,6 +77,11 @@ for s in server0 server1; do
   health=$(docker inspect --format '{{.State.Health.Status}}' "$(cid $s)")
   [ "$health" = "healthy" ] || fail "$s is $health"
 done
+# The servers speak TLS only: a plaintext client gets no answer.
+if docker exec "$(cid server0)" segps-health --address 127.0.0.1:7000 > /dev/null 2>&1; then
+  fail "server0 answered a plaintext health check"
+fi
+echo "servers healthy over mutual TLS with tokens; a plaintext client is refused"
 down
 
 echo "== round 2: the teacher config, 2 workers per segment, with the monitoring profile"

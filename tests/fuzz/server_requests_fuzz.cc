@@ -30,6 +30,7 @@
 #include "absl/types/span.h"
 #include "common/clock.h"
 #include "common/config.h"
+#include "common/log.h"
 #include "common/tensor_wire.h"
 #include "common/tensor_wire_grpc.h"
 #include "server/parameter_server.h"
@@ -218,6 +219,8 @@ class Harness {
 }  // namespace segps
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  static const bool routed = (segps::RouteProtobufLogs(), true);  // as segps-server does
+  (void)routed;
   segps::Harness harness;
   const char* p = reinterpret_cast<const char*>(data);
   size_t left = size;

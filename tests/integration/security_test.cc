@@ -70,6 +70,30 @@ class SecurityMatrix : public ::testing::Test {
     ASSERT_TRUE(started.ok()) << started.Output();
     servers_ = std::move(started.processes);
     address_ = started.addresses[0];
+    // A training job meanwhile: both workers of segment relu64, over mutual TLS with the worker token.
+    for (int rank = 0; rank < 2; ++rank) {
+      workers_.push_back(Subprocess::Start(
+          {BinaryPath("segps-worker"), "--config", config_path_, "--segment", "relu64", "--rank",
+           std::to_string(rank), "--servers", started.Joined(), "--tls_cert", certs_ + "/client.pem", "--tls_key",
+           certs_ + "/client.key", "--token_file", certs_ + "/worker.token"}));
+    }
+  }
+
+  // Segment relu64's clock on server 0, as the worker token reads it.
+  uint64_t TrainingClock() {
+    v1::StatsResponse stats;
+    grpc::Status status = Stub(certs_ + "/ca.pem", certs_, certs_ + "/worker.token")
+                              ->Stats(Context().get(), v1::StatsRequest(), &stats);
+    EXPECT_TRUE(status.ok()) << status.error_message();
+    return stats.segments_size() > 0 ? stats.segments(0).clock() : 0;
+  }
+  // Waits until relu64's clock passes `clock`; false if it does not within a minute.
+  bool TrainsPast(uint64_t clock) {
+    for (const absl::Time give_up = absl::Now() + absl::Minutes(1); absl::Now() < give_up;) {
+      if (TrainingClock() > clock) return true;
+      for (auto& worker : workers_) worker->Wait(absl::Milliseconds(50));  // reads their output meanwhile
+    }
+    return false;
   }
 
   // A stub for server 0: TLS against `ca` (none: plaintext), a client
@@ -128,11 +152,12 @@ class SecurityMatrix : public ::testing::Test {
 
   std::string dir_, certs_, other_, config_path_, address_;
   v1::JobConfig config_;
-  std::vector<std::unique_ptr<Subprocess>> servers_;
+  std::vector<std::unique_ptr<Subprocess>> servers_, workers_;
 };
 
 TEST_F(SecurityMatrix, EveryWrongCallerGetsItsStatusAndTheServerKeepsServing) {
   const std::string ca = certs_ + "/ca.pem";
+  ASSERT_TRUE(TrainsPast(10)) << workers_[0]->output() << workers_[1]->output();
   // Not TLS, or a TLS client the server does not accept: no connection.
   for (auto* stub : {PlaintextStub().release(), Stub(ca, "", certs_ + "/worker.token").release(),
                      Stub(ca, other_, certs_ + "/worker.token").release()}) {
@@ -172,6 +197,12 @@ TEST_F(SecurityMatrix, EveryWrongCallerGetsItsStatusAndTheServerKeepsServing) {
   auto [served, said] = health(certs_ + "/reader.token");
   EXPECT_TRUE(ExitedOk(served)) << said;
   EXPECT_FALSE(ExitedOk(health(other_ + "/reader.token").first));
+  // The job trained on through all of it.
+  const uint64_t after = TrainingClock();
+  EXPECT_TRUE(TrainsPast(after + 10)) << workers_[0]->output() << workers_[1]->output();
+  for (auto& worker : workers_) {
+    EXPECT_FALSE(worker->Wait(absl::Milliseconds(100)).has_value()) << "a worker exited:\n" << worker->output();
+  }
 }
 
 TEST(SecurityConfig, TokenFileErrorsNameTheFileAndLine) {
