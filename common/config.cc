@@ -160,8 +160,24 @@ absl::Status ValidateAndFill(v1::JobConfig& c, const Locator& at) {
     return at.Error({{"model", -1}, {"segments", -1}}, "at least one segment is required");
   }
   if (model->combine() == v1::COMBINE_UNSPECIFIED) model->set_combine(v1::AVERAGE_SOFTMAX);
+  const bool chain = model->combine() == v1::CHAIN;
   for (int k = 0; k < model->segments_size(); ++k) {
     auto* seg = model->mutable_segments(k);
+    if (seg->has_input_width()) {
+      if (!chain) {
+        return at.Error({{"model", -1}, {"segments", k}, {"input_width", -1}},
+                        "is only for combine: CHAIN (every segment of an ensemble takes model.input_width)");
+      }
+      const uint64_t expected =
+          k == 0 ? model->input_width() : model->segments(k - 1).layers(model->segments(k - 1).layers_size() - 1).units();
+      if (seg->input_width() != expected) {
+        return at.Error({{"model", -1}, {"segments", k}, {"input_width", -1}},
+                        absl::StrCat("is ", seg->input_width(), ", but ",
+                                     k == 0 ? std::string("model.input_width")
+                                            : absl::StrCat("stage \"", model->segments(k - 1).name(), "\"'s last layer"),
+                                     " gives ", expected));
+      }
+    }
     if (seg->name().empty()) {
       return at.Error({{"model", -1}, {"segments", k}, {"name", -1}}, "is required");
     }
@@ -193,7 +209,13 @@ absl::Status ValidateAndFill(v1::JobConfig& c, const Locator& at) {
         return at.Error({{"model", -1}, {"segments", k}, {"layers", l}, {"activation", -1}},
                         "SOFTMAX is only allowed on a segment's last layer");
       }
-      if (last && (layer.activation() != v1::SOFTMAX || layer.units() != model->num_classes())) {
+      if (last && chain && k + 1 < model->segments_size()) {
+        if (layer.activation() == v1::SOFTMAX) {
+          return at.Error({{"model", -1}, {"segments", k}, {"layers", l}, {"activation", -1}},
+                          absl::StrCat("stage \"", seg->name(),
+                                       "\" of a CHAIN ends in SOFTMAX: only the last stage may"));
+        }
+      } else if (last && (layer.activation() != v1::SOFTMAX || layer.units() != model->num_classes())) {
         return at.Error({{"model", -1}, {"segments", k}, {"layers", l}},
                         absl::StrCat("segment \"", seg->name(),
                                      "\": the last layer must be SOFTMAX with units == "
@@ -211,6 +233,29 @@ absl::Status ValidateAndFill(v1::JobConfig& c, const Locator& at) {
       return at.Error({{"model", -1}, {"segments", k}, {"workers", -1}},
                       absl::StrCat("must be in [1, 4096], got ", seg->workers()));
     }
+  }
+  if (training->micro_batches() == 0) training->set_micro_batches(1);
+  if (training->schedule() == v1::SCHEDULE_UNSPECIFIED) training->set_schedule(v1::GPIPE);
+  if (chain) {
+    for (int k = 1; k < model->segments_size(); ++k) {
+      if (model->segments(k).workers() != model->segments(0).workers()) {
+        return at.Error({{"model", -1}, {"segments", k}, {"workers", -1}},
+                        absl::StrCat("is ", model->segments(k).workers(), ", but a CHAIN's stages pair up replica by "
+                                     "replica: every stage needs as many workers as the first (",
+                                     model->segments(0).workers(), ")"));
+      }
+    }
+    if (training->batch_size() % training->micro_batches() != 0) {
+      return at.Error({{"training", -1}, {"micro_batches", -1}},
+                      absl::StrCat(training->micro_batches(), " does not divide batch_size ",
+                                   training->batch_size()));
+    }
+    if (training->has_balance() || training->gradient_topk() != 0) {
+      return at.Error({{"training", -1}, {training->has_balance() ? "balance" : "gradient_topk", -1}},
+                      "is not supported with combine: CHAIN");
+    }
+  } else if (training->micro_batches() != 1) {
+    return at.Error({{"training", -1}, {"micro_batches", -1}}, "is only for combine: CHAIN");
   }
   if (!(training->gradient_topk() >= 0 && training->gradient_topk() < 1)) {
     return at.Error({{"training", -1}, {"gradient_topk", -1}},

@@ -24,15 +24,22 @@ Range BalancedRange(uint64_t n, uint32_t parts, uint32_t index) {
   return range;
 }
 
+uint32_t SegmentInputWidth(const v1::ModelConfig& model, int k) {
+  if (model.combine() != v1::CHAIN || k == 0) return model.input_width();
+  const v1::SegmentConfig& previous = model.segments(k - 1);
+  return previous.layers(previous.layers_size() - 1).units();
+}
+
 absl::StatusOr<ShardMap> ShardMap::Create(const v1::ModelConfig& model, uint32_t num_servers) {
   if (num_servers == 0) return absl::InvalidArgumentError("shard map: need at least one server");
   ShardMap map;
   map.num_servers_ = num_servers;
   std::string digest = absl::StrCat("S=", num_servers, ";in=", model.input_width());
+  if (model.combine() == v1::CHAIN) digest += ";chain";
   for (int k = 0; k < model.segments_size(); ++k) {
     const auto& seg = model.segments(k);
     Segment s;
-    uint64_t fan_in = model.input_width();
+    uint64_t fan_in = SegmentInputWidth(model, k);
     for (int l = 0; l < seg.layers_size(); ++l) {
       const uint64_t units = seg.layers(l).units();
       s.tensors.push_back({static_cast<uint32_t>(l), false, s.size, fan_in, units});

@@ -37,6 +37,10 @@ struct TensorLayout {
   uint64_t size() const { return rows * cols; }
 };
 
+// The width of segment k's input: model.input_width, or for stage k > 0 of
+// a CHAIN the previous stage's output width.
+uint32_t SegmentInputWidth(const v1::ModelConfig& model, int k);
+
 class ShardMap {
  public:
   static absl::StatusOr<ShardMap> Create(const v1::ModelConfig& model, uint32_t num_servers);

@@ -615,7 +615,8 @@ absl::StatusOr<Dataset> OpenNpyFeatures(const std::string& path, int width, floa
 }
 
 Range SegmentRows(const v1::JobConfig& config, size_t train_size, int segment) {
-  if (config.data().split() == v1::BY_SEGMENT) return BalancedRange(train_size, config.model().segments_size(), segment);
+  // A CHAIN's stages train one network: stage 0 reads all of it.
+  if (config.data().split() == v1::BY_SEGMENT && config.model().combine() != v1::CHAIN) return BalancedRange(train_size, config.model().segments_size(), segment);
   return {0, train_size};
 }
 

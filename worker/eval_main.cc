@@ -181,8 +181,12 @@ int main(int argc, char** argv) {
   for (const segps::Score& s : report->segments) {
     std::cout << absl::StrFormat("segment %-12s accuracy %6.2f%%  loss %.4f\n", s.name, 100 * s.accuracy, s.loss);
   }
-  std::cout << absl::StrFormat("ENSEMBLE (average of softmax outputs) accuracy %6.2f%%  loss %.4f\n",
-                               100 * report->ensemble.accuracy, report->ensemble.loss);
+  std::cout << absl::StrFormat(
+      "ENSEMBLE (%s) accuracy %6.2f%%  loss %.4f\n",
+      config->model().combine() == segps::v1::CHAIN
+          ? absl::StrCat("one network: a chain of ", config->model().segments_size(), " stages")
+          : std::string("average of softmax outputs"),
+      100 * report->ensemble.accuracy, report->ensemble.loss);
   std::cout << absl::StrFormat("chance level (most frequent label) %.2f%%\n", 100 * report->chance);
   if (config->data().source() == segps::v1::SYNTHETIC_SEED) {
     std::cout << "note: SYNTHETIC_SEED labels are drawn at random, independently of the inputs, so no model can\n"

@@ -80,6 +80,54 @@ double Accuracy(absl::Span<const float> probs, absl::Span<const int32_t> labels)
 
 namespace {
 
+// A CHAIN's probabilities [n x classes]: every stage in turn over each
+// batch of `data`, each stage's output the next one's input.
+absl::StatusOr<std::vector<double>> Chain(const v1::ModelConfig& config, const Dataset& data,
+                                          const std::vector<std::vector<float>>& params, Backend* backend) {
+  const int stages = config.segments_size();
+  const int classes = static_cast<int>(config.num_classes());
+  const size_t n = data.size();
+  const int batch = 1024;
+  SEGPS_RETURN_IF_ERROR(data.MapRows({0, n}));
+  std::vector<SegmentModel> models;
+  for (int k = 0; k < stages; ++k) {
+    absl::StatusOr<SegmentModel> model = SegmentModel::Create(backend, config, k, batch);
+    if (!model.ok()) return model.status();
+    if (params[k].size() != model->num_params()) {
+      return absl::InvalidArgumentError(absl::StrCat("evaluation: stage ", k, " has ", params[k].size(),
+                                                     " parameters, expected ", model->num_params()));
+    }
+    SEGPS_RETURN_IF_ERROR(backend->Upload(params[k].data(), model->params(), params[k].size() * sizeof(float)));
+    models.push_back(*std::move(model));
+  }
+  std::vector<double> out(n * classes);
+  std::vector<uint32_t> order(n);
+  for (size_t i = 0; i < n; ++i) order[i] = static_cast<uint32_t>(i);
+  std::vector<int32_t> labels(batch);
+  std::vector<float> x(static_cast<size_t>(batch) * data.width), probs(static_cast<size_t>(batch) * classes);
+  for (size_t begin = 0; begin < n; begin += batch) {
+    const size_t rows = std::min<size_t>(batch, n - begin);
+    GatherBatch(data, order, begin, rows, x.data(), labels.data());
+    SEGPS_RETURN_IF_ERROR(backend->Upload(x.data(), models[0].input(), rows * data.width * sizeof(float)));
+    for (int k = 0; k < stages; ++k) {
+      if (k > 0) {
+        // The previous stage's output, device to device through the host.
+        const size_t width = static_cast<size_t>(models[k].input_width());
+        std::vector<float> carried(rows * width);
+        SEGPS_RETURN_IF_ERROR(backend->Download(models[k - 1].output(0), carried.data(), carried.size() * sizeof(float)));
+        SEGPS_RETURN_IF_ERROR(backend->Synchronize());
+        SEGPS_RETURN_IF_ERROR(backend->Upload(carried.data(), models[k].input(), carried.size() * sizeof(float)));
+      }
+      SEGPS_RETURN_IF_ERROR(k + 1 == stages ? models[k].Predict(static_cast<int>(rows))
+                                            : models[k].StageForward(0, static_cast<int>(rows), 0.0f));
+    }
+    SEGPS_RETURN_IF_ERROR(backend->Download(models.back().probabilities(), probs.data(), rows * classes * sizeof(float)));
+    SEGPS_RETURN_IF_ERROR(backend->Synchronize());
+    for (size_t i = 0; i < rows * classes; ++i) out[begin * classes + i] = probs[i];
+  }
+  return out;
+}
+
 // The ensemble's probabilities [n x classes]: the mean of every segment's
 // softmax outputs, summed in double; `each(k, row, p)` sees segment k's.
 absl::StatusOr<std::vector<double>> Ensemble(const v1::ModelConfig& model, const Dataset& data,
@@ -90,6 +138,7 @@ absl::StatusOr<std::vector<double>> Ensemble(const v1::ModelConfig& model, const
   if (params.size() != static_cast<size_t>(segments)) {
     return absl::InvalidArgumentError("evaluation: need parameters for every segment");
   }
+  if (model.combine() == v1::CHAIN) return Chain(model, data, params, backend);
   std::vector<double> ensemble(data.size() * classes, 0.0);
   for (int k = 0; k < segments; ++k) {
     SEGPS_RETURN_IF_ERROR(ForEachPrediction(model, k, data, params[k], backend, [&](size_t row, const float* p) {
@@ -136,7 +185,11 @@ absl::StatusOr<EvalReport> Evaluate(const v1::JobConfig& config, const Dataset& 
   if (!ensemble.ok()) return ensemble.status();
   EvalReport report;
   report.samples = n;
-  for (int k = 0; k < segments; ++k) report.segments.push_back(scorers[k].score(config.model().segments(k).name()));
+  // A CHAIN's stages are parts of one network: only the whole is scored.
+  const bool chain = config.model().combine() == v1::CHAIN;
+  for (int k = 0; k < segments && !chain; ++k) {
+    report.segments.push_back(scorers[k].score(config.model().segments(k).name()));
+  }
   Scorer scorer(classes);
   std::vector<uint64_t> counts(classes, 0);
   report.probabilities.resize(n * classes);
@@ -147,7 +200,7 @@ absl::StatusOr<EvalReport> Evaluate(const v1::JobConfig& config, const Dataset& 
   for (size_t i = 0; i < report.probabilities.size(); ++i) {
     report.probabilities[i] = static_cast<float>((*ensemble)[i]);
   }
-  report.ensemble = scorer.score("ensemble");
+  report.ensemble = scorer.score(chain ? "chain" : "ensemble");
   report.chance = static_cast<double>(*std::max_element(counts.begin(), counts.end())) / n;
   return report;
 }

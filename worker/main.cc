@@ -5,12 +5,15 @@
 #include <unistd.h>
 
 #include <iostream>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/time.h"
 #include "common/lock_checks.h"
@@ -21,6 +24,7 @@
 #include "common/metrics.h"
 #include "worker/backend.h"
 #include "worker/dataset.h"
+#include "worker/pipeline_trainer.h"
 #include "worker/ps_client.h"
 #include "worker/run_history.h"
 #include "worker/trainer.h"
@@ -47,6 +51,12 @@ ABSL_FLAG(int32_t, slowdown_ms, 0, "Extra milliseconds per step (to play a strag
 ABSL_FLAG(double, slowdown_factor, 1,
           "Stretch each step's compute time by this factor, >= 1 (to play a slower device, whose cost grows with "
           "its share of the samples).");
+ABSL_FLAG(std::string, stage_listen, "127.0.0.1:0",
+          "combine: CHAIN, stages after the first: host:port to take the previous stage's activations on (port 0 "
+          "picks one; the address is printed as 'stage link listening on ADDR').");
+ABSL_FLAG(std::string, next_stage, "",
+          "combine: CHAIN, stages before the last: host:port of the next stage's replica of the same rank (its "
+          "--stage_listen). '-': read it from stdin, on the line after --servers=-'s.");
 ABSL_FLAG(std::string, history_dir, "",
           "Write this worker's per-epoch history to DIR/SEGMENT.RANK.json (segps.v1.WorkerHistory) and, with "
           "training.test_every_epoch, its test-set probabilities after each epoch to DIR/SEGMENT.RANK.test_probs.npy "
@@ -57,6 +67,64 @@ namespace {
 int Fail(const std::string& message) {
   std::cerr << "segps-worker: " << message << "\n";
   return 1;
+}
+
+// A pipeline stage (combine: CHAIN): its links to the neighbouring stages,
+// then its training loop. Only stage 0 loads the data.
+int RunStage(const segps::v1::JobConfig& config, int stage, std::optional<uint32_t> rank, bool servers_from_stdin,
+             std::vector<std::string> servers, segps::Backend* backend) {
+  if (!rank.has_value()) return Fail("--rank auto is not for pipeline stages: replica r of each stage pairs up by rank");
+  const int stages = config.model().segments_size();
+  std::unique_ptr<segps::Upstream> upstream;
+  if (stage > 0) {
+    absl::StatusOr<std::unique_ptr<segps::Upstream>> listening =
+        segps::Upstream::Listen(config, stage, *rank, absl::GetFlag(FLAGS_stage_listen));
+    if (!listening.ok()) return Fail(std::string(listening.status().message()));
+    upstream = *std::move(listening);
+    std::cout << "stage link listening on " << upstream->address() << std::endl;
+  }
+  absl::StatusOr<segps::TrainTest> data;
+  if (stage == 0) {
+    data = segps::LoadData(config);
+    if (!data.ok()) return Fail(std::string(data.status().message()));
+  }
+  std::string next = absl::GetFlag(FLAGS_next_stage);
+  if (servers_from_stdin) {
+    std::string line;
+    if (!std::getline(std::cin, line)) return Fail("--servers -: stdin ended before a line of server addresses");
+    servers = absl::StrSplit(line, ',', absl::SkipEmpty());
+    if (servers.empty()) return Fail("--servers -: the line read from stdin names no server");
+  }
+  if (stage + 1 < stages && next == "-" && !std::getline(std::cin, next)) {
+    return Fail("--next_stage -: stdin ended before the next stage's address");
+  }
+  if ((stage + 1 < stages) == next.empty()) {
+    return Fail(stage + 1 < stages ? "--next_stage is required for every stage but the last"
+                                   : "--next_stage is for stages before the last");
+  }
+  absl::StatusOr<std::unique_ptr<segps::ParameterClient>> client = segps::ConnectGrpc(config, servers);
+  if (!client.ok()) return Fail(std::string(client.status().message()));
+  std::unique_ptr<segps::Downstream> downstream;
+  if (stage + 1 < stages) {
+    absl::StatusOr<std::unique_ptr<segps::Downstream>> connected = segps::Downstream::Connect(config, stage, *rank, next);
+    if (!connected.ok()) return Fail(std::string(connected.status().message()));
+    downstream = *std::move(connected);
+  }
+  segps::StageOptions options;
+  options.stage = stage;
+  options.replica = *rank;
+  options.upstream = upstream.get();
+  options.downstream = downstream.get();
+  options.patience = absl::Milliseconds(config.cluster().recovery_timeout_ms());
+  absl::StatusOr<segps::TrainReport> report =
+      segps::TrainStage(config, options, stage == 0 ? &data->train : nullptr, backend, client->get());
+  if (!report.ok()) return Fail(std::string(report.status().message()));
+  SEGPS_LOG_INFO << config.model().segments(stage).name() << ": done: " << report->steps << " steps, "
+                 << report->samples << " samples in " << report->seconds << " s"
+                 << (stage + 1 == stages ? absl::StrCat("; last epoch loss ", report->last_loss, " acc ",
+                                                        report->last_accuracy)
+                                         : std::string());
+  return 0;
 }
 
 }  // namespace
@@ -112,6 +180,9 @@ int main(int argc, char** argv) {
   absl::StatusOr<std::unique_ptr<segps::Backend>> backend = segps::CreateBackend(
       absl::GetFlag(FLAGS_device), absl::GetFlag(FLAGS_tf32), absl::GetFlag(FLAGS_cpu_threads));
   if (!backend.ok()) return Fail(std::string(backend.status().message()));
+  if (config->model().combine() == segps::v1::CHAIN) {
+    return RunStage(*config, segment, rank, servers_from_stdin, std::move(servers), backend->get());
+  }
   absl::StatusOr<segps::TrainTest> data = segps::LoadData(*config);
   if (!data.ok()) return Fail(std::string(data.status().message()));
   if (servers_from_stdin) {

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "common/shard_map.h"
 #include "common/status_macros.h"
 
 namespace segps {
@@ -16,7 +17,9 @@ absl::StatusOr<SegmentModel> SegmentModel::Create(Backend* backend, const v1::Mo
   SegmentModel m;
   m.backend_ = backend;
   m.max_batch_ = max_batch;
-  m.widths_.push_back(static_cast<int>(model.input_width()));
+  m.widths_.push_back(static_cast<int>(SegmentInputWidth(model, segment)));
+  const bool chain = model.combine() == v1::CHAIN;
+  m.final_stage_ = !chain || segment + 1 == model.segments_size();
   int widest = m.widths_[0];
   for (const auto& layer : model.segments(segment).layers()) {
     m.kernel_offsets_.push_back(m.num_params_);
@@ -48,6 +51,19 @@ absl::StatusOr<SegmentModel> SegmentModel::Create(Backend* backend, const v1::Mo
   SEGPS_RETURN_IF_ERROR(alloc(&m.logits_, static_cast<size_t>(max_batch) * m.widths_.back() * fb));
   SEGPS_RETURN_IF_ERROR(alloc(&m.delta_a_, static_cast<size_t>(max_batch) * widest * fb));
   SEGPS_RETURN_IF_ERROR(alloc(&m.delta_b_, static_cast<size_t>(max_batch) * widest * fb));
+  if (chain) {
+    const size_t rows = static_cast<size_t>(max_batch);
+    SEGPS_RETURN_IF_ERROR(alloc(&m.input_grad_, rows * m.widths_.front() * fb));
+    if (m.final_stage_) {
+      SEGPS_RETURN_IF_ERROR(alloc(&m.dlogits_, rows * m.widths_.back() * fb));
+    } else {
+      SEGPS_RETURN_IF_ERROR(alloc(&m.output_grad_, rows * m.widths_.back() * fb));
+    }
+    SEGPS_RETURN_IF_ERROR(alloc(&m.ones_, rows * fb));
+    const std::vector<float> ones(rows, 1.0f);
+    SEGPS_RETURN_IF_ERROR(backend->Upload(ones.data(), m.ones_.data(), rows * fb));
+    SEGPS_RETURN_IF_ERROR(backend->Synchronize());
+  }
   absl::StatusOr<Buffer> host_stats = backend->AllocateHost(2 * fb);
   if (!host_stats.ok()) return host_stats.status();
   m.host_stats_ = *std::move(host_stats);
@@ -103,6 +119,61 @@ absl::Status SegmentModel::TrainStep(int rows, int slot) {
       SEGPS_RETURN_IF_ERROR(backend_->Gemm(false, true, rows, fan_in, units, 1.0f, delta,
                                            params_.data() + kernel_offsets_[l], 0.0f, spare));
       std::swap(delta, spare);
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SegmentModel::StageForward(int first, int rows, float grad_scale) {
+  if (rows <= 0 || first < 0 || first + rows > max_batch_) {
+    return absl::InvalidArgumentError(absl::StrCat("micro-batch rows [", first, ", +", rows, ") outside this stage's ",
+                                                   max_batch_));
+  }
+  const size_t layers = activations_.size();
+  const float* in = inputs_[0].data() + static_cast<size_t>(first) * widths_.front();
+  for (size_t l = 0; l < layers; ++l) {
+    const int fan_in = widths_[l], units = widths_[l + 1];
+    const bool logits = final_stage_ && l + 1 == layers;
+    float* out = (logits ? logits_.data() : acts_[l].data()) + static_cast<size_t>(first) * units;
+    SEGPS_RETURN_IF_ERROR(backend_->Gemm(false, false, rows, units, fan_in, 1.0f, in,
+                                         params_.data() + kernel_offsets_[l], 0.0f, out));
+    SEGPS_RETURN_IF_ERROR(backend_->AddBias(out, params_.data() + bias_offsets_[l], rows, units));
+    if (!logits) SEGPS_RETURN_IF_ERROR(backend_->Activate(activations_[l], out, static_cast<size_t>(rows) * units));
+    in = out;
+  }
+  if (!final_stage_) return absl::OkStatus();
+  const size_t at = static_cast<size_t>(first) * widths_.back();
+  return backend_->SoftmaxCrossEntropy(logits_.data() + at, labels_[0].data<int32_t>() + first, rows, widths_.back(),
+                                       grad_scale, acts_.back().data() + at, dlogits_.data() + at, stats_.data());
+}
+
+absl::Status SegmentModel::StageBackward(int first, int rows, bool accumulate, bool input_grad) {
+  if (rows <= 0 || first < 0 || first + rows > max_batch_) {
+    return absl::InvalidArgumentError(absl::StrCat("micro-batch rows [", first, ", +", rows, ") outside this stage's ",
+                                                   max_batch_));
+  }
+  const float beta = accumulate ? 1.0f : 0.0f;
+  const size_t layers = activations_.size();
+  // dLoss/d(pre-activation) of the top layer, in this micro-batch's rows.
+  float* delta = (final_stage_ ? dlogits_.data() : output_grad_.data()) + static_cast<size_t>(first) * widths_.back();
+  float* scratch[2] = {delta_a_.data(), delta_b_.data()};
+  for (size_t l = layers; l-- > 0;) {
+    const int fan_in = widths_[l], units = widths_[l + 1];
+    if (!(final_stage_ && l + 1 == layers)) {
+      SEGPS_RETURN_IF_ERROR(backend_->ActivationGrad(
+          activations_[l], acts_[l].data() + static_cast<size_t>(first) * units, delta, static_cast<size_t>(rows) * units));
+    }
+    const float* layer_in = (l == 0 ? inputs_[0].data() : acts_[l - 1].data()) + static_cast<size_t>(first) * fan_in;
+    // dW (+)= in^T * delta, db (+)= ones^T * delta, d(in) = delta * W^T.
+    SEGPS_RETURN_IF_ERROR(backend_->Gemm(true, false, fan_in, units, rows, 1.0f, layer_in, delta, beta,
+                                         grad_.data() + kernel_offsets_[l]));
+    SEGPS_RETURN_IF_ERROR(backend_->Gemm(false, false, 1, units, rows, 1.0f, ones_.data(), delta, beta,
+                                         grad_.data() + bias_offsets_[l]));
+    if (l > 0 || input_grad) {
+      float* d_in = l > 0 ? scratch[l % 2] : input_grad_.data() + static_cast<size_t>(first) * fan_in;
+      SEGPS_RETURN_IF_ERROR(backend_->Gemm(false, true, rows, fan_in, units, 1.0f, delta,
+                                           params_.data() + kernel_offsets_[l], 0.0f, d_in));
+      delta = d_in;
     }
   }
   return absl::OkStatus();

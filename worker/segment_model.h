@@ -48,6 +48,35 @@ class SegmentModel {
   // Forward only; probabilities land in probabilities() [rows x classes].
   absl::Status Predict(int rows, int slot = 0);
   const float* probabilities() const { return acts_.back().data(); }
+  // Pipeline stages (combine: CHAIN). A stage holds several micro-batches
+  // at once, each in its own rows of the model's buffers: rows [first,
+  // first + rows) of input(), the activations, output_grad() and
+  // input_grad(). Forward and backward of one micro-batch touch only its
+  // rows, so a micro-batch's backward finds its forward's activations
+  // whatever ran in between.
+  //
+  // Whether this model is a CHAIN's last stage (it ends in softmax).
+  bool final_stage() const { return final_stage_; }
+  int output_width() const { return widths_.back(); }
+  // Forward of a micro-batch whose input is in input() (and, for the last
+  // stage, labels in labels()) at row `first`. A middle stage's output
+  // lands in output(first); the last stage's loss gradient, scaled by
+  // `grad_scale` (1 / the mini-batch's rows), waits for StageBackward, and
+  // its loss and accuracy in the stats (DownloadStats).
+  absl::Status StageForward(int first, int rows, float grad_scale);
+  const float* output(int first) const { return acts_.back().data() + static_cast<size_t>(first) * widths_.back(); }
+  // Where a middle stage's caller puts the gradient of the loss with
+  // respect to output(first) before StageBackward.
+  float* output_grad(int first) { return output_grad_.data() + static_cast<size_t>(first) * widths_.back(); }
+  // Backward of the micro-batch at `first`: adds its parameter gradient to
+  // grad() (or, first micro-batch of a step, replaces it), and with
+  // `input_grad` leaves the gradient with respect to its input in
+  // input_grad(first) for the previous stage.
+  absl::Status StageBackward(int first, int rows, bool accumulate, bool input_grad);
+  const float* input_grad(int first) const {
+    return input_grad_.data() + static_cast<size_t>(first) * widths_.front();
+  }
+
   // Enqueues the copy of the last step's loss and accuracy to the host.
   absl::Status DownloadStats();
   // The last step's stats; valid after DownloadStats and a Synchronize.
@@ -67,6 +96,11 @@ class SegmentModel {
   Buffer inputs_[kInputSlots], labels_[kInputSlots];
   std::vector<Buffer> acts_;    // per layer output [max_batch x units]; last = probabilities
   Buffer logits_, delta_a_, delta_b_;
+  // Pipeline stages only: the gradients at the stage's edges, the last
+  // stage's loss gradient per micro-batch, and a column of ones (a bias
+  // gradient accumulates as ones^T * delta).
+  bool final_stage_ = true;
+  Buffer output_grad_, input_grad_, dlogits_, ones_;
 };
 
 }  // namespace segps

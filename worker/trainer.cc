@@ -22,46 +22,13 @@
 #include "common/tensor_wire.h"
 #include "worker/async_client.h"
 #include "worker/evaluator.h"
+#include "worker/heartbeat_loop.h"
 #include "worker/segment_model.h"
 #include "worker/step_strategy.h"
 #include "worker/topk.h"
 
 namespace segps {
 namespace {
-
-// Renews the worker's leases while it trains.
-class HeartbeatLoop {
- public:
-  HeartbeatLoop(ParameterClient* client, absl::Duration period) {
-    thread_ = std::thread([this, client, period] {
-      while (!StopWithin(period)) {
-        absl::Status status = client->Heartbeat();
-        if (!status.ok()) SEGPS_LOG_WARNING << "heartbeat: " << status.message();
-      }
-    });
-  }
-  ~HeartbeatLoop() {
-    {
-      MutexLock lock(&mu_);
-      stop_ = true;
-      changed_.SignalAll();
-    }
-    thread_.join();
-  }
-
- private:
-  // True once asked to stop; waits at most `period` for it.
-  bool StopWithin(absl::Duration period) {
-    MutexLock lock(&mu_);
-    const absl::Time deadline = absl::Now() + period;
-    while (!stop_ && absl::Now() < deadline) changed_.WaitWithDeadline(&mu_, deadline);
-    return stop_;
-  }
-  Mutex mu_;
-  CondVar changed_;
-  bool stop_ ABSL_GUARDED_BY(mu_) = false;
-  std::thread thread_;
-};
 
 // Failures a worker recovers from by registering again: a server that
 // restarted, was paused past the lease, is unreachable or dropped this

@@ -25,6 +25,7 @@
 #include <functional>
 #include <iostream>
 #include <iterator>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -392,13 +393,21 @@ int main(int argc, char** argv) {
   // than a server needs to listen (walk-through: ~7 ms, its data included,
   // against ~2 ms), on cores they all share. They read the servers'
   // addresses from stdin once every server listens.
+  // A CHAIN's stages: replica r of stage k (k > 0) prints the address it
+  // takes stage k - 1's activations on; replica r of stage k - 1 reads it
+  // from stdin after the servers' line.
+  const bool chain = config->model().combine() == segps::v1::CHAIN;
+  const int segments = config->model().segments_size();
+  std::map<std::pair<int, uint32_t>, std::string> stage_links;
   std::vector<Child*> workers;
-  for (int k = 0; k < config->model().segments_size(); ++k) {
+  std::vector<std::pair<int, uint32_t>> worker_places;  // (segment, rank) of each worker
+  for (int k = 0; k < segments; ++k) {
     for (uint32_t r = 0; r < segps::WorkersOf(*config, k); ++r) {
       std::vector<std::string> args = {bin + "/segps-worker", "--config", config_path, "--segment", std::to_string(k),
                                        "--rank", std::to_string(r), "--servers=-", "--device",
                                        absl::GetFlag(FLAGS_device), "--cpu_threads",
                                        std::to_string(absl::GetFlag(FLAGS_cpu_threads)), "--history_dir", history_dir};
+      if (chain && k + 1 < segments) args.push_back("--next_stage=-");
       args.insert(args.end(), worker_tls.begin(), worker_tls.end());
       if (k == 0 && r + 1 == segps::WorkersOf(*config, k) && absl::GetFlag(FLAGS_straggler_ms) > 0) {
         args.insert(args.end(), {"--slowdown_ms", std::to_string(absl::GetFlag(FLAGS_straggler_ms))});
@@ -408,7 +417,14 @@ int main(int argc, char** argv) {
       }
       Child* c = launcher.Spawn(absl::StrCat(config->model().segments(k).name(), "/", r), args, /*with_input=*/true);
       if (c == nullptr) return Fail("cannot start segps-worker");
+      if (chain && k > 0) {
+        c->on_line = [&stage_links, k, r](const std::string& line) {
+          static const std::string kLink = "stage link listening on ";
+          if (absl::StartsWith(line, kLink)) stage_links[{k, r}] = line.substr(kLink.size());
+        };
+      }
       workers.push_back(c);
+      worker_places.push_back({k, r});
     }
   }
   const uint32_t num_servers = config->cluster().num_servers();
@@ -434,11 +450,12 @@ int main(int argc, char** argv) {
     }
     return false;
   };
+  const size_t links = chain ? workers.size() - segps::WorkersOf(*config, 0) : 0;
   auto servers_ready = [&] {
     for (const auto& a : addresses) {
       if (a.empty()) return any_failed(servers) || any_failed(workers);
     }
-    return true;
+    return stage_links.size() == links || any_failed(workers);
   };
   if (!launcher.RunUntil(servers_ready, absl::Now() + absl::Seconds(absl::GetFlag(FLAGS_start_timeout_s))) ||
       any_failed(servers)) {
@@ -449,7 +466,11 @@ int main(int argc, char** argv) {
   }
   const std::string server_list = absl::StrJoin(addresses, ",");
   std::cout << "segps-local: " << num_servers << " servers at " << server_list << std::endl;
-  for (Child* c : workers) launcher.SendInput(c, server_list + "\n");
+  for (size_t i = 0; i < workers.size(); ++i) {
+    const auto [k, r] = worker_places[i];
+    launcher.SendInput(workers[i], chain && k + 1 < segments ? absl::StrCat(server_list, "\n", stage_links[{k + 1, r}], "\n")
+                                                             : server_list + "\n");
+  }
 
   auto stopped = [](const std::vector<Child*>& group, bool servers) {
     for (Child* c : group) {
@@ -476,6 +497,8 @@ int main(int argc, char** argv) {
         return absl::StrCat(c->name, " failed (", Describe(c->status), ")");
       }
       const std::string why = absl::StrCat(c->name, " stopped during training (", Describe(c->status), ")");
+      // A pipeline stage's links to its neighbours died with it: the chain is not restarted.
+      if (!servers && chain) return why;
       if (absl::GetFlag(FLAGS_no_restart) || c->restarts >= kMaxRestarts) {
         return absl::GetFlag(FLAGS_no_restart) ? why : absl::StrCat(why, " after ", kMaxRestarts, " restarts");
       }

@@ -82,6 +82,45 @@ std::vector<std::vector<float>> TrainBalancedReference(const v1::JobConfig& conf
   return result;
 }
 
+std::vector<std::vector<float>> TrainChainReference(const v1::JobConfig& config, const Dataset& train) {
+  std::unique_ptr<Backend> backend = CreateCpuBackend(1);
+  const ShardMap map = *ShardMap::Create(config.model(), 1);
+  v1::ModelConfig whole;
+  whole.set_input_width(config.model().input_width());
+  whole.set_num_classes(config.model().num_classes());
+  whole.set_combine(v1::AVERAGE_SOFTMAX);
+  v1::SegmentConfig* network = whole.add_segments();
+  network->set_name("whole");
+  std::vector<float> params;
+  for (int k = 0; k < map.num_segments(); ++k) {
+    for (const v1::LayerConfig& layer : config.model().segments(k).layers()) *network->add_layers() = layer;
+    std::vector<float> stage(map.segment_size(k));
+    InitializeRange(map, k, 0, config.seed(), stage.data(), stage.size());
+    params.insert(params.end(), stage.begin(), stage.end());
+  }
+  const uint32_t batch = config.training().batch_size();
+  std::vector<float> grad(params.size());
+  std::unique_ptr<Optimizer> optimizer = *CreateOptimizer(config.optimizer(), params.size());
+  SegmentModel model = *SegmentModel::Create(backend.get(), whole, 0, static_cast<int>(batch));
+  const Range slice = WorkerSlice(config, train.size(), 0, 0);
+  uint64_t step = 0;
+  for (uint32_t epoch = 0; epoch < config.training().epochs(); ++epoch) {
+    const std::vector<uint32_t> order = EpochOrder(slice, config.seed(), 0, 0, epoch);
+    for (uint64_t begin = 0; begin < slice.count; begin += batch) {
+      const size_t rows = std::min<size_t>(batch, slice.count - begin);
+      Gradient(backend.get(), model, train, order, begin, rows, params, &grad);
+      optimizer->Apply(++step, 0, absl::MakeSpan(params), grad, 1.0f);
+    }
+  }
+  std::vector<std::vector<float>> stages;
+  size_t at = 0;
+  for (int k = 0; k < map.num_segments(); ++k) {
+    stages.emplace_back(params.begin() + at, params.begin() + at + map.segment_size(k));
+    at += map.segment_size(k);
+  }
+  return stages;
+}
+
 double MaxRelativeError(const std::vector<float>& a, const std::vector<float>& b) {
   if (a.size() != b.size()) return INFINITY;
   double worst = 0;

@@ -20,6 +20,12 @@ std::vector<std::vector<float>> TrainReference(const v1::JobConfig& config, cons
 // clock add up to (exactly so for SGD without weight decay).
 std::vector<std::vector<float>> TrainBalancedReference(const v1::JobConfig& config, const Dataset& train);
 
+// A CHAIN (combine: CHAIN) with one replica at staleness 0: the whole
+// network as one segment (every stage's layers in order), trained from the
+// stages' initial parameters on stage 0's mini-batches, each step on a
+// whole mini-batch; returned cut back into the stages' flat parameters.
+std::vector<std::vector<float>> TrainChainReference(const v1::JobConfig& config, const Dataset& train);
+
 // Largest |a - b| / max(1, |b|) over two parameter vectors.
 double MaxRelativeError(const std::vector<float>& a, const std::vector<float>& b);
 

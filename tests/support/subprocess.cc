@@ -168,7 +168,7 @@ std::string ReadFile(const std::string& path) {
 
 double EnsembleAccuracy(const std::string& report_json) {
   std::smatch m;
-  const std::regex re("\"ensemble\": \\{\"name\": \"ensemble\", \"accuracy\": ([0-9.]+)");
+  const std::regex re("\"ensemble\": \\{\"name\": \"[a-z]+\", \"accuracy\": ([0-9.]+)");
   if (!std::regex_search(report_json, m, re)) return -1;
   return std::stod(m[1]);
 }

@@ -1,0 +1,106 @@
+// Pipelines (model.combine: CHAIN) as separate processes on loopback: one
+// network cut into stages, each a segps-worker, activations and gradients
+// crossing real gRPC streams between them, parameters on two servers.
+// At staleness 0 with one replica the stages' parameters equal a
+// single-process training of the whole network; 1F1B gives GPipe's
+// parameters; the teacher chain with 2 replicas reaches its bar.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/config.h"
+#include "common/shard_map.h"
+#include "tests/support/reference_training.h"
+#include "tests/support/subprocess.h"
+#include "worker/dataset.h"
+
+namespace segps {
+namespace {
+
+// 50 -> 32 (relu) [-> 24 (tanh)] -> 10: K = 2 or 3 stages, SGD, staleness 0,
+// one replica, 2000 samples in mini-batches of 32 (the last one 16).
+std::string ChainJob(const std::string& dir, int stages, int micro_batches, const std::string& schedule) {
+  std::vector<std::string> segments = {R"pb(segments { name: "first" layers { units: 32 activation: RELU } })pb"};
+  if (stages == 3) segments.push_back(R"pb(segments { name: "middle" layers { units: 24 activation: TANH } })pb");
+  segments.push_back(R"pb(segments { name: "last" layers { units: 10 activation: SOFTMAX } })pb");
+  const std::string path = absl::StrCat(dir, "/chain", stages, "_", micro_batches, "_", schedule, ".pbtxt");
+  WriteFile(path, absl::StrCat(R"pb(
+    cluster { num_servers: 2 }
+    model { input_width: 50 num_classes: 10 combine: CHAIN )pb", absl::StrJoin(segments, " "), R"pb( }
+    optimizer { kind: SGD learning_rate: 0.1 }
+    training { batch_size: 32 epochs: 1 staleness: 0 micro_batches: )pb", micro_batches, " schedule: ", schedule, R"pb( }
+    data { source: SYNTHETIC_TEACHER train_samples: 2000 test_samples: 500 }
+  )pb"));
+  return path;
+}
+
+// Runs the job with segps-local; each stage's trained parameters (segps-eval --dump_params).
+std::vector<std::vector<float>> Train(const std::string& config, const std::string& dir, int stages,
+                                      std::string* output) {
+  std::unique_ptr<Subprocess> p = Subprocess::Start(
+      {BinaryPath("segps-local"), "--config", config, "--report", dir + "/report.json", "--params_dir", dir});
+  std::optional<int> status = p->Wait(absl::Minutes(3));
+  *output = p->output();
+  EXPECT_TRUE(status.has_value() && ExitedOk(*status)) << p->output();
+  const v1::JobConfig job = *LoadConfig(config);
+  std::vector<std::vector<float>> params;
+  for (int k = 0; k < stages; ++k) params.push_back(ReadNpyFloat32(dir + "/" + job.model().segments(k).name() + ".npy"));
+  return params;
+}
+
+TEST(Pipeline, GPipeAtStaleness0EqualsTheWholeNetworkTrainedInOneProcess) {
+  for (int stages : {2, 3}) {
+    for (int micro : {1, 4}) {
+      SCOPED_TRACE(absl::StrCat(stages, " stages, ", micro, " micro-batches"));
+      const std::string dir = MakeTempDir();
+      const std::string config = ChainJob(dir, stages, micro, "GPIPE");
+      std::string output;
+      const std::vector<std::vector<float>> trained = Train(config, dir, stages, &output);
+      const v1::JobConfig job = *LoadConfig(config);
+      TrainTest data = *LoadData(job);
+      const std::vector<std::vector<float>> reference = TrainChainReference(job, data.train);
+      ASSERT_EQ(trained.size(), reference.size());
+      const ShardMap map = *ShardMap::Create(job.model(), 1);
+      for (int k = 0; k < stages; ++k) {
+        ASSERT_EQ(trained[k].size(), reference[k].size()) << "stage " << k << "\n" << output;
+        EXPECT_LT(MaxRelativeError(trained[k], reference[k]), 1e-5) << "stage " << k;
+        // Training moved them well beyond that: the comparison is not of two initial states.
+        std::vector<float> initial(map.segment_size(k));
+        InitializeRange(map, k, 0, job.seed(), initial.data(), initial.size());
+        EXPECT_GT(MaxRelativeError(trained[k], initial), 1e-2) << "stage " << k;
+        std::printf("%d stages, %d micro-batches, stage %d: relative error %.2g against the reference, %.2g moved\n",
+                    stages, micro, k, MaxRelativeError(trained[k], reference[k]), MaxRelativeError(trained[k], initial));
+      }
+    }
+  }
+}
+
+TEST(Pipeline, OneFOneBGivesGPipesParameters) {
+  const std::string dir = MakeTempDir();
+  std::string gpipe_output, one_f_output;
+  const auto gpipe = Train(ChainJob(dir, 3, 4, "GPIPE"), MakeTempDir(), 3, &gpipe_output);
+  const auto one_f_one_b = Train(ChainJob(dir, 3, 4, "ONE_F_ONE_B"), MakeTempDir(), 3, &one_f_output);
+  ASSERT_EQ(gpipe.size(), 3u);
+  for (int k = 0; k < 3; ++k) {
+    ASSERT_FALSE(gpipe[k].empty());
+    EXPECT_EQ(gpipe[k], one_f_one_b[k]) << "stage " << k;
+  }
+  // 1F1B holds at most K - k micro-batches on stage k; GPipe all 4.
+  EXPECT_NE(one_f_output.find("ONE_F_ONE_B (3 held at once)"), std::string::npos) << one_f_output;
+  EXPECT_NE(one_f_output.find("ONE_F_ONE_B (1 held at once)"), std::string::npos) << one_f_output;
+  EXPECT_NE(gpipe_output.find("GPIPE (4 held at once)"), std::string::npos) << gpipe_output;
+}
+
+TEST(Pipeline, ThreeStageTeacherChainWithTwoReplicasReachesItsBar) {
+  const std::string dir = MakeTempDir();
+  std::string output;
+  Train(std::string(SEGPS_SOURCE_DIR) + "/deploy/configs/teacher_chain.pbtxt", dir, 3, &output);
+  EXPECT_GT(EnsembleAccuracy(ReadFile(dir + "/report.json")), 0.90) << output;
+  EXPECT_NE(output.find("ENSEMBLE (one network: a chain of 3 stages)"), std::string::npos) << output;
+}
+
+}  // namespace
+}  // namespace segps

@@ -1,0 +1,46 @@
+// The training loop of one pipeline stage (combine: CHAIN): replica r of
+// stage k. Each clock is one mini-batch of stage 0's data slice, cut into
+// micro-batches; the stage runs their forwards and backwards in the
+// configured schedule (GPIPE or ONE_F_ONE_B), passing activations forward
+// and their gradients back over its links (pipeline_link.h), adds up the
+// micro-batches' parameter gradients, and pushes their sum once per clock
+// to the servers, pulling the next clock's parameters under the stage's
+// staleness bound. The parameters stay the same between a micro-batch's
+// forward and its backward, whatever the schedule.
+#ifndef SEGPS_WORKER_PIPELINE_TRAINER_H_
+#define SEGPS_WORKER_PIPELINE_TRAINER_H_
+
+#include <cstdint>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "segps/v1/config.pb.h"
+#include "worker/backend.h"
+#include "worker/dataset.h"
+#include "worker/pipeline_link.h"
+#include "worker/ps_client.h"
+#include "worker/trainer.h"
+
+namespace segps {
+
+struct StageOptions {
+  int stage = 0;
+  uint32_t replica = 0;
+  // The link from the previous stage (null for stage 0) and to the next
+  // (null for the last); both outlive the training.
+  Upstream* upstream = nullptr;
+  Downstream* downstream = nullptr;
+  // How long a stage waits for a neighbour's next message.
+  absl::Duration patience = absl::Minutes(5);
+};
+
+// Trains the stage through `client` (not yet registered). `train` is read
+// by stage 0 only (the others may pass null). Besides the usual report, the
+// stage's idle share (time waiting for its neighbours over its time in the
+// pipeline) and peak resident memory are logged.
+absl::StatusOr<TrainReport> TrainStage(const v1::JobConfig& config, const StageOptions& options,
+                                       const Dataset* train, Backend* backend, ParameterClient* client);
+
+}  // namespace segps
+
+#endif  // SEGPS_WORKER_PIPELINE_TRAINER_H_
