@@ -4,6 +4,8 @@
 
 #include <cstdio>
 #include <string>
+#include <tuple>
+#include <vector>
 
 namespace segps {
 namespace {
@@ -140,6 +142,68 @@ TEST(Config, RejectsEachBrokenField) {
     EXPECT_NE(std::string(c.status().message()).find(bad.expect), std::string::npos)
         << "got: " << c.status().message() << "\nexpected: " << bad.expect;
   }
+}
+
+const char kChain[] = R"pb(
+cluster { num_servers: 1 }
+model {
+  input_width: 50
+  num_classes: 10
+  combine: CHAIN
+  segments { name: "s0" layers { units: 64 activation: RELU } }
+  segments { name: "s1" input_width: 64 layers { units: 10 activation: SOFTMAX } }
+}
+optimizer { kind: SGD }
+training { batch_size: 32 micro_batches: 4 schedule: ONE_F_ONE_B }
+data { source: SYNTHETIC_SEED }
+)pb";
+
+TEST(Config, ChainStagesTakeThePreviousStagesOutput) {
+  absl::StatusOr<v1::JobConfig> c = ParseConfig(kChain, "chain.pbtxt");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->training().micro_batches(), 4u);
+  EXPECT_EQ(c->training().schedule(), v1::ONE_F_ONE_B);
+  // Unset: one micro-batch, GPipe's order.
+  c = ParseConfig(Replace(kChain, "micro_batches: 4 schedule: ONE_F_ONE_B", ""), "chain.pbtxt");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->training().micro_batches(), 1u);
+  EXPECT_EQ(c->training().schedule(), v1::GPIPE);
+}
+
+TEST(Config, BrokenChainsAreRejectedNamingTheField) {
+  for (const auto& [from, to, says] : std::vector<std::tuple<std::string, std::string, std::string>>{
+           // The second stage's stated input is not the first stage's output.
+           {"input_width: 64", "input_width: 32",
+            "chain.pbtxt line 8: model.segments[1].input_width: is 32, but stage \"s0\"'s last layer gives 64"},
+           // Softmax before the last stage.
+           {"units: 64 activation: RELU", "units: 64 activation: SOFTMAX",
+            "model.segments[0].layers[0].activation: stage \"s0\" of a CHAIN ends in SOFTMAX: only the last stage may"},
+           // Micro-batches that do not divide the batch.
+           {"micro_batches: 4", "micro_batches: 5", "training.micro_batches: 5 does not divide batch_size 32"},
+           // Replicas that do not pair up.
+           {"name: \"s1\"", "name: \"s1\" workers: 2",
+            "model.segments[1].workers: is 2, but a CHAIN's stages pair up replica by replica"},
+           // The last stage must still end in the classes' softmax.
+           {"units: 10 activation: SOFTMAX", "units: 10 activation: RELU",
+            "the last layer must be SOFTMAX with units == model.num_classes"},
+       }) {
+    absl::StatusOr<v1::JobConfig> c = ParseConfig(Replace(kChain, from, to), "chain.pbtxt");
+    ASSERT_FALSE(c.ok()) << to;
+    EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(std::string(c.status().message()).find(says), std::string::npos) << c.status();
+  }
+  // An ensemble takes no micro-batches, nor stage widths.
+  absl::StatusOr<v1::JobConfig> c = ParseConfig(Replace(kMinimal, "optimizer", "training { micro_batches: 2 } optimizer"),
+                                                "job.pbtxt");
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(std::string(c.status().message()).find("training.micro_batches: is only for combine: CHAIN"),
+            std::string::npos)
+      << c.status();
+  c = ParseConfig(Replace(kMinimal, "name: \"a\"", "name: \"a\" input_width: 50"), "job.pbtxt");
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(std::string(c.status().message()).find("model.segments[0].input_width: is only for combine: CHAIN"),
+            std::string::npos)
+      << c.status();
 }
 
 TEST(Config, DataFilesAreRelativeToTheConfigFile) {
