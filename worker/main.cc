@@ -116,6 +116,11 @@ int RunStage(const segps::v1::JobConfig& config, int stage, std::optional<uint32
   options.upstream = upstream.get();
   options.downstream = downstream.get();
   options.patience = absl::Milliseconds(config.cluster().recovery_timeout_ms());
+  options.slowdown_factor = absl::GetFlag(FLAGS_slowdown_factor);
+  if (!(options.slowdown_factor >= 1 && options.slowdown_factor <= 1000)) {
+    return Fail(absl::StrCat("--slowdown_factor must be in [1, 1000], got ", options.slowdown_factor));
+  }
+  if (options.slowdown_factor > 1) prctl(PR_SET_TIMERSLACK, 1UL, 0, 0, 0);
   absl::StatusOr<segps::TrainReport> report =
       segps::TrainStage(config, options, stage == 0 ? &data->train : nullptr, backend, client->get());
   if (!report.ok()) return Fail(std::string(report.status().message()));

@@ -133,6 +133,16 @@ absl::StatusOr<TrainReport> TrainStage(const v1::JobConfig& config, const StageO
     return absl::MakeConstSpan(host_values);
   };
 
+  // A slower device: the pass that started at `start` takes slowdown_factor times as long.
+  auto stretch = [&](absl::Time start) -> absl::Status {
+    if (options.slowdown_factor <= 1) return absl::OkStatus();
+    SEGPS_RETURN_IF_ERROR(backend->Synchronize());
+    absl::SleepFor((absl::Now() - start) * (options.slowdown_factor - 1));
+    return absl::OkStatus();
+  };
+  // The idle share counts from the end of the first clock.
+  absl::Time steady_start = t0;
+  absl::Duration steady_waiting;
   std::optional<MicroBatch> pending;  // stage > 0: the first message of the next clock, already received
   for (;; ++clock) {
     // This clock's mini-batch: its rows and how many micro-batches cut it.
@@ -205,7 +215,9 @@ absl::StatusOr<TrainReport> TrainStage(const v1::JobConfig& config, const StageO
           SEGPS_RETURN_IF_ERROR(
               backend->Upload(slot_labels, model.labels() + first, part.rows * sizeof(int32_t)));
         }
+        const absl::Time compute = absl::Now();
         SEGPS_RETURN_IF_ERROR(model.StageForward(first, static_cast<int>(part.rows), grad_scale));
+        SEGPS_RETURN_IF_ERROR(stretch(compute));
         if (last_stage) {
           SEGPS_RETURN_IF_ERROR(model.DownloadStats());
           SEGPS_RETURN_IF_ERROR(backend->Synchronize());
@@ -227,7 +239,9 @@ absl::StatusOr<TrainReport> TrainStage(const v1::JobConfig& config, const StageO
           SEGPS_RETURN_IF_ERROR(
               backend->Upload(grad->data(), model.output_grad(first), grad->size() * sizeof(float)));
         }
+        const absl::Time compute = absl::Now();
         SEGPS_RETURN_IF_ERROR(model.StageBackward(first, static_cast<int>(part.rows), accumulate, !first_stage));
+        SEGPS_RETURN_IF_ERROR(stretch(compute));
         accumulate = true;
         if (!first_stage) {
           absl::StatusOr<absl::Span<const float>> d_in = to_host(model.input_grad(first), part.rows * in_width);
@@ -248,6 +262,10 @@ absl::StatusOr<TrainReport> TrainStage(const v1::JobConfig& config, const StageO
     absl::StatusOr<uint64_t> next = client->SendAndPull(*push, absl::MakeSpan(params));
     if (!next.ok()) return next.status();
     SEGPS_RETURN_IF_ERROR(load_params());
+    if (report.steps == 0) {
+      steady_start = absl::Now();
+      steady_waiting = waiting;
+    }
     ++report.steps;
     report.samples += batch_rows;
     epoch_samples += batch_rows;
@@ -264,11 +282,14 @@ absl::StatusOr<TrainReport> TrainStage(const v1::JobConfig& config, const StageO
     }
   }
   if (options.downstream != nullptr) SEGPS_RETURN_IF_ERROR(options.downstream->Finish());
-  report.seconds = absl::ToDoubleSeconds(absl::Now() - t0);
+  const absl::Time end = absl::Now();
+  report.seconds = absl::ToDoubleSeconds(end - t0);
   report.blocked_seconds = absl::ToDoubleSeconds(waiting);
-  SEGPS_LOG_INFO << tag << ": idle share " << (report.seconds > 0 ? report.blocked_seconds / report.seconds : 0)
-                 << " (" << report.blocked_seconds << " s of " << report.seconds
-                 << " s waiting for its neighbours); peak resident memory " << PeakResidentMiB() << " MiB";
+  const double steady = absl::ToDoubleSeconds(end - steady_start);
+  const double idle = absl::ToDoubleSeconds(waiting - steady_waiting);
+  SEGPS_LOG_INFO << tag << ": idle share " << (steady > 0 ? idle / steady : 0) << " (" << idle << " s of " << steady
+                 << " s after the first clock waiting for its neighbours); peak resident memory " << PeakResidentMiB()
+                 << " MiB";
   SEGPS_RETURN_IF_ERROR(client->Leave());
   return report;
 }

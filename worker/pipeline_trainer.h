@@ -32,12 +32,16 @@ struct StageOptions {
   Downstream* downstream = nullptr;
   // How long a stage waits for a neighbour's next message.
   absl::Duration patience = absl::Minutes(5);
+  // Stretches each forward and backward pass's compute time by this
+  // factor (>= 1): a slower device (segps-worker --slowdown_factor).
+  double slowdown_factor = 1;
 };
 
 // Trains the stage through `client` (not yet registered). `train` is read
 // by stage 0 only (the others may pass null). Besides the usual report, the
-// stage's idle share (time waiting for its neighbours over its time in the
-// pipeline) and peak resident memory are logged.
+// stage's idle share and peak resident memory are logged: the idle share is
+// its time waiting for its neighbours over its time in the pipeline, from
+// the end of its first clock on (which also waits for the others to start).
 absl::StatusOr<TrainReport> TrainStage(const v1::JobConfig& config, const StageOptions& options,
                                        const Dataset* train, Backend* backend, ParameterClient* client);
 

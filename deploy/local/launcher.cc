@@ -52,6 +52,8 @@ ABSL_FLAG(int32_t, straggler_ms, 0,
 ABSL_FLAG(double, straggler_factor, 1,
           "Stretch the compute time of the first segment's last worker by this factor (>= 1): a slower device "
           "(segps-worker --slowdown_factor).");
+ABSL_FLAG(double, slowdown_factor, 1,
+          "Stretch every worker's compute time by this factor (>= 1): slower devices (segps-worker --slowdown_factor).");
 ABSL_FLAG(int32_t, start_timeout_s, 60, "Seconds to wait for servers to start listening.");
 ABSL_FLAG(bool, tls, false,
           "Run the whole job over mutual TLS with bearer tokens, with a CA, certificates and tokens made for it "
@@ -412,9 +414,9 @@ int main(int argc, char** argv) {
       if (k == 0 && r + 1 == segps::WorkersOf(*config, k) && absl::GetFlag(FLAGS_straggler_ms) > 0) {
         args.insert(args.end(), {"--slowdown_ms", std::to_string(absl::GetFlag(FLAGS_straggler_ms))});
       }
-      if (k == 0 && r + 1 == segps::WorkersOf(*config, k) && absl::GetFlag(FLAGS_straggler_factor) != 1) {
-        args.insert(args.end(), {"--slowdown_factor", absl::StrCat(absl::GetFlag(FLAGS_straggler_factor))});
-      }
+      const double slowdown = absl::GetFlag(FLAGS_slowdown_factor) *
+                              (k == 0 && r + 1 == segps::WorkersOf(*config, k) ? absl::GetFlag(FLAGS_straggler_factor) : 1);
+      if (slowdown != 1) args.insert(args.end(), {"--slowdown_factor", absl::StrCat(slowdown)});
       Child* c = launcher.Spawn(absl::StrCat(config->model().segments(k).name(), "/", r), args, /*with_input=*/true);
       if (c == nullptr) return Fail("cannot start segps-worker");
       if (chain && k > 0) {

@@ -321,6 +321,63 @@ awk '/^  segments \{/ {n++} n == 2 && /^  segments \{/ {skip = 1} !skip {print} 
 balance_runs "teacher task, 1 segment 512 wide" "$out/teacher_wide.pbtxt"
 echo "wide segment: balanced/static $(div "$balanced_1" "$static_1"), static/no straggler $(div "$static_1" "$unslowed_1")"
 
+echo "== 11. pipelines (model.combine: CHAIN): the idle share (bubble) against GPipe's (K-1)/(M+K-1), and throughput"
+# K stages of one 512-unit layer each (the last adds the 10-class softmax),
+# one replica, GPIPE; every
+# pass's compute stretched 40x (segps-local --slowdown_factor) so that a
+# stage computes for milliseconds and the stages do not contend for this
+# machine's two cores. Each stage logs its idle share after its first clock;
+# the row gives their mean and the formula's value.
+chain_config() {  # FILE STAGES MICRO EPOCHS [HIDDEN]
+  local hidden=${5:-512} k segs=""
+  for k in $(seq 1 $(($2 - 1))); do segs="$segs segments { name: \"s$k\" layers { units: $hidden activation: RELU } }"; done
+  cat > "$1" <<CFG
+cluster { num_servers: 2 }
+model { input_width: 256 num_classes: 10 combine: CHAIN $segs segments { name: "s$2" layers { units: $hidden activation: RELU } layers { units: 10 activation: SOFTMAX } } }
+optimizer { kind: SGD learning_rate: 0.01 }
+training { batch_size: 64 epochs: $4 staleness: 0 micro_batches: $3 schedule: GPIPE log_interval_s: 100 }
+data { source: SYNTHETIC_TEACHER train_samples: 3200 test_samples: 500 }
+CFG
+}
+printf "%-8s %-14s %-14s %s\n" stages micro-batches "idle share" "GPipe formula" | tee "$out/bubble.txt"
+worst=0
+for K in 2 3; do
+  for M in 1 2 4 8; do
+    chain_config "$out/chain.pbtxt" $K $M 1
+    $bin/segps-local --config "$out/chain.pbtxt" --report "$out/p.json" --no_restart --slowdown_factor 40 > "$out/chain_run.txt" 2>&1
+    idle=$(sed -n 's/.*: idle share \([0-9.e-]*\) .*/\1/p' "$out/chain_run.txt" | awk '{t+=$1; n++} END{if (n) printf "%.3f", t/n}')
+    formula=$(awk -v k=$K -v m=$M 'BEGIN{printf "%.3f", (k-1)/(m+k-1)}')
+    printf "%-8s %-14s %-14s %s\n" $K $M "${idle:-n/a}" "$formula" | tee -a "$out/bubble.txt"
+    worst=$(awk -v w="$worst" -v i="${idle:-999}" -v f="$formula" 'BEGIN{r=i/f; print (r>w)?r:w}')
+  done
+done
+target pipeline_bubble_vs_gpipe_formula "$worst" 1.1 le
+# Throughput: a model where compute dominates (two 2048-wide hidden layers,
+# batch 256) cut into 2 stages with 4 micro-batches, against one worker
+# holding the same layers as one segment, alternating in the same run.
+whole_vs_chain() {
+  cat > "$out/whole.pbtxt" <<CFG
+cluster { num_servers: 2 }
+model { input_width: 256 num_classes: 10 segments { name: "whole" layers { units: 2048 activation: RELU } layers { units: 2048 activation: RELU } layers { units: 10 activation: SOFTMAX } } }
+optimizer { kind: SGD learning_rate: 0.01 }
+training { batch_size: 256 epochs: 1 log_interval_s: 100 }
+data { source: SYNTHETIC_TEACHER train_samples: 5120 test_samples: 500 }
+CFG
+  sed -e 's/segments { name: "whole" layers { units: 2048 activation: RELU } layers/combine: CHAIN segments { name: "a" layers { units: 2048 activation: RELU } } segments { name: "b" layers/' \
+      -e 's/^training {/training { micro_batches: 4 /' "$out/whole.pbtxt" > "$out/two_stages.pbtxt"
+}
+whole_vs_chain
+: > "$out/tp_whole.txt"; : > "$out/tp_chain.txt"
+for i in 1 2 3; do
+  $bin/segps-local --config "$out/whole.pbtxt" --report "$out/w.json" --no_restart > "$out/tp_run.txt" 2>&1
+  train_secs "$out/tp_run.txt" >> "$out/tp_whole.txt"
+  $bin/segps-local --config "$out/two_stages.pbtxt" --report "$out/w.json" --no_restart > "$out/tp_run.txt" 2>&1
+  train_secs "$out/tp_run.txt" >> "$out/tp_chain.txt"
+done
+act_bytes=$((256 * 2048 * 4 * 2))
+echo "20 steps of batch 256 through 256-2048-2048-10, medians of 3 alternating runs: one worker $(median_file "$out/tp_whole.txt") s, 2 stages x 4 micro-batches $(median_file "$out/tp_chain.txt") s; activation bytes a step between the stages: $act_bytes (forward and back)"
+echo "chain_2_stages_vs_one_worker (throughput ratio): $(div "$(median_file "$out/tp_whole.txt")" "$(median_file "$out/tp_chain.txt")")"
+
 if $py -c "import matplotlib" 2> /dev/null; then
   echo "== figures (python/segps_plot.py)"
   $py python/segps_plot.py bench --out "$out/figures" "$out"
