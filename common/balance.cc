@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numeric>
 
 namespace segps {
@@ -103,6 +104,40 @@ const v1::Shares* SharesAt(const v1::SharePlan& plan, uint64_t clock) {
     if (entry.from_clock() <= clock) found = &entry;
   }
   return found;
+}
+
+double LayerCost(uint64_t fan_in, uint64_t units, bool first_layer) {
+  return (first_layer ? 2.0 : 3.0) * static_cast<double>(fan_in) * static_cast<double>(units) +
+         4.0 * static_cast<double>(units);
+}
+
+std::vector<uint32_t> CutChain(const std::vector<double>& costs, uint32_t stages) {
+  const size_t n = costs.size();
+  if (stages == 0 || stages > n) return {};
+  std::vector<double> prefix(n + 1, 0.0);
+  for (size_t i = 0; i < n; ++i) prefix[i + 1] = prefix[i] + costs[i];
+  // best[k][i]: the least possible most costly stage when the first i layers form k stages.
+  const double kNone = std::numeric_limits<double>::infinity();
+  std::vector<std::vector<double>> best(stages + 1, std::vector<double>(n + 1, kNone));
+  std::vector<std::vector<size_t>> from(stages + 1, std::vector<size_t>(n + 1, 0));
+  best[0][0] = 0;
+  for (uint32_t k = 1; k <= stages; ++k) {
+    for (size_t i = k; i <= n; ++i) {
+      for (size_t j = k - 1; j < i; ++j) {
+        const double worst = std::max(best[k - 1][j], prefix[i] - prefix[j]);
+        if (worst <= best[k][i]) {
+          best[k][i] = worst;
+          from[k][i] = j;
+        }
+      }
+    }
+  }
+  std::vector<uint32_t> layers(stages);
+  for (size_t k = stages, i = n; k > 0; --k) {
+    layers[k - 1] = static_cast<uint32_t>(i - from[k][i]);
+    i = from[k][i];
+  }
+  return layers;
 }
 
 }  // namespace segps

@@ -1,4 +1,4 @@
-// Load balancing within a segment (training.balance): how many samples of a
+// Load balancing. Within a segment (training.balance): how many samples of a
 // clock each rank computes (its share), how server 0 moves the shares after
 // the workers' throughput, and which of a clock's samples a share covers.
 //
@@ -7,6 +7,9 @@
 // of the ranks before it. The shares of every clock sum to the same total,
 // so an epoch is the same number of clocks, and covers every sample exactly
 // once, whatever the shares were at each clock.
+//
+// Between the stages of a chain (model.partition: BALANCED): where one list
+// of layers is cut so that the stages' costs are as even as possible.
 #ifndef SEGPS_COMMON_BALANCE_H_
 #define SEGPS_COMMON_BALANCE_H_
 
@@ -45,6 +48,17 @@ void MergePlan(const v1::SharePlan& reply, v1::SharePlan* known);
 
 // The shares `plan` gives for `clock`; null when it holds none that early.
 const v1::Shares* SharesAt(const v1::SharePlan& plan, uint64_t clock);
+
+// The cost of a dense layer of `units` over `fan_in` inputs, per sample:
+// its forward and backward multiply-adds (in x out for the output, for the
+// kernel's gradient and, but for the network's first layer, for the
+// input's) and its element-wise passes.
+double LayerCost(uint64_t fan_in, uint64_t units, bool first_layer);
+
+// How many of `costs`' consecutive layers each of `stages` stages takes, so
+// that the most costly stage costs as little as possible (every stage at
+// least one layer; ties go to the cut that moves layers later).
+std::vector<uint32_t> CutChain(const std::vector<double>& costs, uint32_t stages);
 
 }  // namespace segps
 

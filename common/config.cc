@@ -1,5 +1,7 @@
 #include "common/config.h"
 
+#include "common/balance.h"
+
 #include <algorithm>
 #include <cmath>
 #include <fstream>
@@ -161,6 +163,39 @@ absl::Status ValidateAndFill(v1::JobConfig& c, const Locator& at) {
   }
   if (model->combine() == v1::COMBINE_UNSPECIFIED) model->set_combine(v1::AVERAGE_SOFTMAX);
   const bool chain = model->combine() == v1::CHAIN;
+  if (model->partition() == v1::PARTITION_UNSPECIFIED) model->set_partition(v1::MANUAL);
+  if (model->partition() == v1::BALANCED) {
+    if (!chain || model->segments_size() != 1) {
+      return at.Error({{"model", -1}, {"partition", -1}},
+                      "BALANCED cuts one segment's layers into the stages of a CHAIN: give combine: CHAIN and one "
+                      "segment");
+    }
+    const v1::SegmentConfig whole = model->segments(0);
+    if (model->stages() < 2 || model->stages() > static_cast<uint32_t>(whole.layers_size())) {
+      return at.Error({{"model", -1}, {"stages", -1}},
+                      absl::StrCat("must be in [2, ", whole.layers_size(), "] (the segment's layers), got ",
+                                   model->stages()));
+    }
+    std::vector<double> costs;
+    uint64_t fan_in = model->input_width();
+    for (const v1::LayerConfig& layer : whole.layers()) {
+      costs.push_back(LayerCost(fan_in, layer.units(), costs.empty()));
+      fan_in = layer.units();
+    }
+    model->clear_segments();
+    int next = 0;
+    const std::vector<uint32_t> cut = CutChain(costs, model->stages());
+    for (size_t k = 0; k < cut.size(); ++k) {
+      v1::SegmentConfig* stage = model->add_segments();
+      *stage = whole;
+      stage->set_name(absl::StrCat(whole.name(), "_", k));
+      if (k > 0) stage->clear_input_width();
+      stage->clear_layers();
+      for (uint32_t l = 0; l < cut[k]; ++l) *stage->add_layers() = whole.layers(next++);
+    }
+  } else if (model->stages() != 0) {
+    return at.Error({{"model", -1}, {"stages", -1}}, "is for partition: BALANCED");
+  }
   for (int k = 0; k < model->segments_size(); ++k) {
     auto* seg = model->mutable_segments(k);
     if (seg->has_input_width()) {

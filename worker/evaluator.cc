@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/proto_json.h"
+#include "common/shard_map.h"
 #include "common/status_macros.h"
 #include "worker/segment_model.h"
 
@@ -216,7 +217,20 @@ std::string ToJson(const v1::JobConfig& config, const EvalReport& report) {
   for (size_t k = 0; k < report.segments.size(); ++k) {
     absl::StrAppend(&out, k ? ", " : "", score(report.segments[k]));
   }
-  absl::StrAppend(&out, "],\n  \"ensemble\": ", score(report.ensemble), ",\n");
+  absl::StrAppend(&out, "],\n");
+  if (config.model().combine() == v1::CHAIN) {
+    // The stages as cut (model.partition), with their layers and parameters.
+    const ShardMap map = *ShardMap::Create(config.model(), 1);
+    absl::StrAppend(&out, "  \"partition\": \"", v1::Partition_Name(config.model().partition()), "\",\n  \"stages\": [");
+    for (int k = 0; k < config.model().segments_size(); ++k) {
+      absl::StrAppend(&out, k ? ", " : "",
+                      absl::StrFormat("{\"name\": \"%s\", \"layers\": %d, \"parameters\": %d}",
+                                      config.model().segments(k).name(), config.model().segments(k).layers_size(),
+                                      map.segment_size(k)));
+    }
+    absl::StrAppend(&out, "],\n");
+  }
+  absl::StrAppend(&out, "  \"ensemble\": ", score(report.ensemble), ",\n");
   absl::StrAppend(&out, absl::StrFormat("  \"chance_accuracy\": %.6f", report.chance));
   if (report.history.workers_size() > 0) {
     absl::StrAppend(&out, ",\n  \"history\": ", ToJson(report.history));

@@ -400,6 +400,17 @@ int main(int argc, char** argv) {
   // from stdin after the servers' line.
   const bool chain = config->model().combine() == segps::v1::CHAIN;
   const int segments = config->model().segments_size();
+  if (chain) {
+    std::string stages;
+    for (int k = 0; k < segments; ++k) {
+      std::vector<std::string> widths;
+      for (const auto& layer : config->model().segments(k).layers()) widths.push_back(std::to_string(layer.units()));
+      absl::StrAppend(&stages, k ? " | " : "", config->model().segments(k).name(), " [", absl::StrJoin(widths, " "), "]");
+    }
+    std::cout << "segps-local: a chain of " << segments << " stages ("
+              << segps::v1::Partition_Name(config->model().partition()) << "), input "
+              << config->model().input_width() << ": " << stages << std::endl;
+  }
   std::map<std::pair<int, uint32_t>, std::string> stage_links;
   std::vector<Child*> workers;
   std::vector<std::pair<int, uint32_t>> worker_places;  // (segment, rank) of each worker
