@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # Builds the libFuzzer targets with clang, AddressSanitizer and
 # UndefinedBehaviorSanitizer (in build-fuzz/) and runs each for SECONDS
-# (default 60) from a copy of its committed corpus. Exits non-zero on a
+# (default 60) from a copy of its committed corpus, from a fixed seed
+# (FUZZ_SEED, default 1: a run is repeatable). Exits non-zero on a
 # crash, a leak, undefined behaviour or a slow input; the input that did it
 # is left in build-fuzz/ and named in the output. New interesting inputs
 # stay in build-fuzz/corpus/; copy the worth-keeping ones to tests/fuzz/corpus.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 seconds="${1:-60}"
+seed="${FUZZ_SEED:-1}"
 
 missing=()
 for p in clang libclang-rt-14-dev; do
@@ -16,6 +18,7 @@ done
 if [ ${#missing[@]} -gt 0 ]; then
   sudo_cmd=()
   [ "$(id -u)" -eq 0 ] || sudo_cmd=(sudo)
+  "${sudo_cmd[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -qq
   "${sudo_cmd[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
 
@@ -27,6 +30,6 @@ for target in server_requests; do
   work="build-fuzz/corpus/$target"
   rm -rf "$work" && mkdir -p "$work"
   echo "fuzz: $target for ${seconds} s"
-  "build-fuzz/bin/segps-fuzz-${target//_/-}" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 \
+  "build-fuzz/bin/segps-fuzz-${target//_/-}" -max_total_time="$seconds" -seed="$seed" -timeout=10 -rss_limit_mb=2048 \
     -print_final_stats=1 -artifact_prefix="build-fuzz/${target}-" "$work" "tests/fuzz/corpus/$target"
 done
