@@ -3,7 +3,8 @@
 // crossing real gRPC streams between them, parameters on two servers.
 // At staleness 0 with one replica the stages' parameters equal a
 // single-process training of the whole network; 1F1B gives GPipe's
-// parameters; the teacher chain with 2 replicas reaches its bar.
+// parameters; the teacher chain and the Fashion-MNIST MLP, each with 2
+// replicas, reach their bars.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -100,6 +101,14 @@ TEST(Pipeline, ThreeStageTeacherChainWithTwoReplicasReachesItsBar) {
   Train(std::string(SEGPS_SOURCE_DIR) + "/deploy/configs/teacher_chain.pbtxt", dir, 3, &output);
   EXPECT_GT(EnsembleAccuracy(ReadFile(dir + "/report.json")), 0.90) << output;
   EXPECT_NE(output.find("ENSEMBLE (one network: a chain of 3 stages)"), std::string::npos) << output;
+}
+
+// The Fashion-MNIST MLP 784-256-128-10 cut into 2 stages, 2 replicas.
+TEST(Pipeline, FashionMnistMlpInTwoStagesWithTwoReplicasReaches88Percent) {
+  const std::string dir = MakeTempDir();
+  std::string output;
+  Train(std::string(SEGPS_SOURCE_DIR) + "/deploy/configs/fashion_mnist_chain.pbtxt", dir, 2, &output);
+  EXPECT_GT(EnsembleAccuracy(ReadFile(dir + "/report.json")), 0.88) << output;
 }
 
 }  // namespace
