@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/hash.h"
+#include "common/shard_map.h"
 #include "google/protobuf/io/tokenizer.h"
 #include "google/protobuf/text_format.h"
 
@@ -331,6 +332,20 @@ absl::Status ValidateAndFill(v1::JobConfig& c, const Locator& at) {
       return at.Error({{"training", -1}, {"balance", -1}, {"shares", -1}},
                       absl::StrCat("sum to ", total, "; they must sum to batch_size x workers (",
                                    uint64_t{training->batch_size()} * balance->shares_size(), ")"));
+    }
+  }
+  if (training->worker_parameter_budget_bytes() > 0) {
+    const absl::StatusOr<ShardMap> map = ShardMap::Create(*model, 1);
+    if (!map.ok()) return map.status();
+    for (int k = 0; k < model->segments_size(); ++k) {
+      const uint64_t need = map->segment_size(k) * kWorkerBytesPerParameter;
+      if (need > training->worker_parameter_budget_bytes()) {
+        return at.Error({{"training", -1}, {"worker_parameter_budget_bytes", -1}},
+                        absl::StrCat("is ", training->worker_parameter_budget_bytes(), ", but a worker of segment \"",
+                                     model->segments(k).name(), "\" needs ", need, " (", map->segment_size(k),
+                                     " parameters x ", kWorkerBytesPerParameter,
+                                     "): cut the network into stages (model.combine: CHAIN)"));
+      }
     }
   }
   if (training->pushes_in_flight() > 64) {

@@ -6,6 +6,7 @@
 #ifndef SEGPS_COMMON_CONFIG_H_
 #define SEGPS_COMMON_CONFIG_H_
 
+#include <cstdint>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -19,6 +20,10 @@ absl::StatusOr<v1::JobConfig> LoadConfig(const std::string& path);
 
 // Parses and validates config text; `source_name` stands for the file in errors.
 absl::StatusOr<v1::JobConfig> ParseConfig(absl::string_view text, absl::string_view source_name);
+
+// The bytes a worker holds per parameter of its segment (values, gradient,
+// two pull buffers): training.worker_parameter_budget_bytes counts these.
+inline constexpr uint64_t kWorkerBytesPerParameter = 16;
 
 // Staleness bound of a segment in a loaded config; -1 means unbounded.
 inline int32_t StalenessOf(const v1::JobConfig& config, int segment) {

@@ -376,9 +376,9 @@ class GrpcClient final : public ParameterClient {
   absl::StatusOr<std::vector<v1::StatsResponse>> Stats() override {
     std::vector<v1::StatsRequest> requests(stubs_.size());
     std::vector<v1::StatsResponse> responses(stubs_.size());
-    // As long as a registration waits for servers that are still starting
-    // (or slow to finish a TLS handshake on a loaded machine).
-    absl::Status status = FanOut("Stats", rpc_deadline_ * 4, rpc_deadline_,
+    // Twice a call's deadline: servers that are still starting, or slow to
+    // finish a TLS handshake on a loaded machine.
+    absl::Status status = FanOut("Stats", rpc_deadline_ * 2, rpc_deadline_,
                                  [&](size_t i, grpc::ClientContext* context, grpc::CompletionQueue* cq, Call* call) {
                                    call->Start(stubs_[i]->PrepareAsyncStats(context, requests[i], cq), &responses[i]);
                                  });

@@ -7,6 +7,7 @@
 // replicas, reach their bars.
 #include <gtest/gtest.h>
 
+#include <regex>
 #include <string>
 #include <vector>
 
@@ -23,7 +24,8 @@ namespace {
 
 // 50 -> 32 (relu) [-> 24 (tanh)] -> 10: K = 2 or 3 stages, SGD, staleness 0,
 // one replica, 2000 samples in mini-batches of 32 (the last one 16).
-std::string ChainJob(const std::string& dir, int stages, int micro_batches, const std::string& schedule) {
+std::string ChainJob(const std::string& dir, int stages, int micro_batches, const std::string& schedule,
+                     const std::string& training = "") {
   std::vector<std::string> segments = {R"pb(segments { name: "first" layers { units: 32 activation: RELU } })pb"};
   if (stages == 3) segments.push_back(R"pb(segments { name: "middle" layers { units: 24 activation: TANH } })pb");
   segments.push_back(R"pb(segments { name: "last" layers { units: 10 activation: SOFTMAX } })pb");
@@ -32,7 +34,8 @@ std::string ChainJob(const std::string& dir, int stages, int micro_batches, cons
     cluster { num_servers: 2 }
     model { input_width: 50 num_classes: 10 combine: CHAIN )pb", absl::StrJoin(segments, " "), R"pb( }
     optimizer { kind: SGD learning_rate: 0.1 }
-    training { batch_size: 32 epochs: 1 staleness: 0 micro_batches: )pb", micro_batches, " schedule: ", schedule, R"pb( }
+    training { batch_size: 32 epochs: 1 staleness: 0 micro_batches: )pb", micro_batches, " schedule: ", schedule, " ",
+                               training, R"pb( }
     data { source: SYNTHETIC_TEACHER train_samples: 2000 test_samples: 500 }
   )pb"));
   return path;
@@ -109,6 +112,31 @@ TEST(Pipeline, FashionMnistMlpInTwoStagesWithTwoReplicasReaches88Percent) {
   std::string output;
   Train(std::string(SEGPS_SOURCE_DIR) + "/deploy/configs/fashion_mnist_chain.pbtxt", dir, 2, &output);
   EXPECT_GT(EnsembleAccuracy(ReadFile(dir + "/report.json")), 0.88) << output;
+}
+
+// training.worker_parameter_budget_bytes: the 50-32-10 network needs
+// 1962 x 16 bytes in one worker, more than the budget, and is refused as one
+// segment; cut into 2 stages (1632 and 330 parameters) it trains.
+TEST(Pipeline, ANetworkBeyondAWorkersBudgetTrainsSplitOverStages) {
+  const std::string dir = MakeTempDir();
+  const std::string budget = "worker_parameter_budget_bytes: 30000";
+  const std::string chain = ChainJob(dir, 2, 2, "GPIPE", budget);
+  std::string whole_text = ReadFile(chain);
+  whole_text = std::regex_replace(whole_text, std::regex("combine: CHAIN"), "");
+  whole_text = std::regex_replace(whole_text, std::regex(R"(\} \} segments \{ name: "last")"), "}");
+  whole_text = std::regex_replace(whole_text, std::regex("micro_batches: 2 schedule: GPIPE"), "");
+  const std::string whole = dir + "/whole.pbtxt";
+  WriteFile(whole, whole_text);
+  absl::StatusOr<v1::JobConfig> refused = LoadConfig(whole);
+  ASSERT_FALSE(refused.ok()) << whole_text;
+  EXPECT_NE(std::string(refused.status().message())
+                .find("training.worker_parameter_budget_bytes: is 30000, but a worker of segment \"first\" needs 31392 "
+                      "(1962 parameters x 16)"),
+            std::string::npos)
+      << refused.status();
+  std::string output;
+  Train(chain, dir, 2, &output);
+  EXPECT_GE(EnsembleAccuracy(ReadFile(dir + "/report.json")), 0) << output;
 }
 
 }  // namespace
