@@ -236,8 +236,15 @@ class DownstreamImpl final : public Downstream {
     if (!security.ok()) return security.status();
     absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials = ChannelCredentials(*security);
     if (!credentials.ok()) return credentials.status();
-    stub_ = v1::PipelineStage::NewStub(grpc::CreateCustomChannel(address, *credentials, LinkArguments(config)));
-    context_.set_wait_for_ready(true);  // the next stage may still be starting
+    std::shared_ptr<grpc::Channel> channel = grpc::CreateCustomChannel(address, *credentials, LinkArguments(config));
+    // The next stage may still be starting: wait for it, but not for ever.
+    const absl::Duration patience = absl::Milliseconds(config.cluster().recovery_timeout_ms());
+    if (!channel->WaitForConnected(absl::ToChronoTime(absl::Now() + patience))) {
+      return absl::UnavailableError(absl::StrCat("cannot reach ", peer_, " within ", absl::FormatDuration(patience),
+                                                 " (cluster.recovery_timeout_ms)"));
+    }
+    stub_ = v1::PipelineStage::NewStub(channel);
+    context_.set_wait_for_ready(true);
     stream_ = stub_->Exchange(&context_);
     reader_ = std::thread([this] {
       v1::Gradients message;
