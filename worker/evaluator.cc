@@ -106,15 +106,17 @@ absl::StatusOr<std::vector<double>> Chain(const v1::ModelConfig& config, const D
   for (size_t i = 0; i < n; ++i) order[i] = static_cast<uint32_t>(i);
   std::vector<int32_t> labels(batch);
   std::vector<float> x(static_cast<size_t>(batch) * data.width), probs(static_cast<size_t>(batch) * classes);
+  // Device to device through the host; kept until the batch's final
+  // Synchronize, since an upload may still read it.
+  std::vector<float> carried;
   for (size_t begin = 0; begin < n; begin += batch) {
     const size_t rows = std::min<size_t>(batch, n - begin);
     GatherBatch(data, order, begin, rows, x.data(), labels.data());
     SEGPS_RETURN_IF_ERROR(backend->Upload(x.data(), models[0].input(), rows * data.width * sizeof(float)));
     for (int k = 0; k < stages; ++k) {
       if (k > 0) {
-        // The previous stage's output, device to device through the host.
         const size_t width = static_cast<size_t>(models[k].input_width());
-        std::vector<float> carried(rows * width);
+        carried.resize(rows * width);
         SEGPS_RETURN_IF_ERROR(backend->Download(models[k - 1].output(0), carried.data(), carried.size() * sizeof(float)));
         SEGPS_RETURN_IF_ERROR(backend->Synchronize());
         SEGPS_RETURN_IF_ERROR(backend->Upload(carried.data(), models[k].input(), carried.size() * sizeof(float)));

@@ -254,19 +254,20 @@ class DownstreamImpl final : public Downstream {
     return absl::OkStatus();
   }
 
-  absl::Status Send(const MicroBatch& batch) override {
+  absl::Status Send(uint64_t clock, uint32_t micro_batch, uint32_t batch_rows, absl::Span<const float> values,
+                    absl::Span<const int32_t> labels) override {
+    const uint32_t rows = static_cast<uint32_t>(labels.size());
     v1::Activations message;
     message.set_model_fingerprint(fingerprint_);
     message.set_stage(static_cast<uint32_t>(stage_));
     message.set_replica(replica_);
-    message.set_clock(batch.clock);
-    message.set_micro_batch(batch.micro_batch);
-    message.set_batch_rows(batch.batch_rows);
-    message.set_rows(batch.rows);
-    EncodeFloat32(batch.values, 0, message.mutable_values());
-    message.set_labels(std::string(reinterpret_cast<const char*>(batch.labels.data()),
-                                   batch.labels.size() * sizeof(int32_t)));
-    sent_.push_back({batch.clock, batch.micro_batch, batch.rows});
+    message.set_clock(clock);
+    message.set_micro_batch(micro_batch);
+    message.set_batch_rows(batch_rows);
+    message.set_rows(rows);
+    EncodeFloat32(values, 0, message.mutable_values());
+    message.set_labels(std::string(reinterpret_cast<const char*>(labels.data()), labels.size() * sizeof(int32_t)));
+    sent_.push_back({clock, micro_batch, rows});
     if (!stream_->Write(message)) return absl::UnavailableError(absl::StrCat(peer_, " went away"));
     return absl::OkStatus();
   }

@@ -65,8 +65,11 @@ class Downstream {
   static absl::StatusOr<std::unique_ptr<Downstream>> Connect(const v1::JobConfig& config, int stage, uint32_t replica,
                                                              const std::string& address);
   virtual ~Downstream() = default;
-  // Sends a micro-batch's activations (rows x output width) and labels.
-  virtual absl::Status Send(const MicroBatch& batch) = 0;
+  // Sends micro-batch `micro_batch` of `clock` (a mini-batch of
+  // `batch_rows`): its activations (rows x output width, encoded straight
+  // into the message) and its labels.
+  virtual absl::Status Send(uint64_t clock, uint32_t micro_batch, uint32_t batch_rows, absl::Span<const float> values,
+                            absl::Span<const int32_t> labels) = 0;
   // The gradient for the oldest micro-batch sent and not yet answered,
   // rows x output width values, waiting up to `patience`.
   virtual absl::StatusOr<std::vector<float>> ReceiveGradient(absl::Duration patience) = 0;

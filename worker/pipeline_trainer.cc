@@ -117,6 +117,13 @@ absl::StatusOr<TrainReport> TrainStage(const v1::JobConfig& config, const StageO
   std::vector<int32_t> labels(static_cast<size_t>(slots) * micro_rows);  // per slot, for the next stage
   const std::vector<uint32_t>* epoch_order = nullptr;
 
+  // Copies host bytes to the device and waits for the copy: the stage's
+  // host buffers (a received message, the staging buffer) are freed or
+  // reused right after.
+  auto upload = [&](const void* host, void* device, size_t bytes) -> absl::Status {
+    SEGPS_RETURN_IF_ERROR(backend->Upload(host, device, bytes));
+    return backend->host_addressable() ? absl::OkStatus() : backend->Synchronize();
+  };
   // Receives from upstream, accounting the wait.
   auto receive = [&]() -> absl::StatusOr<MicroBatch> {
     const absl::Time start = absl::Now();
@@ -187,9 +194,14 @@ absl::StatusOr<TrainReport> TrainStage(const v1::JobConfig& config, const StageO
         int32_t* slot_labels = labels.data() + first;
         if (first_stage) {
           const uint64_t begin = (clock % steps_per_epoch) * batch + part.first;
-          std::vector<float> x(part.rows * in_width);
-          GatherBatch(*train, *epoch_order, begin, part.rows, x.data(), slot_labels);
-          SEGPS_RETURN_IF_ERROR(backend->Upload(x.data(), model.input() + first * in_width, x.size() * sizeof(float)));
+          if (backend->host_addressable()) {
+            GatherBatch(*train, *epoch_order, begin, part.rows, model.input() + first * in_width, slot_labels);
+          } else {
+            host_values.resize(part.rows * in_width);
+            GatherBatch(*train, *epoch_order, begin, part.rows, host_values.data(), slot_labels);
+            SEGPS_RETURN_IF_ERROR(upload(host_values.data(), model.input() + first * in_width,
+                                                  host_values.size() * sizeof(float)));
+          }
         } else {
           MicroBatch got;
           if (m == 0) {
@@ -208,12 +220,12 @@ absl::StatusOr<TrainReport> TrainStage(const v1::JobConfig& config, const StageO
                                                                       got.micro_batch, " of ", got.rows, " rows")));
           }
           std::copy(got.labels.begin(), got.labels.end(), slot_labels);
-          SEGPS_RETURN_IF_ERROR(backend->Upload(got.values.data(), model.input() + first * in_width,
+          SEGPS_RETURN_IF_ERROR(upload(got.values.data(), model.input() + first * in_width,
                                                 got.values.size() * sizeof(float)));
         }
         if (last_stage) {
           SEGPS_RETURN_IF_ERROR(
-              backend->Upload(slot_labels, model.labels() + first, part.rows * sizeof(int32_t)));
+              upload(slot_labels, model.labels() + first, part.rows * sizeof(int32_t)));
         }
         const absl::Time compute = absl::Now();
         SEGPS_RETURN_IF_ERROR(model.StageForward(first, static_cast<int>(part.rows), grad_scale));
@@ -226,9 +238,8 @@ absl::StatusOr<TrainReport> TrainStage(const v1::JobConfig& config, const StageO
         } else {
           absl::StatusOr<absl::Span<const float>> out = to_host(model.output(first), part.rows * out_width);
           if (!out.ok()) return out.status();
-          MicroBatch send{clock, m, batch_rows, part.rows, std::vector<float>(out->begin(), out->end()),
-                          std::vector<int32_t>(slot_labels, slot_labels + part.rows), false};
-          SEGPS_RETURN_IF_ERROR(options.downstream->Send(send));
+          SEGPS_RETURN_IF_ERROR(options.downstream->Send(clock, m, batch_rows, *out,
+                                                         absl::MakeConstSpan(slot_labels, part.rows)));
         }
       } else {
         if (!last_stage) {
@@ -237,7 +248,7 @@ absl::StatusOr<TrainReport> TrainStage(const v1::JobConfig& config, const StageO
           waiting += absl::Now() - start;
           if (!grad.ok()) return grad.status();
           SEGPS_RETURN_IF_ERROR(
-              backend->Upload(grad->data(), model.output_grad(first), grad->size() * sizeof(float)));
+              upload(grad->data(), model.output_grad(first), grad->size() * sizeof(float)));
         }
         const absl::Time compute = absl::Now();
         SEGPS_RETURN_IF_ERROR(model.StageBackward(first, static_cast<int>(part.rows), accumulate, !first_stage));
