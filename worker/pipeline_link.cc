@@ -84,6 +84,7 @@ class UpstreamImpl final : public Upstream, public v1::PipelineStage::Service {
         stage_(stage),
         replica_(replica),
         width_(SegmentInputWidth(config.model(), stage)),
+        classes_(config.model().num_classes()),
         peer_(absl::StrCat("stage ", stage - 1, " (", config.model().segments(stage - 1).name(), ") replica ",
                            replica)) {}
   ~UpstreamImpl() override {
@@ -197,6 +198,13 @@ class UpstreamImpl final : public Upstream, public v1::PipelineStage::Service {
     batch.values = *std::move(values);
     batch.labels.resize(m.rows());
     std::memcpy(batch.labels.data(), m.labels().data(), m.labels().size());
+    // The last stage indexes its softmax by them.
+    for (uint32_t r = 0; r < m.rows(); ++r) {
+      if (batch.labels[r] < 0 || static_cast<uint32_t>(batch.labels[r]) >= classes_) {
+        return absl::InvalidArgumentError(absl::StrCat("Exchange: label ", batch.labels[r], " of row ", r,
+                                                       " is outside [0, ", classes_, ")"));
+      }
+    }
     return batch;
   }
 
@@ -204,6 +212,7 @@ class UpstreamImpl final : public Upstream, public v1::PipelineStage::Service {
   const int stage_;
   const uint32_t replica_;
   const uint64_t width_;
+  const uint32_t classes_;
   const std::string peer_;
   std::string address_;
   std::unique_ptr<grpc::Server> server_;

@@ -5,6 +5,8 @@
 // single-process training of the whole network; 1F1B gives GPipe's
 // parameters; the teacher chain and the Fashion-MNIST MLP, each with 2
 // replicas, reach their bars.
+#include <grpcpp/grpcpp.h>
+
 #include <gtest/gtest.h>
 
 #include <regex>
@@ -15,6 +17,9 @@
 #include "absl/strings/str_join.h"
 #include "common/config.h"
 #include "common/shard_map.h"
+#include "common/tensor_wire.h"
+#include "segps/v1/pipeline.grpc.pb.h"
+#include "worker/pipeline_link.h"
 #include "tests/support/reference_training.h"
 #include "tests/support/subprocess.h"
 #include "worker/dataset.h"
@@ -137,6 +142,34 @@ TEST(Pipeline, ANetworkBeyondAWorkersBudgetTrainsSplitOverStages) {
   std::string output;
   Train(chain, dir, 2, &output);
   EXPECT_GE(EnsembleAccuracy(ReadFile(dir + "/report.json")), 0) << output;
+}
+
+// A link checks what reaches it: a label outside the classes (which the
+// last stage would index its softmax by) is refused with the reason, and
+// the stage's next Receive reports it.
+TEST(Pipeline, ALinkRefusesALabelOutsideTheClasses) {
+  const std::string dir = MakeTempDir();
+  const v1::JobConfig job = *LoadConfig(ChainJob(dir, 2, 1, "GPIPE"));
+  std::unique_ptr<Upstream> upstream = *Upstream::Listen(job, 1, 0, "127.0.0.1:0");
+  auto stub = v1::PipelineStage::NewStub(grpc::CreateChannel(upstream->address(), grpc::InsecureChannelCredentials()));
+  grpc::ClientContext context;
+  auto stream = stub->Exchange(&context);
+  v1::Activations message;
+  message.set_model_fingerprint(ModelFingerprint(job));
+  message.set_stage(0);
+  message.set_batch_rows(1);
+  message.set_rows(1);
+  EncodeFloat32(std::vector<float>(32, 0.5f), 0, message.mutable_values());
+  const int32_t label = 10;  // classes are 0..9
+  message.set_labels(std::string(reinterpret_cast<const char*>(&label), sizeof(label)));
+  ASSERT_TRUE(stream->Write(message));
+  stream->WritesDone();
+  const grpc::Status status = stream->Finish();
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << status.error_message();
+  EXPECT_NE(status.error_message().find("label 10 of row 0 is outside [0, 10)"), std::string::npos)
+      << status.error_message();
+  absl::StatusOr<MicroBatch> received = upstream->Receive(absl::Seconds(10));
+  EXPECT_EQ(received.status().code(), absl::StatusCode::kInvalidArgument) << received.status();
 }
 
 }  // namespace
