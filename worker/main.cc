@@ -51,6 +51,9 @@ ABSL_FLAG(int32_t, slowdown_ms, 0, "Extra milliseconds per step (to play a strag
 ABSL_FLAG(double, slowdown_factor, 1,
           "Stretch each step's compute time by this factor, >= 1 (to play a slower device, whose cost grows with "
           "its share of the samples).");
+ABSL_FLAG(double, pass_ms, 0,
+          "combine: CHAIN: pad every forward pass to at least this many milliseconds and every backward pass to "
+          "twice that (a device of fixed speed: stages of equal time, as GPipe's bubble formula assumes).");
 ABSL_FLAG(std::string, stage_listen, "127.0.0.1:0",
           "combine: CHAIN, stages after the first: host:port to take the previous stage's activations on (port 0 "
           "picks one; the address is printed as 'stage link listening on ADDR').");
@@ -72,7 +75,8 @@ int Fail(const std::string& message) {
 // A pipeline stage (combine: CHAIN): its links to the neighbouring stages,
 // then its training loop. Only stage 0 loads the data.
 int RunStage(const segps::v1::JobConfig& config, int stage, std::optional<uint32_t> rank, bool servers_from_stdin,
-             std::vector<std::string> servers, segps::Backend* backend) {
+             std::vector<std::string> servers, segps::Backend* backend, segps::MetricsEndpoint* metrics_endpoint,
+             segps::WorkerMetrics* metrics) {
   if (!rank.has_value()) return Fail("--rank auto is not for pipeline stages: replica r of each stage pairs up by rank");
   const int stages = config.model().segments_size();
   std::unique_ptr<segps::Upstream> upstream;
@@ -116,11 +120,21 @@ int RunStage(const segps::v1::JobConfig& config, int stage, std::optional<uint32
   options.upstream = upstream.get();
   options.downstream = downstream.get();
   options.patience = absl::Milliseconds(config.cluster().recovery_timeout_ms());
+  std::unique_ptr<segps::StageMetrics> stage_metrics;
+  if (metrics_endpoint != nullptr) {
+    stage_metrics = std::make_unique<segps::StageMetrics>(metrics_endpoint->registry(),
+                                                          config.model().segments(stage).name(), stage);
+  }
+  options.metrics = metrics;
+  options.stage_metrics = stage_metrics.get();
   options.slowdown_factor = absl::GetFlag(FLAGS_slowdown_factor);
   if (!(options.slowdown_factor >= 1 && options.slowdown_factor <= 1000)) {
     return Fail(absl::StrCat("--slowdown_factor must be in [1, 1000], got ", options.slowdown_factor));
   }
-  if (options.slowdown_factor > 1) prctl(PR_SET_TIMERSLACK, 1UL, 0, 0, 0);
+  const double pass_ms = absl::GetFlag(FLAGS_pass_ms);
+  if (!(pass_ms >= 0 && pass_ms <= 60000)) return Fail(absl::StrCat("--pass_ms must be in [0, 60000], got ", pass_ms));
+  options.pass_time = absl::Milliseconds(pass_ms);
+  if (options.slowdown_factor > 1 || pass_ms > 0) prctl(PR_SET_TIMERSLACK, 1UL, 0, 0, 0);
   absl::StatusOr<segps::TrainReport> report =
       segps::TrainStage(config, options, stage == 0 ? &data->train : nullptr, backend, client->get());
   if (!report.ok()) return Fail(std::string(report.status().message()));
@@ -177,8 +191,11 @@ int main(int argc, char** argv) {
         segps::MetricsEndpoint::Start(absl::GetFlag(FLAGS_metrics_listen));
     if (!endpoint.ok()) return Fail(std::string(endpoint.status().message()));
     metrics_endpoint = *std::move(endpoint);
+    // A pipeline stage before the last computes no loss.
+    const bool reports_loss =
+        config->model().combine() != segps::v1::CHAIN || segment + 1 == config->model().segments_size();
     metrics = std::make_unique<segps::WorkerMetrics>(metrics_endpoint->registry(),
-                                                     config->model().segments(segment).name());
+                                                     config->model().segments(segment).name(), reports_loss);
     SEGPS_LOG_INFO << "metrics on http://" << metrics_endpoint->address() << "/metrics";
   }
 
@@ -186,7 +203,8 @@ int main(int argc, char** argv) {
       absl::GetFlag(FLAGS_device), absl::GetFlag(FLAGS_tf32), absl::GetFlag(FLAGS_cpu_threads));
   if (!backend.ok()) return Fail(std::string(backend.status().message()));
   if (config->model().combine() == segps::v1::CHAIN) {
-    return RunStage(*config, segment, rank, servers_from_stdin, std::move(servers), backend->get());
+    return RunStage(*config, segment, rank, servers_from_stdin, std::move(servers), backend->get(),
+                    metrics_endpoint.get(), metrics.get());
   }
   absl::StatusOr<segps::TrainTest> data = segps::LoadData(*config);
   if (!data.ok()) return Fail(std::string(data.status().message()));
@@ -211,6 +229,7 @@ int main(int argc, char** argv) {
   // A stretched step sleeps for tens of microseconds: without the kernel's
   // default 50 us timer slack, the sleep is what was asked for.
   if (options.slowdown_factor > 1) prctl(PR_SET_TIMERSLACK, 1UL, 0, 0, 0);
+  if (absl::GetFlag(FLAGS_pass_ms) != 0) return Fail("--pass_ms is for pipeline stages (model.combine: CHAIN)");
   options.progress_bar = isatty(STDOUT_FILENO) != 0;
   std::vector<std::vector<float>> test_probabilities;
   if (config->training().test_every_epoch()) {

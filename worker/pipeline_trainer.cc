@@ -79,6 +79,8 @@ absl::StatusOr<TrainReport> TrainStage(const v1::JobConfig& config, const StageO
   if (!registration.ok()) return registration.status();
   const std::string tag = absl::StrCat(config.model().segments(stage).name(), "/", options.replica);
   uint64_t clock = registration->start_clock;
+  if (options.metrics != nullptr) options.metrics->SetRank(options.replica);
+  StageMetrics* const stage_metrics = options.stage_metrics;
 
   // Stage 0's schedule of clocks; the others follow the activations.
   Range slice;
@@ -104,11 +106,13 @@ absl::StatusOr<TrainReport> TrainStage(const v1::JobConfig& config, const StageO
   };
   absl::StatusOr<uint64_t> pulled = client->Pull(stage, clock, absl::MakeSpan(params));
   if (!pulled.ok()) return pulled.status();
+  uint64_t have = *pulled;  // the clock the parameters reflect
   SEGPS_RETURN_IF_ERROR(load_params());
 
   TrainReport report;
   const absl::Time t0 = absl::Now();
   absl::Duration waiting;  // for a neighbour's message
+  uint64_t link_bytes = 0;  // activations and their gradients, both ways, both links
   absl::Time next_log = t0 + absl::Seconds(config.training().log_interval_s());
   double epoch_loss = 0;
   uint64_t epoch_correct = 0, epoch_samples = 0;
@@ -128,7 +132,13 @@ absl::StatusOr<TrainReport> TrainStage(const v1::JobConfig& config, const StageO
   auto receive = [&]() -> absl::StatusOr<MicroBatch> {
     const absl::Time start = absl::Now();
     absl::StatusOr<MicroBatch> got = options.upstream->Receive(options.patience);
-    waiting += absl::Now() - start;
+    const absl::Duration waited = absl::Now() - start;
+    waiting += waited;
+    if (stage_metrics != nullptr) {
+      stage_metrics->ObserveWaiting(StageMetrics::Neighbour::kPrevious, absl::ToDoubleSeconds(waited));
+      if (got.ok()) stage_metrics->ObserveActivationsReceived(got->values.size() * sizeof(float));
+    }
+    if (got.ok()) link_bytes += got->values.size() * sizeof(float);
     return got;
   };
   // Downloads `count` floats from device `from` into host_values (in place on the CPU).
@@ -140,11 +150,15 @@ absl::StatusOr<TrainReport> TrainStage(const v1::JobConfig& config, const StageO
     return absl::MakeConstSpan(host_values);
   };
 
-  // A slower device: the pass that started at `start` takes slowdown_factor times as long.
-  auto stretch = [&](absl::Time start) -> absl::Status {
-    if (options.slowdown_factor <= 1) return absl::OkStatus();
-    SEGPS_RETURN_IF_ERROR(backend->Synchronize());
-    absl::SleepFor((absl::Now() - start) * (options.slowdown_factor - 1));
+  // Ends the pass that started at `start`: on a slower device it takes
+  // slowdown_factor times as long, and at least `weight` x pass_time.
+  auto end_pass = [&](absl::Time start, int weight) -> absl::Status {
+    if (options.slowdown_factor > 1 || options.pass_time > absl::ZeroDuration()) {
+      SEGPS_RETURN_IF_ERROR(backend->Synchronize());
+      absl::SleepFor((absl::Now() - start) * (options.slowdown_factor - 1));
+      absl::SleepFor(start + options.pass_time * weight - absl::Now());
+    }
+    if (stage_metrics != nullptr) stage_metrics->ObserveBusy(absl::ToDoubleSeconds(absl::Now() - start));
     return absl::OkStatus();
   };
   // The idle share counts from the end of the first clock.
@@ -184,6 +198,8 @@ absl::StatusOr<TrainReport> TrainStage(const v1::JobConfig& config, const StageO
       }
     }
     const uint32_t count = std::min(micro, batch_rows);
+    double clock_loss = 0;
+    uint64_t clock_correct = 0;
     const float grad_scale = 1.0f / static_cast<float>(batch_rows);
     bool accumulate = false;
     for (const auto& [m, forward] : Schedule(config.training().schedule(), count,
@@ -229,35 +245,45 @@ absl::StatusOr<TrainReport> TrainStage(const v1::JobConfig& config, const StageO
         }
         const absl::Time compute = absl::Now();
         SEGPS_RETURN_IF_ERROR(model.StageForward(first, static_cast<int>(part.rows), grad_scale));
-        SEGPS_RETURN_IF_ERROR(stretch(compute));
+        SEGPS_RETURN_IF_ERROR(end_pass(compute, 1));
         if (last_stage) {
           SEGPS_RETURN_IF_ERROR(model.DownloadStats());
           SEGPS_RETURN_IF_ERROR(backend->Synchronize());
-          epoch_loss += model.stats().loss_sum;
-          epoch_correct += static_cast<uint64_t>(model.stats().correct);
+          clock_loss += model.stats().loss_sum;
+          clock_correct += static_cast<uint64_t>(model.stats().correct);
         } else {
           absl::StatusOr<absl::Span<const float>> out = to_host(model.output(first), part.rows * out_width);
           if (!out.ok()) return out.status();
           SEGPS_RETURN_IF_ERROR(options.downstream->Send(clock, m, batch_rows, *out,
                                                          absl::MakeConstSpan(slot_labels, part.rows)));
+          if (stage_metrics != nullptr) stage_metrics->ObserveActivationsSent(out->size() * sizeof(float));
+          link_bytes += out->size() * sizeof(float);
         }
       } else {
         if (!last_stage) {
           const absl::Time start = absl::Now();
           absl::StatusOr<std::vector<float>> grad = options.downstream->ReceiveGradient(options.patience);
-          waiting += absl::Now() - start;
+          const absl::Duration waited = absl::Now() - start;
+          waiting += waited;
           if (!grad.ok()) return grad.status();
+          if (stage_metrics != nullptr) {
+            stage_metrics->ObserveWaiting(StageMetrics::Neighbour::kNext, absl::ToDoubleSeconds(waited));
+            stage_metrics->ObserveGradientsReceived(grad->size() * sizeof(float));
+          }
+          link_bytes += grad->size() * sizeof(float);
           SEGPS_RETURN_IF_ERROR(
               upload(grad->data(), model.output_grad(first), grad->size() * sizeof(float)));
         }
         const absl::Time compute = absl::Now();
         SEGPS_RETURN_IF_ERROR(model.StageBackward(first, static_cast<int>(part.rows), accumulate, !first_stage));
-        SEGPS_RETURN_IF_ERROR(stretch(compute));
+        SEGPS_RETURN_IF_ERROR(end_pass(compute, 2));
         accumulate = true;
         if (!first_stage) {
           absl::StatusOr<absl::Span<const float>> d_in = to_host(model.input_grad(first), part.rows * in_width);
           if (!d_in.ok()) return d_in.status();
           SEGPS_RETURN_IF_ERROR(options.upstream->SendGradient(clock, m, *d_in));
+          if (stage_metrics != nullptr) stage_metrics->ObserveGradientsSent(d_in->size() * sizeof(float));
+          link_bytes += d_in->size() * sizeof(float);
         }
       }
     }
@@ -273,9 +299,22 @@ absl::StatusOr<TrainReport> TrainStage(const v1::JobConfig& config, const StageO
     absl::StatusOr<uint64_t> next = client->SendAndPull(*push, absl::MakeSpan(params));
     if (!next.ok()) return next.status();
     SEGPS_RETURN_IF_ERROR(load_params());
+    const uint64_t lag = clock - std::min(clock, have);  // clocks this step's parameters lagged
+    have = *next;
+    epoch_loss += clock_loss;
+    epoch_correct += clock_correct;
+    if (options.metrics != nullptr && last_stage) {
+      options.metrics->ObserveStep(clock_loss / batch_rows, static_cast<double>(clock_correct) / batch_rows,
+                                   batch_rows, lag, clock + 1);
+    } else if (options.metrics != nullptr) {
+      options.metrics->ObserveStep(batch_rows, lag, clock + 1);
+    }
     if (report.steps == 0) {
       steady_start = absl::Now();
       steady_waiting = waiting;
+    } else if (stage_metrics != nullptr) {
+      stage_metrics->SetIdleShare(absl::ToDoubleSeconds(waiting - steady_waiting) /
+                                  std::max(1e-9, absl::ToDoubleSeconds(absl::Now() - steady_start)));
     }
     ++report.steps;
     report.samples += batch_rows;
@@ -299,8 +338,10 @@ absl::StatusOr<TrainReport> TrainStage(const v1::JobConfig& config, const StageO
   const double steady = absl::ToDoubleSeconds(end - steady_start);
   const double idle = absl::ToDoubleSeconds(waiting - steady_waiting);
   SEGPS_LOG_INFO << tag << ": idle share " << (steady > 0 ? idle / steady : 0) << " (" << idle << " s of " << steady
-                 << " s after the first clock waiting for its neighbours); peak resident memory " << PeakResidentMiB()
-                 << " MiB";
+                 << " s after the first clock waiting for its neighbours); "
+                 << (report.steps > 0 ? link_bytes / report.steps : 0)
+                 << " bytes of activations and their gradients a clock over its links; peak resident memory "
+                 << PeakResidentMiB() << " MiB";
   SEGPS_RETURN_IF_ERROR(client->Leave());
   return report;
 }

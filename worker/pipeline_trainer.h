@@ -20,6 +20,7 @@
 #include "worker/pipeline_link.h"
 #include "worker/ps_client.h"
 #include "worker/trainer.h"
+#include "worker/worker_metrics.h"
 
 namespace segps {
 
@@ -35,6 +36,13 @@ struct StageOptions {
   // Stretches each forward and backward pass's compute time by this
   // factor (>= 1): a slower device (segps-worker --slowdown_factor).
   double slowdown_factor = 1;
+  // Pads each forward pass to at least this long and each backward pass to
+  // twice it, after any stretch: a device of fixed speed, whose stages all
+  // take the same time, as GPipe's bubble formula assumes (--pass_ms).
+  absl::Duration pass_time;
+  // Where to report progress and the stage's own series (both may be null).
+  WorkerMetrics* metrics = nullptr;
+  StageMetrics* stage_metrics = nullptr;
 };
 
 // Trains the stage through `client` (not yet registered). `train` is read

@@ -4,7 +4,7 @@
 
 namespace segps {
 
-WorkerMetrics::WorkerMetrics(prometheus::Registry& registry, const std::string& segment) {
+WorkerMetrics::WorkerMetrics(prometheus::Registry& registry, const std::string& segment, bool reports_loss) {
   using prometheus::BuildCounter;
   using prometheus::BuildGauge;
   using prometheus::BuildHistogram;
@@ -14,8 +14,10 @@ WorkerMetrics::WorkerMetrics(prometheus::Registry& registry, const std::string& 
     return &BuildCounter().Name(name).Help(help).Register(registry).Add(labels);
   };
   rank_ = gauge("segps_worker_rank", "This worker's rank within its segment");
-  loss_ = gauge("segps_worker_training_loss", "Mean cross-entropy of the last batch");
-  accuracy_ = gauge("segps_worker_training_accuracy", "Accuracy on the last batch");
+  if (reports_loss) {
+    loss_ = gauge("segps_worker_training_loss", "Mean cross-entropy of the last batch");
+    accuracy_ = gauge("segps_worker_training_accuracy", "Accuracy on the last batch");
+  }
   clock_ = gauge("segps_worker_clock", "Steps pushed so far, as a clock");
   samples_per_second_ = gauge("segps_worker_samples_per_second", "Training throughput over the last log interval");
   share_ = gauge("segps_worker_share_samples", "Samples this worker computes per clock (training.balance: its share)");
@@ -44,8 +46,14 @@ WorkerMetrics::WorkerMetrics(prometheus::Registry& registry, const std::string& 
 }
 
 void WorkerMetrics::ObserveStep(double loss, double accuracy, uint64_t rows, uint64_t staleness, uint64_t clock) {
-  loss_->Set(loss);
-  accuracy_->Set(accuracy);
+  if (loss_ != nullptr) {
+    loss_->Set(loss);
+    accuracy_->Set(accuracy);
+  }
+  ObserveStep(rows, staleness, clock);
+}
+
+void WorkerMetrics::ObserveStep(uint64_t rows, uint64_t staleness, uint64_t clock) {
   clock_->Set(static_cast<double>(clock));
   steps_->Increment();
   samples_->Increment(static_cast<double>(rows));
@@ -60,6 +68,38 @@ void WorkerMetrics::ObservePull(double seconds, uint64_t bytes) {
 void WorkerMetrics::ObservePush(double seconds, uint64_t bytes) {
   push_seconds_->Observe(seconds);
   push_bytes_->Increment(static_cast<double>(bytes));
+}
+
+StageMetrics::StageMetrics(prometheus::Registry& registry, const std::string& segment, int stage) {
+  const prometheus::Labels labels = {{"segment", segment}, {"stage", std::to_string(stage)}};
+  auto with = [&](const char* name, const char* value) {
+    prometheus::Labels more = labels;
+    more.emplace(name, value);
+    return more;
+  };
+  auto family = [&](const char* name, const char* help) -> prometheus::Family<prometheus::Counter>& {
+    return prometheus::BuildCounter().Name(name).Help(help).Register(registry);
+  };
+  busy_seconds_ = &family("segps_worker_stage_busy_seconds_total", "Time in forward and backward passes").Add(labels);
+  auto& waiting = family("segps_worker_stage_waiting_seconds_total", "Time waiting for a neighbouring stage's message");
+  waiting_previous_seconds_ = &waiting.Add(with("neighbour", "previous"));
+  waiting_next_seconds_ = &waiting.Add(with("neighbour", "next"));
+  auto& activations = family("segps_worker_stage_activation_bytes_total", "Activation bytes crossing this stage's links");
+  activation_bytes_sent_ = &activations.Add(with("direction", "sent"));
+  activation_bytes_received_ = &activations.Add(with("direction", "received"));
+  auto& gradients =
+      family("segps_worker_stage_gradient_bytes_total", "Activation-gradient bytes crossing this stage's links");
+  gradient_bytes_sent_ = &gradients.Add(with("direction", "sent"));
+  gradient_bytes_received_ = &gradients.Add(with("direction", "received"));
+  idle_share_ = &prometheus::BuildGauge()
+                     .Name("segps_worker_stage_idle_share")
+                     .Help("Share of the time since the first clock spent waiting for neighbours")
+                     .Register(registry)
+                     .Add(labels);
+}
+
+void StageMetrics::ObserveWaiting(Neighbour from, double seconds) {
+  (from == Neighbour::kPrevious ? waiting_previous_seconds_ : waiting_next_seconds_)->Increment(seconds);
 }
 
 }  // namespace segps

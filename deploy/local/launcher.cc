@@ -54,6 +54,9 @@ ABSL_FLAG(double, straggler_factor, 1,
           "(segps-worker --slowdown_factor).");
 ABSL_FLAG(double, slowdown_factor, 1,
           "Stretch every worker's compute time by this factor (>= 1): slower devices (segps-worker --slowdown_factor).");
+ABSL_FLAG(double, pass_ms, 0,
+          "combine: CHAIN: pad every stage's forward passes to at least this many milliseconds and backward passes "
+          "to twice that (segps-worker --pass_ms).");
 ABSL_FLAG(int32_t, start_timeout_s, 60, "Seconds to wait for servers to start listening.");
 ABSL_FLAG(bool, tls, false,
           "Run the whole job over mutual TLS with bearer tokens, with a CA, certificates and tokens made for it "
@@ -428,6 +431,7 @@ int main(int argc, char** argv) {
       const double slowdown = absl::GetFlag(FLAGS_slowdown_factor) *
                               (k == 0 && r + 1 == segps::WorkersOf(*config, k) ? absl::GetFlag(FLAGS_straggler_factor) : 1);
       if (slowdown != 1) args.insert(args.end(), {"--slowdown_factor", absl::StrCat(slowdown)});
+      if (absl::GetFlag(FLAGS_pass_ms) != 0) args.insert(args.end(), {"--pass_ms", absl::StrCat(absl::GetFlag(FLAGS_pass_ms))});
       Child* c = launcher.Spawn(absl::StrCat(config->model().segments(k).name(), "/", r), args, /*with_input=*/true);
       if (c == nullptr) return Fail("cannot start segps-worker");
       if (chain && k > 0) {

@@ -322,32 +322,41 @@ balance_runs "teacher task, 1 segment 512 wide" "$out/teacher_wide.pbtxt"
 echo "wide segment: balanced/static $(div "$balanced_1" "$static_1"), static/no straggler $(div "$static_1" "$unslowed_1")"
 
 echo "== 11. pipelines (model.combine: CHAIN): the idle share (bubble) against GPipe's (K-1)/(M+K-1), and throughput"
-# K stages of one 512-unit layer each (the last adds the 10-class softmax),
-# one replica, GPIPE; every
-# pass's compute stretched 40x (segps-local --slowdown_factor) so that a
-# stage computes for milliseconds and the stages do not contend for this
-# machine's two cores. Each stage logs its idle share after its first clock;
-# the row gives their mean and the formula's value.
-chain_config() {  # FILE STAGES MICRO EPOCHS [HIDDEN]
-  local hidden=${5:-512} k segs=""
-  for k in $(seq 1 $(($2 - 1))); do segs="$segs segments { name: \"s$k\" layers { units: $hidden activation: RELU } }"; done
+# K stages, one replica, GPIPE, staleness 0: stage 0 holds 32 -> 512 -> 512,
+# each middle stage 512 -> 512, the last 512 -> 512 -> 10 softmax (a first
+# layer computes no input gradient, so stage 0 takes two). GPipe's formula
+# assumes stages of equal time; on a machine of two cores, K stages and two
+# servers, their compute is not, so the target runs every forward pass
+# padded to 8 ms and every backward to 16 ms (--pass_ms: a device of fixed
+# speed), which leaves what segps adds to the schedule (messages, the
+# clock's push and pull, waking up) in the measured share. The last column
+# stretches the same stages' real compute 40x instead (--slowdown_factor),
+# where their unequal costs add to the bubble. Each stage logs its idle
+# share after its first clock; a row gives their mean.
+chain_config() {  # FILE STAGES MICRO
+  local layer='layers { units: 512 activation: RELU }' k segs
+  segs="segments { name: \"s1\" $layer $layer }"
+  for k in $(seq 2 $(($2 - 1))); do segs="$segs segments { name: \"s$k\" $layer }"; done
   cat > "$1" <<CFG
 cluster { num_servers: 2 }
-model { input_width: 256 num_classes: 10 combine: CHAIN $segs segments { name: "s$2" layers { units: $hidden activation: RELU } layers { units: 10 activation: SOFTMAX } } }
+model { input_width: 32 num_classes: 10 combine: CHAIN $segs segments { name: "s$2" $layer layers { units: 10 activation: SOFTMAX } } }
 optimizer { kind: SGD learning_rate: 0.01 }
-training { batch_size: 64 epochs: $4 staleness: 0 micro_batches: $3 schedule: GPIPE log_interval_s: 100 }
+training { batch_size: 64 epochs: 1 staleness: 0 micro_batches: $3 schedule: GPIPE log_interval_s: 100 }
 data { source: SYNTHETIC_TEACHER train_samples: 3200 test_samples: 500 }
 CFG
 }
-printf "%-8s %-14s %-14s %s\n" stages micro-batches "idle share" "GPipe formula" | tee "$out/bubble.txt"
+mean_idle() { sed -n 's/.*: idle share \([0-9.e-]*\) .*/\1/p' "$1" | awk '{t+=$1; n++} END{if (n) printf "%.3f", t/n}'; }
+printf "%-8s %-14s %-14s %-20s %s\n" stages micro-batches "GPipe formula" "idle, equal passes" "idle, compute x40" | tee "$out/bubble.txt"
 worst=0
 for K in 2 3; do
   for M in 1 2 4 8; do
-    chain_config "$out/chain.pbtxt" $K $M 1
+    chain_config "$out/chain.pbtxt" $K $M
+    $bin/segps-local --config "$out/chain.pbtxt" --report "$out/p.json" --no_restart --pass_ms 8 > "$out/chain_run.txt" 2>&1
+    idle=$(mean_idle "$out/chain_run.txt")
     $bin/segps-local --config "$out/chain.pbtxt" --report "$out/p.json" --no_restart --slowdown_factor 40 > "$out/chain_run.txt" 2>&1
-    idle=$(sed -n 's/.*: idle share \([0-9.e-]*\) .*/\1/p' "$out/chain_run.txt" | awk '{t+=$1; n++} END{if (n) printf "%.3f", t/n}')
+    stretched=$(mean_idle "$out/chain_run.txt")
     formula=$(awk -v k=$K -v m=$M 'BEGIN{printf "%.3f", (k-1)/(m+k-1)}')
-    printf "%-8s %-14s %-14s %s\n" $K $M "${idle:-n/a}" "$formula" | tee -a "$out/bubble.txt"
+    printf "%-8s %-14s %-14s %-20s %s\n" $K $M "$formula" "${idle:-n/a}" "${stretched:-n/a}" | tee -a "$out/bubble.txt"
     worst=$(awk -v w="$worst" -v i="${idle:-999}" -v f="$formula" 'BEGIN{r=i/f; print (r>w)?r:w}')
   done
 done
@@ -374,8 +383,8 @@ for i in 1 2 3; do
   $bin/segps-local --config "$out/two_stages.pbtxt" --report "$out/w.json" --no_restart > "$out/tp_run.txt" 2>&1
   train_secs "$out/tp_run.txt" >> "$out/tp_chain.txt"
 done
-act_bytes=$((256 * 2048 * 4 * 2))
-echo "20 steps of batch 256 through 256-2048-2048-10, medians of 3 alternating runs: one worker $(median_file "$out/tp_whole.txt") s, 2 stages x 4 micro-batches $(median_file "$out/tp_chain.txt") s; activation bytes a step between the stages: $act_bytes (forward and back)"
+act_bytes=$(sed -n 's/.*a\/0: idle share .*; \([0-9]*\) bytes of activations.*/\1/p' "$out/tp_run.txt")
+echo "20 steps of batch 256 through 256-2048-2048-10, medians of 3 alternating runs: one worker $(median_file "$out/tp_whole.txt") s, 2 stages x 4 micro-batches $(median_file "$out/tp_chain.txt") s; activation bytes a step between the stages: ${act_bytes:-n/a} (forward and back, as stage a counted them)"
 echo "chain_2_stages_vs_one_worker (throughput ratio): $(div "$(median_file "$out/tp_whole.txt")" "$(median_file "$out/tp_chain.txt")")"
 
 if $py -c "import matplotlib" 2> /dev/null; then

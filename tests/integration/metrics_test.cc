@@ -1,7 +1,8 @@
-// Scrapes the Prometheus endpoints of a running server and worker (separate
-// processes) and checks every line against the text exposition format:
-// with promtool (Debian's prometheus package) when installed, and always
-// with the rules below.
+// Scrapes the Prometheus endpoints of a running server and worker, and of
+// the two stages of a pipeline (separate processes), and checks every line
+// against the text exposition format: with promtool (Debian's prometheus
+// package) when installed, and always with the rules below; and what a
+// stage reports against what it did.
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -10,6 +11,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdlib>
 #include <map>
 #include <regex>
@@ -17,7 +19,10 @@
 #include <sstream>
 
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "tests/support/subprocess.h"
 
 namespace segps {
@@ -141,6 +146,105 @@ TEST(Metrics, ServerAndWorkerEndpointsFollowTheExpositionFormat) {
       << server_text;
   Promtool(worker_text, dir);
   Promtool(server_text, dir);
+}
+
+
+// The value of one series (name{labels} exactly as exposed) in a scrape; -1 if absent.
+double Sample(const std::string& text, const std::string& series) {
+  const size_t at = text.find("\n" + series + " ");
+  if (at == std::string::npos) return -1;
+  double v = -1;
+  const size_t begin = at + series.size() + 2;
+  if (!absl::SimpleAtod(text.substr(begin, text.find('\n', begin) - begin), &v)) return -1;
+  return v;
+}
+
+// Two stages (50 -> 32 relu | -> 10 softmax), one replica, 2 micro-batches
+// of 16 rows a clock, every pass padded (--pass_ms 1: forwards 1 ms,
+// backwards 2 ms), training until stopped.
+TEST(Metrics, APipelineStageReportsItsBusyAndWaitingTimeAndTheBytesOnItsLinks) {
+  const std::string dir = MakeTempDir();
+  const std::string config = dir + "/chain.pbtxt";
+  WriteFile(config, R"pb(
+    cluster { num_servers: 1 }
+    model {
+      input_width: 50
+      num_classes: 10
+      combine: CHAIN
+      segments { name: "first" layers { units: 32 activation: RELU } }
+      segments { name: "last" layers { units: 10 activation: SOFTMAX } }
+    }
+    optimizer { kind: SGD learning_rate: 0.1 }
+    training { batch_size: 32 epochs: 100000 staleness: 0 micro_batches: 2 log_interval_s: 100 }
+    data { source: SYNTHETIC_TEACHER train_samples: 512 test_samples: 64 }
+  )pb");
+  ServerProcesses servers = StartServers(config, 1);
+  ASSERT_TRUE(servers.ok()) << servers.Output();
+  auto start_stage = [&](int stage, const std::vector<std::string>& more) {
+    std::vector<std::string> argv = {BinaryPath("segps-worker"), "--config", config, "--segment", std::to_string(stage),
+                                     "--rank", "0", "--servers", servers.Joined(), "--metrics_listen", "0",
+                                     "--pass_ms", "1"};
+    argv.insert(argv.end(), more.begin(), more.end());
+    return Subprocess::Start(argv);
+  };
+  auto metrics_address = [](Subprocess& p) -> std::string {
+    std::optional<std::string> line = p.WaitForLine("metrics on http://", absl::Seconds(30));
+    if (!line.has_value()) return "";
+    const std::string rest = line->substr(line->find("http://") + 7);
+    return rest.substr(0, rest.find('/'));
+  };
+  std::unique_ptr<Subprocess> last = start_stage(1, {"--stage_listen", "127.0.0.1:0"});
+  const std::string last_metrics = metrics_address(*last);
+  ASSERT_FALSE(last_metrics.empty()) << last->output();
+  std::optional<std::string> link = last->WaitForLine("stage link listening on ", absl::Seconds(30));
+  ASSERT_TRUE(link.has_value()) << last->output();
+  std::unique_ptr<Subprocess> first = start_stage(0, {"--next_stage", link->substr(link->rfind(' ') + 1)});
+  const std::string first_metrics = metrics_address(*first);
+  ASSERT_FALSE(first_metrics.empty()) << first->output();
+
+  // Until the last stage has trained 20 clocks (about 6 ms each).
+  const std::string last_steps = R"(segps_worker_steps_total{segment="last"})";
+  const absl::Time deadline = absl::Now() + absl::Seconds(60);
+  while (Sample(Scrape(last_metrics), last_steps) < 20 && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(20));
+  const std::string first_text = Scrape(first_metrics), last_text = Scrape(last_metrics);
+  ASSERT_GE(Sample(last_text, last_steps), 20) << last_text << last->output() << first->output();
+  CheckExposition(first_text);
+  CheckExposition(last_text);
+
+  // Stage 0: no loss of its own; it waits only for the next stage's gradients.
+  const std::string s0 = R"({segment="first",stage="0"})";
+  auto first_series = [&](const std::string& name, const std::string& label = "") {
+    return Sample(first_text, name + (label.empty() ? s0 : absl::StrCat(R"({)", label, R"(,segment="first",stage="0"})")));
+  };
+  EXPECT_EQ(first_text.find("segps_worker_training_loss"), std::string::npos) << first_text;
+  const double steps = Sample(first_text, R"(segps_worker_steps_total{segment="first"})");
+  ASSERT_GE(steps, 1) << first_text;
+  // Each clock: 2 forwards of at least 1 ms, 2 backwards of at least 2 ms
+  // (the clock counted last may have run after the busy time was read).
+  EXPECT_GE(first_series("segps_worker_stage_busy_seconds_total"), (steps - 1) * 0.006) << first_text;
+  EXPECT_EQ(first_series("segps_worker_stage_waiting_seconds_total", R"(neighbour="previous")"), 0) << first_text;
+  EXPECT_GT(first_series("segps_worker_stage_waiting_seconds_total", R"(neighbour="next")"), 0) << first_text;
+  // Activations: 16 rows x 32 floats a micro-batch, 2 a clock.
+  const double sent = first_series("segps_worker_stage_activation_bytes_total", R"(direction="sent")");
+  EXPECT_GE(sent, steps * 2 * 16 * 32 * 4) << first_text;
+  EXPECT_EQ(std::fmod(sent, 16 * 32 * 4), 0) << first_text;
+  const double gradients = first_series("segps_worker_stage_gradient_bytes_total", R"(direction="received")");
+  EXPECT_GE(gradients, steps * 2 * 16 * 32 * 4) << first_text;
+  EXPECT_LE(gradients, sent) << first_text;
+  EXPECT_EQ(first_series("segps_worker_stage_activation_bytes_total", R"(direction="received")"), 0) << first_text;
+  const double idle = first_series("segps_worker_stage_idle_share");
+  EXPECT_GT(idle, 0) << first_text;
+  EXPECT_LT(idle, 1) << first_text;
+
+  // The last stage: its loss, and waits only for the previous stage's activations.
+  const std::string s1 = R"(,segment="last",stage="1"})";
+  EXPECT_GE(Sample(last_text, R"(segps_worker_training_loss{segment="last"})"), 0) << last_text;
+  EXPECT_GT(Sample(last_text, R"(segps_worker_stage_waiting_seconds_total{neighbour="previous")" + s1), 0) << last_text;
+  EXPECT_EQ(Sample(last_text, R"(segps_worker_stage_waiting_seconds_total{neighbour="next")" + s1), 0) << last_text;
+  EXPECT_GT(Sample(last_text, R"(segps_worker_stage_activation_bytes_total{direction="received")" + s1), 0) << last_text;
+  EXPECT_GT(Sample(last_text, R"(segps_worker_stage_gradient_bytes_total{direction="sent")" + s1), 0) << last_text;
+  Promtool(first_text, dir);
+  Promtool(last_text, dir);
 }
 
 }  // namespace
