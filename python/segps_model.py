@@ -6,10 +6,14 @@ arrays, run it, or turn it into PyTorch modules.
     probs = model.predict(x)              # the ensemble; model.predict(x, "relu64") for one segment
     net = model.to_torch()                # torch.nn.Module: the ensemble (needs PyTorch)
 
+A CHAIN job's export is one network: its segments are consecutive stages,
+predict(x) runs them in turn and to_torch() is one nn.Sequential.
+
 Needs only NumPy; PyTorch is imported by to_torch() alone. The computation is
 segps's own: x * input_scale, then (x - mean) / std if the job standardised
 its features, then per segment dense layers h @ kernel + bias with their
-activations, and the ensemble as the mean of the segments' softmax outputs.
+activations, and the ensemble as the mean of the segments' softmax outputs
+(or, for a chain, each stage applied to the previous stage's output).
 """
 import json
 import struct
@@ -50,8 +54,9 @@ def _activation(name, h):
 
 
 class Model:
-    """A trained segps ensemble: `segments` (names, in order), `layers[name]`
-    (a list of (kernel [in, out], bias [out], activation)), preprocessing."""
+    """A trained segps model: `segments` (names, in order), `layers[name]`
+    (a list of (kernel [in, out], bias [out], activation)), preprocessing,
+    and `chain`: whether the segments are the stages of one network."""
 
     def __init__(self, tensors, metadata):
         if metadata.get("format") != "segps-model-1":
@@ -64,6 +69,7 @@ class Model:
         self.mean = tensors.get("preprocess/mean")
         self.std = tensors.get("preprocess/std")
         self.segments = [s["name"] for s in self.architecture["segments"]]
+        self.chain = self.architecture.get("combine") == "CHAIN"
         self.layers = {}
         for seg in self.architecture["segments"]:
             self.layers[seg["name"]] = [
@@ -83,8 +89,15 @@ class Model:
         return f
 
     def predict(self, x, segment=None):
-        """Class probabilities [n, num_classes]: the ensemble's, or one segment's."""
+        """Class probabilities [n, num_classes]: the ensemble's or the
+        chain's, or one segment's of an ensemble."""
         f = self.preprocess(x)
+        if self.chain:
+            if segment is not None:
+                raise ValueError("%s is a stage of one network (a chain), which predicts only as a whole" % segment)
+            for name in self.segments:
+                f = self._segment(name, f)
+            return f
         if segment is not None:
             return self._segment(segment, f)
         total = np.zeros((f.shape[0], self.num_classes), dtype=np.float64)
@@ -98,8 +111,9 @@ class Model:
         return h
 
     def to_torch(self):
-        """The ensemble as a torch.nn.Module over preprocessed or raw inputs;
-        its `.segments` is an nn.ModuleDict of one nn.Sequential per segment."""
+        """The model as a torch.nn.Module over raw inputs; its `.segments` is
+        an nn.ModuleDict of one nn.Sequential per segment, averaged (an
+        ensemble) or applied one after another (a chain)."""
         import torch
         from torch import nn
 
@@ -130,6 +144,10 @@ class Model:
                 x = x.to(torch.float32) * self.scale
                 if self.standardize:
                     x = (x - self.mean) / self.std
+                if model.chain:
+                    for seg in self.segments.values():
+                        x = seg(x)
+                    return x
                 outputs = [seg(x) for seg in self.segments.values()]
                 return torch.stack(outputs).mean(dim=0)
 

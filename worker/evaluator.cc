@@ -163,6 +163,11 @@ absl::StatusOr<std::vector<float>> Predict(const v1::ModelConfig& model, const D
     if (segment >= model.segments_size() || static_cast<size_t>(segment) >= params.size()) {
       return absl::InvalidArgumentError(absl::StrCat("prediction: no segment ", segment));
     }
+    if (model.combine() == v1::CHAIN) {
+      return absl::InvalidArgumentError(absl::StrCat("prediction: ", model.segments(segment).name(),
+                                                     " is a stage of one network (combine: CHAIN), which predicts "
+                                                     "only as a whole"));
+    }
     SEGPS_RETURN_IF_ERROR(ForEachPrediction(model, segment, data, params[segment], backend,
                                             [&](size_t row, const float* p) {
                                               std::copy_n(p, classes, &out[row * classes]);

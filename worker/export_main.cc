@@ -1,6 +1,7 @@
 // segps-export: writes a trained job's whole model to one file: safetensors
 // (named tensors, the architecture and preprocessing in its metadata) and,
-// with --onnx, an ONNX graph of the ensemble.
+// with --onnx, an ONNX graph of the ensemble, or of the one network a
+// CHAIN's stages make.
 //
 //   segps-export --config job.pbtxt --servers HOST:PORT,... --out model.safetensors [--onnx model.onnx]
 #include <iostream>
@@ -41,10 +42,6 @@ int main(int argc, char** argv) {
   absl::StatusOr<segps::v1::JobConfig> config = segps::LoadConfig(absl::GetFlag(FLAGS_config));
   if (!config.ok()) return Fail(std::string(config.status().message()));
   segps::ApplySecurityFlags(config->mutable_security());
-  if (config->model().combine() == segps::v1::CHAIN) {
-    return Fail("exports hold an ensemble of segments; a CHAIN's stages are one network, which they cannot describe "
-                "yet (its checkpoints and segps-eval --dump_params hold every stage's parameters)");
-  }
   absl::StatusOr<std::unique_ptr<segps::ParameterClient>> client =
       segps::ConnectGrpc(*config, segps::ServerAddresses(absl::GetFlag(FLAGS_servers), *config));
   if (!client.ok()) return Fail(std::string(client.status().message()));

@@ -135,8 +135,12 @@ absl::Status WriteModelOnnx(const TrainedModel& model, const std::string& path) 
   onnx::ModelProto proto;
   proto.set_ir_version(8);
   proto.set_producer_name("segps");
-  proto.set_doc_string(absl::StrCat("segps job ", model.job, ": the ensemble of ", model.model.segments_size(),
-                                    " segments (mean of their softmax outputs)"));
+  const bool chain = model.model.combine() == v1::CHAIN;
+  proto.set_doc_string(absl::StrCat("segps job ", model.job, ": ",
+                                    chain ? absl::StrCat("one network, a chain of ", model.model.segments_size(),
+                                                         " stages")
+                                          : absl::StrCat("the ensemble of ", model.model.segments_size(),
+                                                         " segments (mean of their softmax outputs)")));
   auto* opset = proto.add_opset_import();
   opset->set_domain("");
   opset->set_version(13);
@@ -181,10 +185,13 @@ absl::Status WriteModelOnnx(const TrainedModel& model, const std::string& path) 
     features = node("Sub", {features, "preprocess/mean"}, "preprocess/centred")->output(0);
     features = node("Div", {features, "preprocess/std"}, "preprocess/standardized")->output(0);
   }
+  // An ensemble's segments each start from the features; a chain's stage
+  // from the previous stage's output.
   std::vector<std::string> outputs;
+  std::string h = features;
   for (int k = 0; k < map->num_segments(); ++k) {
     const v1::SegmentConfig& seg = model.model.segments(k);
-    std::string h = features;
+    if (!chain) h = features;
     const auto& tensors = map->tensors(k);
     for (size_t i = 0; i + 1 < tensors.size(); i += 2) {
       const TensorLayout& kernel = tensors[i];
@@ -198,7 +205,9 @@ absl::Status WriteModelOnnx(const TrainedModel& model, const std::string& path) 
               ->output(0);
       const v1::Activation act = seg.layers(kernel.layer).activation();
       const bool last = static_cast<int>(kernel.layer) + 1 == seg.layers_size();
-      const std::string out = last ? seg.name() + "/probabilities" : layer + "/output";
+      const std::string out = last && !chain ? seg.name() + "/probabilities"
+                              : last && k + 1 == map->num_segments() ? "probabilities"
+                                                                       : layer + "/output";
       switch (act) {
         case v1::RELU: h = node("Relu", {h}, out)->output(0); break;
         case v1::TANH: h = node("Tanh", {h}, out)->output(0); break;
@@ -217,9 +226,11 @@ absl::Status WriteModelOnnx(const TrainedModel& model, const std::string& path) 
     }
     outputs.push_back(h);
   }
-  node("Mean", outputs, "probabilities");
   value(graph->add_output(), "probabilities", classes);
-  for (const std::string& out : outputs) value(graph->add_output(), out, classes);
+  if (!chain) {
+    node("Mean", outputs, "probabilities");
+    for (const std::string& out : outputs) value(graph->add_output(), out, classes);
+  }
   std::string bytes;
   if (!proto.SerializeToString(&bytes)) return absl::InternalError("export: the ONNX model does not serialise");
   return WriteFileAtomically(path, bytes);

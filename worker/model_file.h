@@ -6,8 +6,11 @@
 // [in, out] and SEGMENT/dense_K/bias [out], plus preprocess/mean and
 // preprocess/std [input_width] when standardised. The model computes, for
 // raw input rows x: f = x * input_scale; f = (f - mean) / std (if
-// standardised); per segment, for each layer h = act(h @ kernel + bias);
-// the ensemble is the mean of the segments' softmax outputs.
+// standardised); per segment, for each layer h = act(h @ kernel + bias).
+// The ensemble (combine: AVERAGE) is the mean of the segments' softmax
+// outputs, each computed from f; a CHAIN is one network, each stage
+// computed from the previous stage's output and the last stage's softmax
+// its output.
 #ifndef SEGPS_WORKER_MODEL_FILE_H_
 #define SEGPS_WORKER_MODEL_FILE_H_
 
@@ -48,7 +51,8 @@ absl::StatusOr<TrainedModel> ReadModelSafetensors(const std::string& path);
 
 // The same model as an ONNX graph (opset 13): input "input" [batch,
 // input_width] float32, output "probabilities" [batch, num_classes] (the
-// ensemble's), and "SEGMENT/probabilities" for each segment.
+// ensemble's or the chain's), and, for an ensemble, "SEGMENT/probabilities"
+// for each segment.
 absl::Status WriteModelOnnx(const TrainedModel& model, const std::string& path);
 
 }  // namespace segps

@@ -104,6 +104,16 @@ class UpstreamImpl final : public Upstream, public v1::PipelineStage::Service {
     builder.AddListeningPort(listen, *credentials, &port);
     builder.SetMaxReceiveMessageSize(static_cast<int>(config.cluster().max_message_bytes()));
     builder.SetMaxSendMessageSize(static_cast<int>(config.cluster().max_message_bytes()));
+    // This end pings too (a paused previous stage leaves the stream open and
+    // silent), and takes the other end's pings however long a pass runs
+    // without data.
+    const int lease_ms = static_cast<int>(config.cluster().lease_ms());
+    builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, lease_ms);
+    builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, lease_ms);
+    builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+    builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
+    builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, lease_ms / 2);
+    builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 0);
     builder.RegisterService(this);
     server_ = builder.BuildAndStart();
     if (server_ == nullptr || port == 0) return absl::UnavailableError(absl::StrCat("cannot listen on ", listen));

@@ -9,6 +9,9 @@
 
 #include <gtest/gtest.h>
 
+#include <csignal>
+#include <cmath>
+#include <iostream>
 #include <regex>
 #include <string>
 #include <vector>
@@ -46,11 +49,14 @@ std::string ChainJob(const std::string& dir, int stages, int micro_batches, cons
   return path;
 }
 
-// Runs the job with segps-local; each stage's trained parameters (segps-eval --dump_params).
+// Runs the job with segps-local (`more` flags added); each stage's trained
+// parameters (segps-eval --dump_params).
 std::vector<std::vector<float>> Train(const std::string& config, const std::string& dir, int stages,
-                                      std::string* output) {
-  std::unique_ptr<Subprocess> p = Subprocess::Start(
-      {BinaryPath("segps-local"), "--config", config, "--report", dir + "/report.json", "--params_dir", dir});
+                                      std::string* output, const std::vector<std::string>& more = {}) {
+  std::vector<std::string> argv = {BinaryPath("segps-local"), "--config", config, "--report", dir + "/report.json",
+                                   "--params_dir", dir};
+  argv.insert(argv.end(), more.begin(), more.end());
+  std::unique_ptr<Subprocess> p = Subprocess::Start(argv);
   std::optional<int> status = p->Wait(absl::Minutes(3));
   *output = p->output();
   EXPECT_TRUE(status.has_value() && ExitedOk(*status)) << p->output();
@@ -103,12 +109,49 @@ TEST(Pipeline, OneFOneBGivesGPipesParameters) {
   EXPECT_NE(gpipe_output.find("GPIPE (4 held at once)"), std::string::npos) << gpipe_output;
 }
 
-TEST(Pipeline, ThreeStageTeacherChainWithTwoReplicasReachesItsBar) {
+// Then exported: segps-predict, python/segps_model.py (NumPy and PyTorch)
+// and a walk over the ONNX graph each give segps-eval's probabilities.
+TEST(Pipeline, ThreeStageTeacherChainWithTwoReplicasReachesItsBarAndExportsAsOneNetwork) {
   const std::string dir = MakeTempDir();
+  const std::string config = std::string(SEGPS_SOURCE_DIR) + "/deploy/configs/teacher_chain.pbtxt";
   std::string output;
-  Train(std::string(SEGPS_SOURCE_DIR) + "/deploy/configs/teacher_chain.pbtxt", dir, 3, &output);
+  Train(config, dir, 3, &output,
+        {"--export", dir + "/model.safetensors", "--onnx", dir + "/model.onnx", "--probabilities_out",
+         dir + "/eval_probs.npy"});
   EXPECT_GT(EnsembleAccuracy(ReadFile(dir + "/report.json")), 0.90) << output;
   EXPECT_NE(output.find("ENSEMBLE (one network: a chain of 3 stages)"), std::string::npos) << output;
+
+  auto run = [](const std::vector<std::string>& argv) {
+    std::unique_ptr<Subprocess> p = Subprocess::Start(argv);
+    std::optional<int> status = p->Wait(absl::Minutes(2));
+    EXPECT_TRUE(status.has_value() && ExitedOk(*status)) << p->output();
+    return p->output();
+  };
+  run({BinaryPath("segps-data"), "--config", config, "--out", dir});  // test_x.npy, test_y.npy
+  run({BinaryPath("segps-predict"), "--model", dir + "/model.safetensors", "--input", dir + "/test_x.npy", "--out",
+       dir + "/predict_probs.npy"});
+  const std::vector<float> eval = ReadNpyFloat32(dir + "/eval_probs.npy");
+  const std::vector<float> predicted = ReadNpyFloat32(dir + "/predict_probs.npy");
+  ASSERT_EQ(eval.size(), 5000u * 10);
+  ASSERT_EQ(predicted.size(), eval.size());
+  double worst = 0;
+  for (size_t i = 0; i < eval.size(); ++i) worst = std::max(worst, std::fabs(double{eval[i]} - predicted[i]));
+  EXPECT_LE(worst, 1e-6);
+  const std::string python =
+      run({"/usr/bin/python3", std::string(SEGPS_SOURCE_DIR) + "/tests/python/check_export.py",
+           dir + "/model.safetensors", dir + "/model.onnx", dir + "/test_x.npy", dir + "/test_y.npy",
+           dir + "/eval_probs.npy", dir + "/report.json"});
+  EXPECT_NE(python.find("onnx: checker accepts"), std::string::npos) << python;
+  EXPECT_NE(python.find("\nOK"), std::string::npos) << python;
+  std::cout << python;
+  // A stage alone is no model.
+  std::unique_ptr<Subprocess> stage = Subprocess::Start(
+      {BinaryPath("segps-predict"), "--model", dir + "/model.safetensors", "--input", dir + "/test_x.npy", "--out",
+       dir + "/stage.npy", "--segment", "stage1"});
+  std::optional<int> status = stage->Wait(absl::Minutes(1));
+  ASSERT_TRUE(status.has_value());
+  EXPECT_FALSE(ExitedOk(*status));
+  EXPECT_NE(stage->output().find("stage1 is a stage of one network"), std::string::npos) << stage->output();
 }
 
 // The Fashion-MNIST MLP 784-256-128-10 cut into 2 stages, 2 replicas.
@@ -170,6 +213,69 @@ TEST(Pipeline, ALinkRefusesALabelOutsideTheClasses) {
       << status.error_message();
   absl::StatusOr<MicroBatch> received = upstream->Receive(absl::Seconds(10));
   EXPECT_EQ(received.status().code(), absl::StatusCode::kInvalidArgument) << received.status();
+}
+
+
+// Three stages, one replica, each pass padded to 5 ms so that training
+// outlasts the test, leases of 1 s; stage 1 gets `signal` once the last
+// stage has logged a step. Both neighbours stop, failing, with errors that
+// name it, and the servers stay up. Returns how long the neighbours took.
+absl::Duration StopTheMiddleStage(int signal) {
+  const std::string dir = MakeTempDir();
+  const std::string config = ChainJob(dir, 3, 2, "GPIPE", "log_interval_s: 0.05");
+  {
+    std::string text = ReadFile(config);
+    text.replace(text.find("cluster { num_servers: 2 }"), 26,
+                 "cluster { num_servers: 2 lease_ms: 1000 recovery_timeout_ms: 20000 }");
+    text.replace(text.find("epochs: 1 "), 10, "epochs: 1000 ");
+    WriteFile(config, text);
+  }
+  ServerProcesses servers = StartServers(config, 2);
+  EXPECT_TRUE(servers.ok()) << servers.Output();
+  if (!servers.ok()) return absl::InfiniteDuration();
+  std::vector<std::unique_ptr<Subprocess>> stages(3);
+  std::string next;
+  for (int k = 2; k >= 0; --k) {
+    std::vector<std::string> argv = {BinaryPath("segps-worker"), "--config", config, "--segment", std::to_string(k),
+                                     "--rank", "0", "--servers", servers.Joined(), "--pass_ms", "5"};
+    if (k > 0) argv.insert(argv.end(), {"--stage_listen", "127.0.0.1:0"});
+    if (k < 2) argv.insert(argv.end(), {"--next_stage", next});
+    stages[k] = Subprocess::Start(argv);
+    if (k > 0) {
+      std::optional<std::string> link = stages[k]->WaitForLine("stage link listening on ", absl::Seconds(30));
+      EXPECT_TRUE(link.has_value()) << stages[k]->output();
+      if (!link.has_value()) return absl::InfiniteDuration();
+      next = link->substr(link->rfind(' ') + 1);
+    }
+  }
+  EXPECT_TRUE(stages[2]->WaitForLine("last/0: step", absl::Seconds(60)).has_value()) << stages[2]->output();
+  stages[1]->Signal(signal);
+  const absl::Time stopped = absl::Now();
+  for (int k : {0, 2}) {
+    std::optional<int> status = stages[k]->Wait(absl::Seconds(60));
+    EXPECT_TRUE(status.has_value()) << "stage " << k << " still runs: " << stages[k]->output();
+    if (!status.has_value()) return absl::InfiniteDuration();
+    EXPECT_FALSE(ExitedOk(*status)) << stages[k]->output();
+    EXPECT_NE(stages[k]->output().find("stage 1 (middle) replica 0"), std::string::npos) << stages[k]->output();
+  }
+  const absl::Duration took = absl::Now() - stopped;
+  for (auto& server : servers.processes) EXPECT_FALSE(server->Wait(absl::ZeroDuration()).has_value());
+  if (signal == SIGSTOP) stages[1]->Signal(SIGCONT);
+  return took;
+}
+
+// A killed stage's links close at once.
+TEST(Pipeline, AStageKilledMidTrainingStopsBothNeighboursNamingIt) {
+  EXPECT_LT(StopTheMiddleStage(SIGKILL), absl::Seconds(10));
+}
+
+// A paused one keeps its sockets open: the neighbours notice through the
+// link's keepalive (a ping every lease, answered within one), well before
+// recovery_timeout_ms (20 s), and not before a lease has passed.
+TEST(Pipeline, AStagePausedMidTrainingStopsBothNeighboursWithinTwoLeases) {
+  const absl::Duration took = StopTheMiddleStage(SIGSTOP);
+  EXPECT_GE(took, absl::Seconds(1));
+  EXPECT_LT(took, absl::Seconds(10));
 }
 
 }  // namespace
