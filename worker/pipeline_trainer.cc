@@ -129,16 +129,22 @@ absl::StatusOr<TrainReport> TrainStage(const v1::JobConfig& config, const StageO
     return backend->host_addressable() ? absl::OkStatus() : backend->Synchronize();
   };
   // Receives from upstream, accounting the wait.
+  // Accounts a wait for a neighbour that began at `start`, and values that
+  // crossed a link, for the log and the stage's metrics.
+  auto waited = [&](StageMetrics::Neighbour neighbour, absl::Time start) {
+    const absl::Duration wait = absl::Now() - start;
+    waiting += wait;
+    if (stage_metrics != nullptr) stage_metrics->ObserveWaiting(neighbour, absl::ToDoubleSeconds(wait));
+  };
+  auto crossed = [&](void (StageMetrics::*observe)(uint64_t), size_t floats) {
+    link_bytes += floats * sizeof(float);
+    if (stage_metrics != nullptr) (stage_metrics->*observe)(floats * sizeof(float));
+  };
   auto receive = [&]() -> absl::StatusOr<MicroBatch> {
     const absl::Time start = absl::Now();
     absl::StatusOr<MicroBatch> got = options.upstream->Receive(options.patience);
-    const absl::Duration waited = absl::Now() - start;
-    waiting += waited;
-    if (stage_metrics != nullptr) {
-      stage_metrics->ObserveWaiting(StageMetrics::Neighbour::kPrevious, absl::ToDoubleSeconds(waited));
-      if (got.ok()) stage_metrics->ObserveActivationsReceived(got->values.size() * sizeof(float));
-    }
-    if (got.ok()) link_bytes += got->values.size() * sizeof(float);
+    waited(StageMetrics::Neighbour::kPrevious, start);
+    if (got.ok()) crossed(&StageMetrics::ObserveActivationsReceived, got->values.size());
     return got;
   };
   // Downloads `count` floats from device `from` into host_values (in place on the CPU).
@@ -256,21 +262,15 @@ absl::StatusOr<TrainReport> TrainStage(const v1::JobConfig& config, const StageO
           if (!out.ok()) return out.status();
           SEGPS_RETURN_IF_ERROR(options.downstream->Send(clock, m, batch_rows, *out,
                                                          absl::MakeConstSpan(slot_labels, part.rows)));
-          if (stage_metrics != nullptr) stage_metrics->ObserveActivationsSent(out->size() * sizeof(float));
-          link_bytes += out->size() * sizeof(float);
+          crossed(&StageMetrics::ObserveActivationsSent, out->size());
         }
       } else {
         if (!last_stage) {
           const absl::Time start = absl::Now();
           absl::StatusOr<std::vector<float>> grad = options.downstream->ReceiveGradient(options.patience);
-          const absl::Duration waited = absl::Now() - start;
-          waiting += waited;
+          waited(StageMetrics::Neighbour::kNext, start);
           if (!grad.ok()) return grad.status();
-          if (stage_metrics != nullptr) {
-            stage_metrics->ObserveWaiting(StageMetrics::Neighbour::kNext, absl::ToDoubleSeconds(waited));
-            stage_metrics->ObserveGradientsReceived(grad->size() * sizeof(float));
-          }
-          link_bytes += grad->size() * sizeof(float);
+          crossed(&StageMetrics::ObserveGradientsReceived, grad->size());
           SEGPS_RETURN_IF_ERROR(
               upload(grad->data(), model.output_grad(first), grad->size() * sizeof(float)));
         }
@@ -282,8 +282,7 @@ absl::StatusOr<TrainReport> TrainStage(const v1::JobConfig& config, const StageO
           absl::StatusOr<absl::Span<const float>> d_in = to_host(model.input_grad(first), part.rows * in_width);
           if (!d_in.ok()) return d_in.status();
           SEGPS_RETURN_IF_ERROR(options.upstream->SendGradient(clock, m, *d_in));
-          if (stage_metrics != nullptr) stage_metrics->ObserveGradientsSent(d_in->size() * sizeof(float));
-          link_bytes += d_in->size() * sizeof(float);
+          crossed(&StageMetrics::ObserveGradientsSent, d_in->size());
         }
       }
     }
