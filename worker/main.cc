@@ -57,6 +57,10 @@ ABSL_FLAG(double, pass_ms, 0,
 ABSL_FLAG(std::string, stage_listen, "127.0.0.1:0",
           "combine: CHAIN, stages after the first: host:port to take the previous stage's activations on (port 0 "
           "picks one; the address is printed as 'stage link listening on ADDR').");
+ABSL_FLAG(std::string, stage_tls_cert, "",
+          "combine: CHAIN, stages after the first, with TLS: the certificate the stage link listens with, one a "
+          "server certificate naming this host (make-certs.sh's server.pem for its NAMEs). Default: --tls_cert.");
+ABSL_FLAG(std::string, stage_tls_key, "", "The private key of --stage_tls_cert.");
 ABSL_FLAG(std::string, next_stage, "",
           "combine: CHAIN, stages before the last: host:port of the next stage's replica of the same rank (its "
           "--stage_listen). '-': read it from stdin, on the line after --servers=-'s.");
@@ -81,8 +85,20 @@ int RunStage(const segps::v1::JobConfig& config, int stage, std::optional<uint32
   const int stages = config.model().segments_size();
   std::unique_ptr<segps::Upstream> upstream;
   if (stage > 0) {
+    // The link's listening end is a server: its own certificate, and with
+    // a CA, mutual TLS (the previous stage presents its worker certificate).
+    segps::v1::JobConfig link_config = config;
+    segps::v1::SecurityConfig& link_security = *link_config.mutable_security();
+    if (!absl::GetFlag(FLAGS_stage_tls_cert).empty() || !absl::GetFlag(FLAGS_stage_tls_key).empty()) {
+      if (absl::GetFlag(FLAGS_stage_tls_cert).empty() || absl::GetFlag(FLAGS_stage_tls_key).empty()) {
+        return Fail("--stage_tls_cert and --stage_tls_key go together");
+      }
+      link_security.set_cert(absl::GetFlag(FLAGS_stage_tls_cert));
+      link_security.set_key(absl::GetFlag(FLAGS_stage_tls_key));
+    }
+    link_security.set_require_client_cert(!link_security.ca_cert().empty() && !link_security.cert().empty());
     absl::StatusOr<std::unique_ptr<segps::Upstream>> listening =
-        segps::Upstream::Listen(config, stage, *rank, absl::GetFlag(FLAGS_stage_listen));
+        segps::Upstream::Listen(link_config, stage, *rank, absl::GetFlag(FLAGS_stage_listen));
     if (!listening.ok()) return Fail(std::string(listening.status().message()));
     upstream = *std::move(listening);
     std::cout << "stage link listening on " << upstream->address() << std::endl;

@@ -364,7 +364,7 @@ int main(int argc, char** argv) {
   }
 
   // Mutual TLS with tokens: a CA, certificates and tokens for this job alone.
-  std::vector<std::string> server_tls, worker_tls, reader_tls;
+  std::vector<std::string> server_tls, worker_tls, reader_tls, stage_link_tls;
   RemoveWhenDone remove_certs;
   if (absl::GetFlag(FLAGS_tls)) {
     char certs_template[] = "/tmp/segps-certs.XXXXXX";
@@ -384,6 +384,8 @@ int main(int argc, char** argv) {
     worker_tls.push_back(certs + "/worker.token");
     reader_tls = client;
     reader_tls.push_back(certs + "/reader.token");
+    // A chain's stage link listens as a server on loopback: the server certificate names it.
+    stage_link_tls = {"--stage_tls_cert", certs + "/server.pem", "--stage_tls_key", certs + "/server.key"};
     std::cout << "segps-local: mutual TLS with bearer tokens; certificates and tokens made in " << certs << std::endl;
   } else if (config->security().cert().empty()) {
     std::cout << "segps-local: plaintext on loopback, no authentication (--tls runs the job over mutual TLS with tokens)"
@@ -425,6 +427,7 @@ int main(int argc, char** argv) {
                                        std::to_string(absl::GetFlag(FLAGS_cpu_threads)), "--history_dir", history_dir};
       if (chain && k + 1 < segments) args.push_back("--next_stage=-");
       args.insert(args.end(), worker_tls.begin(), worker_tls.end());
+      if (chain && k > 0) args.insert(args.end(), stage_link_tls.begin(), stage_link_tls.end());
       if (k == 0 && r + 1 == segps::WorkersOf(*config, k) && absl::GetFlag(FLAGS_straggler_ms) > 0) {
         args.insert(args.end(), {"--slowdown_ms", std::to_string(absl::GetFlag(FLAGS_straggler_ms))});
       }

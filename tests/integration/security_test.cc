@@ -7,6 +7,7 @@
 
 #include <gtest/gtest.h>
 
+#include <iostream>
 #include <regex>
 
 #include "absl/strings/str_cat.h"
@@ -15,6 +16,7 @@
 #include "common/shard_map.h"
 #include "segps/v1/parameter_server.grpc.pb.h"
 #include "tests/support/subprocess.h"
+#include "worker/pipeline_link.h"
 
 namespace segps {
 namespace {
@@ -234,6 +236,87 @@ TEST(Security, LocalLauncherRunsTheWholeJobOverMutualTls) {
   EXPECT_NE(output.find("segps-local: mutual TLS with bearer tokens"), std::string::npos) << output;
   EXPECT_EQ(output.find("plaintext"), std::string::npos) << output;
   EXPECT_NE(output.find("ENSEMBLE"), std::string::npos) << output;
+}
+
+
+// A 2-stage chain: 50 -> 16 (relu) | -> 10 softmax; a stage waits
+// `patience_ms` for its neighbour (cluster.recovery_timeout_ms).
+std::string SmallChain(const std::string& dir, const std::string& security, int patience_ms = 10000) {
+  const std::string path = dir + "/chain.pbtxt";
+  WriteFile(path, absl::StrCat(R"pb(
+    cluster { num_servers: 1 recovery_timeout_ms: )pb", patience_ms, R"pb( }
+    model {
+      input_width: 50
+      num_classes: 10
+      combine: CHAIN
+      segments { name: "a" layers { units: 16 activation: RELU } }
+      segments { name: "b" layers { units: 10 activation: SOFTMAX } }
+    }
+    optimizer { kind: ADAM }
+    training { batch_size: 32 epochs: 2 micro_batches: 2 }
+    data { source: SYNTHETIC_TEACHER train_samples: 1000 test_samples: 200 }
+  )pb", security));
+  return path;
+}
+
+// A stage link's listening end as segps-worker sets it up with TLS: the
+// server certificate, mutual TLS, the worker token. The previous stage,
+// with its worker certificate and token, gets through; a plaintext client,
+// one without a certificate, one of another CA and one with the reader
+// token do not, and the link sees none of their messages.
+TEST(Security, AStageLinkTakesOnlyAWorkerOverMutualTlsWithItsToken) {
+  const std::string dir = MakeTempDir();
+  const std::string certs = MakeCerts(dir + "/certs"), other = MakeCerts(dir + "/other");
+  auto security = [](const std::string& c, const std::string& cert, const std::string& token, bool require) {
+    return absl::StrCat("security { ca_cert: \"", c, "/ca.pem\" cert: \"", c, "/", cert, ".pem\" key: \"", c, "/",
+                        cert, ".key\" token_file: \"", c, "/", token, ".token\"",
+                        require ? " require_client_cert: true" : "", " }");
+  };
+  // A refused connection costs the sender its patience (1 s) in Connect.
+  auto chain = [&](const std::string& security) { return *LoadConfig(SmallChain(dir, security, 1000)); };
+  const v1::JobConfig link = chain(security(certs, "server", "worker", true));
+  absl::StatusOr<std::unique_ptr<Upstream>> upstream = Upstream::Listen(link, 1, 0, "127.0.0.1:0");
+  ASSERT_TRUE(upstream.ok()) << upstream.status();
+
+  // Sends one micro-batch as stage 0 with `config`'s credentials; whether it was taken.
+  auto send = [&](const v1::JobConfig& config) -> absl::Status {
+    absl::StatusOr<std::unique_ptr<Downstream>> downstream = Downstream::Connect(config, 0, 0, (*upstream)->address());
+    if (!downstream.ok()) return downstream.status();
+    const std::vector<float> values(16, 0.5f);
+    const std::vector<int32_t> labels = {3};
+    absl::Status sent = (*downstream)->Send(0, 0, 1, values, labels);
+    if (!sent.ok()) return sent;
+    return (*downstream)->Finish();
+  };
+  const absl::Status plaintext = send(chain(""));
+  EXPECT_FALSE(plaintext.ok()) << "plaintext";
+  const absl::Status no_certificate = send(
+      chain(absl::StrCat("security { ca_cert: \"", certs, "/ca.pem\" token_file: \"", certs, "/worker.token\" }")));
+  EXPECT_FALSE(no_certificate.ok()) << "no client certificate";
+  const absl::Status other_ca = send(chain(security(other, "client", "worker", false)));
+  EXPECT_FALSE(other_ca.ok()) << "another CA";
+  const absl::Status reader = send(chain(security(certs, "client", "reader", false)));
+  EXPECT_FALSE(reader.ok()) << "the reader token";
+  std::cout << "refused: " << plaintext << "; " << no_certificate << "; " << other_ca << "; " << reader << "\n";
+  absl::StatusOr<MicroBatch> nothing = (*upstream)->Receive(absl::Milliseconds(200));
+  EXPECT_EQ(nothing.status().code(), absl::StatusCode::kDeadlineExceeded) << nothing.status();
+
+  const absl::Status worker = send(chain(security(certs, "client", "worker", false)));
+  ASSERT_TRUE(worker.ok()) << worker;
+  absl::StatusOr<MicroBatch> got = (*upstream)->Receive(absl::Seconds(10));
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->labels, std::vector<int32_t>{3});
+}
+
+// segps-local --tls runs a chain's stage links over mutual TLS too.
+TEST(Security, LocalLauncherRunsAChainOverMutualTls) {
+  const std::string dir = MakeTempDir();
+  auto [status, output] = RunToEnd(
+      {BinaryPath("segps-local"), "--config", SmallChain(dir, ""), "--tls", "--report", dir + "/report.json"},
+      absl::Minutes(3));
+  ASSERT_TRUE(ExitedOk(status)) << output;
+  EXPECT_NE(output.find("segps-local: mutual TLS with bearer tokens"), std::string::npos) << output;
+  EXPECT_NE(output.find("ENSEMBLE (one network: a chain of 2 stages)"), std::string::npos) << output;
 }
 
 }  // namespace
