@@ -100,8 +100,11 @@ class GrpcClient final : public ParameterClient {
     args.SetMaxSendMessageSize(static_cast<int>(config.cluster().max_message_bytes()));
     // A server that restarts is back within a second or two: reconnect
     // promptly (gRPC's defaults back off from 1 s by 1.6x up to 2 minutes).
+    // GRPC_ARG_MIN_RECONNECT_BACKOFF_MS is left alone: gRPC takes it as the
+    // time one connection attempt may take (20 s), and a TLS handshake on a
+    // loaded machine can take more than a short backoff, failing every
+    // attempt for as long as the load lasts.
     args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
-    args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
     args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
     std::vector<std::shared_ptr<grpc::Channel>> channels;
     for (const std::string& address : addresses_) {

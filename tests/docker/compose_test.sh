@@ -5,8 +5,9 @@
 # the teacher config in containers, checks the evaluation's accuracy against
 # the local run's bars, then kills a worker container and a server's
 # process mid-run in a third round and checks that training completes with
-# its bar (the server restarted by Docker, restoring its checkpoint). Tears everything
-# down whatever happens. Exit 77 (skipped) when no Docker engine runs here:
+# its bar (the server restarted by Docker, restoring its checkpoint), and in a
+# fourth trains the teacher chain (3 stages x 2 replicas, profile chain), its
+# stage links over mutual TLS too. Tears everything down whatever happens. Exit 77 (skipped) when no Docker engine runs here:
 # run deploy/docker-setup.sh first.
 set -uo pipefail
 cd "$(dirname "$0")/../../deploy"
@@ -27,7 +28,7 @@ if docker compose version > /dev/null 2>&1; then compose=(docker compose); else 
 project="segpstest$$"
 image="segps:test$$"
 fail() { echo "FAIL: $*"; exit 1; }
-down() { "${compose[@]}" -p "$project" --profile monitoring down -v --remove-orphans > /dev/null 2>&1; }
+down() { "${compose[@]}" -p "$project" --profile monitoring --profile chain down -v --remove-orphans > /dev/null 2>&1; }
 long=""
 certs=$(mktemp -d /tmp/segps-certs.XXXXXX)
 cleanup() {
@@ -44,7 +45,8 @@ docker build -q -f Dockerfile -t "$image" .. > /dev/null 2>&1 || fail "docker bu
 docker build -q -t segps-prometheus:latest prometheus > /dev/null 2>&1 || fail "docker build prometheus"
 secrets=$(docker run --rm --entrypoint find "$image" / -xdev \( -name '*.key' -o -name '*.token' -o -name tokens \) 2>/dev/null)
 [ -z "$secrets" ] || fail "the image holds keys or tokens: $secrets"
-bash make-certs.sh --container "$certs/job" server0 server1 > /dev/null || fail "make-certs.sh"
+stages="stage0-r0 stage0-r1 stage1-r0 stage1-r1 stage2-r0 stage2-r1"
+bash make-certs.sh --container "$certs/job" server0 server1 $stages > /dev/null || fail "make-certs.sh"
 export SEGPS_CERTS="$certs/job"
 
 # up CONFIG WORKERS [compose options]: starts a cluster in the background.
@@ -130,5 +132,16 @@ restored=$(docker logs "$server" 2>&1 | grep -c "restored relu64")
 [ "$restored" -ge 1 ] || { docker logs "$server" 2>&1 | tail -20 >&2; fail "server1 did not restore its checkpoint"; }
 awk -v a="$acc" 'BEGIN { exit !(a > 90) }' || fail "ensemble accuracy $acc% not above 90 after the kills"
 echo "training completed after the kills (server1 restarted $restarts times, restored its checkpoint); ensemble accuracy $acc%"
+down
+
+echo "== round 4: the teacher chain, 3 stages x 2 replicas (profile chain, no ensemble workers)"
+up ./configs/teacher_chain.pbtxt 0 --profile chain
+acc=$(finish) || exit 1
+for s in $stages; do
+  code=$(docker inspect --format '{{.State.ExitCode}}' "$(cid "$s")")
+  [ "$code" = "0" ] || { docker logs "$(cid "$s")" 2>&1 | tail -20 >&2; fail "$s exited $code"; }
+done
+awk -v a="$acc" 'BEGIN { exit !(a > 90) }' || fail "chain accuracy $acc% not above 90"
+echo "every stage finished; the chain's accuracy $acc%"
 down
 echo "PASS"

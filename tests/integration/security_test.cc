@@ -2,20 +2,27 @@
 // with certificates and tokens made by deploy/make-certs.sh (openssl): a
 // teacher job trains over them to its bar, and every kind of wrong caller
 // gets its status while the server keeps serving.
+#include <arpa/inet.h>
 #include <grpcpp/grpcpp.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 #include <sys/wait.h>
 
 #include <gtest/gtest.h>
 
 #include <iostream>
 #include <regex>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "common/config.h"
 #include "common/security.h"
 #include "common/shard_map.h"
+#include "common/sync.h"
 #include "segps/v1/parameter_server.grpc.pb.h"
 #include "tests/support/subprocess.h"
+#include "worker/ps_client.h"
 #include "worker/pipeline_link.h"
 
 namespace segps {
@@ -317,6 +324,107 @@ TEST(Security, LocalLauncherRunsAChainOverMutualTls) {
   ASSERT_TRUE(ExitedOk(status)) << output;
   EXPECT_NE(output.find("segps-local: mutual TLS with bearer tokens"), std::string::npos) << output;
   EXPECT_NE(output.find("ENSEMBLE (one network: a chain of 2 stages)"), std::string::npos) << output;
+}
+
+
+// A TCP relay on loopback that holds every chunk it forwards for `delay`,
+// each way: a link with a long round trip.
+class SlowLink {
+ public:
+  SlowLink(const std::string& target, absl::Duration delay) : delay_(delay) {
+    listen_fd_ = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    inet_pton(AF_INET, "127.0.0.1", &addr.sin_addr);
+    socklen_t len = sizeof(addr);
+    if (bind(listen_fd_, reinterpret_cast<sockaddr*>(&addr), len) != 0 || listen(listen_fd_, 16) != 0 ||
+        getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+      ADD_FAILURE() << "SlowLink: cannot listen";
+      return;
+    }
+    address_ = absl::StrCat("127.0.0.1:", ntohs(addr.sin_port));
+    sockaddr_in to{};
+    to.sin_family = AF_INET;
+    inet_pton(AF_INET, "127.0.0.1", &to.sin_addr);
+    to.sin_port = htons(static_cast<uint16_t>(std::stoi(target.substr(target.rfind(':') + 1))));
+    threads_.emplace_back([this, to] {
+      for (;;) {
+        const int client = accept(listen_fd_, nullptr, nullptr);
+        if (client < 0) return;
+        const int server = socket(AF_INET, SOCK_STREAM, 0);
+        if (connect(server, reinterpret_cast<const sockaddr*>(&to), sizeof(to)) != 0) {
+          close(client);
+          close(server);
+          continue;
+        }
+        MutexLock lock(&mu_);
+        fds_.insert(fds_.end(), {client, server});
+        threads_.emplace_back([this, client, server] { Pump(client, server); });
+        threads_.emplace_back([this, client, server] { Pump(server, client); });
+      }
+    });
+  }
+  ~SlowLink() {
+    shutdown(listen_fd_, SHUT_RDWR);
+    {
+      MutexLock lock(&mu_);
+      for (int fd : fds_) shutdown(fd, SHUT_RDWR);
+    }
+    threads_.front().join();  // the acceptor, after which no thread is added
+    for (size_t i = 1; i < threads_.size(); ++i) threads_[i].join();
+    for (int fd : fds_) close(fd);
+    close(listen_fd_);
+  }
+  const std::string& address() const { return address_; }
+
+ private:
+  void Pump(int from, int to) {
+    char buf[65536];
+    ssize_t n;
+    while ((n = read(from, buf, sizeof(buf))) > 0) {
+      absl::SleepFor(delay_);
+      for (ssize_t sent = 0; sent < n;) {
+        const ssize_t w = send(to, buf + sent, static_cast<size_t>(n - sent), MSG_NOSIGNAL);
+        if (w <= 0) return;
+        sent += w;
+      }
+    }
+    shutdown(to, SHUT_WR);
+  }
+
+  const absl::Duration delay_;
+  int listen_fd_ = -1;
+  std::string address_;
+  Mutex mu_;
+  std::vector<int> fds_;
+  std::vector<std::thread> threads_;  // [0] accepts; the rest pump
+};
+
+// A worker reaches a server over mutual TLS through a link that holds each
+// chunk 1.2 s: the handshake takes several seconds, more than the client
+// waits between attempts to reconnect, and it connects all the same.
+TEST(Security, AClientOverASlowLinkCompletesItsTlsHandshake) {
+  const std::string dir = MakeTempDir();
+  const std::string certs = MakeCerts(dir + "/certs");
+  const std::string config_path = SecureTeacher(dir, certs, "");
+  ServerProcesses servers = StartServers(config_path, 2);
+  ASSERT_TRUE(servers.ok()) << servers.Output();
+  SlowLink link0(servers.addresses[0], absl::Milliseconds(1200));
+  v1::JobConfig client_config = *LoadConfig(config_path);
+  v1::SecurityConfig* security = client_config.mutable_security();
+  security->set_cert(certs + "/client.pem");
+  security->set_key(certs + "/client.key");
+  security->set_token_file(certs + "/reader.token");
+  security->set_require_client_cert(false);
+  absl::StatusOr<std::unique_ptr<ParameterClient>> client =
+      ConnectGrpc(client_config, {link0.address(), servers.addresses[1]});
+  ASSERT_TRUE(client.ok()) << client.status();
+  const absl::Time start = absl::Now();
+  absl::StatusOr<std::vector<v1::StatsResponse>> stats = (*client)->Stats();
+  while (!stats.ok() && absl::Now() - start < absl::Seconds(60)) stats = (*client)->Stats();
+  ASSERT_TRUE(stats.ok()) << stats.status() << " after " << absl::Now() - start;
+  EXPECT_GE(absl::Now() - start, absl::Milliseconds(2400));  // two round trips at least: the link did hold it
+  std::cout << "Stats through the slow link after " << absl::Now() - start << "\n";
 }
 
 }  // namespace
