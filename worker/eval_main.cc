@@ -5,7 +5,6 @@
 //   segps-eval --config job.pbtxt --servers HOST:PORT,... [--report out.json]
 #include <algorithm>
 #include <fstream>
-#include <functional>
 #include <iostream>
 
 #include "absl/flags/flag.h"
@@ -91,21 +90,12 @@ std::string Disagreement(const std::vector<segps::v1::StatsResponse>& servers,
 
 // Training is over when every server has applied updates to every segment,
 // holds no live worker (nor a rank it waits for after a restore) and the
-// servers agree. Polled: the evaluator is a tool, not a peer. A poll that
-// fails makes new connections for the next (`connect`): a TLS channel kept
-// across a server's restart was once seen failing every handshake with the
-// restarted server while new connections to it succeeded.
-using Connect = std::function<absl::StatusOr<std::unique_ptr<segps::ParameterClient>>()>;
-absl::Status WaitForTraining(std::unique_ptr<segps::ParameterClient>* client, const Connect& connect,
-                             absl::Duration timeout) {
+// servers agree. Polled: the evaluator is a tool, not a peer.
+absl::Status WaitForTraining(segps::ParameterClient& client, absl::Duration timeout) {
   const absl::Time deadline = absl::Now() + timeout;
   std::string last;
   while (absl::Now() < deadline) {
-    absl::StatusOr<std::vector<segps::v1::StatsResponse>> stats = (*client)->Stats();
-    if (!stats.ok()) {
-      absl::StatusOr<std::unique_ptr<segps::ParameterClient>> again = connect();
-      if (again.ok()) *client = *std::move(again);
-    }
+    absl::StatusOr<std::vector<segps::v1::StatsResponse>> stats = client.Stats();
     bool done = stats.ok();
     int live = 0;
     if (stats.ok()) {
@@ -140,14 +130,12 @@ int main(int argc, char** argv) {
   absl::StatusOr<segps::v1::JobConfig> config = segps::LoadConfig(absl::GetFlag(FLAGS_config));
   if (!config.ok()) return Fail(std::string(config.status().message()));
   segps::ApplySecurityFlags(config->mutable_security());
-  const Connect connect = [&] {
-    return segps::ConnectGrpc(*config, segps::ServerAddresses(absl::GetFlag(FLAGS_servers), *config));
-  };
-  absl::StatusOr<std::unique_ptr<segps::ParameterClient>> client = connect();
+  absl::StatusOr<std::unique_ptr<segps::ParameterClient>> client =
+      segps::ConnectGrpc(*config, segps::ServerAddresses(absl::GetFlag(FLAGS_servers), *config));
   if (!client.ok()) return Fail(std::string(client.status().message()));
 
   if (absl::GetFlag(FLAGS_wait_for_training)) {
-    absl::Status waited = WaitForTraining(&*client, connect, absl::Seconds(absl::GetFlag(FLAGS_wait_timeout_s)));
+    absl::Status waited = WaitForTraining(**client, absl::Seconds(absl::GetFlag(FLAGS_wait_timeout_s)));
     if (!waited.ok()) return Fail(std::string(waited.message()));
   }
   // Never a mixture: the servers must agree before and after the read. A
