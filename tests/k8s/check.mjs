@@ -73,6 +73,7 @@ function configFacts(text) {
   return {
     servers: number(/num_servers:\s*(\d+)/, body, 0),
     workers: segments.map((s) => number(/(?:^|\s)workers:\s*(\d+)/, s, perSegment)),
+    chain: /combine:\s*CHAIN/.test(body),
   };
 }
 
@@ -128,15 +129,49 @@ function consistencyErrors(objects) {
   if (workerJobs.length !== facts.workers.length) {
     errors.push(`${workerJobs.length} worker Jobs for the config's ${facts.workers.length} segments`);
   }
+  if (facts.chain) errors.push(...chainErrors(facts, workerJobs, byKind("Service")));
+  return errors;
+}
+
+// A chain's stages (model.combine: CHAIN): replica r of stage k reaches
+// replica r of stage k+1 at that pod's name, <job>-<index>.<subdomain>, the
+// subdomain a headless Service that selects the stage's pods, on the port
+// the next stage listens on; the last stage has no next one.
+function chainErrors(facts, jobs, services) {
+  const errors = [];
+  const stage = (k) => jobs.find((j) => argAfter(j.spec.template.spec.containers[0].args, "--segment") === String(k));
+  const linkPort = (j) => (argAfter(j.spec.template.spec.containers[0].args, "--stage_listen") ?? "").split(":")[1];
+  for (let k = 0; k < facts.workers.length; k++) {
+    const j = stage(k);
+    if (!j) continue;  // reported above
+    const pod = j.spec.template;
+    const svc = services.find((s) => s.metadata.name === pod.spec.subdomain);
+    if (!svc || svc.spec.clusterIP !== "None") {
+      errors.push(`Job ${j.metadata.name}: its pods' subdomain ${pod.spec.subdomain} is no headless Service`);
+      continue;
+    }
+    if (!Object.entries(svc.spec.selector ?? {}).every(([key, value]) => pod.metadata.labels?.[key] === value)) {
+      errors.push(`Service ${svc.metadata.name} does not select Job ${j.metadata.name}'s pods`);
+    }
+    if (k > 0 && !svc.spec.ports.some((p) => String(p.port) === linkPort(j))) {
+      errors.push(`Job ${j.metadata.name}: --stage_listen port ${linkPort(j)} is not a port of Service ${svc.metadata.name}`);
+    }
+    const next = stage(k + 1);
+    const expected = next && `${next.metadata.name}-$(JOB_COMPLETION_INDEX).${next.spec.template.spec.subdomain}:${linkPort(next)}`;
+    const given = argAfter(pod.spec.containers[0].args, "--next_stage");
+    if (given !== expected) {
+      errors.push(`Job ${j.metadata.name}: --next_stage ${given}, expected ${expected ?? "none (the last stage)"}`);
+    }
+  }
   return errors;
 }
 
 let failures = 0;
 const names = fs.readdirSync(overlays).sort();
-let teacher;
+const rendered = {};
 for (const name of names) {
   const objects = render(path.join(overlays, name));
-  if (name === "teacher") teacher = objects;
+  rendered[name] = objects;
   const errors = [...(await schemaErrors(objects)), ...consistencyErrors(objects)];
   const kinds = objects.map((o) => o.kind).join(", ");
   console.log(`${errors.length ? "FAIL" : "ok  "} overlay ${name}: ${objects.length} objects (${kinds})`);
@@ -145,18 +180,29 @@ for (const name of names) {
 }
 
 // Each break must be caught.
+const args = (o, name) => o.find((x) => x.metadata.name === name).spec.template.spec.containers[0].args;
 const breaks = {
   "an unknown field": (o) => { o.find((x) => x.kind === "StatefulSet").spec.template.spec.containers[0].imagee = "x"; },
   "a wrongly typed field": (o) => { o.find((x) => x.kind === "StatefulSet").spec.replicas = "2"; },
   "server replicas off the config": (o) => { o.find((x) => x.kind === "StatefulSet").spec.replicas = 3; },
   "workers off the config": (o) => { o.find((x) => x.metadata.name === "segps-worker-seg1").spec.parallelism = 1; },
   "a worker given another server name": (o) => {
-    const args = o.find((x) => x.metadata.name === "segps-worker-seg0").spec.template.spec.containers[0].args;
-    args[args.indexOf("--servers") + 1] = "segps-server-0.segps-server:7000,segps-server-2.segps-server:7000";
+    const a = args(o, "segps-worker-seg0");
+    a[a.indexOf("--servers") + 1] = "segps-server-0.segps-server:7000,segps-server-2.segps-server:7000";
   },
+  "a stage sending to another replica": (o) => {
+    const a = args(o, "segps-worker-seg0");
+    a[a.indexOf("--next_stage") + 1] = "segps-worker-seg1-0.segps-stages:7100";
+  },
+  "the last stage given a next one": (o) => { args(o, "segps-worker-seg2").push("--next_stage", "segps-worker-seg0-0.segps-stages:7100"); },
+  "a stage listening off its Service's port": (o) => {
+    const a = args(o, "segps-worker-seg2");
+    a[a.indexOf("--stage_listen") + 1] = "0.0.0.0:7200";
+  },
+  "stage pods outside the Service": (o) => { o.find((x) => x.metadata.name === "segps-stages").spec.selector = { app: "other" }; },
 };
 for (const [what, breakIt] of Object.entries(breaks)) {
-  const objects = structuredClone(teacher);
+  const objects = structuredClone(rendered[/stage|Service/.test(what) ? "teacher-chain" : "teacher"]);
   breakIt(objects);
   const errors = [...(await schemaErrors(objects)), ...consistencyErrors(objects)];
   console.log(`${errors.length ? "ok  " : "FAIL"} caught ${what}${errors.length ? `: ${errors[0]}` : ": not caught"}`);
