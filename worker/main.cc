@@ -215,6 +215,9 @@ int main(int argc, char** argv) {
     SEGPS_LOG_INFO << "metrics on http://" << metrics_endpoint->address() << "/metrics";
   }
 
+  if (config->model().combine() != segps::v1::CHAIN && absl::GetFlag(FLAGS_pass_ms) != 0) {
+    return Fail("--pass_ms is for pipeline stages (model.combine: CHAIN)");
+  }
   absl::StatusOr<std::unique_ptr<segps::Backend>> backend = segps::CreateBackend(
       absl::GetFlag(FLAGS_device), absl::GetFlag(FLAGS_tf32), absl::GetFlag(FLAGS_cpu_threads));
   if (!backend.ok()) return Fail(std::string(backend.status().message()));
@@ -245,7 +248,6 @@ int main(int argc, char** argv) {
   // A stretched step sleeps for tens of microseconds: without the kernel's
   // default 50 us timer slack, the sleep is what was asked for.
   if (options.slowdown_factor > 1) prctl(PR_SET_TIMERSLACK, 1UL, 0, 0, 0);
-  if (absl::GetFlag(FLAGS_pass_ms) != 0) return Fail("--pass_ms is for pipeline stages (model.combine: CHAIN)");
   options.progress_bar = isatty(STDOUT_FILENO) != 0;
   std::vector<std::vector<float>> test_probabilities;
   if (config->training().test_every_epoch()) {
