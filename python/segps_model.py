@@ -7,7 +7,7 @@ arrays, run it, or turn it into PyTorch modules.
     net = model.to_torch()                # torch.nn.Module: the ensemble (needs PyTorch)
 
 A CHAIN job's export is one network: its segments are consecutive stages,
-predict(x) runs them in turn and to_torch() is one nn.Sequential.
+which predict(x) and to_torch()'s module run in turn.
 
 Needs only NumPy; PyTorch is imported by to_torch() alone. The computation is
 segps's own: x * input_scale, then (x - mean) / std if the job standardised

@@ -2,9 +2,13 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <algorithm>
+#include <climits>
 #include <cstring>
 #include <deque>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/config.h"
@@ -64,16 +68,25 @@ absl::StatusOr<std::vector<float>> Values(const v1::TensorSlice& slice, uint64_t
   return values;
 }
 
+// Both ends of a link: a neighbour that is paused or cut off leaves the
+// stream open and silent but stops answering pings, so each end pings a
+// lease after the last traffic and gives up after another; and each takes
+// the other's pings however long a pass runs without data.
+std::vector<std::pair<const char*, int>> LinkKeepalive(const v1::JobConfig& config) {
+  const int lease_ms = static_cast<int>(std::min<uint32_t>(config.cluster().lease_ms(), INT32_MAX));
+  return {{GRPC_ARG_KEEPALIVE_TIME_MS, lease_ms},
+          {GRPC_ARG_KEEPALIVE_TIMEOUT_MS, lease_ms},
+          {GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1},
+          {GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0},
+          {GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, lease_ms / 2},
+          {GRPC_ARG_HTTP2_MAX_PING_STRIKES, 0}};
+}
+
 grpc::ChannelArguments LinkArguments(const v1::JobConfig& config) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(static_cast<int>(config.cluster().max_message_bytes()));
   args.SetMaxSendMessageSize(static_cast<int>(config.cluster().max_message_bytes()));
-  // A neighbour that is paused or cut off stops answering pings: the link
-  // breaks within two lease periods instead of waiting for ever.
-  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, static_cast<int>(config.cluster().lease_ms()));
-  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, static_cast<int>(config.cluster().lease_ms()));
-  args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
-  args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
+  for (const auto& [name, value] : LinkKeepalive(config)) args.SetInt(name, value);
   return args;
 }
 
@@ -104,16 +117,7 @@ class UpstreamImpl final : public Upstream, public v1::PipelineStage::Service {
     builder.AddListeningPort(listen, *credentials, &port);
     builder.SetMaxReceiveMessageSize(static_cast<int>(config.cluster().max_message_bytes()));
     builder.SetMaxSendMessageSize(static_cast<int>(config.cluster().max_message_bytes()));
-    // This end pings too (a paused previous stage leaves the stream open and
-    // silent), and takes the other end's pings however long a pass runs
-    // without data.
-    const int lease_ms = static_cast<int>(config.cluster().lease_ms());
-    builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, lease_ms);
-    builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, lease_ms);
-    builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
-    builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
-    builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, lease_ms / 2);
-    builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 0);
+    for (const auto& [name, value] : LinkKeepalive(config)) builder.AddChannelArgument(name, value);
     builder.RegisterService(this);
     server_ = builder.BuildAndStart();
     if (server_ == nullptr || port == 0) return absl::UnavailableError(absl::StrCat("cannot listen on ", listen));
