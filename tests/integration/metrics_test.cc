@@ -160,25 +160,16 @@ double Sample(const std::string& text, const std::string& series) {
 }
 
 // Two stages (50 -> 32 relu | -> 10 softmax), one replica, 2 micro-batches
-// of 16 rows a clock, every pass padded (--pass_ms 1: forwards 1 ms,
-// backwards 2 ms), training until stopped.
+// of 16 rows a clock (512 samples: no short mini-batch), every pass padded
+// (--pass_ms 1: forwards 1 ms, backwards 2 ms), training until stopped.
 TEST(Metrics, APipelineStageReportsItsBusyAndWaitingTimeAndTheBytesOnItsLinks) {
   const std::string dir = MakeTempDir();
-  const std::string config = dir + "/chain.pbtxt";
-  WriteFile(config, R"pb(
-    cluster { num_servers: 1 }
-    model {
-      input_width: 50
-      num_classes: 10
-      combine: CHAIN
-      segments { name: "first" layers { units: 32 activation: RELU } }
-      segments { name: "last" layers { units: 10 activation: SOFTMAX } }
-    }
-    optimizer { kind: SGD learning_rate: 0.1 }
-    training { batch_size: 32 epochs: 100000 staleness: 0 micro_batches: 2 log_interval_s: 100 }
-    data { source: SYNTHETIC_TEACHER train_samples: 512 test_samples: 64 }
-  )pb");
-  ServerProcesses servers = StartServers(config, 1);
+  ChainJob job(2, 2);
+  job.epochs = 100000;
+  job.train_samples = 512;
+  job.training = "log_interval_s: 100";
+  const std::string config = WriteChainJob(dir, "chain", job);
+  ServerProcesses servers = StartServers(config, 2);
   ASSERT_TRUE(servers.ok()) << servers.Output();
   auto start_stage = [&](int stage, const std::vector<std::string>& more) {
     std::vector<std::string> argv = {BinaryPath("segps-worker"), "--config", config, "--segment", std::to_string(stage),

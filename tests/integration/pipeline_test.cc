@@ -30,23 +30,9 @@
 namespace segps {
 namespace {
 
-// 50 -> 32 (relu) [-> 24 (tanh)] -> 10: K = 2 or 3 stages, SGD, staleness 0,
-// one replica, 2000 samples in mini-batches of 32 (the last one 16).
-std::string ChainJob(const std::string& dir, int stages, int micro_batches, const std::string& schedule,
-                     const std::string& training = "") {
-  std::vector<std::string> segments = {R"pb(segments { name: "first" layers { units: 32 activation: RELU } })pb"};
-  if (stages == 3) segments.push_back(R"pb(segments { name: "middle" layers { units: 24 activation: TANH } })pb");
-  segments.push_back(R"pb(segments { name: "last" layers { units: 10 activation: SOFTMAX } })pb");
-  const std::string path = absl::StrCat(dir, "/chain", stages, "_", micro_batches, "_", schedule, ".pbtxt");
-  WriteFile(path, absl::StrCat(R"pb(
-    cluster { num_servers: 2 }
-    model { input_width: 50 num_classes: 10 combine: CHAIN )pb", absl::StrJoin(segments, " "), R"pb( }
-    optimizer { kind: SGD learning_rate: 0.1 }
-    training { batch_size: 32 epochs: 1 staleness: 0 micro_batches: )pb", micro_batches, " schedule: ", schedule, " ",
-                               training, R"pb( }
-    data { source: SYNTHETIC_TEACHER train_samples: 2000 test_samples: 500 }
-  )pb"));
-  return path;
+// The job of tests/support's ChainJob, named after its shape.
+std::string ChainJobFile(const std::string& dir, const ChainJob& job) {
+  return WriteChainJob(dir, absl::StrCat("chain", job.stages, "_", job.micro_batches, "_", job.schedule), job);
 }
 
 // Runs the job with segps-local (`more` flags added); each stage's trained
@@ -71,7 +57,7 @@ TEST(Pipeline, GPipeAtStaleness0EqualsTheWholeNetworkTrainedInOneProcess) {
     for (int micro : {1, 4}) {
       SCOPED_TRACE(absl::StrCat(stages, " stages, ", micro, " micro-batches"));
       const std::string dir = MakeTempDir();
-      const std::string config = ChainJob(dir, stages, micro, "GPIPE");
+      const std::string config = ChainJobFile(dir, ChainJob(stages, micro));
       std::string output;
       const std::vector<std::vector<float>> trained = Train(config, dir, stages, &output);
       const v1::JobConfig job = *LoadConfig(config);
@@ -96,8 +82,8 @@ TEST(Pipeline, GPipeAtStaleness0EqualsTheWholeNetworkTrainedInOneProcess) {
 TEST(Pipeline, OneFOneBGivesGPipesParameters) {
   const std::string dir = MakeTempDir();
   std::string gpipe_output, one_f_output;
-  const auto gpipe = Train(ChainJob(dir, 3, 4, "GPIPE"), MakeTempDir(), 3, &gpipe_output);
-  const auto one_f_one_b = Train(ChainJob(dir, 3, 4, "ONE_F_ONE_B"), MakeTempDir(), 3, &one_f_output);
+  const auto gpipe = Train(ChainJobFile(dir, ChainJob(3, 4)), MakeTempDir(), 3, &gpipe_output);
+  const auto one_f_one_b = Train(ChainJobFile(dir, ChainJob(3, 4, "ONE_F_ONE_B")), MakeTempDir(), 3, &one_f_output);
   ASSERT_EQ(gpipe.size(), 3u);
   for (int k = 0; k < 3; ++k) {
     ASSERT_FALSE(gpipe[k].empty());
@@ -168,7 +154,9 @@ TEST(Pipeline, FashionMnistMlpInTwoStagesWithTwoReplicasReaches88Percent) {
 TEST(Pipeline, ANetworkBeyondAWorkersBudgetTrainsSplitOverStages) {
   const std::string dir = MakeTempDir();
   const std::string budget = "worker_parameter_budget_bytes: 30000";
-  const std::string chain = ChainJob(dir, 2, 2, "GPIPE", budget);
+  ChainJob job(2, 2);
+  job.training = budget;
+  const std::string chain = ChainJobFile(dir, job);
   std::string whole_text = ReadFile(chain);
   whole_text = std::regex_replace(whole_text, std::regex("combine: CHAIN"), "");
   whole_text = std::regex_replace(whole_text, std::regex(R"(\} \} segments \{ name: "last")"), "}");
@@ -192,7 +180,7 @@ TEST(Pipeline, ANetworkBeyondAWorkersBudgetTrainsSplitOverStages) {
 // the stage's next Receive reports it.
 TEST(Pipeline, ALinkRefusesALabelOutsideTheClasses) {
   const std::string dir = MakeTempDir();
-  const v1::JobConfig job = *LoadConfig(ChainJob(dir, 2, 1, "GPIPE"));
+  const v1::JobConfig job = *LoadConfig(ChainJobFile(dir, ChainJob(2, 1)));
   std::unique_ptr<Upstream> upstream = *Upstream::Listen(job, 1, 0, "127.0.0.1:0");
   auto stub = v1::PipelineStage::NewStub(grpc::CreateChannel(upstream->address(), grpc::InsecureChannelCredentials()));
   grpc::ClientContext context;
@@ -222,14 +210,11 @@ TEST(Pipeline, ALinkRefusesALabelOutsideTheClasses) {
 // name it, and the servers stay up. Returns how long the neighbours took.
 absl::Duration StopTheMiddleStage(int signal) {
   const std::string dir = MakeTempDir();
-  const std::string config = ChainJob(dir, 3, 2, "GPIPE", "log_interval_s: 0.05");
-  {
-    std::string text = ReadFile(config);
-    text.replace(text.find("cluster { num_servers: 2 }"), 26,
-                 "cluster { num_servers: 2 lease_ms: 3000 recovery_timeout_ms: 30000 }");
-    text.replace(text.find("epochs: 1 "), 10, "epochs: 1000 ");
-    WriteFile(config, text);
-  }
+  ChainJob job(3, 2);
+  job.epochs = 1000;
+  job.cluster = "lease_ms: 3000 recovery_timeout_ms: 30000";
+  job.training = "log_interval_s: 0.05";
+  const std::string config = ChainJobFile(dir, job);
   ServerProcesses servers = StartServers(config, 2);
   EXPECT_TRUE(servers.ok()) << servers.Output();
   if (!servers.ok()) return absl::InfiniteDuration();

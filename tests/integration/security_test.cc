@@ -246,24 +246,13 @@ TEST(Security, LocalLauncherRunsTheWholeJobOverMutualTls) {
 }
 
 
-// A 2-stage chain: 50 -> 16 (relu) | -> 10 softmax; a stage waits
-// `patience_ms` for its neighbour (cluster.recovery_timeout_ms).
+// tests/support's 2-stage chain with `security` (a security block or
+// nothing); a stage waits `patience_ms` for its neighbour.
 std::string SmallChain(const std::string& dir, const std::string& security, int patience_ms = 10000) {
-  const std::string path = dir + "/chain.pbtxt";
-  WriteFile(path, absl::StrCat(R"pb(
-    cluster { num_servers: 1 recovery_timeout_ms: )pb", patience_ms, R"pb( }
-    model {
-      input_width: 50
-      num_classes: 10
-      combine: CHAIN
-      segments { name: "a" layers { units: 16 activation: RELU } }
-      segments { name: "b" layers { units: 10 activation: SOFTMAX } }
-    }
-    optimizer { kind: ADAM }
-    training { batch_size: 32 epochs: 2 micro_batches: 2 }
-    data { source: SYNTHETIC_TEACHER train_samples: 1000 test_samples: 200 }
-  )pb", security));
-  return path;
+  ChainJob job(2, 2);
+  job.cluster = absl::StrCat("recovery_timeout_ms: ", patience_ms);
+  job.more = security;
+  return WriteChainJob(dir, "chain", job);
 }
 
 // A stage link's listening end as segps-worker sets it up with TLS: the
@@ -289,7 +278,7 @@ TEST(Security, AStageLinkTakesOnlyAWorkerOverMutualTlsWithItsToken) {
   auto send = [&](const v1::JobConfig& config) -> absl::Status {
     absl::StatusOr<std::unique_ptr<Downstream>> downstream = Downstream::Connect(config, 0, 0, (*upstream)->address());
     if (!downstream.ok()) return downstream.status();
-    const std::vector<float> values(16, 0.5f);
+    const std::vector<float> values(32, 0.5f);  // stage 0's output: 32 wide
     const std::vector<int32_t> labels = {3};
     absl::Status sent = (*downstream)->Send(0, 0, 1, values, labels);
     if (!sent.ok()) return sent;
@@ -347,7 +336,7 @@ class SlowLink {
     to.sin_family = AF_INET;
     inet_pton(AF_INET, "127.0.0.1", &to.sin_addr);
     to.sin_port = htons(static_cast<uint16_t>(std::stoi(target.substr(target.rfind(':') + 1))));
-    threads_.emplace_back([this, to] {
+    acceptor_ = std::thread([this, to] {
       for (;;) {
         const int client = accept(listen_fd_, nullptr, nullptr);
         if (client < 0) return;
@@ -359,19 +348,19 @@ class SlowLink {
         }
         MutexLock lock(&mu_);
         fds_.insert(fds_.end(), {client, server});
-        threads_.emplace_back([this, client, server] { Pump(client, server); });
-        threads_.emplace_back([this, client, server] { Pump(server, client); });
+        pumps_.emplace_back([this, client, server] { Pump(client, server); });
+        pumps_.emplace_back([this, client, server] { Pump(server, client); });
       }
     });
   }
+  // The acceptor first, after which no connection is added; then every
+  // connection's pumps, woken by shutting their sockets down.
   ~SlowLink() {
     shutdown(listen_fd_, SHUT_RDWR);
-    {
-      MutexLock lock(&mu_);
-      for (int fd : fds_) shutdown(fd, SHUT_RDWR);
-    }
-    threads_.front().join();  // the acceptor, after which no thread is added
-    for (size_t i = 1; i < threads_.size(); ++i) threads_[i].join();
+    if (acceptor_.joinable()) acceptor_.join();
+    MutexLock lock(&mu_);
+    for (int fd : fds_) shutdown(fd, SHUT_RDWR);
+    for (std::thread& pump : pumps_) pump.join();
     for (int fd : fds_) close(fd);
     close(listen_fd_);
   }
@@ -395,9 +384,10 @@ class SlowLink {
   const absl::Duration delay_;
   int listen_fd_ = -1;
   std::string address_;
+  std::thread acceptor_;
   Mutex mu_;
-  std::vector<int> fds_;
-  std::vector<std::thread> threads_;  // [0] accepts; the rest pump
+  std::vector<int> fds_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::thread> pumps_ ABSL_GUARDED_BY(mu_);
 };
 
 // A worker reaches a server over mutual TLS through a link that holds each

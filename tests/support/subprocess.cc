@@ -159,6 +159,23 @@ std::string WriteEndlessJob(const std::string& dir, int num_servers, int stalene
   return path;
 }
 
+std::string WriteChainJob(const std::string& dir, const std::string& name, const ChainJob& job) {
+  std::string segments = R"pb(segments { name: "first" layers { units: 32 activation: RELU } })pb";
+  if (job.stages == 3) segments += R"pb( segments { name: "middle" layers { units: 24 activation: TANH } })pb";
+  segments += R"pb( segments { name: "last" layers { units: 10 activation: SOFTMAX } })pb";
+  const std::string path = dir + "/" + name + ".pbtxt";
+  WriteFile(path, absl::StrFormat(R"pb(
+    cluster { num_servers: 2 %s }
+    model { input_width: 50 num_classes: 10 combine: CHAIN %s }
+    optimizer { kind: SGD learning_rate: 0.1 }
+    training { batch_size: 32 epochs: %d staleness: 0 micro_batches: %d schedule: %s %s }
+    data { source: SYNTHETIC_TEACHER train_samples: %d test_samples: 500 }
+    %s
+  )pb", job.cluster, segments, job.epochs, job.micro_batches, job.schedule, job.training, job.train_samples,
+                                  job.more));
+  return path;
+}
+
 std::string ReadFile(const std::string& path) {
   std::ifstream in(path);
   std::stringstream s;

@@ -9,6 +9,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/string_view.h"
@@ -79,6 +80,26 @@ bool ExitedOk(int status);
 // Writes dir/job.pbtxt, a small job that trains until it is stopped (for
 // tests that stop or watch a running cluster), and returns its path.
 std::string WriteEndlessJob(const std::string& dir, int num_servers, int staleness);
+
+// A pipeline job (model.combine: CHAIN) on the teacher task: 50 -> 32
+// (relu) [-> 24 (tanh)] -> 10, cut into K = 2 or 3 stages ("first",
+// ["middle",] "last"), 2 servers, SGD, staleness 0, one replica,
+// `train_samples` (2000: an epoch's last mini-batch of 16) in mini-batches
+// of 32. `cluster`, `training`
+// and `more` add fields to the cluster and training blocks and to the top
+// level (a security block, say).
+struct ChainJob {
+  ChainJob(int stages, int micro_batches, std::string schedule = "GPIPE")
+      : stages(stages), micro_batches(micro_batches), schedule(std::move(schedule)) {}
+  int stages;
+  int micro_batches;
+  std::string schedule;
+  int epochs = 1;
+  int train_samples = 2000;
+  std::string cluster, training, more;
+};
+// Writes it to dir/NAME.pbtxt and returns the path.
+std::string WriteChainJob(const std::string& dir, const std::string& name, const ChainJob& job);
 
 }  // namespace segps
 
