@@ -1,5 +1,6 @@
-// Time as the servers see it, injectable: leases, deadlines and waits read
-// a Clock, so that tests step time by hand instead of sleeping.
+// Time as the servers and a worker's recovery see it, injectable: leases,
+// deadlines, waits and backoffs read a Clock, so that tests step time by
+// hand instead of sleeping.
 #ifndef SEGPS_COMMON_CLOCK_H_
 #define SEGPS_COMMON_CLOCK_H_
 
@@ -14,6 +15,8 @@ class Clock {
  public:
   virtual ~Clock() = default;
   virtual absl::Time Now() = 0;
+  // Waits for `d` as this clock counts time.
+  virtual void SleepFor(absl::Duration d) = 0;
   // The wall clock (absl::Now), shared by every caller.
   static Clock* Real();
 };
@@ -30,6 +33,8 @@ class FakeClock final : public Clock {
     MutexLock lock(&mu_);
     now_ += d;
   }
+  // A sleep on a fake clock moves it on at once: a backoff costs no real time.
+  void SleepFor(absl::Duration d) override { Advance(d); }
 
  private:
   Mutex mu_;
@@ -40,6 +45,7 @@ inline Clock* Clock::Real() {
   class RealClock final : public Clock {
    public:
     absl::Time Now() override { return absl::Now(); }
+    void SleepFor(absl::Duration d) override { absl::SleepFor(d); }
   };
   static RealClock* const clock = new RealClock;
   return clock;

@@ -79,12 +79,13 @@ bool SegmentShard::WaitsForPeers(const Waiter& push) const {
 
 void SegmentShard::ExpireLeases(absl::Time now) {
   // A worker waiting on its peers is alive: its lease runs while it waits.
-  auto renew = [&](const Waiter& waiter) {
-    auto it = workers_.find(waiter.id);
+  std::vector<uint64_t> waiting;
+  for (const auto& [needed, waiter] : pulls_waiting_) waiting.push_back(waiter->id);
+  for (const auto& waiter : pushes_waiting_) waiting.push_back(waiter->id);
+  for (uint64_t id : waiting) {
+    auto it = workers_.find(id);
     if (it != workers_.end() && it->second.live) it->second.last_seen = now;
-  };
-  for (const auto& [needed, waiter] : pulls_waiting_) renew(*waiter);
-  for (const auto& waiter : pushes_waiting_) renew(*waiter);
+  }
   for (auto& [id, w] : workers_) {
     if (w.live && w.last_seen + options_.lease <= now) SetLive(&w, false);
   }

@@ -22,13 +22,13 @@
 #include "common/security.h"
 #include "common/log.h"
 #include "common/metrics.h"
-#include "worker/backend.h"
-#include "worker/dataset.h"
-#include "worker/pipeline_trainer.h"
-#include "worker/ps_client.h"
-#include "worker/run_history.h"
-#include "worker/trainer.h"
-#include "worker/worker_metrics.h"
+#include "worker/model/backend.h"
+#include "worker/data/dataset.h"
+#include "worker/train/pipeline_trainer.h"
+#include "worker/client/ps_client.h"
+#include "worker/train/run_history.h"
+#include "worker/train/trainer.h"
+#include "worker/train/worker_metrics.h"
 
 ABSL_FLAG(std::string, config, "", "Job config file (*.pbtxt). Required.");
 ABSL_FLAG(std::string, segment, "", "Segment to train: its index or its name. Required.");

@@ -38,7 +38,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/config.h"
-#include "worker/dataset.h"
+#include "worker/data/dataset.h"
 
 ABSL_FLAG(std::string, config, "", "Job config file (*.pbtxt). Required.");
 ABSL_FLAG(std::string, report, "segps-report.json", "Where the evaluation writes its JSON report.");

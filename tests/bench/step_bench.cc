@@ -16,8 +16,8 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
-#include "worker/backend.h"
-#include "worker/segment_model.h"
+#include "worker/model/backend.h"
+#include "worker/model/segment_model.h"
 
 ABSL_FLAG(std::string, device, "cpu", "cpu, cuda:N or auto");
 ABSL_FLAG(bool, tf32, false, "Allow TF32 tensor cores on a GPU");

@@ -33,8 +33,8 @@
 #include "echo.grpc.pb.h"
 #include "tests/bench/bench_util.h"
 #include "tests/support/subprocess.h"
-#include "worker/ps_client.h"
-#include "worker/request_streams.h"
+#include "worker/client/ps_client.h"
+#include "worker/client/request_streams.h"
 
 ABSL_FLAG(std::string, sizes_mb, "0.0625,1,4,64", "Segment sizes in MB of float32");
 ABSL_FLAG(std::string, servers, "1,2", "Server counts");
@@ -147,7 +147,7 @@ Result RunEcho(const std::string& address, pid_t pid, size_t bytes, double secon
 
 // The raw stream echo: one buffer of `bytes` sent by reference (as segps
 // sends a gradient), each reply copied once into a destination (as segps
-// lands pulled values), on a stream that stays open (worker/request_streams.h).
+// lands pulled values), on a stream that stays open (worker/client/request_streams.h).
 Result RunEchoStream(const std::string& address, pid_t pid, size_t bytes, double seconds) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(INT32_MAX);

@@ -10,7 +10,7 @@
 #include "common/config.h"
 #include "tests/support/reference_training.h"
 #include "tests/support/subprocess.h"
-#include "worker/dataset.h"
+#include "worker/data/dataset.h"
 
 namespace segps {
 namespace {

@@ -16,7 +16,7 @@
 #include "segps/v1/parameter_server.grpc.pb.h"
 #include "tests/support/reference_training.h"
 #include "tests/support/subprocess.h"
-#include "worker/dataset.h"
+#include "worker/data/dataset.h"
 
 namespace segps {
 namespace {

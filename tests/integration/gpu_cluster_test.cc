@@ -7,7 +7,7 @@
 #include <regex>
 
 #include "tests/support/subprocess.h"
-#include "worker/backend.h"
+#include "worker/model/backend.h"
 
 namespace segps {
 namespace {

@@ -18,8 +18,8 @@
 #include "common/config.h"
 #include "common/hash.h"
 #include "tests/support/subprocess.h"
-#include "worker/dataset.h"
-#include "worker/npy.h"
+#include "worker/data/dataset.h"
+#include "worker/data/npy.h"
 
 namespace segps {
 namespace {

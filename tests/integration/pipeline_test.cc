@@ -22,10 +22,10 @@
 #include "common/shard_map.h"
 #include "common/tensor_wire.h"
 #include "segps/v1/pipeline.grpc.pb.h"
-#include "worker/pipeline_link.h"
+#include "worker/train/pipeline_link.h"
 #include "tests/support/reference_training.h"
 #include "tests/support/subprocess.h"
-#include "worker/dataset.h"
+#include "worker/data/dataset.h"
 
 namespace segps {
 namespace {

@@ -22,8 +22,8 @@
 #include "common/sync.h"
 #include "segps/v1/parameter_server.grpc.pb.h"
 #include "tests/support/subprocess.h"
-#include "worker/ps_client.h"
-#include "worker/pipeline_link.h"
+#include "worker/client/ps_client.h"
+#include "worker/train/pipeline_link.h"
 
 namespace segps {
 namespace {

@@ -19,7 +19,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/sync.h"
-#include "worker/ps_client.h"
+#include "worker/client/ps_client.h"
 
 namespace segps {
 

@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "segps/v1/config.pb.h"
-#include "worker/dataset.h"
+#include "worker/data/dataset.h"
 
 namespace segps {
 

@@ -7,8 +7,8 @@
 #include <random>
 #include <vector>
 
-#include "worker/backend.h"
-#include "worker/segment_model.h"
+#include "worker/model/backend.h"
+#include "worker/model/segment_model.h"
 
 namespace segps {
 namespace {

@@ -1,4 +1,4 @@
-#include "worker/dataset.h"
+#include "worker/data/dataset.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -15,8 +15,8 @@
 #include "absl/strings/str_split.h"
 #include "common/config.h"
 #include "tests/support/subprocess.h"
-#include "worker/npy.h"
-#include "worker/numpy_random.h"
+#include "worker/data/npy.h"
+#include "worker/data/numpy_random.h"
 
 namespace segps {
 namespace {

@@ -1,4 +1,4 @@
-#include "worker/model_file.h"
+#include "worker/model/model_file.h"
 
 #include <gtest/gtest.h>
 
@@ -9,8 +9,8 @@
 #include "common/shard_map.h"
 #include "onnx/onnx.pb.h"
 #include "tests/support/subprocess.h"
-#include "worker/backend.h"
-#include "worker/evaluator.h"
+#include "worker/model/backend.h"
+#include "worker/model/evaluator.h"
 
 namespace segps {
 namespace {

@@ -1,4 +1,4 @@
-#include "worker/topk.h"
+#include "worker/client/topk.h"
 
 #include <gtest/gtest.h>
 

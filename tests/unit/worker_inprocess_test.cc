@@ -11,10 +11,10 @@
 #include "server/parameter_server.h"
 #include "tests/support/faulty_client.h"
 #include "tests/support/reference_training.h"
-#include "worker/backend.h"
-#include "worker/dataset.h"
-#include "worker/ps_client.h"
-#include "worker/trainer.h"
+#include "worker/model/backend.h"
+#include "worker/data/dataset.h"
+#include "worker/client/ps_client.h"
+#include "worker/train/trainer.h"
 
 namespace segps {
 namespace {

@@ -1,0 +1,100 @@
+// How a worker (or the evaluator) talks to the parameter servers of a
+// cluster: one call per server per step, all servers at once, each slice
+// landing straight in the caller's buffer.
+//
+// Every call has a deadline (a push or pull, sent on a stream that stays
+// open, a time within which its reply must come) and retries transient failures
+// (UNAVAILABLE, DEADLINE_EXCEEDED) with exponential backoff within the
+// config's budget; other errors come back at once, naming the server.
+//
+// Thread safety: Pull, Push and Heartbeat may run concurrently from
+// different threads (the trainer pulls, pushes and heartbeats on separate
+// threads); Register and Leave must not overlap other calls.
+#ifndef SEGPS_WORKER_CLIENT_PS_CLIENT_H_
+#define SEGPS_WORKER_CLIENT_PS_CLIENT_H_
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "common/shard_map.h"
+#include "segps/v1/config.pb.h"
+#include "segps/v1/parameter_server.pb.h"
+
+namespace segps {
+
+// A gradient already encoded for the wire: the one copy a push makes,
+// done on the caller's thread so that the caller's buffer is free again at once.
+class EncodedPush {
+ public:
+  virtual ~EncodedPush() = default;
+  // Balanced training: the samples behind the gradient (the servers weight
+  // it by them) and the worker's compute throughput (server 0 balances by it).
+  std::optional<uint32_t> samples;
+  float samples_per_second = 0;
+};
+
+struct Registration {
+  uint64_t start_clock = 0;  // the clock of the worker's first push
+  uint32_t rank = 0;
+};
+
+class ParameterClient {
+ public:
+  virtual ~ParameterClient() = default;
+
+  // Registers as worker `rank` of `segment` with every server (waiting for
+  // servers that are still starting); without a rank, server 0 assigns the
+  // lowest free one.
+  virtual absl::StatusOr<Registration> Register(int segment, std::optional<uint32_t> rank) = 0;
+
+  // Pulls the segment's parameters into `dest` (segment_size floats) once
+  // the staleness bound allows computing `clock`. Without a registration it
+  // reads as an observer and never waits. Returns the clock the values reflect
+  // (the minimum over servers).
+  virtual absl::StatusOr<uint64_t> Pull(int segment, uint64_t clock, absl::Span<float> dest) = 0;
+
+  // Encodes the gradient of step `clock` (segment_size floats).
+  virtual std::unique_ptr<EncodedPush> Encode(int segment, uint64_t clock,
+                                              absl::Span<const float> grad) = 0;
+  // A sparse gradient: `values` at the ascending segment positions
+  // `indices`, zeros elsewhere.
+  virtual std::unique_ptr<EncodedPush> EncodeSparse(int segment, uint64_t clock, absl::Span<const uint64_t> indices,
+                                                    absl::Span<const float> values) = 0;
+  // Sends an encoded push to every server and waits for all of them. Safe
+  // to retry: a server applies each (worker, clock) once.
+  virtual absl::Status Send(const EncodedPush& push) = 0;
+  // Send, then Pull for the push's clock + 1 into `dest`, in the same calls
+  // (one per server, or per chunk): a synchronous step's round trip.
+  // Returns the clock the values reflect.
+  virtual absl::StatusOr<uint64_t> SendAndPull(const EncodedPush& push, absl::Span<float> dest) = 0;
+
+  // Renews the lease on every server; FAILED_PRECONDITION if one dropped us.
+  virtual absl::Status Heartbeat() = 0;
+  // Leaves every server, so that peers no longer wait for this worker.
+  virtual absl::Status Leave() = 0;
+
+  // Every server's counters and clocks, in index order.
+  virtual absl::StatusOr<std::vector<v1::StatsResponse>> Stats() = 0;
+
+  // A balanced segment (training.balance): the samples per clock of each
+  // rank at `clock`, as server 0's replies so far decided them; nullopt
+  // while they may still change (or server 0 sent none).
+  virtual std::optional<std::vector<uint32_t>> Shares(int segment, uint64_t clock) = 0;
+};
+
+// The servers a tool talks to: the comma-separated host:port list of a
+// --servers flag, or (flag empty) the config's cluster.server_addresses.
+std::vector<std::string> ServerAddresses(const std::string& flag, const v1::JobConfig& config);
+
+// A client over gRPC to `addresses` (one per server, in index order).
+absl::StatusOr<std::unique_ptr<ParameterClient>> ConnectGrpc(const v1::JobConfig& config,
+                                                             const std::vector<std::string>& addresses);
+
+}  // namespace segps
+
+#endif  // SEGPS_WORKER_CLIENT_PS_CLIENT_H_

@@ -1,0 +1,125 @@
+#include "worker/model/cuda_kernels.h"
+
+namespace segps {
+namespace cuda {
+namespace {
+
+constexpr int kThreads = 256;
+
+int Blocks(size_t n) {
+  const size_t blocks = (n + kThreads - 1) / kThreads;
+  return static_cast<int>(blocks < 65535 * 32 ? blocks : 65535 * 32);
+}
+
+__global__ void AddBiasKernel(float* y, const float* bias, int rows, int cols) {
+  const size_t n = static_cast<size_t>(rows) * cols;
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    y[i] += bias[i % cols];
+  }
+}
+
+__global__ void ActivateKernel(int activation, float* y, size_t n) {
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    const float v = y[i];
+    switch (activation) {
+      case kRelu: y[i] = v > 0.0f ? v : 0.0f; break;
+      case kTanh: y[i] = tanhf(v); break;
+      case kSigmoid: y[i] = 1.0f / (1.0f + expf(-v)); break;
+      default: break;
+    }
+  }
+}
+
+__global__ void ActivationGradKernel(int activation, const float* y, float* dy, size_t n) {
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    const float v = y[i];
+    switch (activation) {
+      case kRelu: dy[i] = v > 0.0f ? dy[i] : 0.0f; break;
+      case kTanh: dy[i] *= 1.0f - v * v; break;
+      case kSigmoid: dy[i] *= v * (1.0f - v); break;
+      default: break;
+    }
+  }
+}
+
+// One thread per column; adjacent threads read adjacent addresses of a row.
+__global__ void ColumnSumKernel(const float* x, int rows, int cols, float* out) {
+  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= cols) return;
+  float sum = 0.0f;
+  for (int r = 0; r < rows; ++r) sum += x[static_cast<size_t>(r) * cols + c];
+  out[c] = sum;
+}
+
+// One thread per row: class counts are small.
+__global__ void SoftmaxXentKernel(const float* logits, const int32_t* labels, int rows, int cols,
+                                  float grad_scale, float* probs, float* dlogits, float* stats) {
+  const int r = blockIdx.x * blockDim.x + threadIdx.x;
+  if (r >= rows) return;
+  const float* z = logits + static_cast<size_t>(r) * cols;
+  float* p = probs + static_cast<size_t>(r) * cols;
+  float max = z[0];
+  int argmax = 0;
+  for (int c = 1; c < cols; ++c) {
+    if (z[c] > max) max = z[c], argmax = c;
+  }
+  float sum = 0.0f;
+  for (int c = 0; c < cols; ++c) {
+    p[c] = expf(z[c] - max);
+    sum += p[c];
+  }
+  const float inv = 1.0f / sum;
+  for (int c = 0; c < cols; ++c) p[c] *= inv;
+  if (labels == nullptr) return;
+  const int y = labels[r];
+  if (dlogits != nullptr) {
+    float* d = dlogits + static_cast<size_t>(r) * cols;
+    for (int c = 0; c < cols; ++c) d[c] = (p[c] - (c == y ? 1.0f : 0.0f)) * grad_scale;
+  }
+  if (stats != nullptr) {
+    atomicAdd(&stats[0], max + logf(sum) - z[y]);
+    atomicAdd(&stats[1], argmax == y ? 1.0f : 0.0f);
+  }
+}
+
+}  // namespace
+
+cudaError_t AddBias(float* y, const float* bias, int rows, int cols, cudaStream_t stream) {
+  const size_t n = static_cast<size_t>(rows) * cols;
+  if (n == 0) return cudaSuccess;
+  AddBiasKernel<<<Blocks(n), kThreads, 0, stream>>>(y, bias, rows, cols);
+  return cudaGetLastError();
+}
+
+cudaError_t Activate(int activation, float* y, size_t n, cudaStream_t stream) {
+  if (n == 0 || activation == kIdentity) return cudaSuccess;
+  ActivateKernel<<<Blocks(n), kThreads, 0, stream>>>(activation, y, n);
+  return cudaGetLastError();
+}
+
+cudaError_t ActivationGrad(int activation, const float* y, float* dy, size_t n, cudaStream_t stream) {
+  if (n == 0 || activation == kIdentity) return cudaSuccess;
+  ActivationGradKernel<<<Blocks(n), kThreads, 0, stream>>>(activation, y, dy, n);
+  return cudaGetLastError();
+}
+
+cudaError_t ColumnSum(const float* x, int rows, int cols, float* out, cudaStream_t stream) {
+  if (cols == 0) return cudaSuccess;
+  ColumnSumKernel<<<(cols + kThreads - 1) / kThreads, kThreads, 0, stream>>>(x, rows, cols, out);
+  return cudaGetLastError();
+}
+
+cudaError_t SoftmaxCrossEntropy(const float* logits, const int32_t* labels, int rows, int cols,
+                                float grad_scale, float* probs, float* dlogits, float* stats,
+                                cudaStream_t stream) {
+  if (rows == 0) return cudaSuccess;
+  SoftmaxXentKernel<<<(rows + kThreads - 1) / kThreads, kThreads, 0, stream>>>(
+      logits, labels, rows, cols, grad_scale, probs, dlogits, stats);
+  return cudaGetLastError();
+}
+
+}  // namespace cuda
+}  // namespace segps

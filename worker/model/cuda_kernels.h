@@ -1,0 +1,30 @@
+// The CUDA kernels of the GPU backend, behind plain launch functions so that
+// only cuda_kernels.cu goes through nvcc. Each launch is enqueued on `stream`
+// and returns the launch error (cudaSuccess when enqueued).
+#ifndef SEGPS_WORKER_MODEL_CUDA_KERNELS_H_
+#define SEGPS_WORKER_MODEL_CUDA_KERNELS_H_
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace segps {
+namespace cuda {
+
+// Activation codes, the values of segps.v1.Activation.
+enum ActivationCode : int { kIdentity = 1, kRelu = 2, kTanh = 3, kSigmoid = 4 };
+
+cudaError_t AddBias(float* y, const float* bias, int rows, int cols, cudaStream_t stream);
+cudaError_t Activate(int activation, float* y, size_t n, cudaStream_t stream);
+cudaError_t ActivationGrad(int activation, const float* y, float* dy, size_t n, cudaStream_t stream);
+cudaError_t ColumnSum(const float* x, int rows, int cols, float* out, cudaStream_t stream);
+// stats (2 floats) must be zeroed before; labels/dlogits/stats may be null.
+cudaError_t SoftmaxCrossEntropy(const float* logits, const int32_t* labels, int rows, int cols,
+                                float grad_scale, float* probs, float* dlogits, float* stats,
+                                cudaStream_t stream);
+
+}  // namespace cuda
+}  // namespace segps
+
+#endif  // SEGPS_WORKER_MODEL_CUDA_KERNELS_H_

@@ -1,0 +1,249 @@
+#include "worker/model/evaluator.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "absl/functional/function_ref.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/proto_json.h"
+#include "common/shard_map.h"
+#include "common/status_macros.h"
+#include "worker/model/segment_model.h"
+
+namespace segps {
+
+namespace {
+
+// Runs segment k with `params` over `test`, calling fn(row, probabilities).
+absl::Status ForEachPrediction(const v1::ModelConfig& config, int k, const Dataset& test, absl::Span<const float> params,
+                               Backend* backend, absl::FunctionRef<void(size_t, const float*)> fn) {
+  const int classes = static_cast<int>(config.num_classes());
+  const size_t n = test.size();
+  const int batch = 1024;
+  SEGPS_RETURN_IF_ERROR(test.MapRows({0, n}));
+  absl::StatusOr<SegmentModel> model = SegmentModel::Create(backend, config, k, batch);
+  if (!model.ok()) return model.status();
+  if (params.size() != model->num_params()) {
+    return absl::InvalidArgumentError(absl::StrCat("evaluation: segment ", k, " has ", params.size(),
+                                                   " parameters, expected ", model->num_params()));
+  }
+  SEGPS_RETURN_IF_ERROR(backend->Upload(params.data(), model->params(), params.size() * sizeof(float)));
+  std::vector<float> probs(static_cast<size_t>(batch) * classes);
+  std::vector<uint32_t> order(n);
+  for (size_t i = 0; i < n; ++i) order[i] = static_cast<uint32_t>(i);
+  std::vector<int32_t> labels(batch);
+  std::vector<float> x(static_cast<size_t>(batch) * test.width);
+  for (size_t begin = 0; begin < n; begin += batch) {
+    const size_t rows = std::min<size_t>(batch, n - begin);
+    GatherBatch(test, order, begin, rows, x.data(), labels.data());
+    SEGPS_RETURN_IF_ERROR(backend->Upload(x.data(), model->input(), rows * test.width * sizeof(float)));
+    SEGPS_RETURN_IF_ERROR(model->Predict(static_cast<int>(rows)));
+    SEGPS_RETURN_IF_ERROR(backend->Download(model->probabilities(), probs.data(), rows * classes * sizeof(float)));
+    SEGPS_RETURN_IF_ERROR(backend->Synchronize());
+    for (size_t r = 0; r < rows; ++r) fn(begin + r, &probs[r * classes]);
+  }
+  return absl::OkStatus();
+}
+
+// Accuracy and mean cross-entropy of class probabilities against labels.
+class Scorer {
+ public:
+  explicit Scorer(int classes) : classes_(classes) {}
+  template <typename T>
+  void Add(const T* p, int label) {
+    loss_ -= std::log(std::max(static_cast<double>(p[label]), 1e-12));
+    correct_ += std::max_element(p, p + classes_) - p == label;
+    ++samples_;
+  }
+  Score score(std::string name) const {
+    return {std::move(name), static_cast<double>(correct_) / samples_, loss_ / samples_};
+  }
+
+ private:
+  const int classes_;
+  double loss_ = 0;
+  uint64_t correct_ = 0, samples_ = 0;
+};
+
+}  // namespace
+
+double Accuracy(absl::Span<const float> probs, absl::Span<const int32_t> labels) {
+  if (labels.empty()) return 0;
+  const size_t classes = probs.size() / labels.size();
+  uint64_t correct = 0;
+  for (size_t i = 0; i < labels.size(); ++i) {
+    const float* p = &probs[i * classes];
+    correct += std::max_element(p, p + classes) - p == labels[i];
+  }
+  return static_cast<double>(correct) / labels.size();
+}
+
+namespace {
+
+// A CHAIN's probabilities [n x classes]: every stage in turn over each
+// batch of `data`, each stage's output the next one's input.
+absl::StatusOr<std::vector<double>> Chain(const v1::ModelConfig& config, const Dataset& data,
+                                          const std::vector<std::vector<float>>& params, Backend* backend) {
+  const int stages = config.segments_size();
+  const int classes = static_cast<int>(config.num_classes());
+  const size_t n = data.size();
+  const int batch = 1024;
+  SEGPS_RETURN_IF_ERROR(data.MapRows({0, n}));
+  std::vector<SegmentModel> models;
+  for (int k = 0; k < stages; ++k) {
+    absl::StatusOr<SegmentModel> model = SegmentModel::Create(backend, config, k, batch);
+    if (!model.ok()) return model.status();
+    if (params[k].size() != model->num_params()) {
+      return absl::InvalidArgumentError(absl::StrCat("evaluation: stage ", k, " has ", params[k].size(),
+                                                     " parameters, expected ", model->num_params()));
+    }
+    SEGPS_RETURN_IF_ERROR(backend->Upload(params[k].data(), model->params(), params[k].size() * sizeof(float)));
+    models.push_back(*std::move(model));
+  }
+  std::vector<double> out(n * classes);
+  std::vector<uint32_t> order(n);
+  for (size_t i = 0; i < n; ++i) order[i] = static_cast<uint32_t>(i);
+  std::vector<int32_t> labels(batch);
+  std::vector<float> x(static_cast<size_t>(batch) * data.width), probs(static_cast<size_t>(batch) * classes);
+  // Device to device through the host; kept until the batch's final
+  // Synchronize, since an upload may still read it.
+  std::vector<float> carried;
+  for (size_t begin = 0; begin < n; begin += batch) {
+    const size_t rows = std::min<size_t>(batch, n - begin);
+    GatherBatch(data, order, begin, rows, x.data(), labels.data());
+    SEGPS_RETURN_IF_ERROR(backend->Upload(x.data(), models[0].input(), rows * data.width * sizeof(float)));
+    for (int k = 0; k < stages; ++k) {
+      if (k > 0) {
+        const size_t width = static_cast<size_t>(models[k].input_width());
+        carried.resize(rows * width);
+        SEGPS_RETURN_IF_ERROR(backend->Download(models[k - 1].output(0), carried.data(), carried.size() * sizeof(float)));
+        SEGPS_RETURN_IF_ERROR(backend->Synchronize());
+        SEGPS_RETURN_IF_ERROR(backend->Upload(carried.data(), models[k].input(), carried.size() * sizeof(float)));
+      }
+      SEGPS_RETURN_IF_ERROR(k + 1 == stages ? models[k].Predict(static_cast<int>(rows))
+                                            : models[k].StageForward(0, static_cast<int>(rows), 0.0f));
+    }
+    SEGPS_RETURN_IF_ERROR(backend->Download(models.back().probabilities(), probs.data(), rows * classes * sizeof(float)));
+    SEGPS_RETURN_IF_ERROR(backend->Synchronize());
+    for (size_t i = 0; i < rows * classes; ++i) out[begin * classes + i] = probs[i];
+  }
+  return out;
+}
+
+// The ensemble's probabilities [n x classes]: the mean of every segment's
+// softmax outputs, summed in double; `each(k, row, p)` sees segment k's.
+absl::StatusOr<std::vector<double>> Ensemble(const v1::ModelConfig& model, const Dataset& data,
+                                             const std::vector<std::vector<float>>& params, Backend* backend,
+                                             absl::FunctionRef<void(int, size_t, const float*)> each) {
+  const int segments = model.segments_size();
+  const int classes = static_cast<int>(model.num_classes());
+  if (params.size() != static_cast<size_t>(segments)) {
+    return absl::InvalidArgumentError("evaluation: need parameters for every segment");
+  }
+  if (model.combine() == v1::CHAIN) return Chain(model, data, params, backend);
+  std::vector<double> ensemble(data.size() * classes, 0.0);
+  for (int k = 0; k < segments; ++k) {
+    SEGPS_RETURN_IF_ERROR(ForEachPrediction(model, k, data, params[k], backend, [&](size_t row, const float* p) {
+      each(k, row, p);
+      for (int c = 0; c < classes; ++c) ensemble[row * classes + c] += p[c] / segments;
+    }));
+  }
+  return ensemble;
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<float>> Predict(const v1::ModelConfig& model, const Dataset& data,
+                                           const std::vector<std::vector<float>>& params, int segment,
+                                           Backend* backend) {
+  const int classes = static_cast<int>(model.num_classes());
+  std::vector<float> out(data.size() * classes);
+  if (segment >= 0) {
+    if (segment >= model.segments_size() || static_cast<size_t>(segment) >= params.size()) {
+      return absl::InvalidArgumentError(absl::StrCat("prediction: no segment ", segment));
+    }
+    if (model.combine() == v1::CHAIN) {
+      return absl::InvalidArgumentError(absl::StrCat("prediction: ", model.segments(segment).name(),
+                                                     " is a stage of one network (combine: CHAIN), which predicts "
+                                                     "only as a whole"));
+    }
+    SEGPS_RETURN_IF_ERROR(ForEachPrediction(model, segment, data, params[segment], backend,
+                                            [&](size_t row, const float* p) {
+                                              std::copy_n(p, classes, &out[row * classes]);
+                                            }));
+    return out;
+  }
+  absl::StatusOr<std::vector<double>> ensemble = Ensemble(model, data, params, backend, [](int, size_t, const float*) {});
+  if (!ensemble.ok()) return ensemble.status();
+  for (size_t i = 0; i < out.size(); ++i) out[i] = static_cast<float>((*ensemble)[i]);
+  return out;
+}
+
+absl::StatusOr<EvalReport> Evaluate(const v1::JobConfig& config, const Dataset& test,
+                                    const std::vector<std::vector<float>>& params, Backend* backend) {
+  const int segments = config.model().segments_size();
+  const int classes = static_cast<int>(config.model().num_classes());
+  const size_t n = test.size();
+  if (n == 0) return absl::InvalidArgumentError("evaluation: the test set is empty");
+  std::vector<Scorer> scorers(segments, Scorer(classes));
+  absl::StatusOr<std::vector<double>> ensemble =
+      Ensemble(config.model(), test, params, backend,
+               [&](int k, size_t row, const float* p) { scorers[k].Add(p, test.y[row]); });
+  if (!ensemble.ok()) return ensemble.status();
+  EvalReport report;
+  report.samples = n;
+  // A CHAIN's stages are parts of one network: only the whole is scored.
+  const bool chain = config.model().combine() == v1::CHAIN;
+  for (int k = 0; k < segments && !chain; ++k) {
+    report.segments.push_back(scorers[k].score(config.model().segments(k).name()));
+  }
+  Scorer scorer(classes);
+  std::vector<uint64_t> counts(classes, 0);
+  report.probabilities.resize(n * classes);
+  for (size_t i = 0; i < n; ++i) {
+    scorer.Add(&(*ensemble)[i * classes], test.y[i]);
+    counts[test.y[i]] += 1;
+  }
+  for (size_t i = 0; i < report.probabilities.size(); ++i) {
+    report.probabilities[i] = static_cast<float>((*ensemble)[i]);
+  }
+  report.ensemble = scorer.score(chain ? "chain" : "ensemble");
+  report.chance = static_cast<double>(*std::max_element(counts.begin(), counts.end())) / n;
+  return report;
+}
+
+std::string ToJson(const v1::JobConfig& config, const EvalReport& report) {
+  auto score = [](const Score& s) {
+    return absl::StrFormat("{\"name\": \"%s\", \"accuracy\": %.6f, \"loss\": %.6f}", s.name, s.accuracy, s.loss);
+  };
+  std::string out = absl::StrFormat(
+      "{\n  \"job\": \"%s\",\n  \"data_source\": \"%s\",\n  \"epochs\": %d,\n  \"test_samples\": %d,\n", config.name(),
+      v1::DataSource_Name(config.data().source()), config.training().epochs(), report.samples);
+  absl::StrAppend(&out, "  \"segments\": [");
+  for (size_t k = 0; k < report.segments.size(); ++k) {
+    absl::StrAppend(&out, k ? ", " : "", score(report.segments[k]));
+  }
+  absl::StrAppend(&out, "],\n");
+  if (config.model().combine() == v1::CHAIN) {
+    // The stages as cut (model.partition), with their layers and parameters.
+    const ShardMap map = *ShardMap::Create(config.model(), 1);
+    absl::StrAppend(&out, "  \"partition\": \"", v1::Partition_Name(config.model().partition()), "\",\n  \"stages\": [");
+    for (int k = 0; k < config.model().segments_size(); ++k) {
+      absl::StrAppend(&out, k ? ", " : "",
+                      absl::StrFormat("{\"name\": \"%s\", \"layers\": %d, \"parameters\": %d}",
+                                      config.model().segments(k).name(), config.model().segments(k).layers_size(),
+                                      map.segment_size(k)));
+    }
+    absl::StrAppend(&out, "],\n");
+  }
+  absl::StrAppend(&out, "  \"ensemble\": ", score(report.ensemble), ",\n");
+  absl::StrAppend(&out, absl::StrFormat("  \"chance_accuracy\": %.6f", report.chance));
+  if (report.history.workers_size() > 0) {
+    absl::StrAppend(&out, ",\n  \"history\": ", ToJson(report.history));
+  }
+  absl::StrAppend(&out, "\n}\n");
+  return out;
+}
+
+}  // namespace segps

@@ -1,0 +1,53 @@
+// Evaluates trained segments on a test set, alone and as the ensemble the
+// config describes (the average of the segments' softmax outputs).
+#ifndef SEGPS_WORKER_MODEL_EVALUATOR_H_
+#define SEGPS_WORKER_MODEL_EVALUATOR_H_
+
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "segps/v1/config.pb.h"
+#include "segps/v1/report.pb.h"
+#include "worker/model/backend.h"
+#include "worker/data/dataset.h"
+
+namespace segps {
+
+struct Score {
+  std::string name;
+  double accuracy = 0;
+  double loss = 0;  // mean cross-entropy
+};
+
+struct EvalReport {
+  std::vector<Score> segments;
+  Score ensemble;
+  uint64_t samples = 0;
+  double chance = 0;  // accuracy of guessing the most frequent test label
+  std::vector<float> probabilities;  // the ensemble's, [samples x classes]
+  v1::RunHistory history;            // per epoch, where the workers kept it
+};
+
+// `params[k]` holds segment k's flat parameters.
+absl::StatusOr<EvalReport> Evaluate(const v1::JobConfig& config, const Dataset& test,
+                                    const std::vector<std::vector<float>>& params, Backend* backend);
+
+// The share of rows whose most probable class (the first, on ties) is
+// their label; `probs` holds labels.size() rows.
+double Accuracy(absl::Span<const float> probs, absl::Span<const int32_t> labels);
+
+// Class probabilities [data.size() x num_classes], row-major, of segment
+// `segment` alone, or (segment -1) of the ensemble: the mean of every
+// segment's softmax outputs, summed in double, exactly as Evaluate scores it.
+absl::StatusOr<std::vector<float>> Predict(const v1::ModelConfig& model, const Dataset& data,
+                                           const std::vector<std::vector<float>>& params, int segment,
+                                           Backend* backend);
+
+// The report as JSON (for files and tools).
+std::string ToJson(const v1::JobConfig& config, const EvalReport& report);
+
+}  // namespace segps
+
+#endif  // SEGPS_WORKER_MODEL_EVALUATOR_H_

@@ -1,0 +1,239 @@
+#include "worker/model/model_file.h"
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/config.h"
+#include "common/safetensors.h"
+#include "common/shard_map.h"
+#include "common/proto_json.h"
+#include "common/status_macros.h"
+#include "google/protobuf/util/json_util.h"
+#include "google/protobuf/text_format.h"
+#include "onnx/onnx.pb.h"
+
+namespace segps {
+namespace {
+
+constexpr char kFormat[] = "segps-model-1";
+
+}  // namespace
+
+absl::StatusOr<std::vector<std::vector<float>>> PullParameters(ParameterClient& client,
+                                                               const v1::ModelConfig& model, uint32_t num_servers) {
+  absl::StatusOr<ShardMap> map = ShardMap::Create(model, num_servers);
+  if (!map.ok()) return map.status();
+  std::vector<std::vector<float>> params;
+  for (int k = 0; k < map->num_segments(); ++k) {
+    params.emplace_back(map->segment_size(k));
+    absl::StatusOr<uint64_t> clock = client.Pull(k, 0, absl::MakeSpan(params.back()));
+    if (!clock.ok()) return clock.status();
+  }
+  return params;
+}
+
+TrainedModel ModelOfJob(const v1::JobConfig& config, std::vector<std::vector<float>> params, const Dataset& train) {
+  TrainedModel out;
+  out.job = config.name();
+  out.model = config.model();
+  out.params = std::move(params);
+  out.input_scale = train.scale;
+  out.mean = train.mean;
+  out.std = train.std;
+  out.config_fingerprint = ModelFingerprint(config);
+  return out;
+}
+
+absl::Status WriteModelSafetensors(const TrainedModel& model, const std::string& path) {
+  absl::StatusOr<ShardMap> map = ShardMap::Create(model.model, 1);
+  if (!map.ok()) return map.status();
+  std::vector<TensorToWrite> tensors;
+  for (int k = 0; k < map->num_segments(); ++k) {
+    if (model.params[k].size() != map->segment_size(k)) {
+      return absl::InvalidArgumentError(absl::StrCat("export: segment ", model.model.segments(k).name(), " has ",
+                                                     model.params[k].size(), " parameters, expected ",
+                                                     map->segment_size(k)));
+    }
+    for (const TensorLayout& t : map->tensors(k)) {
+      tensors.push_back({TensorName(model.model, k, t), TensorShape(t),
+                         absl::MakeConstSpan(model.params[k]).subspan(t.offset, t.size())});
+    }
+  }
+  const uint64_t width = model.model.input_width();
+  if (!model.mean.empty()) {
+    tensors.push_back({"preprocess/mean", {width}, model.mean});
+    tensors.push_back({"preprocess/std", {width}, model.std});
+  }
+  const std::string architecture = ToJson(model.model);
+  return WriteSafetensors(path, tensors,
+                          {{"format", kFormat},
+                           {"segps.job", model.job},
+                           {"segps.model", architecture},
+                           {"segps.combine", v1::Combine_Name(model.model.combine())},
+                           {"segps.input_scale", absl::StrFormat("%.9g", model.input_scale)},
+                           {"segps.normalize", model.mean.empty() ? "NONE" : "STANDARDIZE"},
+                           {"segps.config_fingerprint", model.config_fingerprint}});
+}
+
+absl::StatusOr<TrainedModel> ReadModelSafetensors(const std::string& path) {
+  absl::StatusOr<SafetensorsFile> file = SafetensorsFile::Read(path);
+  if (!file.ok()) return file.status();
+  const auto& meta = file->metadata();
+  auto field = [&](const std::string& key) -> std::string {
+    auto it = meta.find(key);
+    return it == meta.end() ? "" : it->second;
+  };
+  if (field("format") != kFormat) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": not a segps model export (metadata format is \"",
+                                                   field("format"), "\", expected \"", kFormat, "\")"));
+  }
+  TrainedModel out;
+  out.job = field("segps.job");
+  out.config_fingerprint = field("segps.config_fingerprint");
+  if (!google::protobuf::util::JsonStringToMessage(field("segps.model"), &out.model).ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": metadata segps.model is not a model config"));
+  }
+  // The architecture must be one a job config could hold.
+  v1::JobConfig check;
+  *check.mutable_model() = out.model;
+  check.mutable_cluster()->set_num_servers(1);
+  check.mutable_optimizer()->set_kind(v1::SGD);
+  check.mutable_data()->set_source(v1::SYNTHETIC_SEED);
+  std::string text;
+  google::protobuf::TextFormat::PrintToString(check, &text);
+  absl::StatusOr<v1::JobConfig> valid = ParseConfig(text, path + " metadata segps.model");
+  if (!valid.ok()) return valid.status();
+  out.model = valid->model();
+  if (!absl::SimpleAtof(field("segps.input_scale"), &out.input_scale) || !(out.input_scale > 0)) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": metadata segps.input_scale is not a positive number"));
+  }
+  absl::StatusOr<ShardMap> map = ShardMap::Create(out.model, 1);
+  if (!map.ok()) return map.status();
+  for (int k = 0; k < map->num_segments(); ++k) {
+    out.params.emplace_back(map->segment_size(k));
+    for (const TensorLayout& t : map->tensors(k)) {
+      absl::StatusOr<std::vector<float>> values = file->Float32(TensorName(out.model, k, t), TensorShape(t));
+      if (!values.ok()) return values.status();
+      std::copy(values->begin(), values->end(), out.params[k].begin() + t.offset);
+    }
+  }
+  if (field("segps.normalize") == "STANDARDIZE") {
+    const uint64_t width = out.model.input_width();
+    absl::StatusOr<std::vector<float>> mean = file->Float32("preprocess/mean", {width});
+    if (!mean.ok()) return mean.status();
+    absl::StatusOr<std::vector<float>> std = file->Float32("preprocess/std", {width});
+    if (!std.ok()) return std.status();
+    out.mean = *std::move(mean);
+    out.std = *std::move(std);
+  }
+  return out;
+}
+
+absl::Status WriteModelOnnx(const TrainedModel& model, const std::string& path) {
+  absl::StatusOr<ShardMap> map = ShardMap::Create(model.model, 1);
+  if (!map.ok()) return map.status();
+  onnx::ModelProto proto;
+  proto.set_ir_version(8);
+  proto.set_producer_name("segps");
+  const bool chain = model.model.combine() == v1::CHAIN;
+  proto.set_doc_string(absl::StrCat("segps job ", model.job, ": ",
+                                    chain ? absl::StrCat("one network, a chain of ", model.model.segments_size(),
+                                                         " stages")
+                                          : absl::StrCat("the ensemble of ", model.model.segments_size(),
+                                                         " segments (mean of their softmax outputs)")));
+  auto* opset = proto.add_opset_import();
+  opset->set_domain("");
+  opset->set_version(13);
+  auto* meta = proto.add_metadata_props();
+  meta->set_key("segps.config_fingerprint");
+  meta->set_value(model.config_fingerprint);
+  onnx::GraphProto* graph = proto.mutable_graph();
+  graph->set_name(model.job);
+  auto initializer = [&](const std::string& name, const std::vector<uint64_t>& shape, absl::Span<const float> v) {
+    onnx::TensorProto* t = graph->add_initializer();
+    t->set_name(name);
+    t->set_data_type(onnx::TensorProto::FLOAT);
+    for (uint64_t d : shape) t->add_dims(static_cast<int64_t>(d));
+    t->set_raw_data(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(float));
+  };
+  auto node = [&](const std::string& op, std::vector<std::string> inputs, const std::string& output) {
+    onnx::NodeProto* n = graph->add_node();
+    n->set_op_type(op);
+    n->set_name(output);
+    for (const std::string& in : inputs) n->add_input(in);
+    n->add_output(output);
+    return n;
+  };
+  auto value = [&](onnx::ValueInfoProto* v, const std::string& name, uint64_t width) {
+    v->set_name(name);
+    auto* tensor = v->mutable_type()->mutable_tensor_type();
+    tensor->set_elem_type(onnx::TensorProto::FLOAT);
+    tensor->mutable_shape()->add_dim()->set_dim_param("batch");
+    tensor->mutable_shape()->add_dim()->set_dim_value(static_cast<int64_t>(width));
+  };
+  const uint64_t width = model.model.input_width(), classes = model.model.num_classes();
+  value(graph->add_input(), "input", width);
+  std::string features = "input";
+  if (model.input_scale != 1) {
+    const float scale = model.input_scale;
+    initializer("preprocess/scale", {}, absl::MakeConstSpan(&scale, 1));
+    features = node("Mul", {features, "preprocess/scale"}, "preprocess/scaled")->output(0);
+  }
+  if (!model.mean.empty()) {
+    initializer("preprocess/mean", {width}, model.mean);
+    initializer("preprocess/std", {width}, model.std);
+    features = node("Sub", {features, "preprocess/mean"}, "preprocess/centred")->output(0);
+    features = node("Div", {features, "preprocess/std"}, "preprocess/standardized")->output(0);
+  }
+  // An ensemble's segments each start from the features; a chain's stage
+  // from the previous stage's output.
+  std::vector<std::string> outputs;
+  std::string h = features;
+  for (int k = 0; k < map->num_segments(); ++k) {
+    const v1::SegmentConfig& seg = model.model.segments(k);
+    if (!chain) h = features;
+    const auto& tensors = map->tensors(k);
+    for (size_t i = 0; i + 1 < tensors.size(); i += 2) {
+      const TensorLayout& kernel = tensors[i];
+      const TensorLayout& bias = tensors[i + 1];
+      const std::string layer = absl::StrCat(seg.name(), "/dense_", kernel.layer);
+      initializer(TensorName(model.model, k, kernel), TensorShape(kernel),
+                  absl::MakeConstSpan(model.params[k]).subspan(kernel.offset, kernel.size()));
+      initializer(TensorName(model.model, k, bias), TensorShape(bias),
+                  absl::MakeConstSpan(model.params[k]).subspan(bias.offset, bias.size()));
+      h = node("Gemm", {h, TensorName(model.model, k, kernel), TensorName(model.model, k, bias)}, layer + "/linear")
+              ->output(0);
+      const v1::Activation act = seg.layers(kernel.layer).activation();
+      const bool last = static_cast<int>(kernel.layer) + 1 == seg.layers_size();
+      const std::string out = last && !chain ? seg.name() + "/probabilities"
+                              : last && k + 1 == map->num_segments() ? "probabilities"
+                                                                       : layer + "/output";
+      switch (act) {
+        case v1::RELU: h = node("Relu", {h}, out)->output(0); break;
+        case v1::TANH: h = node("Tanh", {h}, out)->output(0); break;
+        case v1::SIGMOID: h = node("Sigmoid", {h}, out)->output(0); break;
+        case v1::SOFTMAX: {
+          onnx::NodeProto* n = node("Softmax", {h}, out);
+          auto* axis = n->add_attribute();
+          axis->set_name("axis");
+          axis->set_type(onnx::AttributeProto::INT);
+          axis->set_i(1);
+          h = out;
+          break;
+        }
+        default: h = node("Identity", {h}, out)->output(0);
+      }
+    }
+    outputs.push_back(h);
+  }
+  value(graph->add_output(), "probabilities", classes);
+  if (!chain) {
+    node("Mean", outputs, "probabilities");
+    for (const std::string& out : outputs) value(graph->add_output(), out, classes);
+  }
+  std::string bytes;
+  if (!proto.SerializeToString(&bytes)) return absl::InternalError("export: the ONNX model does not serialise");
+  return WriteFileAtomically(path, bytes);
+}
+
+}  // namespace segps

@@ -1,0 +1,60 @@
+// A trained model as one file a user can take elsewhere: the architecture,
+// every segment's parameters as named tensors, and the input preprocessing
+// the workers applied (data.scale, data.normalize).
+//
+// Tensors are named as a user would name them, SEGMENT/dense_K/kernel
+// [in, out] and SEGMENT/dense_K/bias [out], plus preprocess/mean and
+// preprocess/std [input_width] when standardised. The model computes, for
+// raw input rows x: f = x * input_scale; f = (f - mean) / std (if
+// standardised); per segment, for each layer h = act(h @ kernel + bias).
+// The ensemble (combine: AVERAGE) is the mean of the segments' softmax
+// outputs, each computed from f; a CHAIN is one network, each stage
+// computed from the previous stage's output and the last stage's softmax
+// its output.
+#ifndef SEGPS_WORKER_MODEL_MODEL_FILE_H_
+#define SEGPS_WORKER_MODEL_MODEL_FILE_H_
+
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "segps/v1/config.pb.h"
+#include "worker/data/dataset.h"
+#include "worker/client/ps_client.h"
+
+namespace segps {
+
+struct TrainedModel {
+  std::string job;
+  v1::ModelConfig model;
+  std::vector<std::vector<float>> params;  // segment k's flat parameters (the shard map's order)
+  float input_scale = 1;
+  std::vector<float> mean, std;  // standardisation; empty: none
+  std::string config_fingerprint;  // ModelFingerprint of the job that trained it
+};
+
+// Every segment's parameters, read from the servers as an observer (no
+// registration, no wait).
+absl::StatusOr<std::vector<std::vector<float>>> PullParameters(ParameterClient& client,
+                                                               const v1::ModelConfig& model, uint32_t num_servers);
+
+// The model of a job: `params` from the servers, preprocessing from the
+// job's training set as LoadData built it.
+TrainedModel ModelOfJob(const v1::JobConfig& config, std::vector<std::vector<float>> params,
+                        const Dataset& train);
+
+// The safetensors file (common/safetensors.h), metadata holding the
+// architecture as JSON ("segps.model"), the combine rule, the preprocessing
+// and the config's fingerprint.
+absl::Status WriteModelSafetensors(const TrainedModel& model, const std::string& path);
+absl::StatusOr<TrainedModel> ReadModelSafetensors(const std::string& path);
+
+// The same model as an ONNX graph (opset 13): input "input" [batch,
+// input_width] float32, output "probabilities" [batch, num_classes] (the
+// ensemble's or the chain's), and, for an ensemble, "SEGMENT/probabilities"
+// for each segment.
+absl::Status WriteModelOnnx(const TrainedModel& model, const std::string& path);
+
+}  // namespace segps
+
+#endif  // SEGPS_WORKER_MODEL_MODEL_FILE_H_

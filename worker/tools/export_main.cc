@@ -1,0 +1,66 @@
+// segps-export: writes a trained job's whole model to one file: safetensors
+// (named tensors, the architecture and preprocessing in its metadata) and,
+// with --onnx, an ONNX graph of the ensemble, or of the one network a
+// CHAIN's stages make.
+//
+//   segps-export --config job.pbtxt --servers HOST:PORT,... --out model.safetensors [--onnx model.onnx]
+#include <iostream>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "common/config.h"
+#include "common/security.h"
+#include "common/lock_checks.h"
+#include "worker/data/dataset.h"
+#include "worker/model/model_file.h"
+#include "worker/client/ps_client.h"
+
+ABSL_FLAG(std::string, config, "", "Job config file (*.pbtxt). Required.");
+ABSL_FLAG(std::string, servers, "", "Comma-separated host:port of every server. Default: cluster.server_addresses.");
+ABSL_FLAG(std::string, out, "", "Write the model as safetensors to this file.");
+ABSL_FLAG(std::string, onnx, "", "Write the model as an ONNX graph to this file.");
+
+namespace {
+int Fail(const std::string& message) {
+  std::cerr << "segps-export: " << message << "\n";
+  return 1;
+}
+}  // namespace
+
+int main(int argc, char** argv) {
+  segps::SkipMutexDeadlockDetection();
+  absl::SetProgramUsageMessage(
+      "Exports a trained model.\n  segps-export --config FILE --servers HOST:PORT,... --out model.safetensors "
+      "[--onnx model.onnx]");
+  std::vector<char*> positional = absl::ParseCommandLine(argc, argv);
+  if (positional.size() > 1) return Fail(std::string("unexpected argument '") + positional[1] + "'");
+  if (absl::GetFlag(FLAGS_config).empty()) return Fail("--config is required (see --help)");
+  if (absl::GetFlag(FLAGS_out).empty() && absl::GetFlag(FLAGS_onnx).empty()) {
+    return Fail("give --out FILE.safetensors, --onnx FILE.onnx, or both");
+  }
+  absl::StatusOr<segps::v1::JobConfig> config = segps::LoadConfig(absl::GetFlag(FLAGS_config));
+  if (!config.ok()) return Fail(std::string(config.status().message()));
+  segps::ApplySecurityFlags(config->mutable_security());
+  absl::StatusOr<std::unique_ptr<segps::ParameterClient>> client =
+      segps::ConnectGrpc(*config, segps::ServerAddresses(absl::GetFlag(FLAGS_servers), *config));
+  if (!client.ok()) return Fail(std::string(client.status().message()));
+  absl::StatusOr<std::vector<std::vector<float>>> params =
+      segps::PullParameters(**client, config->model(), config->cluster().num_servers());
+  if (!params.ok()) return Fail(std::string(params.status().message()));
+  // The preprocessing (scale, standardisation) is the training set's, as every worker computed it.
+  absl::StatusOr<segps::TrainTest> data = segps::LoadData(*config);
+  if (!data.ok()) return Fail(std::string(data.status().message()));
+  const segps::TrainedModel model = segps::ModelOfJob(*config, *std::move(params), data->train);
+  if (!absl::GetFlag(FLAGS_out).empty()) {
+    absl::Status written = segps::WriteModelSafetensors(model, absl::GetFlag(FLAGS_out));
+    if (!written.ok()) return Fail(std::string(written.message()));
+    std::cout << "segps-export: wrote " << absl::GetFlag(FLAGS_out) << "\n";
+  }
+  if (!absl::GetFlag(FLAGS_onnx).empty()) {
+    absl::Status written = segps::WriteModelOnnx(model, absl::GetFlag(FLAGS_onnx));
+    if (!written.ok()) return Fail(std::string(written.message()));
+    std::cout << "segps-export: wrote " << absl::GetFlag(FLAGS_onnx) << "\n";
+  }
+  return 0;
+}

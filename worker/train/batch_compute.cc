@@ -1,0 +1,221 @@
+#include "worker/train/batch_compute.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "common/balance.h"
+#include "common/config.h"
+#include "common/log.h"
+#include "common/status_macros.h"
+
+namespace segps {
+
+absl::StatusOr<std::unique_ptr<BatchCompute>> BatchCompute::Create(const v1::JobConfig& config,
+                                                                   const TrainerOptions& options,
+                                                                   const Dataset& train, Backend* backend,
+                                                                   ParameterClient* client) {
+  if (train.width != static_cast<int>(config.model().input_width())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("data width ", train.width, " != model.input_width ", config.model().input_width()));
+  }
+  // Balanced (training.balance): each clock takes the next batch x workers
+  // samples of one order of the segment's rows, cut by server 0's shares;
+  // a share reaches at most the clock's samples less the others' least.
+  const uint32_t batch = config.training().batch_size();
+  const uint32_t workers = WorkersOf(config, options.segment);
+  const uint32_t capacity =
+      config.training().has_balance() ? batch * workers - (workers - 1) * MinShare(config.training()) : batch;
+  absl::StatusOr<SegmentModel> model =
+      SegmentModel::Create(backend, config.model(), options.segment, static_cast<int>(capacity));
+  if (!model.ok()) return model.status();
+  std::unique_ptr<BatchCompute> compute(
+      new BatchCompute(config, options, train, backend, client, *std::move(model), capacity));
+  SEGPS_RETURN_IF_ERROR(compute->Allocate());
+  return compute;
+}
+
+BatchCompute::BatchCompute(const v1::JobConfig& config, const TrainerOptions& options, const Dataset& train,
+                           Backend* backend, ParameterClient* client, SegmentModel model, uint32_t capacity)
+    : config_(config),
+      options_(options),
+      train_(train),
+      backend_(backend),
+      client_(client),
+      model_(std::move(model)),
+      device_(!backend->host_addressable()),
+      balanced_(config.training().has_balance()),
+      workers_(WorkersOf(config, options.segment)),
+      clock_samples_(balanced_ ? config.training().batch_size() * workers_ : config.training().batch_size()),
+      capacity_(capacity),
+      progress_(config, options, backend, &model_) {}
+
+absl::Status BatchCompute::Allocate() {
+  // A CPU model is read and filled in place: only a device stages.
+  const size_t rows = device_ ? capacity_ : 0;
+  const size_t width = static_cast<size_t>(train_.width);
+  auto host = [&](size_t bytes, Buffer* into) -> absl::Status {
+    absl::StatusOr<Buffer> buffer = backend_->AllocateHost(bytes);
+    if (!buffer.ok()) return buffer.status();
+    *into = *std::move(buffer);
+    return absl::OkStatus();
+  };
+  SEGPS_RETURN_IF_ERROR(host(device_ ? model_.num_params() * sizeof(float) : 0, &grad_host_));
+  for (int slot : {0, 1}) {
+    SEGPS_RETURN_IF_ERROR(host(rows * width * sizeof(float), &batch_x_[slot]));
+    SEGPS_RETURN_IF_ERROR(host(rows * sizeof(int32_t), &batch_y_[slot]));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status BatchCompute::Start(const Registration& registration, const std::string& tag) {
+  rank_ = registration.rank;
+  tag_ = tag;
+  const int segment = options_.segment;
+  slice_ = balanced_ ? SegmentRows(config_, train_.size(), segment)
+                     : WorkerSlice(config_, train_.size(), segment, rank_);
+  if (slice_.count == 0) {
+    return absl::FailedPreconditionError(absl::StrCat(tag, ": its data slice is empty (", train_.size(),
+                                                      " training samples for too many workers)"));
+  }
+  // A file-backed data set maps only these rows.
+  SEGPS_RETURN_IF_ERROR(train_.MapRows(slice_));
+  schedule_.epochs = config_.training().epochs();
+  schedule_.steps_per_epoch = StepsPerEpoch(slice_.count, clock_samples_);
+  schedule_.total_steps = schedule_.steps_per_epoch * schedule_.epochs;
+  progress_.Start(tag, schedule_, balanced_);
+  const int32_t staleness = StalenessOf(config_, segment);
+  const double topk = config_.training().gradient_topk();
+  SEGPS_LOG_INFO << tag << ": registered at clock " << registration.start_clock << " on " << backend_->name()
+                 << "; " << slice_.count << " samples [" << slice_.offset << ", " << slice_.end() << ")"
+                 << (balanced_ ? absl::StrCat(" shared by ", workers_, " workers, ", clock_samples_,
+                                              " a clock by speed (training.balance)")
+                               : std::string())
+                 << ", " << schedule_.epochs << " epochs of " << schedule_.steps_per_epoch << " steps, batch "
+                 << config_.training().batch_size() << ", staleness "
+                 << (staleness < 0 ? std::string("unbounded") : std::to_string(staleness))
+                 << (topk > 0 ? absl::StrCat(", top-k pushes of ", topk * 100, "% of ", model_.num_params())
+                              : std::string());
+  return absl::OkStatus();
+}
+
+const std::vector<uint32_t>& BatchCompute::OrderOf(uint32_t epoch) {
+  if (order_epoch_ != epoch) {
+    order_ = EpochOrder(slice_, config_.seed(), options_.segment, balanced_ ? kWholeSegment : rank_, epoch);
+    order_epoch_ = epoch;
+  }
+  return order_;
+}
+
+std::optional<Range> BatchCompute::RowsOf(uint64_t clock) {
+  const uint64_t begin = (clock % schedule_.steps_per_epoch) * clock_samples_;
+  const uint64_t samples = std::min<uint64_t>(clock_samples_, slice_.count - begin);
+  if (!balanced_) return Range{begin, samples};
+  std::optional<std::vector<uint32_t>> now = client_->Shares(options_.segment, clock);
+  if (!now.has_value()) return std::nullopt;
+  // Bytes from a server are checked like any other: shares that do not fit
+  // the segment are not used.
+  if (now->size() != workers_ || std::accumulate(now->begin(), now->end(), uint64_t{0}) != clock_samples_) {
+    return std::nullopt;
+  }
+  if (*now != shares_) {
+    if (!shares_.empty()) {
+      SEGPS_LOG_INFO << tag_ << ": shares from clock " << clock << ": " << absl::StrJoin(*now, " ")
+                     << " samples (this worker " << (*now)[rank_] << ")";
+    }
+    shares_ = *std::move(now);
+  }
+  const Range part = ShareOf(shares_, rank_, samples);
+  return Range{begin + part.offset, part.count};
+}
+
+absl::Status BatchCompute::Stage(uint64_t clock, Range mine, int slot) {
+  if (mine.count == 0) return absl::OkStatus();
+  const std::vector<uint32_t>& order = OrderOf(static_cast<uint32_t>(clock / schedule_.steps_per_epoch));
+  if (!device_) {
+    GatherBatch(train_, order, mine.offset, mine.count, model_.input(slot), model_.labels(slot));
+    return absl::OkStatus();
+  }
+  const size_t width = static_cast<size_t>(train_.width);
+  GatherBatch(train_, order, mine.offset, mine.count, batch_x_[slot].data(), batch_y_[slot].data<int32_t>());
+  SEGPS_RETURN_IF_ERROR(backend_->Upload(batch_x_[slot].data(), model_.input(slot), mine.count * width * sizeof(float)));
+  return backend_->Upload(batch_y_[slot].data(), model_.labels(slot), mine.count * sizeof(int32_t));
+}
+
+absl::StatusOr<const float*> BatchCompute::HostGradient() {
+  if (!device_) return model_.grad();
+  SEGPS_RETURN_IF_ERROR(backend_->Download(model_.grad(), grad_host_.data(), model_.num_params() * sizeof(float)));
+  return grad_host_.data();
+}
+
+absl::StatusOr<StepResult> BatchCompute::Compute(uint64_t clock) {
+  // Staged after the pull: a balanced clock's shares are final by then.
+  if (staged_clock_ != clock) {
+    const std::optional<Range> mine = RowsOf(clock);
+    if (!mine.has_value()) {
+      return absl::InternalError(absl::StrCat(tag_, ": server 0's shares for clock ", clock,
+                                              " are not final after its pull, or are not ", workers_,
+                                              " shares summing to ", clock_samples_, " (training.balance)"));
+    }
+    SEGPS_RETURN_IF_ERROR(Stage(clock, *mine, slot_));
+    staged_rows_ = mine->count;
+    staged_clock_ = clock;
+  }
+  StepResult result;
+  result.rows = static_cast<uint32_t>(staged_rows_);
+  const absl::Time compute_start = absl::Now();
+  if (result.rows == 0) {
+    // A share of no rows (an epoch's last clock cut over more workers than
+    // it has samples) still pushes, as 0 samples: the step counts.
+    no_gradient_.assign(model_.num_params(), 0.0f);
+    result.grad = no_gradient_.data();
+  } else {
+    SEGPS_RETURN_IF_ERROR(model_.TrainStep(static_cast<int>(result.rows), slot_));
+    absl::StatusOr<const float*> grad = HostGradient();
+    if (!grad.ok()) return grad.status();
+    result.grad = *grad;
+    SEGPS_RETURN_IF_ERROR(model_.DownloadStats());
+  }
+  // Stage the next batch while this step runs on the device (balanced: once
+  // its shares are final; else after the next pull).
+  staged_clock_.reset();
+  if (clock + 1 < schedule_.total_steps) {
+    if (const std::optional<Range> next = RowsOf(clock + 1)) {
+      SEGPS_RETURN_IF_ERROR(Stage(clock + 1, *next, slot_ ^ 1));
+      staged_rows_ = next->count;
+      staged_clock_ = clock + 1;
+    }
+  }
+  SEGPS_RETURN_IF_ERROR(backend_->Synchronize());
+  slot_ ^= 1;
+  result.stats = result.rows > 0 ? model_.stats() : BatchStats{};
+  if (!std::isfinite(result.stats->loss_sum)) {
+    return absl::InternalError(absl::StrCat(tag_, ": loss became ", result.stats->loss_sum, " at clock ", clock,
+                                            "; lower optimizer.learning_rate"));
+  }
+  // A slower device: its compute takes slowdown_factor times as long.
+  result.compute = absl::Now() - compute_start;
+  if (options_.slowdown_factor > 1) {
+    absl::SleepFor(result.compute * (options_.slowdown_factor - 1));
+    result.compute = absl::Now() - compute_start;
+  }
+  throughput_.Observe(result.rows, result.compute);
+  if (balanced_) result.samples_per_second = static_cast<float>(throughput_.rate());
+  return result;
+}
+
+absl::Status BatchCompute::Record(const StepRecord& record, TrainReport* report) {
+  return progress_.Record(record, throughput_, report);
+}
+
+absl::Status BatchCompute::Complete(TrainReport* report) {
+  progress_.Finish();
+  report->seconds -= absl::ToDoubleSeconds(progress_.scoring_time());
+  return absl::OkStatus();
+}
+
+}  // namespace segps

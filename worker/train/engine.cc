@@ -1,0 +1,192 @@
+#include "worker/train/engine.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/config.h"
+#include "common/log.h"
+#include "common/status_macros.h"
+#include "common/tensor_wire.h"
+#include "worker/client/membership.h"
+
+namespace segps {
+
+TrainingEngine::TrainingEngine(const v1::JobConfig& config, const EngineOptions& options, Backend* backend,
+                               ParameterClient* client, StepCompute* compute)
+    : config_(config),
+      options_(options),
+      backend_(backend),
+      client_(client),
+      compute_(compute),
+      staleness_(StalenessOf(config, options.segment)),
+      heartbeat_period_(absl::Milliseconds(config.cluster().lease_ms()) / 3) {}
+
+absl::Status TrainingEngine::Begin() {
+  const size_t n = compute_->model()->num_params();
+  for (Buffer& buffer : pulled_) {
+    absl::StatusOr<Buffer> allocated = backend_->AllocateHost(n * sizeof(float));
+    if (!allocated.ok()) return allocated.status();
+    buffer = *std::move(allocated);
+  }
+  absl::StatusOr<Registration> registration = client_->Register(options_.segment, options_.rank);
+  if (!registration.ok()) return registration.status();
+  rank_ = registration->rank;
+  tag_ = absl::StrCat(config_.model().segments(options_.segment).name(), "/", rank_);
+  SEGPS_RETURN_IF_ERROR(compute_->Start(*registration, tag_));
+  heartbeat_.emplace(client_, heartbeat_period_);
+  if (options_.metrics != nullptr) options_.metrics->SetRank(rank_);
+  // Top-k pushes carry k (index, value) pairs; pulls are always dense.
+  if (config_.training().gradient_topk() > 0) topk_.emplace(n, config_.training().gradient_topk());
+  const size_t element_bytes = DTypeBytes(config_.cluster().wire_dtype());
+  pull_bytes_ = n * element_bytes;
+  push_bytes_ = topk_ ? topk_->k() * (sizeof(uint32_t) + element_bytes) : pull_bytes_;
+  step_context_.backend = backend_;
+  step_context_.model = compute_->model();
+  step_context_.pulled[0] = &pulled_[0];
+  step_context_.pulled[1] = &pulled_[1];
+  step_context_.staleness = staleness_;
+  Connect(registration->start_clock);
+  return absl::OkStatus();
+}
+
+void TrainingEngine::Connect(uint64_t at) {
+  strategy_.reset();
+  async_ = std::make_unique<AsyncClient>(client_, options_.segment, PushesInFlight(config_, options_.segment),
+                                         options_.metrics, pull_bytes_, push_bytes_);
+  step_context_.client = async_.get();
+  step_context_.start_clock = at;
+  strategy_ = StepStrategy::For(step_context_);
+}
+
+void TrainingEngine::CountBlocked(absl::Duration waited) {
+  blocked_ += waited;
+  step_blocked_ += waited;
+  if (options_.metrics != nullptr) options_.metrics->ObserveBlocked(absl::ToDoubleSeconds(waited));
+}
+
+std::unique_ptr<EncodedPush> TrainingEngine::Encode(uint64_t clock, const StepResult& result) {
+  const size_t n = compute_->model()->num_params();
+  std::unique_ptr<EncodedPush> push;
+  if (topk_) {
+    topk_->Select(absl::MakeConstSpan(result.grad, n));
+    push = client_->EncodeSparse(options_.segment, clock, topk_->indices(), topk_->values());
+  } else {
+    push = client_->Encode(options_.segment, clock, absl::MakeConstSpan(result.grad, n));
+  }
+  if (result.samples_per_second.has_value()) {
+    push->samples = result.rows;
+    push->samples_per_second = *result.samples_per_second;
+  }
+  return push;
+}
+
+absl::Status TrainingEngine::Step(uint64_t clock, Failure* failure) {
+  step_blocked_ = absl::ZeroDuration();
+  absl::Duration waited;
+  absl::StatusOr<uint64_t> have = strategy_->Prepare(clock, &waited);
+  CountBlocked(waited);
+  if (!have.ok()) {
+    failure->servers = true;
+    return have.status();
+  }
+  failure->computed = true;
+  absl::StatusOr<StepResult> result = compute_->Compute(clock);
+  if (!result.ok()) return result.status();
+  const uint64_t lag = clock - std::min(clock, *have);  // clocks this step's parameters lagged
+  waited = absl::ZeroDuration();
+  absl::Status sent = strategy_->Finish(Encode(clock, *result), compute_->IsLast(clock), &waited);
+  CountBlocked(waited);
+  if (!sent.ok()) {
+    failure->servers = true;
+    return sent;
+  }
+  if (options_.slowdown > absl::ZeroDuration()) absl::SleepFor(options_.slowdown);
+
+  if (options_.metrics != nullptr && result->stats.has_value() && result->rows > 0) {
+    const double rows = result->rows;
+    options_.metrics->ObserveStep(result->stats->loss_sum / rows, result->stats->correct / rows, result->rows, lag,
+                                  clock + 1);
+  } else if (options_.metrics != nullptr && !result->stats.has_value()) {
+    options_.metrics->ObserveStep(result->rows, lag, clock + 1);
+  }
+  staleness_sum_ += static_cast<double>(lag);
+  report_.max_staleness = std::max(report_.max_staleness, lag);
+  StepRecord record;
+  record.clock = clock;
+  record.index = report_.steps;
+  record.result = &*result;
+  record.lag = lag;
+  record.blocked = step_blocked_;
+  report_.steps += 1;
+  report_.samples += result->rows;
+  return compute_->Record(record, &report_);
+}
+
+absl::StatusOr<uint64_t> TrainingEngine::Recover(const Failure& failure, uint64_t at) {
+  SEGPS_LOG_WARNING << tag_ << ": clock " << at << ": " << failure.status.message() << "; rejoining the servers";
+  const absl::Time since = absl::Now();
+  // What is in flight fails or is abandoned; the calls and the heartbeat stop first.
+  strategy_.reset();
+  async_.reset();
+  heartbeat_.reset();
+  absl::StatusOr<Registration> again =
+      Rejoin(client_, options_.segment, rank_, absl::Milliseconds(config_.cluster().recovery_timeout_ms()),
+             options_.clock, tag_);
+  if (!again.ok()) return again.status();
+  const uint64_t resume = again->start_clock;
+  // A compute that cannot replay continues only at the step it has not begun.
+  const uint64_t next = failure.computed ? at + 1 : at;
+  if (!compute_->Replays() && resume != next) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        tag_, ": the servers continue at clock ", resume, " after ", failure.status.message(),
+        ", but this pipeline stage is at clock ", next,
+        " and cannot compute a clock again (its neighbours have moved on); restart the chain"));
+  }
+  SEGPS_LOG_WARNING << tag_ << ": rejoined at clock " << resume << " after "
+                    << absl::FormatDuration(absl::Now() - since)
+                    << (resume < at ? absl::StrCat("; ", at - resume, " steps are computed again") : std::string());
+  report_.recoveries += 1;
+  heartbeat_.emplace(client_, heartbeat_period_);
+  Connect(resume);
+  return resume;
+}
+
+absl::StatusOr<TrainReport> TrainingEngine::Run() {
+  SEGPS_RETURN_IF_ERROR(Begin());
+  const absl::Time t0 = absl::Now();
+  uint64_t clock = step_context_.start_clock;
+  while (true) {
+    Failure failure;
+    absl::StatusOr<bool> more = compute_->HasStep(clock);
+    if (!more.ok()) return more.status();
+    if (*more) {
+      failure.status = Step(clock, &failure);
+      if (failure.status.ok()) {
+        ++clock;
+        continue;
+      }
+    } else {
+      failure.status = strategy_->Drain();
+      failure.servers = true;
+      if (failure.status.ok()) break;
+    }
+    if (!failure.servers || !Recoverable(failure.status)) return failure.status;
+    absl::StatusOr<uint64_t> resume = Recover(failure, clock);
+    if (!resume.ok()) return resume.status();
+    clock = *resume;
+  }
+  report_.seconds = absl::ToDoubleSeconds(absl::Now() - t0);
+  report_.blocked_seconds = absl::ToDoubleSeconds(blocked_);
+  report_.mean_staleness = report_.steps ? staleness_sum_ / report_.steps : 0;
+  report_.history.set_segment(config_.model().segments(options_.segment).name());
+  report_.history.set_rank(rank_);
+  SEGPS_RETURN_IF_ERROR(compute_->Complete(&report_));
+  // Leaving also ends an outstanding prefetch that waits on peers.
+  absl::Status left = client_->Leave();
+  if (!left.ok()) SEGPS_LOG_WARNING << tag_ << ": leave: " << left.message();
+  return report_;
+}
+
+}  // namespace segps

@@ -1,0 +1,103 @@
+// The training engine: one loop for every kind of worker. Per clock it
+// brings the model's parameters (the exchange with the servers, by the
+// staleness bound: step_strategy.h), has its StepCompute compute the
+// step's gradient (an ensemble worker's batch or a pipeline stage's
+// micro-batches), encodes and sends it, and hands the step to the compute
+// for its progress. Failures the servers cause (a restart, a pause past the
+// lease, a rollback) are recovered by registering again and continuing
+// where the servers agree (client/membership.h); a compute that cannot
+// compute a step again (a pipeline stage) recovers only where no step is
+// lost.
+//
+// Thread safety: Run is called once, from one thread; the engine's helpers
+// (the heartbeat, the client's calls in flight) are its own.
+#ifndef SEGPS_WORKER_TRAIN_ENGINE_H_
+#define SEGPS_WORKER_TRAIN_ENGINE_H_
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "common/clock.h"
+#include "segps/v1/config.pb.h"
+#include "worker/client/async_client.h"
+#include "worker/client/heartbeat_loop.h"
+#include "worker/client/ps_client.h"
+#include "worker/client/topk.h"
+#include "worker/model/backend.h"
+#include "worker/train/step_compute.h"
+#include "worker/train/step_strategy.h"
+#include "worker/train/trainer.h"
+#include "worker/train/worker_metrics.h"
+
+namespace segps {
+
+struct EngineOptions {
+  int segment = 0;
+  // Unset: the servers assign the lowest free rank.
+  std::optional<uint32_t> rank = 0;
+  WorkerMetrics* metrics = nullptr;  // may be null
+  // Extra time per step, to play a straggler in staleness experiments.
+  absl::Duration slowdown;
+  // Time for the recovery's backoff and budget.
+  Clock* clock = Clock::Real();
+};
+
+class TrainingEngine {
+ public:
+  // Everything passed outlives the engine; `client` is not yet registered.
+  TrainingEngine(const v1::JobConfig& config, const EngineOptions& options, Backend* backend,
+                 ParameterClient* client, StepCompute* compute);
+  TrainingEngine(const TrainingEngine&) = delete;
+  TrainingEngine& operator=(const TrainingEngine&) = delete;
+
+  // Registers, trains every step, leaves the servers.
+  absl::StatusOr<TrainReport> Run();
+
+ private:
+  // Where a step failed: in the exchange with the servers, or elsewhere.
+  struct Failure {
+    absl::Status status;
+    bool servers = false;
+    bool computed = false;  // the step's compute had run (a stage's links were used)
+  };
+  absl::Status Begin();
+  // Makes the client's calls in flight and the strategy afresh, from clock `at`.
+  void Connect(uint64_t at);
+  absl::Status Step(uint64_t clock, Failure* failure);
+  std::unique_ptr<EncodedPush> Encode(uint64_t clock, const StepResult& result);
+  // Registers again after `failure` at `at`; the clock to continue at.
+  absl::StatusOr<uint64_t> Recover(const Failure& failure, uint64_t at);
+  void CountBlocked(absl::Duration waited);
+
+  const v1::JobConfig& config_;
+  const EngineOptions options_;
+  Backend* const backend_;
+  ParameterClient* const client_;
+  StepCompute* const compute_;
+  const int32_t staleness_;
+  const absl::Duration heartbeat_period_;
+
+  uint32_t rank_ = 0;
+  std::string tag_;
+  // Two pinned host buffers a pull fills (one while the other uploads).
+  Buffer pulled_[2];
+  std::optional<TopK> topk_;  // top-k pushes (training.gradient_topk)
+  uint64_t pull_bytes_ = 0, push_bytes_ = 0;
+  StepContext step_context_;
+  // The calls in flight and how steps make them; made again after a recovery.
+  std::unique_ptr<AsyncClient> async_;
+  std::unique_ptr<StepStrategy> strategy_;
+  std::optional<HeartbeatLoop> heartbeat_;
+
+  TrainReport report_;
+  absl::Duration blocked_, step_blocked_;
+  double staleness_sum_ = 0;
+};
+
+}  // namespace segps
+
+#endif  // SEGPS_WORKER_TRAIN_ENGINE_H_

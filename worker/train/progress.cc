@@ -1,0 +1,149 @@
+#include "worker/train/progress.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <vector>
+
+#include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+#include "common/log.h"
+#include "common/status_macros.h"
+#include "worker/model/evaluator.h"
+
+namespace segps {
+
+void Throughput::Observe(size_t rows, absl::Duration compute) {
+  const double seconds = absl::ToDoubleSeconds(compute);
+  if (rows == 0 || seconds <= 0) return;
+  const double alpha = samples_ == 0 ? 1.0 : 0.05;
+  samples_ += alpha * (static_cast<double>(rows) - samples_);
+  seconds_ += alpha * (seconds - seconds_);
+}
+
+Progress::Progress(const v1::JobConfig& config, const TrainerOptions& options, Backend* backend,
+                   SegmentModel* model)
+    : config_(config),
+      options_(options),
+      backend_(backend),
+      model_(model),
+      log_every_(absl::Seconds(config.training().log_interval_s())) {}
+
+void Progress::Start(const std::string& tag, const Schedule& schedule, bool balanced) {
+  tag_ = tag;
+  schedule_ = schedule;
+  balanced_ = balanced;
+  t0_ = absl::Now();
+  next_log_ = t0_ + log_every_;
+  window_ = Window();
+}
+
+absl::Status Progress::Record(const StepRecord& record, const Throughput& throughput, TrainReport* report) {
+  const uint64_t clock = record.clock;
+  const uint32_t epoch = static_cast<uint32_t>(clock / schedule_.steps_per_epoch);
+  if (window_epoch_ != epoch) {
+    epoch_window_ = Window();
+    window_epoch_ = epoch;
+  }
+  const StepResult& result = *record.result;
+  const BatchStats stats = result.stats.value_or(BatchStats{});
+  for (Window* w : {&window_, &epoch_window_}) {
+    w->loss += stats.loss_sum;
+    w->correct += stats.correct;
+    w->samples += result.rows;
+    w->steps += 1;
+    w->staleness += static_cast<double>(record.lag);
+    w->max_staleness = std::max(w->max_staleness, record.lag);
+    w->blocked += record.blocked;
+    w->compute += result.compute;
+  }
+  const bool epoch_end = (clock + 1) % schedule_.steps_per_epoch == 0;
+  if (absl::Now() >= next_log_ || epoch_end) Log(clock, throughput);
+  return epoch_end ? EndEpoch(epoch, report) : absl::OkStatus();
+}
+
+void Progress::Log(uint64_t clock, const Throughput& throughput) {
+  const absl::Time now = absl::Now();
+  const uint32_t epoch = static_cast<uint32_t>(clock / schedule_.steps_per_epoch);
+  const double secs = std::max(1e-9, absl::ToDoubleSeconds(now - window_.start));
+  const double samples = std::max<double>(1, static_cast<double>(window_.samples));
+  std::string line = absl::StrFormat(
+      "%s: epoch %u/%u step %d/%d loss %.4f acc %.4f samples/s %.0f staleness avg %.2f max %d blocked %.0f%%", tag_,
+      epoch + 1, schedule_.epochs, clock + 1, schedule_.total_steps, window_.loss / samples,
+      static_cast<double>(window_.correct) / samples, window_.samples / secs, window_.staleness / window_.steps,
+      window_.max_staleness, 100.0 * absl::ToDoubleSeconds(window_.blocked) / secs);
+  if (balanced_) {
+    absl::StrAppendFormat(&line, " share %.0f compute %.0f samples/s",
+                          static_cast<double>(window_.samples) / window_.steps, throughput.rate());
+  }
+  if (options_.progress_bar) {
+    const int width_bar = 30;
+    const int filled = static_cast<int>(width_bar * (clock + 1) / schedule_.total_steps);
+    std::printf("\r[%s%s] %s", std::string(filled, '#').c_str(), std::string(width_bar - filled, '.').c_str(),
+                line.c_str());
+    std::fflush(stdout);
+  } else {
+    SEGPS_LOG_INFO << line;
+  }
+  if (options_.metrics != nullptr) {
+    options_.metrics->SetSamplesPerSecond(window_.samples / secs);
+    options_.metrics->SetShare(static_cast<uint32_t>(window_.samples / window_.steps));
+    options_.metrics->SetComputeSamplesPerSecond(throughput.rate());
+  }
+  window_ = Window();
+  next_log_ = now + log_every_;
+}
+
+absl::Status Progress::EndEpoch(uint32_t epoch, TrainReport* report) {
+  const Window& w = epoch_window_;
+  const double epoch_samples = std::max<double>(1, static_cast<double>(w.samples));
+  report->last_loss = w.loss / epoch_samples;
+  report->last_accuracy = static_cast<double>(w.correct) / epoch_samples;
+  // An epoch computed again after a rollback replaces its record.
+  auto* records = report->history.mutable_epochs();
+  while (!records->empty() && records->rbegin()->epoch() > epoch) records->RemoveLast();
+  v1::EpochRecord* record = report->history.add_epochs();
+  record->set_epoch(epoch + 1);
+  record->set_train_seconds(absl::ToDoubleSeconds(absl::Now() - t0_ - scoring_time_));
+  record->set_loss(report->last_loss);
+  record->set_accuracy(report->last_accuracy);
+  record->set_samples_per_second(w.samples / std::max(1e-9, absl::ToDoubleSeconds(absl::Now() - w.start)));
+  record->set_mean_staleness(w.staleness / w.steps);
+  record->set_blocked_seconds(absl::ToDoubleSeconds(w.blocked));
+  record->set_mean_share(static_cast<double>(w.samples) / w.steps);
+  record->set_compute_samples_per_second(w.samples / std::max(1e-9, absl::ToDoubleSeconds(w.compute)));
+  if (options_.test == nullptr) return absl::OkStatus();
+  const absl::Time scoring = absl::Now();
+  SEGPS_RETURN_IF_ERROR(Score(epoch, record));
+  scoring_time_ += absl::Now() - scoring;
+  return absl::OkStatus();
+}
+
+absl::Status Progress::Score(uint32_t epoch, v1::EpochRecord* record) {
+  const size_t n = model_->num_params();
+  std::vector<float> params(n);
+  SEGPS_RETURN_IF_ERROR(backend_->Download(model_->params(), params.data(), n * sizeof(float)));
+  SEGPS_RETURN_IF_ERROR(backend_->Synchronize());
+  std::vector<std::vector<float>> segments(config_.model().segments_size());
+  segments[options_.segment] = std::move(params);
+  absl::StatusOr<std::vector<float>> probs =
+      Predict(config_.model(), *options_.test, segments, options_.segment, backend_);
+  if (!probs.ok()) return probs.status();
+  const double accuracy = Accuracy(*probs, options_.test->y);
+  record->set_test_accuracy(accuracy);
+  // Indexed by epoch: an epoch computed again replaces its entry; a worker
+  // that joined after the first epochs (its peers trained them) gives those
+  // its first scores, so the history has no gaps.
+  if (options_.test_probabilities != nullptr) {
+    options_.test_probabilities->resize(std::min<size_t>(options_.test_probabilities->size(), epoch));
+    while (options_.test_probabilities->size() <= epoch) options_.test_probabilities->push_back(*probs);
+  }
+  SEGPS_LOG_INFO << absl::StrFormat("%s: epoch %u test accuracy %.4f after %.2f s of training", tag_, epoch + 1,
+                                    accuracy, record->train_seconds());
+  return absl::OkStatus();
+}
+
+void Progress::Finish() {
+  if (options_.progress_bar) std::printf("\n");
+}
+
+}  // namespace segps

@@ -1,0 +1,89 @@
+// An ensemble worker's progress: a log line (or progress bar) every
+// training.log_interval_s and at each epoch's end, the worker's metrics,
+// and one record per epoch in the report's history, scored on the test set
+// when there is one.
+//
+// Thread safety: used from the training thread only.
+#ifndef SEGPS_WORKER_TRAIN_PROGRESS_H_
+#define SEGPS_WORKER_TRAIN_PROGRESS_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "segps/v1/config.pb.h"
+#include "worker/model/backend.h"
+#include "worker/model/segment_model.h"
+#include "worker/train/step_compute.h"
+#include "worker/train/trainer.h"
+
+namespace segps {
+
+// A worker's compute throughput, smoothed over its last 20 or so steps (a
+// balanced segment's share follows it; the waits of the staleness bound are
+// not in it).
+class Throughput {
+ public:
+  void Observe(size_t rows, absl::Duration compute);
+  double rate() const { return seconds_ > 0 ? samples_ / seconds_ : 0; }
+
+ private:
+  double samples_ = 0, seconds_ = 0;
+};
+
+// The schedule a worker's clocks follow.
+struct Schedule {
+  uint64_t steps_per_epoch = 1;
+  uint64_t total_steps = 0;
+  uint32_t epochs = 0;
+};
+
+class Progress {
+ public:
+  // Everything passed outlives this.
+  Progress(const v1::JobConfig& config, const TrainerOptions& options, Backend* backend, SegmentModel* model);
+
+  // Starts counting for worker `tag` on `schedule`; `balanced`: log the share.
+  void Start(const std::string& tag, const Schedule& schedule, bool balanced);
+  // A step done; `throughput` as of it.
+  absl::Status Record(const StepRecord& record, const Throughput& throughput, TrainReport* report);
+  // Time spent scoring, to leave out of the training time.
+  absl::Duration scoring_time() const { return scoring_time_; }
+  // Ends the progress bar's line.
+  void Finish();
+
+ private:
+  // Progress between two log lines, or over an epoch.
+  struct Window {
+    double loss = 0;
+    uint64_t correct = 0, samples = 0, steps = 0;
+    double staleness = 0;
+    uint64_t max_staleness = 0;
+    absl::Duration blocked;
+    absl::Duration compute;  // the worker's own computing
+    absl::Time start = absl::Now();
+  };
+  void Log(uint64_t clock, const Throughput& throughput);
+  absl::Status EndEpoch(uint32_t epoch, TrainReport* report);
+  // Scores the model's parameters on the test set into `record`.
+  absl::Status Score(uint32_t epoch, v1::EpochRecord* record);
+
+  const v1::JobConfig& config_;
+  const TrainerOptions& options_;
+  Backend* const backend_;
+  SegmentModel* const model_;
+  const absl::Duration log_every_;
+  std::string tag_;
+  Schedule schedule_;
+  bool balanced_ = false;
+  absl::Time t0_ = absl::Now(), next_log_;
+  Window window_, epoch_window_;
+  std::optional<uint32_t> window_epoch_;  // the epoch epoch_window_ counts
+  absl::Duration scoring_time_;
+};
+
+}  // namespace segps
+
+#endif  // SEGPS_WORKER_TRAIN_PROGRESS_H_
