@@ -12,6 +12,7 @@
 #include "absl/strings/str_format.h"
 #include "common/hash.h"
 #include "common/shard_map.h"
+#include "common/status_macros.h"
 #include "google/protobuf/io/tokenizer.h"
 #include "google/protobuf/text_format.h"
 
@@ -80,10 +81,8 @@ class Locator {
 
 constexpr uint32_t kMaxLayerUnits = 1u << 20;
 
-absl::Status ValidateAndFill(v1::JobConfig& c, const Locator& at) {
-  if (c.name().empty()) c.set_name("segps");
-
-  // cluster
+// cluster: the servers, messages, deadlines and leases.
+absl::Status ValidateCluster(v1::JobConfig& c, const Locator& at) {
   auto* cluster = c.mutable_cluster();
   if (cluster->server_addresses_size() > 0) {
     if (cluster->num_servers() == 0) cluster->set_num_servers(cluster->server_addresses_size());
@@ -118,6 +117,12 @@ absl::Status ValidateAndFill(v1::JobConfig& c, const Locator& at) {
   if (cluster->max_waiting_calls() == 0) cluster->set_max_waiting_calls(64);
   if (cluster->max_streams_per_connection() == 0) cluster->set_max_streams_per_connection(256);
 
+  return absl::OkStatus();
+}
+
+// checkpoint, and cluster.wire_dtype.
+absl::Status ValidateCheckpointAndWire(v1::JobConfig& c, const Locator& at) {
+  auto* cluster = c.mutable_cluster();
   auto* checkpoint = c.mutable_checkpoint();
   if (checkpoint->every_clocks() == 0) checkpoint->set_every_clocks(100);
   if (checkpoint->keep() == 0) checkpoint->set_keep(3);
@@ -139,7 +144,11 @@ absl::Status ValidateAndFill(v1::JobConfig& c, const Locator& at) {
                     absl::StrCat("is ", static_cast<int>(cluster->wire_dtype()), "; use FLOAT32, BFLOAT16 or FLOAT16"));
   }
 
-  // training (before segments: segments inherit its defaults)
+  return absl::OkStatus();
+}
+
+// training fields that segments inherit (checked before them).
+absl::Status ValidateTrainingDefaults(v1::JobConfig& c, const Locator& at) {
   auto* training = c.mutable_training();
   if (training->batch_size() == 0) training->set_batch_size(32);
   if (training->epochs() == 0) training->set_epochs(1);
@@ -150,21 +159,11 @@ absl::Status ValidateAndFill(v1::JobConfig& c, const Locator& at) {
   if (training->workers_per_segment() == 0) training->set_workers_per_segment(1);
   if (training->log_interval_s() <= 0) training->set_log_interval_s(2.0f);
 
-  // model
-  auto* model = c.mutable_model();
-  if (model->input_width() == 0) {
-    return at.Error({{"model", -1}, {"input_width", -1}}, "must be > 0");
-  }
-  if (model->num_classes() < 2) {
-    return at.Error({{"model", -1}, {"num_classes", -1}},
-                    absl::StrCat("must be >= 2, got ", model->num_classes()));
-  }
-  if (model->segments_size() == 0) {
-    return at.Error({{"model", -1}, {"segments", -1}}, "at least one segment is required");
-  }
-  if (model->combine() == v1::COMBINE_UNSPECIFIED) model->set_combine(v1::AVERAGE_SOFTMAX);
-  const bool chain = model->combine() == v1::CHAIN;
-  if (model->partition() == v1::PARTITION_UNSPECIFIED) model->set_partition(v1::MANUAL);
+  return absl::OkStatus();
+}
+
+// model.partition: BALANCED cuts one segment into the stages of a CHAIN.
+absl::Status PartitionBalanced(v1::ModelConfig* model, bool chain, const Locator& at) {
   if (model->partition() == v1::BALANCED) {
     if (!chain || model->segments_size() != 1) {
       return at.Error({{"model", -1}, {"partition", -1}},
@@ -197,6 +196,51 @@ absl::Status ValidateAndFill(v1::JobConfig& c, const Locator& at) {
   } else if (model->stages() != 0) {
     return at.Error({{"model", -1}, {"stages", -1}}, "is for partition: BALANCED");
   }
+  return absl::OkStatus();
+}
+
+// The layers of segment k.
+absl::Status ValidateLayers(const v1::ModelConfig* model, int k, bool chain, const Locator& at) {
+  const v1::SegmentConfig* seg = &model->segments(k);
+  for (int l = 0; l < seg->layers_size(); ++l) {
+    const auto& layer = seg->layers(l);
+    const bool last = l + 1 == seg->layers_size();
+    if (layer.units() == 0 || layer.units() > kMaxLayerUnits) {
+      return at.Error({{"model", -1}, {"segments", k}, {"layers", l}, {"units", -1}},
+                      absl::StrCat("segment \"", seg->name(), "\" layer ", l,
+                                   ": units must be in [1, ", kMaxLayerUnits, "], got ",
+                                   layer.units()));
+    }
+    if (layer.activation() == v1::ACTIVATION_UNSPECIFIED) {
+      return at.Error({{"model", -1}, {"segments", k}, {"layers", l}, {"activation", -1}},
+                      "is required: IDENTITY, RELU, TANH, SIGMOID, or SOFTMAX on the last layer");
+    }
+    if (layer.activation() == v1::SOFTMAX && !last) {
+      return at.Error({{"model", -1}, {"segments", k}, {"layers", l}, {"activation", -1}},
+                      "SOFTMAX is only allowed on a segment's last layer");
+    }
+    if (last && chain && k + 1 < model->segments_size()) {
+      if (layer.activation() == v1::SOFTMAX) {
+        return at.Error({{"model", -1}, {"segments", k}, {"layers", l}, {"activation", -1}},
+                        absl::StrCat("stage \"", seg->name(),
+                                     "\" of a CHAIN ends in SOFTMAX: only the last stage may"));
+      }
+    } else if (last && (layer.activation() != v1::SOFTMAX || layer.units() != model->num_classes())) {
+      return at.Error({{"model", -1}, {"segments", k}, {"layers", l}},
+                      absl::StrCat("segment \"", seg->name(),
+                                   "\": the last layer must be SOFTMAX with units == "
+                                   "model.num_classes (",
+                                   model->num_classes(), ")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// model.segments: names, input widths, layers, staleness and workers.
+absl::Status ValidateSegments(v1::JobConfig& c, const Locator& at) {
+  auto* model = c.mutable_model();
+  auto* training = c.mutable_training();
+  const bool chain = model->combine() == v1::CHAIN;
   for (int k = 0; k < model->segments_size(); ++k) {
     auto* seg = model->mutable_segments(k);
     if (seg->has_input_width()) {
@@ -228,37 +272,7 @@ absl::Status ValidateAndFill(v1::JobConfig& c, const Locator& at) {
       return at.Error({{"model", -1}, {"segments", k}, {"layers", -1}},
                       absl::StrCat("segment \"", seg->name(), "\" needs at least one layer"));
     }
-    for (int l = 0; l < seg->layers_size(); ++l) {
-      const auto& layer = seg->layers(l);
-      const bool last = l + 1 == seg->layers_size();
-      if (layer.units() == 0 || layer.units() > kMaxLayerUnits) {
-        return at.Error({{"model", -1}, {"segments", k}, {"layers", l}, {"units", -1}},
-                        absl::StrCat("segment \"", seg->name(), "\" layer ", l,
-                                     ": units must be in [1, ", kMaxLayerUnits, "], got ",
-                                     layer.units()));
-      }
-      if (layer.activation() == v1::ACTIVATION_UNSPECIFIED) {
-        return at.Error({{"model", -1}, {"segments", k}, {"layers", l}, {"activation", -1}},
-                        "is required: IDENTITY, RELU, TANH, SIGMOID, or SOFTMAX on the last layer");
-      }
-      if (layer.activation() == v1::SOFTMAX && !last) {
-        return at.Error({{"model", -1}, {"segments", k}, {"layers", l}, {"activation", -1}},
-                        "SOFTMAX is only allowed on a segment's last layer");
-      }
-      if (last && chain && k + 1 < model->segments_size()) {
-        if (layer.activation() == v1::SOFTMAX) {
-          return at.Error({{"model", -1}, {"segments", k}, {"layers", l}, {"activation", -1}},
-                          absl::StrCat("stage \"", seg->name(),
-                                       "\" of a CHAIN ends in SOFTMAX: only the last stage may"));
-        }
-      } else if (last && (layer.activation() != v1::SOFTMAX || layer.units() != model->num_classes())) {
-        return at.Error({{"model", -1}, {"segments", k}, {"layers", l}},
-                        absl::StrCat("segment \"", seg->name(),
-                                     "\": the last layer must be SOFTMAX with units == "
-                                     "model.num_classes (",
-                                     model->num_classes(), ")"));
-      }
-    }
+    SEGPS_RETURN_IF_ERROR(ValidateLayers(model, k, chain, at));
     if (!seg->has_staleness()) seg->set_staleness(training->staleness());
     if (seg->staleness() < -1) {
       return at.Error({{"model", -1}, {"segments", k}, {"staleness", -1}},
@@ -270,6 +284,35 @@ absl::Status ValidateAndFill(v1::JobConfig& c, const Locator& at) {
                       absl::StrCat("must be in [1, 4096], got ", seg->workers()));
     }
   }
+  return absl::OkStatus();
+}
+
+// model: its shape, how segments combine, then each segment.
+absl::Status ValidateModel(v1::JobConfig& c, const Locator& at) {
+  auto* model = c.mutable_model();
+  if (model->input_width() == 0) {
+    return at.Error({{"model", -1}, {"input_width", -1}}, "must be > 0");
+  }
+  if (model->num_classes() < 2) {
+    return at.Error({{"model", -1}, {"num_classes", -1}},
+                    absl::StrCat("must be >= 2, got ", model->num_classes()));
+  }
+  if (model->segments_size() == 0) {
+    return at.Error({{"model", -1}, {"segments", -1}}, "at least one segment is required");
+  }
+  if (model->combine() == v1::COMBINE_UNSPECIFIED) model->set_combine(v1::AVERAGE_SOFTMAX);
+  const bool chain = model->combine() == v1::CHAIN;
+  if (model->partition() == v1::PARTITION_UNSPECIFIED) model->set_partition(v1::MANUAL);
+  SEGPS_RETURN_IF_ERROR(PartitionBalanced(model, chain, at));
+  SEGPS_RETURN_IF_ERROR(ValidateSegments(c, at));
+  return absl::OkStatus();
+}
+
+// training fields that depend on how segments combine (micro-batches, top-k).
+absl::Status ValidateChainTraining(v1::JobConfig& c, const Locator& at) {
+  auto* model = c.mutable_model();
+  auto* training = c.mutable_training();
+  const bool chain = model->combine() == v1::CHAIN;
   if (training->micro_batches() == 0) training->set_micro_batches(1);
   if (training->schedule() == v1::SCHEDULE_UNSPECIFIED) training->set_schedule(v1::GPIPE);
   if (chain) {
@@ -297,6 +340,13 @@ absl::Status ValidateAndFill(v1::JobConfig& c, const Locator& at) {
     return at.Error({{"training", -1}, {"gradient_topk", -1}},
                     absl::StrCat("must be in [0, 1) (0: dense pushes), got ", training->gradient_topk()));
   }
+  return absl::OkStatus();
+}
+
+// training.balance: shares of a clock by worker speed.
+absl::Status ValidateBalance(v1::JobConfig& c, const Locator& at) {
+  auto* model = c.mutable_model();
+  auto* training = c.mutable_training();
   if (training->has_balance()) {
     auto* balance = training->mutable_balance();
     if (!balance->has_every_clocks()) balance->set_every_clocks(20);
@@ -334,6 +384,13 @@ absl::Status ValidateAndFill(v1::JobConfig& c, const Locator& at) {
                                    uint64_t{training->batch_size()} * balance->shares_size(), ")"));
     }
   }
+  return absl::OkStatus();
+}
+
+// training.worker_parameter_budget_bytes and pushes_in_flight.
+absl::Status ValidateBudget(v1::JobConfig& c, const Locator& at) {
+  auto* model = c.mutable_model();
+  auto* training = c.mutable_training();
   if (training->worker_parameter_budget_bytes() > 0) {
     const absl::StatusOr<ShardMap> map = ShardMap::Create(*model, 1);
     if (!map.ok()) return map.status();
@@ -352,7 +409,11 @@ absl::Status ValidateAndFill(v1::JobConfig& c, const Locator& at) {
     return at.Error({{"training", -1}, {"pushes_in_flight", -1}}, "must be <= 64");
   }
 
-  // optimizer
+  return absl::OkStatus();
+}
+
+// optimizer: kind, learning rate and hyperparameters.
+absl::Status ValidateOptimizer(v1::JobConfig& c, const Locator& at) {
   auto* opt = c.mutable_optimizer();
   switch (opt->kind()) {
     case v1::SGD:
@@ -394,7 +455,12 @@ absl::Status ValidateAndFill(v1::JobConfig& c, const Locator& at) {
                                  v1::OptimizerKind_Name(opt->kind()), " has none"));
   }
 
-  // data
+  return absl::OkStatus();
+}
+
+// data: its source and the synthetic sets' fields.
+absl::Status ValidateDataSource(v1::JobConfig& c, const Locator& at) {
+  auto* model = c.mutable_model();
   auto* data = c.mutable_data();
   if (data->source() == v1::DATA_SOURCE_UNSPECIFIED) {
     return at.Error({{"data", -1}, {"source", -1}},
@@ -416,6 +482,12 @@ absl::Status ValidateAndFill(v1::JobConfig& c, const Locator& at) {
                     "FASHION_MNIST needs model.input_width 784 and model.num_classes 10");
   }
   if (data->normalize() == v1::NORMALIZE_UNSPECIFIED) data->set_normalize(v1::NONE);
+  return absl::OkStatus();
+}
+
+// data: the fields of NPY and CSV files.
+absl::Status ValidateDataFiles(v1::JobConfig& c, const Locator& at) {
+  auto* data = c.mutable_data();
   const bool npy = data->source() == v1::NPY, csv = data->source() == v1::CSV;
   // Fields of one file source are refused under another, so that a typo in
   // `source` does not silently train on something else.
@@ -469,6 +541,16 @@ absl::Status ValidateAndFill(v1::JobConfig& c, const Locator& at) {
     }
   } else if (data->has_test_fraction()) {
     return at.Error({{"data", -1}, {"test_fraction", -1}}, "is used by data.source NPY and CSV only");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateAndFill(v1::JobConfig& c, const Locator& at) {
+  if (c.name().empty()) c.set_name("segps");
+  for (auto* part : {&ValidateCluster, &ValidateCheckpointAndWire, &ValidateTrainingDefaults, &ValidateModel,
+                     &ValidateChainTraining, &ValidateBalance, &ValidateBudget, &ValidateOptimizer,
+                     &ValidateDataSource, &ValidateDataFiles}) {
+    SEGPS_RETURN_IF_ERROR(part(c, at));
   }
   return absl::OkStatus();
 }

@@ -221,7 +221,7 @@ class StreamReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grp
     serve_(request_, [this](grpc::Status status, grpc::ByteBuffer reply) {
       if (!status.ok()) return Finish(status);
       request_.Clear();
-      reply_ = std::move(reply);
+      reply_.Swap(&reply);  // a ByteBuffer copies by reference count; a swap does not even that
       StartWrite(&reply_);
     });
   }
@@ -308,7 +308,7 @@ class Service final : public RawService {
     grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
     ServePull(server_, &pool_, *context->auth_context(), WaitDeadline(context, *server_), "Pull", *bytes,
               [reactor, reply](grpc::Status status, grpc::ByteBuffer out) {
-                *reply = std::move(out);
+                reply->Swap(&out);
                 reactor->Finish(status);
               });
     return reactor;
@@ -318,7 +318,7 @@ class Service final : public RawService {
     grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
     ServePush(server_, &pool_, *context->auth_context(), WaitDeadline(context, *server_), *bytes,
               [reactor, reply](grpc::Status status, grpc::ByteBuffer out) {
-                *reply = std::move(out);
+                reply->Swap(&out);
                 reactor->Finish(status);
               });
     return reactor;

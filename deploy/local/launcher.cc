@@ -26,6 +26,7 @@
 #include <iostream>
 #include <iterator>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -305,6 +306,352 @@ int Fail(const std::string& message) {
   return 1;
 }
 
+// Deletes a directory of the job's own when the job ends.
+struct RemoveWhenDone {
+  std::string dir;
+  ~RemoveWhenDone() {
+    if (!dir.empty()) std::filesystem::remove_all(dir);
+  }
+};
+
+// A job run on this machine: its processes from start to report. Each step
+// returns what went wrong, or "" when it went well.
+class LocalJob {
+ public:
+  LocalJob(std::string config_path, segps::v1::JobConfig config, std::string bin)
+      : config_path_(std::move(config_path)),
+        config_(std::move(config)),
+        bin_(std::move(bin)),
+        chain_(config_.model().combine() == segps::v1::CHAIN),
+        segments_(config_.model().segments_size()) {}
+
+  std::string Run() {
+    for (auto step : {&LocalJob::CheckData, &LocalJob::MakeDirectories, &LocalJob::SetUpSecurity}) {
+      if (std::string failed = (this->*step)(); !failed.empty()) return failed;
+    }
+    t0_ = absl::Now();
+    launcher_.emplace();
+    for (auto step : {&LocalJob::StartWorkers, &LocalJob::StartServers, &LocalJob::Connect, &LocalJob::Supervise,
+                      &LocalJob::Evaluate, &LocalJob::Export, &LocalJob::Plot, &LocalJob::ShutDown}) {
+      if (std::string failed = (this->*step)(); !failed.empty()) return failed;
+    }
+    std::cout << "segps-local: done in " << absl::ToDoubleSeconds(absl::Now() - t0_) << " s; report in "
+              << absl::GetFlag(FLAGS_report) << std::endl;
+    return "";
+  }
+
+ private:
+  // A user's files are checked whole before anything starts, so that a bad
+  // row stops the job with its file, row and column instead of one worker
+  // failing midway. Built-in sets are right by construction.
+  std::string CheckData() {
+    const auto source = config_.data().source();
+    if (source != segps::v1::NPY && source != segps::v1::CSV) return "";
+    absl::StatusOr<segps::TrainTest> data = segps::LoadData(config_);
+    absl::Status checked = data.ok() ? segps::CheckAllRows(data->train) : data.status();
+    if (checked.ok()) checked = segps::CheckAllRows(data->test);
+    if (!checked.ok()) return absl::StrCat("data: ", checked.message());
+    std::cout << "segps-local: data: " << data->train.size() << " training and " << data->test.size()
+              << " test samples of " << data->train.width << " features" << std::endl;
+    return "";
+  }
+
+  std::string MakeDirectories() {
+    // Each worker leaves its per-epoch history here for the evaluation's report.
+    char history_template[] = "/tmp/segps-history.XXXXXX";
+    if (mkdtemp(history_template) == nullptr) return "cannot make a directory for the workers' histories";
+    history_dir_ = remove_history_.dir = history_template;
+    // Checkpoints, so that a server that dies is restarted without losing
+    // the job (none with --no_restart, unless asked for).
+    checkpoint_dir_ = absl::GetFlag(FLAGS_checkpoint_dir);
+    if (checkpoint_dir_.empty()) checkpoint_dir_ = config_.checkpoint().dir();
+    if (checkpoint_dir_.empty() && !absl::GetFlag(FLAGS_no_restart)) {
+      char checkpoint_template[] = "/tmp/segps-checkpoints.XXXXXX";
+      if (mkdtemp(checkpoint_template) == nullptr) return "cannot make a directory for the checkpoints";
+      checkpoint_dir_ = remove_checkpoints_.dir = checkpoint_template;
+    }
+    return "";
+  }
+
+  // Mutual TLS with tokens (--tls): a CA, certificates and tokens for this job alone.
+  std::string SetUpSecurity() {
+    if (!absl::GetFlag(FLAGS_tls)) {
+      std::cout << (config_.security().cert().empty()
+                        ? "segps-local: plaintext on loopback, no authentication (--tls runs the job over mutual "
+                          "TLS with tokens)"
+                        : "segps-local: TLS with the config's certificates")
+                << std::endl;
+      return "";
+    }
+    char certs_template[] = "/tmp/segps-certs.XXXXXX";
+    if (mkdtemp(certs_template) == nullptr) return "cannot make a directory for the certificates";
+    const std::string certs = remove_certs_.dir = certs_template;
+    const std::string make = absl::StrCat("bash '", SEGPS_DEPLOY_DIR, "/make-certs.sh' '", certs, "' > '", certs,
+                                          "/make-certs.log' 2>&1");
+    if (std::system(make.c_str()) != 0) {
+      return absl::StrCat("--tls: ", SEGPS_DEPLOY_DIR, "/make-certs.sh failed (is openssl installed?): ",
+                          ReadAll(certs + "/make-certs.log"));
+    }
+    server_tls_ = {"--tls_ca", certs + "/ca.pem", "--tls_cert", certs + "/server.pem", "--tls_key",
+                   certs + "/server.key", "--token_file", certs + "/tokens", "--require_client_cert"};
+    const std::vector<std::string> client = {"--tls_ca", certs + "/ca.pem", "--tls_cert", certs + "/client.pem",
+                                             "--tls_key", certs + "/client.key", "--token_file"};
+    worker_tls_ = client;
+    worker_tls_.push_back(certs + "/worker.token");
+    reader_tls_ = client;
+    reader_tls_.push_back(certs + "/reader.token");
+    // A chain's stage link listens as a server on loopback: the server certificate names it.
+    stage_link_tls_ = {"--stage_tls_cert", certs + "/server.pem", "--stage_tls_key", certs + "/server.key"};
+    std::cout << "segps-local: mutual TLS with bearer tokens; certificates and tokens made in " << certs << std::endl;
+    return "";
+  }
+
+  void DescribeChain() const {
+    std::string stages;
+    for (int k = 0; k < segments_; ++k) {
+      std::vector<std::string> widths;
+      for (const auto& layer : config_.model().segments(k).layers()) widths.push_back(std::to_string(layer.units()));
+      absl::StrAppend(&stages, k ? " | " : "", config_.model().segments(k).name(), " [", absl::StrJoin(widths, " "),
+                      "]");
+    }
+    std::cout << "segps-local: a chain of " << segments_ << " stages ("
+              << segps::v1::Partition_Name(config_.model().partition()) << "), input "
+              << config_.model().input_width() << ": " << stages << std::endl;
+  }
+
+  std::vector<std::string> WorkerArgs(int k, uint32_t r) const {
+    std::vector<std::string> args = {bin_ + "/segps-worker", "--config", config_path_, "--segment", std::to_string(k),
+                                     "--rank", std::to_string(r), "--servers=-", "--device",
+                                     absl::GetFlag(FLAGS_device), "--cpu_threads",
+                                     std::to_string(absl::GetFlag(FLAGS_cpu_threads)), "--history_dir", history_dir_};
+    if (chain_ && k + 1 < segments_) args.push_back("--next_stage=-");
+    args.insert(args.end(), worker_tls_.begin(), worker_tls_.end());
+    if (chain_ && k > 0) args.insert(args.end(), stage_link_tls_.begin(), stage_link_tls_.end());
+    const bool straggler = k == 0 && r + 1 == segps::WorkersOf(config_, k);
+    if (straggler && absl::GetFlag(FLAGS_straggler_ms) > 0) {
+      args.insert(args.end(), {"--slowdown_ms", std::to_string(absl::GetFlag(FLAGS_straggler_ms))});
+    }
+    const double slowdown =
+        absl::GetFlag(FLAGS_slowdown_factor) * (straggler ? absl::GetFlag(FLAGS_straggler_factor) : 1);
+    if (slowdown != 1) args.insert(args.end(), {"--slowdown_factor", absl::StrCat(slowdown)});
+    if (absl::GetFlag(FLAGS_pass_ms) != 0) {
+      args.insert(args.end(), {"--pass_ms", absl::StrCat(absl::GetFlag(FLAGS_pass_ms))});
+    }
+    return args;
+  }
+
+  // Workers start first: a worker needs more CPU before it can register
+  // than a server needs to listen (walk-through: ~7 ms, its data included,
+  // against ~2 ms), on cores they all share. They read the servers'
+  // addresses from stdin once every server listens. A CHAIN's stages:
+  // replica r of stage k (k > 0) prints the address it takes stage k - 1's
+  // activations on; replica r of stage k - 1 reads it from stdin after the
+  // servers' line.
+  std::string StartWorkers() {
+    if (chain_) DescribeChain();
+    for (int k = 0; k < segments_; ++k) {
+      for (uint32_t r = 0; r < segps::WorkersOf(config_, k); ++r) {
+        Child* c = launcher_->Spawn(absl::StrCat(config_.model().segments(k).name(), "/", r), WorkerArgs(k, r),
+                                   /*with_input=*/true);
+        if (c == nullptr) return "cannot start segps-worker";
+        if (chain_ && k > 0) {
+          c->on_line = [this, k, r](const std::string& line) {
+            static const std::string kLink = "stage link listening on ";
+            if (absl::StartsWith(line, kLink)) stage_links_[{k, r}] = line.substr(kLink.size());
+          };
+        }
+        workers_.push_back(c);
+        worker_places_.push_back({k, r});
+      }
+    }
+    return "";
+  }
+
+  std::string StartServers() {
+    const uint32_t num_servers = config_.cluster().num_servers();
+    addresses_.assign(num_servers, "");
+    for (uint32_t i = 0; i < num_servers; ++i) {
+      std::vector<std::string> args = {bin_ + "/segps-server", "--config", config_path_, "--index", std::to_string(i),
+                                       "--listen", "127.0.0.1:0", "--apply_threads",
+                                       std::to_string(absl::GetFlag(FLAGS_apply_threads)), "--checkpoint_dir",
+                                       checkpoint_dir_};
+      args.insert(args.end(), server_tls_.begin(), server_tls_.end());
+      Child* c = launcher_->Spawn(absl::StrCat("server", i), args);
+      if (c == nullptr) return "cannot start segps-server";
+      c->on_line = [this, i](const std::string& line) {
+        static const std::string kReady = "segps-server listening on ";
+        if (absl::StartsWith(line, kReady)) addresses_[i] = line.substr(kReady.size());
+      };
+      servers_.push_back(c);
+    }
+    return "";
+  }
+
+  static bool AnyFailed(const std::vector<Child*>& group) {
+    for (Child* c : group) {
+      if (!c->running && !Succeeded(*c)) return true;
+    }
+    return false;
+  }
+
+  // Waits for every server (and stage link) to listen, then tells the workers.
+  std::string Connect() {
+    const size_t links = chain_ ? workers_.size() - segps::WorkersOf(config_, 0) : 0;
+    auto ready = [&] {
+      for (const auto& a : addresses_) {
+        if (a.empty()) return AnyFailed(servers_) || AnyFailed(workers_);
+      }
+      return stage_links_.size() == links || AnyFailed(workers_);
+    };
+    if (!launcher_->RunUntil(ready, absl::Now() + absl::Seconds(absl::GetFlag(FLAGS_start_timeout_s))) ||
+        AnyFailed(servers_)) {
+      return launcher_->interrupted() ? "interrupted" : "servers did not start";
+    }
+    for (Child* c : workers_) {
+      if (!c->running && !Succeeded(*c)) return absl::StrCat(c->name, " failed (", Describe(c->status), ")");
+    }
+    server_list_ = absl::StrJoin(addresses_, ",");
+    std::cout << "segps-local: " << addresses_.size() << " servers at " << server_list_ << std::endl;
+    for (size_t i = 0; i < workers_.size(); ++i) {
+      const auto [k, r] = worker_places_[i];
+      launcher_->SendInput(workers_[i], chain_ && k + 1 < segments_
+                                           ? absl::StrCat(server_list_, "\n", stage_links_[{k + 1, r}], "\n")
+                                           : server_list_ + "\n");
+    }
+    return "";
+  }
+
+  // Whether a process of `group` stopped: any server, or a worker that failed.
+  static bool Stopped(const std::vector<Child*>& group, bool servers) {
+    for (Child* c : group) {
+      if (!c->running && (servers || !Succeeded(*c))) return true;
+    }
+    return false;
+  }
+
+  // A process killed during training (a crash, the OOM killer, kill -9) is
+  // started again with the same command (a server on its address: it
+  // restores its newest checkpoint, and the workers rejoin it), up to
+  // kMaxRestarts times each. One that exits with an error meant it: its
+  // error stands.
+  std::string Restart(std::vector<Child*>& group, bool servers) {
+    for (Child*& c : group) {
+      if (c->running || (!servers && Succeeded(*c))) continue;
+      if (WIFEXITED(c->status) && WEXITSTATUS(c->status) != 0) {
+        return absl::StrCat(c->name, " failed (", Describe(c->status), ")");
+      }
+      const std::string why = absl::StrCat(c->name, " stopped during training (", Describe(c->status), ")");
+      // A pipeline stage's links to its neighbours died with it: the chain is not restarted.
+      if (!servers && chain_) return why;
+      if (absl::GetFlag(FLAGS_no_restart) || c->restarts >= kMaxRestarts) {
+        return absl::GetFlag(FLAGS_no_restart) ? why : absl::StrCat(why, " after ", kMaxRestarts, " restarts");
+      }
+      std::vector<std::string> argv = c->argv;
+      for (std::string& a : argv) {
+        if (a == "127.0.0.1:0") a = addresses_[&c - group.data()];  // a server keeps its address
+        if (a == "--servers=-") a = "--servers=" + server_list_;    // a worker is told the servers at once
+      }
+      std::cout << "segps-local: " << why << "; restarting it (" << c->restarts + 1 << " of " << kMaxRestarts << ")"
+                << std::endl;
+      Child* again = launcher_->Spawn(c->name, argv);
+      if (again == nullptr) return "cannot restart " + c->name;
+      again->restarts = c->restarts + 1;
+      again->on_line = c->on_line;
+      c = again;
+    }
+    return "";
+  }
+
+  // Runs until every worker has finished, restarting what was killed.
+  std::string Supervise() {
+    auto done = [&] {
+      if (Stopped(workers_, false) || Stopped(servers_, true)) return true;
+      for (Child* c : workers_) {
+        if (c->running) return false;
+      }
+      return true;
+    };
+    while (true) {
+      if (!launcher_->RunUntil(done)) return "interrupted";
+      if (!Stopped(workers_, false) && !Stopped(servers_, true)) break;
+      for (auto* group : {&servers_, &workers_}) {
+        if (std::string failed = Restart(*group, group == &servers_); !failed.empty()) return failed;
+      }
+    }
+    for (Child* c : workers_) {
+      if (!c->running && !Succeeded(*c)) return absl::StrCat(c->name, " failed (", Describe(c->status), ")");
+    }
+    std::cout << "segps-local: training finished in " << absl::ToDoubleSeconds(absl::Now() - t0_)
+              << " s; evaluating" << std::endl;
+    return "";
+  }
+
+  // Runs a tool against the servers to its end; what went wrong, if anything.
+  std::string RunTool(const std::string& name, const std::vector<std::string>& args) {
+    Child* tool = launcher_->Spawn(name, args);
+    if (tool == nullptr) return "cannot start " + args[0];
+    if (!launcher_->RunUntil([&] { return !tool->running && tool->fd < 0; })) return "interrupted";
+    return Succeeded(*tool) ? "" : absl::StrCat(name, " failed (", Describe(tool->status), ")");
+  }
+
+  std::string Evaluate() {
+    std::vector<std::string> args = {bin_ + "/segps-eval", "--config", config_path_, "--servers", server_list_,
+                                     "--report", absl::GetFlag(FLAGS_report), "--history_dir", history_dir_};
+    args.insert(args.end(), reader_tls_.begin(), reader_tls_.end());
+    if (!absl::GetFlag(FLAGS_params_dir).empty()) {
+      args.insert(args.end(), {"--dump_params", absl::GetFlag(FLAGS_params_dir)});
+    }
+    if (!absl::GetFlag(FLAGS_probabilities_out).empty()) {
+      args.insert(args.end(), {"--probabilities_out", absl::GetFlag(FLAGS_probabilities_out)});
+    }
+    return RunTool("eval", args);
+  }
+
+  std::string Export() {
+    if (absl::GetFlag(FLAGS_export).empty() && absl::GetFlag(FLAGS_onnx).empty()) return "";
+    std::vector<std::string> args = {bin_ + "/segps-export", "--config", config_path_, "--servers", server_list_};
+    args.insert(args.end(), reader_tls_.begin(), reader_tls_.end());
+    if (!absl::GetFlag(FLAGS_export).empty()) args.insert(args.end(), {"--out", absl::GetFlag(FLAGS_export)});
+    if (!absl::GetFlag(FLAGS_onnx).empty()) args.insert(args.end(), {"--onnx", absl::GetFlag(FLAGS_onnx)});
+    return RunTool("export", args);
+  }
+
+  std::string Plot() {
+    if (absl::GetFlag(FLAGS_plot).empty()) return "";
+    std::filesystem::create_directories(absl::GetFlag(FLAGS_plot));
+    return RunTool("plot", {"/usr/bin/python3", std::string(SEGPS_PYTHON_DIR) + "/segps_plot.py", "learning-curves",
+                            "--out", absl::GetFlag(FLAGS_plot), absl::GetFlag(FLAGS_report)});
+  }
+
+  std::string ShutDown() {
+    launcher_->KillAll();
+    for (Child* c : servers_) {
+      if (!(WIFEXITED(c->status) && WEXITSTATUS(c->status) == 0)) {
+        return absl::StrCat(c->name, " did not shut down cleanly (", Describe(c->status), ")");
+      }
+    }
+    return "";
+  }
+
+  const std::string config_path_;
+  const segps::v1::JobConfig config_;
+  const std::string bin_;
+  const bool chain_;
+  const int segments_;
+  std::string history_dir_, checkpoint_dir_;
+  RemoveWhenDone remove_history_, remove_checkpoints_, remove_certs_;
+  std::vector<std::string> server_tls_, worker_tls_, reader_tls_, stage_link_tls_;
+  absl::Time t0_;
+  // Made once the job's files are ready (it takes over the job's signals);
+  // declared after the directories, so that its processes end before those are removed.
+  std::optional<Launcher> launcher_;
+  std::map<std::pair<int, uint32_t>, std::string> stage_links_;
+  std::vector<Child*> workers_, servers_;
+  std::vector<std::pair<int, uint32_t>> worker_places_;  // (segment, rank) of each worker
+  std::vector<std::string> addresses_;
+  std::string server_list_;
+};
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -319,7 +666,6 @@ int main(int argc, char** argv) {
   for (const char* tool : {"segps-server", "segps-worker", "segps-eval", "segps-export"}) {
     if (access((bin + "/" + tool).c_str(), X_OK) != 0) return Fail(absl::StrCat(bin, "/", tool, " not found (see --bin_dir)"));
   }
-
   // OpenBLAS would start a pool per core at load, which spins for ~0.1 s on
   // cores the servers need (a quarter of the walk-through's run time); a
   // CPU worker then sets its own count (--cpu_threads). A user's own
@@ -328,266 +674,7 @@ int main(int argc, char** argv) {
   // Servers keep large freed buffers for reuse; two malloc arenas keep that
   // from multiplying by their threads (common/malloc_tuning.h).
   setenv("MALLOC_ARENA_MAX", "2", /*overwrite=*/0);
-
-  // A user's files are checked whole before anything starts, so that a bad
-  // row stops the job with its file, row and column instead of one worker
-  // failing midway. Built-in sets are right by construction.
-  const auto source = config->data().source();
-  if (source == segps::v1::NPY || source == segps::v1::CSV) {
-    absl::StatusOr<segps::TrainTest> data = segps::LoadData(*config);
-    absl::Status checked = data.ok() ? segps::CheckAllRows(data->train) : data.status();
-    if (checked.ok()) checked = segps::CheckAllRows(data->test);
-    if (!checked.ok()) return Fail(absl::StrCat("data: ", checked.message()));
-    std::cout << "segps-local: data: " << data->train.size() << " training and " << data->test.size()
-              << " test samples of " << data->train.width << " features" << std::endl;
-  }
-
-  // Each worker leaves its per-epoch history here for the evaluation's report.
-  char history_template[] = "/tmp/segps-history.XXXXXX";
-  if (mkdtemp(history_template) == nullptr) return Fail("cannot make a directory for the workers' histories");
-  const std::string history_dir = history_template;
-  struct RemoveWhenDone {
-    std::string dir;
-    ~RemoveWhenDone() {
-      if (!dir.empty()) std::filesystem::remove_all(dir);
-    }
-  } remove_history{history_dir};
-  // Checkpoints, so that a server that dies is restarted without losing the
-  // job (none with --no_restart, unless asked for).
-  std::string checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
-  if (checkpoint_dir.empty()) checkpoint_dir = config->checkpoint().dir();
-  RemoveWhenDone remove_checkpoints;
-  if (checkpoint_dir.empty() && !absl::GetFlag(FLAGS_no_restart)) {
-    char checkpoint_template[] = "/tmp/segps-checkpoints.XXXXXX";
-    if (mkdtemp(checkpoint_template) == nullptr) return Fail("cannot make a directory for the checkpoints");
-    checkpoint_dir = remove_checkpoints.dir = checkpoint_template;
-  }
-
-  // Mutual TLS with tokens: a CA, certificates and tokens for this job alone.
-  std::vector<std::string> server_tls, worker_tls, reader_tls, stage_link_tls;
-  RemoveWhenDone remove_certs;
-  if (absl::GetFlag(FLAGS_tls)) {
-    char certs_template[] = "/tmp/segps-certs.XXXXXX";
-    if (mkdtemp(certs_template) == nullptr) return Fail("cannot make a directory for the certificates");
-    const std::string certs = remove_certs.dir = certs_template;
-    const std::string make = absl::StrCat("bash '", SEGPS_DEPLOY_DIR, "/make-certs.sh' '", certs, "' > '", certs,
-                                          "/make-certs.log' 2>&1");
-    if (std::system(make.c_str()) != 0) {
-      return Fail(absl::StrCat("--tls: ", SEGPS_DEPLOY_DIR, "/make-certs.sh failed (is openssl installed?): ",
-                               ReadAll(certs + "/make-certs.log")));
-    }
-    server_tls = {"--tls_ca", certs + "/ca.pem", "--tls_cert", certs + "/server.pem", "--tls_key",
-                  certs + "/server.key", "--token_file", certs + "/tokens", "--require_client_cert"};
-    const std::vector<std::string> client = {"--tls_ca", certs + "/ca.pem", "--tls_cert", certs + "/client.pem",
-                                             "--tls_key", certs + "/client.key", "--token_file"};
-    worker_tls = client;
-    worker_tls.push_back(certs + "/worker.token");
-    reader_tls = client;
-    reader_tls.push_back(certs + "/reader.token");
-    // A chain's stage link listens as a server on loopback: the server certificate names it.
-    stage_link_tls = {"--stage_tls_cert", certs + "/server.pem", "--stage_tls_key", certs + "/server.key"};
-    std::cout << "segps-local: mutual TLS with bearer tokens; certificates and tokens made in " << certs << std::endl;
-  } else if (config->security().cert().empty()) {
-    std::cout << "segps-local: plaintext on loopback, no authentication (--tls runs the job over mutual TLS with tokens)"
-              << std::endl;
-  } else {
-    std::cout << "segps-local: TLS with the config's certificates" << std::endl;
-  }
-
-  const absl::Time t0 = absl::Now();
-  Launcher launcher;
-  // Workers start first: a worker needs more CPU before it can register
-  // than a server needs to listen (walk-through: ~7 ms, its data included,
-  // against ~2 ms), on cores they all share. They read the servers'
-  // addresses from stdin once every server listens.
-  // A CHAIN's stages: replica r of stage k (k > 0) prints the address it
-  // takes stage k - 1's activations on; replica r of stage k - 1 reads it
-  // from stdin after the servers' line.
-  const bool chain = config->model().combine() == segps::v1::CHAIN;
-  const int segments = config->model().segments_size();
-  if (chain) {
-    std::string stages;
-    for (int k = 0; k < segments; ++k) {
-      std::vector<std::string> widths;
-      for (const auto& layer : config->model().segments(k).layers()) widths.push_back(std::to_string(layer.units()));
-      absl::StrAppend(&stages, k ? " | " : "", config->model().segments(k).name(), " [", absl::StrJoin(widths, " "), "]");
-    }
-    std::cout << "segps-local: a chain of " << segments << " stages ("
-              << segps::v1::Partition_Name(config->model().partition()) << "), input "
-              << config->model().input_width() << ": " << stages << std::endl;
-  }
-  std::map<std::pair<int, uint32_t>, std::string> stage_links;
-  std::vector<Child*> workers;
-  std::vector<std::pair<int, uint32_t>> worker_places;  // (segment, rank) of each worker
-  for (int k = 0; k < segments; ++k) {
-    for (uint32_t r = 0; r < segps::WorkersOf(*config, k); ++r) {
-      std::vector<std::string> args = {bin + "/segps-worker", "--config", config_path, "--segment", std::to_string(k),
-                                       "--rank", std::to_string(r), "--servers=-", "--device",
-                                       absl::GetFlag(FLAGS_device), "--cpu_threads",
-                                       std::to_string(absl::GetFlag(FLAGS_cpu_threads)), "--history_dir", history_dir};
-      if (chain && k + 1 < segments) args.push_back("--next_stage=-");
-      args.insert(args.end(), worker_tls.begin(), worker_tls.end());
-      if (chain && k > 0) args.insert(args.end(), stage_link_tls.begin(), stage_link_tls.end());
-      if (k == 0 && r + 1 == segps::WorkersOf(*config, k) && absl::GetFlag(FLAGS_straggler_ms) > 0) {
-        args.insert(args.end(), {"--slowdown_ms", std::to_string(absl::GetFlag(FLAGS_straggler_ms))});
-      }
-      const double slowdown = absl::GetFlag(FLAGS_slowdown_factor) *
-                              (k == 0 && r + 1 == segps::WorkersOf(*config, k) ? absl::GetFlag(FLAGS_straggler_factor) : 1);
-      if (slowdown != 1) args.insert(args.end(), {"--slowdown_factor", absl::StrCat(slowdown)});
-      if (absl::GetFlag(FLAGS_pass_ms) != 0) args.insert(args.end(), {"--pass_ms", absl::StrCat(absl::GetFlag(FLAGS_pass_ms))});
-      Child* c = launcher.Spawn(absl::StrCat(config->model().segments(k).name(), "/", r), args, /*with_input=*/true);
-      if (c == nullptr) return Fail("cannot start segps-worker");
-      if (chain && k > 0) {
-        c->on_line = [&stage_links, k, r](const std::string& line) {
-          static const std::string kLink = "stage link listening on ";
-          if (absl::StartsWith(line, kLink)) stage_links[{k, r}] = line.substr(kLink.size());
-        };
-      }
-      workers.push_back(c);
-      worker_places.push_back({k, r});
-    }
-  }
-  const uint32_t num_servers = config->cluster().num_servers();
-  std::vector<std::string> addresses(num_servers);
-  std::vector<Child*> servers;
-  for (uint32_t i = 0; i < num_servers; ++i) {
-    std::vector<std::string> args = {bin + "/segps-server", "--config", config_path, "--index", std::to_string(i),
-                                     "--listen", "127.0.0.1:0", "--apply_threads",
-                                     std::to_string(absl::GetFlag(FLAGS_apply_threads)), "--checkpoint_dir",
-                                     checkpoint_dir};
-    args.insert(args.end(), server_tls.begin(), server_tls.end());
-    Child* c = launcher.Spawn(absl::StrCat("server", i), args);
-    if (c == nullptr) return Fail("cannot start segps-server");
-    c->on_line = [&addresses, i](const std::string& line) {
-      static const std::string kReady = "segps-server listening on ";
-      if (absl::StartsWith(line, kReady)) addresses[i] = line.substr(kReady.size());
-    };
-    servers.push_back(c);
-  }
-  auto any_failed = [&](const std::vector<Child*>& group) {
-    for (Child* c : group) {
-      if (!c->running && !Succeeded(*c)) return true;
-    }
-    return false;
-  };
-  const size_t links = chain ? workers.size() - segps::WorkersOf(*config, 0) : 0;
-  auto servers_ready = [&] {
-    for (const auto& a : addresses) {
-      if (a.empty()) return any_failed(servers) || any_failed(workers);
-    }
-    return stage_links.size() == links || any_failed(workers);
-  };
-  if (!launcher.RunUntil(servers_ready, absl::Now() + absl::Seconds(absl::GetFlag(FLAGS_start_timeout_s))) ||
-      any_failed(servers)) {
-    return Fail(launcher.interrupted() ? "interrupted" : "servers did not start");
-  }
-  for (Child* c : workers) {
-    if (!c->running && !Succeeded(*c)) return Fail(absl::StrCat(c->name, " failed (", Describe(c->status), ")"));
-  }
-  const std::string server_list = absl::StrJoin(addresses, ",");
-  std::cout << "segps-local: " << num_servers << " servers at " << server_list << std::endl;
-  for (size_t i = 0; i < workers.size(); ++i) {
-    const auto [k, r] = worker_places[i];
-    launcher.SendInput(workers[i], chain && k + 1 < segments ? absl::StrCat(server_list, "\n", stage_links[{k + 1, r}], "\n")
-                                                             : server_list + "\n");
-  }
-
-  auto stopped = [](const std::vector<Child*>& group, bool servers) {
-    for (Child* c : group) {
-      if (!c->running && (servers || !Succeeded(*c))) return true;
-    }
-    return false;
-  };
-  auto workers_done = [&] {
-    if (stopped(workers, false) || stopped(servers, true)) return true;
-    for (Child* c : workers) {
-      if (c->running) return false;
-    }
-    return true;
-  };
-  // A process killed during training (a crash, the OOM killer, kill -9) is
-  // started again with the same command (a server on its address: it
-  // restores its newest checkpoint, and the workers rejoin it), up to
-  // kMaxRestarts times each. One that exits with an error meant it: its
-  // error stands.
-  auto restart = [&](std::vector<Child*>& group, bool servers) -> std::string {
-    for (Child*& c : group) {
-      if (c->running || (!servers && Succeeded(*c))) continue;
-      if (WIFEXITED(c->status) && WEXITSTATUS(c->status) != 0) {
-        return absl::StrCat(c->name, " failed (", Describe(c->status), ")");
-      }
-      const std::string why = absl::StrCat(c->name, " stopped during training (", Describe(c->status), ")");
-      // A pipeline stage's links to its neighbours died with it: the chain is not restarted.
-      if (!servers && chain) return why;
-      if (absl::GetFlag(FLAGS_no_restart) || c->restarts >= kMaxRestarts) {
-        return absl::GetFlag(FLAGS_no_restart) ? why : absl::StrCat(why, " after ", kMaxRestarts, " restarts");
-      }
-      std::vector<std::string> argv = c->argv;
-      for (std::string& a : argv) {
-        if (a == "127.0.0.1:0") a = addresses[&c - group.data()];  // a server keeps its address
-        if (a == "--servers=-") a = "--servers=" + server_list;    // a worker is told the servers at once
-      }
-      std::cout << "segps-local: " << why << "; restarting it (" << c->restarts + 1 << " of " << kMaxRestarts << ")"
-                << std::endl;
-      Child* again = launcher.Spawn(c->name, argv);
-      if (again == nullptr) return "cannot restart " + c->name;
-      again->restarts = c->restarts + 1;
-      again->on_line = c->on_line;
-      c = again;
-    }
-    return "";
-  };
-  while (true) {
-    if (!launcher.RunUntil(workers_done)) return Fail("interrupted");
-    if (!stopped(workers, false) && !stopped(servers, true)) break;
-    for (auto* group : {&servers, &workers}) {
-      if (std::string failed = restart(*group, group == &servers); !failed.empty()) return Fail(failed);
-    }
-  }
-  for (Child* c : workers) {
-    if (!c->running && !Succeeded(*c)) return Fail(absl::StrCat(c->name, " failed (", Describe(c->status), ")"));
-  }
-  const double train_seconds = absl::ToDoubleSeconds(absl::Now() - t0);
-  std::cout << "segps-local: training finished in " << train_seconds << " s; evaluating" << std::endl;
-
-  std::vector<std::string> eval_args = {bin + "/segps-eval", "--config", config_path, "--servers", server_list,
-                                        "--report", absl::GetFlag(FLAGS_report), "--history_dir", history_dir};
-  eval_args.insert(eval_args.end(), reader_tls.begin(), reader_tls.end());
-  if (!absl::GetFlag(FLAGS_params_dir).empty()) {
-    eval_args.insert(eval_args.end(), {"--dump_params", absl::GetFlag(FLAGS_params_dir)});
-  }
-  if (!absl::GetFlag(FLAGS_probabilities_out).empty()) {
-    eval_args.insert(eval_args.end(), {"--probabilities_out", absl::GetFlag(FLAGS_probabilities_out)});
-  }
-  // Runs a tool against the servers to its end; what went wrong, if anything.
-  auto run_tool = [&](const std::string& name, const std::vector<std::string>& args) -> std::string {
-    Child* tool = launcher.Spawn(name, args);
-    if (tool == nullptr) return "cannot start " + args[0];
-    if (!launcher.RunUntil([&] { return !tool->running && tool->fd < 0; })) return "interrupted";
-    return Succeeded(*tool) ? "" : absl::StrCat(name, " failed (", Describe(tool->status), ")");
-  };
-  if (std::string failed = run_tool("eval", eval_args); !failed.empty()) return Fail(failed);
-  if (!absl::GetFlag(FLAGS_export).empty() || !absl::GetFlag(FLAGS_onnx).empty()) {
-    std::vector<std::string> export_args = {bin + "/segps-export", "--config", config_path, "--servers", server_list};
-    export_args.insert(export_args.end(), reader_tls.begin(), reader_tls.end());
-    if (!absl::GetFlag(FLAGS_export).empty()) export_args.insert(export_args.end(), {"--out", absl::GetFlag(FLAGS_export)});
-    if (!absl::GetFlag(FLAGS_onnx).empty()) export_args.insert(export_args.end(), {"--onnx", absl::GetFlag(FLAGS_onnx)});
-    if (std::string failed = run_tool("export", export_args); !failed.empty()) return Fail(failed);
-  }
-  if (!absl::GetFlag(FLAGS_plot).empty()) {
-    std::filesystem::create_directories(absl::GetFlag(FLAGS_plot));
-    const std::vector<std::string> plot_args = {"/usr/bin/python3", std::string(SEGPS_PYTHON_DIR) + "/segps_plot.py",
-                                                "learning-curves", "--out", absl::GetFlag(FLAGS_plot),
-                                                absl::GetFlag(FLAGS_report)};
-    if (std::string failed = run_tool("plot", plot_args); !failed.empty()) return Fail(failed);
-  }
-  launcher.KillAll();
-  for (Child* c : servers) {
-    if (!(WIFEXITED(c->status) && WEXITSTATUS(c->status) == 0)) {
-      return Fail(absl::StrCat(c->name, " did not shut down cleanly (", Describe(c->status), ")"));
-    }
-  }
-  std::cout << "segps-local: done in " << absl::ToDoubleSeconds(absl::Now() - t0) << " s; report in "
-            << absl::GetFlag(FLAGS_report) << std::endl;
+  LocalJob job(config_path, *std::move(config), bin);
+  if (std::string failed = job.Run(); !failed.empty()) return Fail(failed);
   return 0;
 }

@@ -201,7 +201,8 @@ absl::Status WriteModelOnnx(const TrainedModel& model, const std::string& path) 
                   absl::MakeConstSpan(model.params[k]).subspan(kernel.offset, kernel.size()));
       initializer(TensorName(model.model, k, bias), TensorShape(bias),
                   absl::MakeConstSpan(model.params[k]).subspan(bias.offset, bias.size()));
-      h = node("Gemm", {h, TensorName(model.model, k, kernel), TensorName(model.model, k, bias)}, layer + "/linear")
+      h = node("Gemm", {h, TensorName(model.model, k, kernel), TensorName(model.model, k, bias)},
+               absl::StrCat(layer, "/linear"))
               ->output(0);
       const v1::Activation act = seg.layers(kernel.layer).activation();
       const bool last = static_cast<int>(kernel.layer) + 1 == seg.layers_size();
