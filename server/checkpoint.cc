@@ -19,6 +19,7 @@
 #include "common/log.h"
 #include "common/proto_json.h"
 #include "common/safetensors.h"
+#include "common/status_macros.h"
 #include "server/optimizer.h"
 
 namespace segps {
@@ -353,106 +354,136 @@ struct Whole {
   uint64_t covered = 0;
 };
 
+// The clocks of a segment's directory, newest first, with the server files found for each.
+std::map<uint64_t, std::vector<fs::path>, std::greater<>> ClocksOf(const fs::path& segment_dir) {
+  std::error_code error;
+  std::map<uint64_t, std::vector<fs::path>, std::greater<>> clocks;
+  for (const fs::directory_entry& entry : fs::directory_iterator(segment_dir, error)) {
+    uint64_t c = 0;
+    const std::string name = entry.path().filename().string();
+    if (name.rfind("clock-", 0) != 0 || !absl::SimpleAtoi(name.substr(6), &c)) continue;
+    for (const fs::directory_entry& file : fs::directory_iterator(entry.path(), error)) {
+      const std::string f = file.path().filename().string();
+      if (f.rfind("server-", 0) == 0 && absl::EndsWith(f, ".safetensors")) clocks[c].push_back(file.path());
+    }
+  }
+  return clocks;
+}
+
+// Every segment's newest complete clock (or the one asked for), assembled into whole tensors.
+class Merger {
+ public:
+  Merger(std::optional<uint64_t> clock, bool slots) : clock_(clock), slots_(slots) {}
+
+  // Merges a segment's directory; fails when it has no clock every server wrote.
+  absl::Status AddSegment(const fs::path& segment_dir) {
+    const auto clocks = ClocksOf(segment_dir);
+    if (clocks.empty()) return absl::OkStatus();
+    std::vector<std::string> skipped;
+    for (const auto& [c, files] : clocks) {
+      if (clock_.has_value() && c != *clock_) continue;
+      absl::StatusOr<bool> merged = AddClock(c, files, &skipped);
+      if (!merged.ok()) return merged.status();
+      if (*merged) return absl::OkStatus();
+    }
+    return absl::NotFoundError(absl::StrCat(
+        "merge: ", segment_dir.string(), ": no clock", clock_.has_value() ? absl::StrCat(" ", *clock_) : "",
+        " with every server's file", skipped.empty() ? "" : absl::StrCat(" (", absl::StrJoin(skipped, ", "), ")")));
+  }
+
+  absl::Status Write(const std::string& dir, const std::string& out) const {
+    if (segments_ == 0) return absl::NotFoundError(absl::StrCat("merge: no checkpoints under ", dir));
+    std::vector<TensorToWrite> out_tensors;
+    for (const auto& [name, whole] : tensors_) {
+      if (whole.covered != whole.values.size()) {
+        return absl::DataLossError(absl::StrCat("merge: tensor ", name, ": the servers' parts cover ", whole.covered,
+                                                " of its ", whole.values.size(), " elements"));
+      }
+      out_tensors.push_back({name, whole.shape, whole.values});
+    }
+    return WriteSafetensors(out, out_tensors, metadata_);
+  }
+
+ private:
+  // Merges clock `c` of a segment if every server's file is there: whether it was.
+  absl::StatusOr<bool> AddClock(uint64_t c, const std::vector<fs::path>& files, std::vector<std::string>* skipped) {
+    std::vector<CheckpointFile> read;
+    for (const fs::path& f : files) {
+      absl::StatusOr<CheckpointFile> file = ReadCheckpointFile(f.string());
+      if (!file.ok()) return file.status();
+      read.push_back(*std::move(file));
+    }
+    uint32_t servers = 0;
+    absl::SimpleAtoi(read[0].Field("segps.num_servers"), &servers);
+    std::set<std::string> indices;
+    for (const CheckpointFile& f : read) {
+      if (f.Field("segps.num_servers") == read[0].Field("segps.num_servers") &&
+          f.Field("segps.model_fingerprint") == read[0].Field("segps.model_fingerprint")) {
+        indices.insert(f.Field("segps.server"));
+      }
+    }
+    if (servers == 0 || indices.size() != servers || read.size() != servers) {
+      skipped->push_back(absl::StrCat("clock ", c, " (", read.size(), " files for ", servers, " servers)"));
+      return false;
+    }
+    const std::string name = read[0].Field("segps.segment");
+    for (const char* key : {"segps.job", "segps.model_fingerprint", "segps.optimizer", "segps.model"}) {
+      if (!metadata_.count(key)) metadata_[key] = read[0].Field(key);
+      if (metadata_[key] != read[0].Field(key)) {
+        return absl::FailedPreconditionError(absl::StrCat("merge: ", files[0].string(), " has ", key, " ",
+                                                          read[0].Field(key), ", other segments ", metadata_[key]));
+      }
+    }
+    for (const char* key : {"segps.clock", "segps.steps", "segps.updates", "segps.ranks"}) {
+      metadata_[absl::StrCat(key, ".", name)] = read[0].Field(key);
+    }
+    for (const CheckpointFile& f : read) SEGPS_RETURN_IF_ERROR(AddParts(f));
+    std::cout << "segment " << name << ": clock " << c << " from " << servers << " servers"
+              << (skipped->empty() ? "" : absl::StrCat(" (incomplete: ", absl::StrJoin(*skipped, ", "), ")")) << "\n";
+    ++segments_;
+    return true;
+  }
+
+  absl::Status AddParts(const CheckpointFile& f) {
+    for (const auto& [tensor, part] : f.parts) {
+      if (IsSlot(tensor) && !slots_) continue;
+      Whole& whole = tensors_[tensor];
+      if (whole.shape.empty()) {
+        whole.shape = part.shape;
+        uint64_t n = 1;
+        for (uint64_t d : part.shape) n *= d;
+        whole.values.assign(n, 0.0f);
+      }
+      if (whole.shape != part.shape) {
+        return absl::DataLossError(absl::StrCat("merge: tensor ", tensor, " has two shapes"));
+      }
+      std::copy(part.values.begin(), part.values.end(), whole.values.begin() + part.tensor_offset);
+      whole.covered += part.values.size();
+    }
+    return absl::OkStatus();
+  }
+
+  const std::optional<uint64_t> clock_;
+  const bool slots_;
+  std::map<std::string, Whole> tensors_;
+  std::map<std::string, std::string> metadata_ = {{"format", "segps-checkpoint-merged-1"}};
+  int segments_ = 0;
+};
+
 }  // namespace
 
 absl::Status MergeCheckpoints(const std::string& dir, std::optional<uint64_t> clock, bool slots,
                               const std::string& out) {
   std::error_code error;
-  std::map<std::string, Whole> tensors;
-  std::map<std::string, std::string> metadata = {{"format", "segps-checkpoint-merged-1"}};
-  int segments = 0;
   std::vector<fs::path> segment_dirs;
   for (const fs::directory_entry& entry : fs::directory_iterator(dir, error)) {
     if (entry.is_directory()) segment_dirs.push_back(entry.path());
   }
   if (error) return absl::NotFoundError(absl::StrCat("merge: ", dir, ": ", error.message()));
   std::sort(segment_dirs.begin(), segment_dirs.end());
-  for (const fs::path& segment_dir : segment_dirs) {
-    // Clocks of this segment, newest first, with the files found for each.
-    std::map<uint64_t, std::vector<fs::path>, std::greater<>> clocks;
-    for (const fs::directory_entry& entry : fs::directory_iterator(segment_dir, error)) {
-      uint64_t c = 0;
-      const std::string name = entry.path().filename().string();
-      if (name.rfind("clock-", 0) != 0 || !absl::SimpleAtoi(name.substr(6), &c)) continue;
-      for (const fs::directory_entry& file : fs::directory_iterator(entry.path(), error)) {
-        const std::string f = file.path().filename().string();
-        if (f.rfind("server-", 0) == 0 && absl::EndsWith(f, ".safetensors")) clocks[c].push_back(file.path());
-      }
-    }
-    if (clocks.empty()) continue;
-    std::vector<std::string> skipped;
-    bool merged = false;
-    for (auto& [c, files] : clocks) {
-      if (clock.has_value() && c != *clock) continue;
-      std::vector<CheckpointFile> read;
-      for (const fs::path& f : files) {
-        absl::StatusOr<CheckpointFile> file = ReadCheckpointFile(f.string());
-        if (!file.ok()) return file.status();
-        read.push_back(*std::move(file));
-      }
-      uint32_t servers = 0;
-      absl::SimpleAtoi(read[0].Field("segps.num_servers"), &servers);
-      std::set<std::string> indices;
-      for (const CheckpointFile& f : read) {
-        if (f.Field("segps.num_servers") == read[0].Field("segps.num_servers") &&
-            f.Field("segps.model_fingerprint") == read[0].Field("segps.model_fingerprint")) {
-          indices.insert(f.Field("segps.server"));
-        }
-      }
-      if (servers == 0 || indices.size() != servers || read.size() != servers) {
-        skipped.push_back(absl::StrCat("clock ", c, " (", read.size(), " files for ", servers, " servers)"));
-        continue;
-      }
-      const std::string name = read[0].Field("segps.segment");
-      for (const char* key : {"segps.job", "segps.model_fingerprint", "segps.optimizer", "segps.model"}) {
-        if (!metadata.count(key)) metadata[key] = read[0].Field(key);
-        if (metadata[key] != read[0].Field(key)) {
-          return absl::FailedPreconditionError(absl::StrCat("merge: ", files[0].string(), " has ", key, " ",
-                                                            read[0].Field(key), ", other segments ", metadata[key]));
-        }
-      }
-      for (const char* key : {"segps.clock", "segps.steps", "segps.updates", "segps.ranks"}) {
-        metadata[absl::StrCat(key, ".", name)] = read[0].Field(key);
-      }
-      for (const CheckpointFile& f : read) {
-        for (const auto& [tensor, part] : f.parts) {
-          if (IsSlot(tensor) && !slots) continue;
-          Whole& whole = tensors[tensor];
-          if (whole.shape.empty()) {
-            whole.shape = part.shape;
-            uint64_t n = 1;
-            for (uint64_t d : part.shape) n *= d;
-            whole.values.assign(n, 0.0f);
-          }
-          if (whole.shape != part.shape) {
-            return absl::DataLossError(absl::StrCat("merge: tensor ", tensor, " has two shapes"));
-          }
-          std::copy(part.values.begin(), part.values.end(), whole.values.begin() + part.tensor_offset);
-          whole.covered += part.values.size();
-        }
-      }
-      std::cout << "segment " << name << ": clock " << c << " from " << servers << " servers"
-                << (skipped.empty() ? "" : absl::StrCat(" (incomplete: ", absl::StrJoin(skipped, ", "), ")")) << "\n";
-      merged = true;
-      ++segments;
-      break;
-    }
-    if (!merged) {
-      return absl::NotFoundError(absl::StrCat(
-          "merge: ", segment_dir.string(), ": no clock", clock.has_value() ? absl::StrCat(" ", *clock) : "",
-          " with every server's file", skipped.empty() ? "" : absl::StrCat(" (", absl::StrJoin(skipped, ", "), ")")));
-    }
-  }
-  if (segments == 0) return absl::NotFoundError(absl::StrCat("merge: no checkpoints under ", dir));
-  std::vector<TensorToWrite> out_tensors;
-  for (const auto& [name, whole] : tensors) {
-    if (whole.covered != whole.values.size()) {
-      return absl::DataLossError(absl::StrCat("merge: tensor ", name, ": the servers' parts cover ", whole.covered,
-                                              " of its ", whole.values.size(), " elements"));
-    }
-    out_tensors.push_back({name, whole.shape, whole.values});
-  }
-  return WriteSafetensors(out, out_tensors, metadata);
+  Merger merger(clock, slots);
+  for (const fs::path& segment_dir : segment_dirs) SEGPS_RETURN_IF_ERROR(merger.AddSegment(segment_dir));
+  return merger.Write(dir, out);
 }
 
 absl::Status SplitCheckpoint(const std::string& merged, const v1::JobConfig& config, const std::string& dir) {

@@ -45,11 +45,112 @@ ABSL_FLAG(std::string, listen, "",
 
 namespace {
 
+int Fail(const absl::Status& status) {
+  std::cerr << "segps-server: " << status.message() << "\n";
+  return 1;
+}
+
 // Whether `listen` (host:port) is reachable from this host only.
 bool IsLoopback(const std::string& listen) {
   std::string host = listen.substr(0, listen.rfind(':'));
   if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
   return host == "localhost" || host.rfind("127.", 0) == 0 || host == "::1";
+}
+
+// The server's settings: its config, after the flags.
+struct Settings {
+  segps::v1::JobConfig config;
+  int32_t index = 0;
+  int32_t apply_threads = 1, handler_threads = 1;
+  std::string listen;
+};
+
+// Reads the config and checks the flags; an error names the flag.
+absl::StatusOr<Settings> ReadSettings() {
+  Settings s;
+  const std::string config_path = absl::GetFlag(FLAGS_config);
+  if (config_path.empty()) return absl::InvalidArgumentError("--config is required (see --help)");
+  absl::StatusOr<segps::v1::JobConfig> config = segps::LoadConfig(config_path);
+  if (!config.ok()) return config.status();
+  s.config = *std::move(config);
+  segps::ApplySecurityFlags(s.config.mutable_security());
+  s.index = absl::GetFlag(FLAGS_index);
+  if (s.index < 0 || s.index >= static_cast<int32_t>(s.config.cluster().num_servers())) {
+    return absl::InvalidArgumentError(absl::StrCat("--index must be in [0, ", s.config.cluster().num_servers(),
+                                                   ") for this config, got ", s.index));
+  }
+  s.apply_threads = absl::GetFlag(FLAGS_apply_threads);
+  if (s.apply_threads < 1 || s.apply_threads > 256) {
+    return absl::InvalidArgumentError(absl::StrCat("--apply_threads must be in [1, 256], got ", s.apply_threads));
+  }
+  s.handler_threads = absl::GetFlag(FLAGS_handler_threads);
+  if (s.handler_threads < 1 || s.handler_threads > 256) {
+    return absl::InvalidArgumentError(absl::StrCat("--handler_threads must be in [1, 256], got ", s.handler_threads));
+  }
+  s.listen = absl::GetFlag(FLAGS_listen);
+  if (s.listen.empty()) {
+    s.listen = s.index < s.config.cluster().server_addresses_size() ? s.config.cluster().server_addresses(s.index)
+                                                                     : "127.0.0.1:0";
+  }
+  const bool tls = !s.config.security().cert().empty();
+  if (!tls && !IsLoopback(s.listen) && !absl::GetFlag(FLAGS_insecure)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "refusing to serve ", s.listen,
+        " in plaintext: other hosts could read the parameters and call every method. Give a certificate "
+        "and key (--tls_cert, --tls_key, or security { cert key } in the config; deploy/make-certs.sh "
+        "makes them), listen on loopback, or pass --insecure on a network you trust"));
+  }
+  if (!tls) std::cout << "segps-server: plaintext, no authentication (" << s.listen << ")" << std::endl;
+  return s;
+}
+
+// The metrics endpoint (--metrics_listen); null without one.
+absl::StatusOr<std::unique_ptr<segps::MetricsEndpoint>> StartMetrics() {
+  if (absl::GetFlag(FLAGS_metrics_listen).empty()) return nullptr;
+  absl::StatusOr<std::unique_ptr<segps::MetricsEndpoint>> endpoint =
+      segps::MetricsEndpoint::Start(absl::GetFlag(FLAGS_metrics_listen));
+  if (endpoint.ok()) std::cout << "segps-server metrics on http://" << (*endpoint)->address() << "/metrics" << std::endl;
+  return endpoint;
+}
+
+// Serves until SIGTERM or SIGINT; the exit code.
+int Serve(const Settings& s) {
+  // Block the shutdown signals before gRPC starts its threads, so that only
+  // sigwait below receives them.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  absl::StatusOr<std::unique_ptr<segps::MetricsEndpoint>> metrics_endpoint = StartMetrics();
+  if (!metrics_endpoint.ok()) return Fail(metrics_endpoint.status());
+  std::unique_ptr<segps::ServerMetrics> metrics;
+  if (*metrics_endpoint != nullptr) {
+    metrics = std::make_unique<segps::ServerMetrics>((*metrics_endpoint)->registry(), s.config, s.index);
+  }
+  absl::StatusOr<std::unique_ptr<segps::ParameterServer>> server =
+      segps::ParameterServer::Create(s.config, static_cast<uint32_t>(s.index),
+                                     {.metrics = metrics.get(),
+                                      .apply_threads = s.apply_threads,
+                                      .checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir)});
+  if (!server.ok()) return Fail(server.status());
+  absl::StatusOr<std::unique_ptr<segps::RunningServer>> running =
+      segps::StartGrpcServer(server->get(), s.listen, s.handler_threads);
+  if (!running.ok()) return Fail(running.status());
+  const segps::ShardMap& map = (*server)->shard_map();
+  uint64_t elements = 0;
+  for (int k = 0; k < map.num_segments(); ++k) elements += map.range(k, s.index).count;
+  SEGPS_LOG_INFO << "server " << s.index << " of " << s.config.cluster().num_servers() << " holds " << elements
+                 << " parameters of " << map.num_segments() << " segments; shard map " << map.fingerprint();
+  std::cout << "segps-server listening on " << (*running)->address() << std::endl;
+
+  int received = 0;
+  sigwait(&signals, &received);
+  SEGPS_LOG_INFO << "server " << s.index << ": " << (received == SIGINT ? "SIGINT" : "SIGTERM") << ", shutting down";
+  (*running)->Shutdown(absl::Seconds(1));
+  (*server)->FlushCheckpoints();
+  return 0;
 }
 
 }  // namespace
@@ -65,100 +166,10 @@ int main(int argc, char** argv) {
     std::cerr << "segps-server: unexpected argument '" << positional[1] << "' (see --help)\n";
     return 2;
   }
-  const std::string config_path = absl::GetFlag(FLAGS_config);
-  if (config_path.empty()) {
-    std::cerr << "segps-server: --config is required (see --help)\n";
+  absl::StatusOr<Settings> settings = ReadSettings();
+  if (!settings.ok()) {
+    std::cerr << "segps-server: " << settings.status().message() << "\n";
     return 2;
   }
-  absl::StatusOr<segps::v1::JobConfig> config = segps::LoadConfig(config_path);
-  if (!config.ok()) {
-    std::cerr << "segps-server: " << config.status().message() << "\n";
-    return 2;
-  }
-  segps::ApplySecurityFlags(config->mutable_security());
-  const int32_t index = absl::GetFlag(FLAGS_index);
-  if (index < 0 || index >= static_cast<int32_t>(config->cluster().num_servers())) {
-    std::cerr << "segps-server: --index must be in [0, " << config->cluster().num_servers()
-              << ") for this config, got " << index << "\n";
-    return 2;
-  }
-  const int32_t apply_threads = absl::GetFlag(FLAGS_apply_threads);
-  if (apply_threads < 1 || apply_threads > 256) {
-    std::cerr << "segps-server: --apply_threads must be in [1, 256], got " << apply_threads << "\n";
-    return 2;
-  }
-  const int32_t handler_threads = absl::GetFlag(FLAGS_handler_threads);
-  if (handler_threads < 1 || handler_threads > 256) {
-    std::cerr << "segps-server: --handler_threads must be in [1, 256], got " << handler_threads << "\n";
-    return 2;
-  }
-  std::string listen = absl::GetFlag(FLAGS_listen);
-  if (listen.empty()) {
-    listen = index < config->cluster().server_addresses_size()
-                 ? config->cluster().server_addresses(index)
-                 : "127.0.0.1:0";
-  }
-
-  const bool tls = !config->security().cert().empty();
-  if (!tls && !IsLoopback(listen) && !absl::GetFlag(FLAGS_insecure)) {
-    std::cerr << "segps-server: refusing to serve " << listen
-              << " in plaintext: other hosts could read the parameters and call every method. Give a certificate "
-                 "and key (--tls_cert, --tls_key, or security { cert key } in the config; deploy/make-certs.sh "
-                 "makes them), listen on loopback, or pass --insecure on a network you trust\n";
-    return 2;
-  }
-  if (!tls) std::cout << "segps-server: plaintext, no authentication (" << listen << ")" << std::endl;
-
-  // Block the shutdown signals before gRPC starts its threads, so that only
-  // sigwait below receives them.
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGTERM);
-  sigaddset(&signals, SIGINT);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
-
-  std::unique_ptr<segps::MetricsEndpoint> metrics_endpoint;
-  std::unique_ptr<segps::ServerMetrics> metrics;
-  if (!absl::GetFlag(FLAGS_metrics_listen).empty()) {
-    absl::StatusOr<std::unique_ptr<segps::MetricsEndpoint>> endpoint =
-        segps::MetricsEndpoint::Start(absl::GetFlag(FLAGS_metrics_listen));
-    if (!endpoint.ok()) {
-      std::cerr << "segps-server: " << endpoint.status().message() << "\n";
-      return 1;
-    }
-    metrics_endpoint = *std::move(endpoint);
-    metrics = std::make_unique<segps::ServerMetrics>(metrics_endpoint->registry(), *config, index);
-    std::cout << "segps-server metrics on http://" << metrics_endpoint->address() << "/metrics" << std::endl;
-  }
-  absl::StatusOr<std::unique_ptr<segps::ParameterServer>> server =
-      segps::ParameterServer::Create(*config, static_cast<uint32_t>(index),
-                                     {.metrics = metrics.get(),
-                                      .apply_threads = apply_threads,
-                                      .checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir)});
-  if (!server.ok()) {
-    std::cerr << "segps-server: " << server.status().message() << "\n";
-    return 1;
-  }
-  absl::StatusOr<std::unique_ptr<segps::RunningServer>> running =
-      segps::StartGrpcServer(server->get(), listen, handler_threads);
-  if (!running.ok()) {
-    std::cerr << "segps-server: " << running.status().message() << "\n";
-    return 1;
-  }
-  uint64_t elements = 0;
-  for (int k = 0; k < (*server)->shard_map().num_segments(); ++k) {
-    elements += (*server)->shard_map().range(k, index).count;
-  }
-  SEGPS_LOG_INFO << "server " << index << " of " << config->cluster().num_servers() << " holds "
-                 << elements << " parameters of " << (*server)->shard_map().num_segments()
-                 << " segments; shard map " << (*server)->shard_map().fingerprint();
-  std::cout << "segps-server listening on " << (*running)->address() << std::endl;
-
-  int received = 0;
-  sigwait(&signals, &received);
-  SEGPS_LOG_INFO << "server " << index << ": " << (received == SIGINT ? "SIGINT" : "SIGTERM")
-                 << ", shutting down";
-  (*running)->Shutdown(absl::Seconds(1));
-  (*server)->FlushCheckpoints();
-  return 0;
+  return Serve(*settings);
 }

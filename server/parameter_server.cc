@@ -98,7 +98,6 @@ void ParameterServer::FlushCheckpoints() {
 absl::StatusOr<std::unique_ptr<ParameterServer>> ParameterServer::Create(const v1::JobConfig& config,
                                                                          uint32_t index,
                                                                          const ServerOptions& server_options) {
-  const int apply_threads = server_options.apply_threads;
   if (index >= config.cluster().num_servers()) {
     return absl::InvalidArgumentError(absl::StrCat("server index ", index, " is out of range: the config has ",
                                                    config.cluster().num_servers(), " servers"));
@@ -116,87 +115,91 @@ absl::StatusOr<std::unique_ptr<ParameterServer>> ParameterServer::Create(const v
     server->store_ = *std::move(store);
   }
   const int segments = server->map_.num_segments();
-  if (apply_threads > 1) server->apply_pool_ = std::make_unique<ApplyPool>(apply_threads);
+  if (server_options.apply_threads > 1) server->apply_pool_ = std::make_unique<ApplyPool>(server_options.apply_threads);
   server->rejected_ = std::make_unique<std::atomic<uint64_t>[]>(segments + 1);
   server->push_bytes_ = std::make_unique<std::atomic<uint64_t>[]>(segments);
   server->pull_bytes_ = std::make_unique<std::atomic<uint64_t>[]>(segments);
-  for (int k = 0; k < segments; ++k) {
-    ShardOptions options;
-    options.segment = k;
-    options.range = server->map_.range(k, index);
-    options.staleness = StalenessOf(config, k);
-    options.max_clock_ahead = PushesInFlight(config, k) + 1;
-    options.lease = absl::Milliseconds(config.cluster().lease_ms());
-    options.momentum_lookahead = config.optimizer().momentum_lookahead();
-    options.apply_pool = server->apply_pool_.get();
-    options.clock = server_options.clock;
-    options.max_waiting_per_worker = config.cluster().max_waiting_calls();
-    options.ranks = WorkersOf(config, k);
-    options.hold_for_joiners = options.staleness == 0;
-    if (config.training().has_balance()) {
-      const v1::BalanceConfig& balance = config.training().balance();
-      options.batch_size = config.training().batch_size();
-      // Server 0 decides every segment's shares: one place that every
-      // worker already calls each step, so all see the same decisions.
-      if (index == 0) {
-        ShardOptions::Balance decide;
-        decide.initial = InitialShares(config.training(), options.ranks);
-        decide.every_clocks = balance.every_clocks();
-        decide.least = MinShare(config.training());
-        decide.hysteresis = std::max<uint32_t>(1, config.training().batch_size() / 50);
-        decide.lead = static_cast<uint32_t>(options.staleness) + 2;
-        options.balance = std::move(decide);
-      }
-    }
-    if (server->store_ != nullptr) {
-      ParameterServer* const s = server.get();
-      options.checkpoint_every = config.checkpoint().every_clocks();
-      options.checkpoint_interval = absl::Seconds(config.checkpoint().every_seconds());
-      options.on_checkpoint = [s, k](std::shared_ptr<const ShardState> state) {
-        MutexLock lock(&s->writer_mu_);
-        auto& pending = s->cuts_[k];
-        if (pending != nullptr) {
-          SEGPS_LOG_WARNING << "server " << s->index_ << ": checkpoint of segment " << k << " at clock "
-                            << pending->clock << " skipped: the disk is slower than every_clocks";
-        }
-        pending = std::move(state);
-        s->writer_wake_.SignalAll();
-      };
-    }
-    std::vector<float> values(options.range.count);
-    InitializeRange(server->map_, k, options.range.offset, config.seed(), values.data(),
-                    values.size());
-    absl::StatusOr<std::unique_ptr<Optimizer>> optimizer =
-        CreateOptimizer(config.optimizer(), options.range.count);
-    if (!optimizer.ok()) return optimizer.status();
-    server->shards_.push_back(
-        std::make_unique<SegmentShard>(options, std::move(values), *std::move(optimizer)));
-    if (server->store_ == nullptr) continue;
-    const absl::Time read_start = absl::Now();
-    absl::StatusOr<std::optional<ShardState>> latest = server->store_->Latest(k);
-    if (!latest.ok()) return latest.status();
-    if (!latest->has_value()) continue;
-    server->shards_.back()->Restore(**latest, std::nullopt, nullptr);
-    SEGPS_LOG_INFO << "server " << index << ": restored " << config.model().segments(k).name() << " at clock "
-                   << (*latest)->clock << " from " << server->store_->Path(k, (*latest)->clock) << " (ranks "
-                   << absl::StrJoin((*latest)->ranks, ",") << " resume there), read in "
-                   << absl::ToDoubleMilliseconds(absl::Now() - read_start) << " ms";
-  }
-  if (server->store_ != nullptr) {
-    ParameterServer* const s = server.get();
-    s->writer_ = std::thread([s] { s->WriteCheckpoints(); });
-  }
-  if (server_options.tick > absl::ZeroDuration()) {
-    ParameterServer* const s = server.get();
-    s->ticker_ = std::thread([s, period = server_options.tick] {
-      MutexLock lock(&s->ticker_mu_);
-      while (!s->ticker_stop_) {
-        s->ticker_wake_.WaitWithDeadline(&s->ticker_mu_, absl::Now() + period);
-        s->Tick();
-      }
-    });
-  }
+  for (int k = 0; k < segments; ++k) SEGPS_RETURN_IF_ERROR(server->AddShard(k));
+  server->StartThreads(server_options.tick);
   return server;
+}
+
+ShardOptions ParameterServer::ShardOptionsFor(int k) {
+  const v1::JobConfig& config = config_;
+  ShardOptions options;
+  options.segment = k;
+  options.range = map_.range(k, index_);
+  options.staleness = StalenessOf(config, k);
+  options.max_clock_ahead = PushesInFlight(config, k) + 1;
+  options.lease = absl::Milliseconds(config.cluster().lease_ms());
+  options.momentum_lookahead = config.optimizer().momentum_lookahead();
+  options.apply_pool = apply_pool_.get();
+  options.clock = clock_;
+  options.max_waiting_per_worker = config.cluster().max_waiting_calls();
+  options.ranks = WorkersOf(config, k);
+  options.hold_for_joiners = options.staleness == 0;
+  if (config.training().has_balance()) {
+    const v1::BalanceConfig& balance = config.training().balance();
+    options.batch_size = config.training().batch_size();
+    // Server 0 decides every segment's shares: one place that every worker
+    // already calls each step, so all see the same decisions.
+    if (index_ == 0) {
+      ShardOptions::Balance decide;
+      decide.initial = InitialShares(config.training(), options.ranks);
+      decide.every_clocks = balance.every_clocks();
+      decide.least = MinShare(config.training());
+      decide.hysteresis = std::max<uint32_t>(1, config.training().batch_size() / 50);
+      decide.lead = static_cast<uint32_t>(options.staleness) + 2;
+      options.balance = std::move(decide);
+    }
+  }
+  if (store_ != nullptr) {
+    options.checkpoint_every = config.checkpoint().every_clocks();
+    options.checkpoint_interval = absl::Seconds(config.checkpoint().every_seconds());
+    options.on_checkpoint = [this, k](std::shared_ptr<const ShardState> state) {
+      MutexLock lock(&writer_mu_);
+      auto& pending = cuts_[k];
+      if (pending != nullptr) {
+        SEGPS_LOG_WARNING << "server " << index_ << ": checkpoint of segment " << k << " at clock "
+                          << pending->clock << " skipped: the disk is slower than every_clocks";
+      }
+      pending = std::move(state);
+      writer_wake_.SignalAll();
+    };
+  }
+  return options;
+}
+
+absl::Status ParameterServer::AddShard(int k) {
+  ShardOptions options = ShardOptionsFor(k);
+  std::vector<float> values(options.range.count);
+  InitializeRange(map_, k, options.range.offset, config_.seed(), values.data(), values.size());
+  absl::StatusOr<std::unique_ptr<Optimizer>> optimizer = CreateOptimizer(config_.optimizer(), options.range.count);
+  if (!optimizer.ok()) return optimizer.status();
+  shards_.push_back(std::make_unique<SegmentShard>(options, std::move(values), *std::move(optimizer)));
+  if (store_ == nullptr) return absl::OkStatus();
+  const absl::Time read_start = absl::Now();
+  absl::StatusOr<std::optional<ShardState>> latest = store_->Latest(k);
+  if (!latest.ok()) return latest.status();
+  if (!latest->has_value()) return absl::OkStatus();
+  shards_.back()->Restore(**latest, std::nullopt, nullptr);
+  SEGPS_LOG_INFO << "server " << index_ << ": restored " << config_.model().segments(k).name() << " at clock "
+                 << (*latest)->clock << " from " << store_->Path(k, (*latest)->clock) << " (ranks "
+                 << absl::StrJoin((*latest)->ranks, ",") << " resume there), read in "
+                 << absl::ToDoubleMilliseconds(absl::Now() - read_start) << " ms";
+  return absl::OkStatus();
+}
+
+void ParameterServer::StartThreads(absl::Duration tick) {
+  if (store_ != nullptr) writer_ = std::thread([this] { WriteCheckpoints(); });
+  if (tick <= absl::ZeroDuration()) return;
+  ticker_ = std::thread([this, tick] {
+    MutexLock lock(&ticker_mu_);
+    while (!ticker_stop_) {
+      ticker_wake_.WaitWithDeadline(&ticker_mu_, absl::Now() + tick);
+      Tick();
+    }
+  });
 }
 
 absl::StatusOr<SegmentShard*> ParameterServer::ShardFor(uint32_t segment, const char* call) {

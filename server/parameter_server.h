@@ -113,6 +113,12 @@ class ParameterServer {
 
  private:
   ParameterServer(v1::JobConfig config, uint32_t index, ShardMap map, const ServerOptions& options);
+  // The options of segment k's shard on this server.
+  ShardOptions ShardOptionsFor(int k);
+  // Makes segment k's shard, restored from its newest checkpoint if there is one.
+  absl::Status AddShard(int k);
+  // The checkpoint writer (with a store) and the ticker (every `tick`, if positive).
+  void StartThreads(absl::Duration tick);
   absl::StatusOr<SegmentShard*> ShardFor(uint32_t segment, const char* call);
   absl::Status Reject(uint32_t segment, absl::Status status);
   static void FillValues(Range chunk, v1::DType dtype, v1::TensorSlice* values);

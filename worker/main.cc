@@ -75,91 +75,226 @@ int Fail(const std::string& message) {
   std::cerr << "segps-worker: " << message << "\n";
   return 1;
 }
+int Fail(const absl::Status& status) { return Fail(std::string(status.message())); }
+
+// What every kind of worker starts from.
+struct Worker {
+  segps::v1::JobConfig config;
+  int segment = 0;
+  std::optional<uint32_t> rank;
+  // With --servers=- the list is read from stdin once everything that does
+  // not need the servers is ready.
+  bool servers_from_stdin = false;
+  std::vector<std::string> servers;
+  std::unique_ptr<segps::Backend> backend;
+  std::unique_ptr<segps::MetricsEndpoint> metrics_endpoint;
+  std::unique_ptr<segps::WorkerMetrics> metrics;
+};
+
+absl::Status ReadServersFromStdin(std::vector<std::string>* servers) {
+  std::string line;
+  if (!std::getline(std::cin, line)) {
+    return absl::InvalidArgumentError("--servers -: stdin ended before a line of server addresses");
+  }
+  *servers = absl::StrSplit(line, ',', absl::SkipEmpty());
+  if (servers->empty()) return absl::InvalidArgumentError("--servers -: the line read from stdin names no server");
+  return absl::OkStatus();
+}
+
+absl::StatusOr<double> SlowdownFactor() {
+  const double factor = absl::GetFlag(FLAGS_slowdown_factor);
+  if (!(factor >= 1 && factor <= 1000)) {
+    return absl::InvalidArgumentError(absl::StrCat("--slowdown_factor must be in [1, 1000], got ", factor));
+  }
+  return factor;
+}
+
+// A stage after the first: the listening end of the link from the previous
+// stage. It is a server: its own certificate, and with a CA, mutual TLS (the
+// previous stage presents its worker certificate).
+absl::StatusOr<std::unique_ptr<segps::Upstream>> ListenUpstream(const segps::v1::JobConfig& config, int stage,
+                                                                uint32_t rank) {
+  segps::v1::JobConfig link_config = config;
+  segps::v1::SecurityConfig& link_security = *link_config.mutable_security();
+  if (!absl::GetFlag(FLAGS_stage_tls_cert).empty() || !absl::GetFlag(FLAGS_stage_tls_key).empty()) {
+    if (absl::GetFlag(FLAGS_stage_tls_cert).empty() || absl::GetFlag(FLAGS_stage_tls_key).empty()) {
+      return absl::InvalidArgumentError("--stage_tls_cert and --stage_tls_key go together");
+    }
+    link_security.set_cert(absl::GetFlag(FLAGS_stage_tls_cert));
+    link_security.set_key(absl::GetFlag(FLAGS_stage_tls_key));
+  }
+  link_security.set_require_client_cert(!link_security.ca_cert().empty() && !link_security.cert().empty());
+  absl::StatusOr<std::unique_ptr<segps::Upstream>> listening =
+      segps::Upstream::Listen(link_config, stage, rank, absl::GetFlag(FLAGS_stage_listen));
+  if (listening.ok()) std::cout << "stage link listening on " << (*listening)->address() << std::endl;
+  return listening;
+}
+
+// The next stage's address (--next_stage, or stdin's next line); empty for the last stage.
+absl::StatusOr<std::string> NextStage(int stage, int stages) {
+  std::string next = absl::GetFlag(FLAGS_next_stage);
+  if (stage + 1 < stages && next == "-" && !std::getline(std::cin, next)) {
+    return absl::InvalidArgumentError("--next_stage -: stdin ended before the next stage's address");
+  }
+  if ((stage + 1 < stages) == next.empty()) {
+    return absl::InvalidArgumentError(stage + 1 < stages ? "--next_stage is required for every stage but the last"
+                                                         : "--next_stage is for stages before the last");
+  }
+  return next;
+}
 
 // A pipeline stage (combine: CHAIN): its links to the neighbouring stages,
 // then its training loop. Only stage 0 loads the data.
-int RunStage(const segps::v1::JobConfig& config, int stage, std::optional<uint32_t> rank, bool servers_from_stdin,
-             std::vector<std::string> servers, segps::Backend* backend, segps::MetricsEndpoint* metrics_endpoint,
-             segps::WorkerMetrics* metrics) {
-  if (!rank.has_value()) return Fail("--rank auto is not for pipeline stages: replica r of each stage pairs up by rank");
-  const int stages = config.model().segments_size();
-  std::unique_ptr<segps::Upstream> upstream;
-  if (stage > 0) {
-    // The link's listening end is a server: its own certificate, and with
-    // a CA, mutual TLS (the previous stage presents its worker certificate).
-    segps::v1::JobConfig link_config = config;
-    segps::v1::SecurityConfig& link_security = *link_config.mutable_security();
-    if (!absl::GetFlag(FLAGS_stage_tls_cert).empty() || !absl::GetFlag(FLAGS_stage_tls_key).empty()) {
-      if (absl::GetFlag(FLAGS_stage_tls_cert).empty() || absl::GetFlag(FLAGS_stage_tls_key).empty()) {
-        return Fail("--stage_tls_cert and --stage_tls_key go together");
-      }
-      link_security.set_cert(absl::GetFlag(FLAGS_stage_tls_cert));
-      link_security.set_key(absl::GetFlag(FLAGS_stage_tls_key));
-    }
-    link_security.set_require_client_cert(!link_security.ca_cert().empty() && !link_security.cert().empty());
-    absl::StatusOr<std::unique_ptr<segps::Upstream>> listening =
-        segps::Upstream::Listen(link_config, stage, *rank, absl::GetFlag(FLAGS_stage_listen));
-    if (!listening.ok()) return Fail(std::string(listening.status().message()));
-    upstream = *std::move(listening);
-    std::cout << "stage link listening on " << upstream->address() << std::endl;
-  }
-  absl::StatusOr<segps::TrainTest> data;
-  if (stage == 0) {
-    data = segps::LoadData(config);
-    if (!data.ok()) return Fail(std::string(data.status().message()));
-  }
-  std::string next = absl::GetFlag(FLAGS_next_stage);
-  if (servers_from_stdin) {
-    std::string line;
-    if (!std::getline(std::cin, line)) return Fail("--servers -: stdin ended before a line of server addresses");
-    servers = absl::StrSplit(line, ',', absl::SkipEmpty());
-    if (servers.empty()) return Fail("--servers -: the line read from stdin names no server");
-  }
-  if (stage + 1 < stages && next == "-" && !std::getline(std::cin, next)) {
-    return Fail("--next_stage -: stdin ended before the next stage's address");
-  }
-  if ((stage + 1 < stages) == next.empty()) {
-    return Fail(stage + 1 < stages ? "--next_stage is required for every stage but the last"
-                                   : "--next_stage is for stages before the last");
-  }
-  absl::StatusOr<std::unique_ptr<segps::ParameterClient>> client = segps::ConnectGrpc(config, servers);
-  if (!client.ok()) return Fail(std::string(client.status().message()));
-  std::unique_ptr<segps::Downstream> downstream;
-  if (stage + 1 < stages) {
-    absl::StatusOr<std::unique_ptr<segps::Downstream>> connected = segps::Downstream::Connect(config, stage, *rank, next);
-    if (!connected.ok()) return Fail(std::string(connected.status().message()));
-    downstream = *std::move(connected);
-  }
+int RunStage(Worker& w) {
+  if (!w.rank.has_value()) return Fail("--rank auto is not for pipeline stages: replica r of each stage pairs up by rank");
+  const int stage = w.segment, stages = w.config.model().segments_size();
   segps::StageOptions options;
   options.stage = stage;
-  options.replica = *rank;
+  options.replica = *w.rank;
+  std::unique_ptr<segps::Upstream> upstream;
+  if (stage > 0) {
+    absl::StatusOr<std::unique_ptr<segps::Upstream>> listening = ListenUpstream(w.config, stage, *w.rank);
+    if (!listening.ok()) return Fail(listening.status());
+    upstream = *std::move(listening);
+  }
+  absl::StatusOr<segps::TrainTest> data;
+  if (stage == 0 && !(data = segps::LoadData(w.config)).ok()) return Fail(data.status());
+  if (w.servers_from_stdin) {
+    if (absl::Status read = ReadServersFromStdin(&w.servers); !read.ok()) return Fail(read);
+  }
+  absl::StatusOr<std::string> next = NextStage(stage, stages);
+  if (!next.ok()) return Fail(next.status());
+  absl::StatusOr<std::unique_ptr<segps::ParameterClient>> client = segps::ConnectGrpc(w.config, w.servers);
+  if (!client.ok()) return Fail(client.status());
+  std::unique_ptr<segps::Downstream> downstream;
+  if (stage + 1 < stages) {
+    absl::StatusOr<std::unique_ptr<segps::Downstream>> connected =
+        segps::Downstream::Connect(w.config, stage, *w.rank, *next);
+    if (!connected.ok()) return Fail(connected.status());
+    downstream = *std::move(connected);
+  }
   options.upstream = upstream.get();
   options.downstream = downstream.get();
-  options.patience = absl::Milliseconds(config.cluster().recovery_timeout_ms());
+  options.patience = absl::Milliseconds(w.config.cluster().recovery_timeout_ms());
   std::unique_ptr<segps::StageMetrics> stage_metrics;
-  if (metrics_endpoint != nullptr) {
-    stage_metrics = std::make_unique<segps::StageMetrics>(metrics_endpoint->registry(),
-                                                          config.model().segments(stage).name(), stage);
+  if (w.metrics_endpoint != nullptr) {
+    stage_metrics = std::make_unique<segps::StageMetrics>(w.metrics_endpoint->registry(),
+                                                          w.config.model().segments(stage).name(), stage);
   }
-  options.metrics = metrics;
+  options.metrics = w.metrics.get();
   options.stage_metrics = stage_metrics.get();
-  options.slowdown_factor = absl::GetFlag(FLAGS_slowdown_factor);
-  if (!(options.slowdown_factor >= 1 && options.slowdown_factor <= 1000)) {
-    return Fail(absl::StrCat("--slowdown_factor must be in [1, 1000], got ", options.slowdown_factor));
-  }
+  absl::StatusOr<double> slowdown = SlowdownFactor();
+  if (!slowdown.ok()) return Fail(slowdown.status());
+  options.slowdown_factor = *slowdown;
   const double pass_ms = absl::GetFlag(FLAGS_pass_ms);
   if (!(pass_ms >= 0 && pass_ms <= 60000)) return Fail(absl::StrCat("--pass_ms must be in [0, 60000], got ", pass_ms));
   options.pass_time = absl::Milliseconds(pass_ms);
   if (options.slowdown_factor > 1 || pass_ms > 0) prctl(PR_SET_TIMERSLACK, 1UL, 0, 0, 0);
   absl::StatusOr<segps::TrainReport> report =
-      segps::TrainStage(config, options, stage == 0 ? &data->train : nullptr, backend, client->get());
-  if (!report.ok()) return Fail(std::string(report.status().message()));
-  SEGPS_LOG_INFO << config.model().segments(stage).name() << ": done: " << report->steps << " steps, "
+      segps::TrainStage(w.config, options, stage == 0 ? &data->train : nullptr, w.backend.get(), client->get());
+  if (!report.ok()) return Fail(report.status());
+  SEGPS_LOG_INFO << w.config.model().segments(stage).name() << ": done: " << report->steps << " steps, "
                  << report->samples << " samples in " << report->seconds << " s"
-                 << (stage + 1 == stages ? absl::StrCat("; last epoch loss ", report->last_loss, " acc ",
-                                                        report->last_accuracy)
-                                         : std::string());
+                 << (stage + 1 == stages
+                         ? absl::StrCat("; last epoch loss ", report->last_loss, " acc ", report->last_accuracy)
+                         : std::string());
   return 0;
+}
+
+// A worker of an ensemble's segment.
+int RunEnsemble(Worker& w) {
+  absl::StatusOr<segps::TrainTest> data = segps::LoadData(w.config);
+  if (!data.ok()) return Fail(data.status());
+  if (w.servers_from_stdin) {
+    if (absl::Status read = ReadServersFromStdin(&w.servers); !read.ok()) return Fail(read);
+  }
+  absl::StatusOr<std::unique_ptr<segps::ParameterClient>> client = segps::ConnectGrpc(w.config, w.servers);
+  if (!client.ok()) return Fail(client.status());
+  segps::TrainerOptions options;
+  options.segment = w.segment;
+  options.rank = w.rank;
+  options.metrics = w.metrics.get();
+  options.slowdown = absl::Milliseconds(absl::GetFlag(FLAGS_slowdown_ms));
+  absl::StatusOr<double> slowdown = SlowdownFactor();
+  if (!slowdown.ok()) return Fail(slowdown.status());
+  options.slowdown_factor = *slowdown;
+  // A stretched step sleeps for tens of microseconds: without the kernel's
+  // default 50 us timer slack, the sleep is what was asked for.
+  if (options.slowdown_factor > 1) prctl(PR_SET_TIMERSLACK, 1UL, 0, 0, 0);
+  options.progress_bar = isatty(STDOUT_FILENO) != 0;
+  std::vector<std::vector<float>> test_probabilities;
+  if (w.config.training().test_every_epoch()) {
+    options.test = &data->test;
+    if (!absl::GetFlag(FLAGS_history_dir).empty()) options.test_probabilities = &test_probabilities;
+  }
+  absl::StatusOr<segps::TrainReport> report =
+      segps::Train(w.config, options, data->train, w.backend.get(), client->get());
+  if (!report.ok()) return Fail(report.status());
+  if (!absl::GetFlag(FLAGS_history_dir).empty()) {
+    absl::Status written = segps::WriteHistory(absl::GetFlag(FLAGS_history_dir), report->history, test_probabilities,
+                                               w.config.model().num_classes());
+    if (!written.ok()) return Fail(written);
+  }
+  SEGPS_LOG_INFO << w.config.model().segments(w.segment).name() << ": done: " << report->steps << " steps, "
+                 << report->samples << " samples in " << report->seconds << " s ("
+                 << static_cast<int64_t>(report->samples / std::max(1e-9, report->seconds))
+                 << " samples/s); last epoch loss " << report->last_loss << " acc " << report->last_accuracy
+                 << "; staleness mean " << report->mean_staleness << " max " << report->max_staleness
+                 << "; blocked " << report->blocked_seconds << " s";
+  return 0;
+}
+
+// The config, the worker's place in it and its servers, from the flags.
+absl::Status ReadPlace(Worker* w) {
+  if (absl::GetFlag(FLAGS_config).empty()) return absl::InvalidArgumentError("--config is required (see --help)");
+  absl::StatusOr<segps::v1::JobConfig> config = segps::LoadConfig(absl::GetFlag(FLAGS_config));
+  if (!config.ok()) return config.status();
+  w->config = *std::move(config);
+  segps::ApplySecurityFlags(w->config.mutable_security());
+  const std::string segment_flag = absl::GetFlag(FLAGS_segment);
+  w->segment = segps::SegmentIndex(w->config.model(), segment_flag);
+  if (w->segment < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--segment '", segment_flag, "' names no segment of the config (give an index or a name)"));
+  }
+  const std::string rank_flag = absl::GetFlag(FLAGS_rank);
+  const uint32_t workers = segps::WorkersOf(w->config, w->segment);
+  if (rank_flag != "auto") {
+    uint32_t r = 0;
+    if (!absl::SimpleAtoi(rank_flag, &r) || r >= workers) {
+      return absl::InvalidArgumentError(absl::StrCat("--rank must be 'auto' or in [0, ", workers, ") for segment ",
+                                                     w->config.model().segments(w->segment).name(), ", got '",
+                                                     rank_flag, "'"));
+    }
+    w->rank = r;
+  }
+  w->servers_from_stdin = absl::GetFlag(FLAGS_servers) == "-";
+  if (!w->servers_from_stdin) {
+    w->servers = segps::ServerAddresses(absl::GetFlag(FLAGS_servers), w->config);
+    if (w->servers.empty()) {
+      return absl::InvalidArgumentError("--servers is required (the config lists no server_addresses)");
+    }
+  }
+  if (w->config.model().combine() != segps::v1::CHAIN && absl::GetFlag(FLAGS_pass_ms) != 0) {
+    return absl::InvalidArgumentError("--pass_ms is for pipeline stages (model.combine: CHAIN)");
+  }
+  return absl::OkStatus();
+}
+
+// The metrics endpoint (--metrics_listen) and the worker's series on it.
+absl::Status StartMetrics(Worker* w) {
+  if (absl::GetFlag(FLAGS_metrics_listen).empty()) return absl::OkStatus();
+  absl::StatusOr<std::unique_ptr<segps::MetricsEndpoint>> endpoint =
+      segps::MetricsEndpoint::Start(absl::GetFlag(FLAGS_metrics_listen));
+  if (!endpoint.ok()) return endpoint.status();
+  w->metrics_endpoint = *std::move(endpoint);
+  // A pipeline stage before the last computes no loss.
+  const bool reports_loss =
+      w->config.model().combine() != segps::v1::CHAIN || w->segment + 1 == w->config.model().segments_size();
+  w->metrics = std::make_unique<segps::WorkerMetrics>(w->metrics_endpoint->registry(),
+                                                      w->config.model().segments(w->segment).name(), reports_loss);
+  SEGPS_LOG_INFO << "metrics on http://" << w->metrics_endpoint->address() << "/metrics";
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -171,102 +306,12 @@ int main(int argc, char** argv) {
       "segps worker.\n  segps-worker --config FILE --segment K --rank R --servers HOST:PORT,...");
   std::vector<char*> positional = absl::ParseCommandLine(argc, argv);
   if (positional.size() > 1) return Fail(std::string("unexpected argument '") + positional[1] + "'");
-  if (absl::GetFlag(FLAGS_config).empty()) return Fail("--config is required (see --help)");
-  absl::StatusOr<segps::v1::JobConfig> config = segps::LoadConfig(absl::GetFlag(FLAGS_config));
-  if (!config.ok()) return Fail(std::string(config.status().message()));
-  segps::ApplySecurityFlags(config->mutable_security());
-
-  const std::string segment_flag = absl::GetFlag(FLAGS_segment);
-  const int segment = segps::SegmentIndex(config->model(), segment_flag);
-  if (segment < 0) {
-    return Fail("--segment '" + segment_flag + "' names no segment of the config (give an index or a name)");
-  }
-  std::optional<uint32_t> rank;
-  const std::string rank_flag = absl::GetFlag(FLAGS_rank);
-  if (rank_flag != "auto") {
-    uint32_t r = 0;
-    if (!absl::SimpleAtoi(rank_flag, &r) || r >= segps::WorkersOf(*config, segment)) {
-      return Fail("--rank must be 'auto' or in [0, " + std::to_string(segps::WorkersOf(*config, segment)) +
-                  ") for segment " + config->model().segments(segment).name() + ", got '" + rank_flag + "'");
-    }
-    rank = r;
-  }
-  // With --servers=- the list is read below, once everything that does not
-  // need the servers is ready.
-  const bool servers_from_stdin = absl::GetFlag(FLAGS_servers) == "-";
-  std::vector<std::string> servers;
-  if (!servers_from_stdin) {
-    servers = segps::ServerAddresses(absl::GetFlag(FLAGS_servers), *config);
-    if (servers.empty()) return Fail("--servers is required (the config lists no server_addresses)");
-  }
-
-  std::unique_ptr<segps::MetricsEndpoint> metrics_endpoint;
-  std::unique_ptr<segps::WorkerMetrics> metrics;
-  if (!absl::GetFlag(FLAGS_metrics_listen).empty()) {
-    absl::StatusOr<std::unique_ptr<segps::MetricsEndpoint>> endpoint =
-        segps::MetricsEndpoint::Start(absl::GetFlag(FLAGS_metrics_listen));
-    if (!endpoint.ok()) return Fail(std::string(endpoint.status().message()));
-    metrics_endpoint = *std::move(endpoint);
-    // A pipeline stage before the last computes no loss.
-    const bool reports_loss =
-        config->model().combine() != segps::v1::CHAIN || segment + 1 == config->model().segments_size();
-    metrics = std::make_unique<segps::WorkerMetrics>(metrics_endpoint->registry(),
-                                                     config->model().segments(segment).name(), reports_loss);
-    SEGPS_LOG_INFO << "metrics on http://" << metrics_endpoint->address() << "/metrics";
-  }
-
-  if (config->model().combine() != segps::v1::CHAIN && absl::GetFlag(FLAGS_pass_ms) != 0) {
-    return Fail("--pass_ms is for pipeline stages (model.combine: CHAIN)");
-  }
+  Worker w;
+  if (absl::Status read = ReadPlace(&w); !read.ok()) return Fail(read);
+  if (absl::Status started = StartMetrics(&w); !started.ok()) return Fail(started);
   absl::StatusOr<std::unique_ptr<segps::Backend>> backend = segps::CreateBackend(
       absl::GetFlag(FLAGS_device), absl::GetFlag(FLAGS_tf32), absl::GetFlag(FLAGS_cpu_threads));
-  if (!backend.ok()) return Fail(std::string(backend.status().message()));
-  if (config->model().combine() == segps::v1::CHAIN) {
-    return RunStage(*config, segment, rank, servers_from_stdin, std::move(servers), backend->get(),
-                    metrics_endpoint.get(), metrics.get());
-  }
-  absl::StatusOr<segps::TrainTest> data = segps::LoadData(*config);
-  if (!data.ok()) return Fail(std::string(data.status().message()));
-  if (servers_from_stdin) {
-    std::string line;
-    if (!std::getline(std::cin, line)) return Fail("--servers -: stdin ended before a line of server addresses");
-    servers = absl::StrSplit(line, ',', absl::SkipEmpty());
-    if (servers.empty()) return Fail("--servers -: the line read from stdin names no server");
-  }
-  absl::StatusOr<std::unique_ptr<segps::ParameterClient>> client = segps::ConnectGrpc(*config, servers);
-  if (!client.ok()) return Fail(std::string(client.status().message()));
-
-  segps::TrainerOptions options;
-  options.segment = segment;
-  options.rank = rank;
-  options.metrics = metrics.get();
-  options.slowdown = absl::Milliseconds(absl::GetFlag(FLAGS_slowdown_ms));
-  options.slowdown_factor = absl::GetFlag(FLAGS_slowdown_factor);
-  if (!(options.slowdown_factor >= 1 && options.slowdown_factor <= 1000)) {
-    return Fail(absl::StrCat("--slowdown_factor must be in [1, 1000], got ", options.slowdown_factor));
-  }
-  // A stretched step sleeps for tens of microseconds: without the kernel's
-  // default 50 us timer slack, the sleep is what was asked for.
-  if (options.slowdown_factor > 1) prctl(PR_SET_TIMERSLACK, 1UL, 0, 0, 0);
-  options.progress_bar = isatty(STDOUT_FILENO) != 0;
-  std::vector<std::vector<float>> test_probabilities;
-  if (config->training().test_every_epoch()) {
-    options.test = &data->test;
-    if (!absl::GetFlag(FLAGS_history_dir).empty()) options.test_probabilities = &test_probabilities;
-  }
-  absl::StatusOr<segps::TrainReport> report =
-      segps::Train(*config, options, data->train, backend->get(), client->get());
-  if (!report.ok()) return Fail(std::string(report.status().message()));
-  if (!absl::GetFlag(FLAGS_history_dir).empty()) {
-    absl::Status written = segps::WriteHistory(absl::GetFlag(FLAGS_history_dir), report->history, test_probabilities,
-                                               config->model().num_classes());
-    if (!written.ok()) return Fail(std::string(written.message()));
-  }
-  SEGPS_LOG_INFO << config->model().segments(segment).name() << ": done: " << report->steps
-                 << " steps, " << report->samples << " samples in " << report->seconds << " s ("
-                 << static_cast<int64_t>(report->samples / std::max(1e-9, report->seconds))
-                 << " samples/s); last epoch loss " << report->last_loss << " acc " << report->last_accuracy
-                 << "; staleness mean " << report->mean_staleness << " max " << report->max_staleness
-                 << "; blocked " << report->blocked_seconds << " s";
-  return 0;
+  if (!backend.ok()) return Fail(backend.status());
+  w.backend = *std::move(backend);
+  return w.config.model().combine() == segps::v1::CHAIN ? RunStage(w) : RunEnsemble(w);
 }

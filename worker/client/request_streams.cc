@@ -101,6 +101,47 @@ void RequestStreams::FinishIfIdle(size_t server) {
   s.finishing = true;
 }
 
+bool RequestStreams::AnyBusy() const {
+  for (const Stream& s : streams_) {
+    if (Busy(s)) return true;
+  }
+  return false;
+}
+
+void RequestStreams::BreakStalled(absl::Duration patience) {
+  for (size_t i = 0; i < streams_.size(); ++i) {
+    const Stream& s = streams_[i];
+    if (!s.unsent.empty() || !s.unanswered.empty()) {
+      Break(i, absl::DeadlineExceededError(absl::StrCat("no reply within ", absl::FormatDuration(patience))));
+    }
+  }
+}
+
+void RequestStreams::Finished(size_t i, absl::FunctionRef<void(size_t, absl::Status)> settle) {
+  Stream& s = streams_[i];
+  s.finishing = false;
+  absl::Status status = !s.break_cause.ok() ? s.break_cause
+                        : s.status.ok()     ? absl::UnavailableError("the server ended the stream")
+                                            : FromGrpcStatus(s.status);
+  const bool failed = !s.unanswered.empty() || !s.unsent.empty();
+  for (std::deque<size_t>* left : {&s.unanswered, &s.unsent}) {
+    for (size_t k : *left) settle(k, status);
+    left->clear();
+  }
+  s.io.reset();
+  s.context.reset();
+  // A request that failed for good fails the exchange: the others are
+  // abandoned rather than waited for (a pull parked on a peer that this
+  // failure also stops would wait for its deadline).
+  if (!failed || IsTransient(status)) return;
+  for (size_t j = 0; j < streams_.size(); ++j) {
+    const Stream& other = streams_[j];
+    if (j != i && !other.broken && (!other.unsent.empty() || !other.unanswered.empty())) {
+      Break(j, absl::AbortedError(absl::StrCat("abandoned: server ", i, " failed: ", status.message())));
+    }
+  }
+}
+
 std::vector<absl::Status> RequestStreams::Exchange(const std::vector<size_t>& servers,
                                                    const std::vector<grpc::ByteBuffer>& requests, size_t window,
                                                    absl::Duration patience, const TakeReply& take,
@@ -118,25 +159,13 @@ std::vector<absl::Status> RequestStreams::Exchange(const std::vector<size_t>& se
     if (streams_[i].io == nullptr) Open(i);
     Pump(i, window, pending, requests);
   }
-  auto busy = [this] {
-    for (const Stream& s : streams_) {
-      if (Busy(s)) return true;
-    }
-    return false;
-  };
   absl::Time progress = absl::Now();
-  while (remaining > 0 || busy()) {
+  while (remaining > 0 || AnyBusy()) {
     void* tag = nullptr;
     bool ok = false;
     if (cq_.AsyncNext(&tag, &ok, absl::ToChronoTime(progress + patience)) ==
         grpc::CompletionQueue::NextStatus::TIMEOUT) {
-      for (size_t i = 0; i < streams_.size(); ++i) {
-        const Stream& s = streams_[i];
-        if (!s.unsent.empty() || !s.unanswered.empty()) {
-          Break(i, absl::DeadlineExceededError(
-                       absl::StrCat("no reply within ", absl::FormatDuration(patience))));
-        }
-      }
+      BreakStalled(patience);
       progress = absl::Now();
       continue;
     }
@@ -160,31 +189,9 @@ std::vector<absl::Status> RequestStreams::Exchange(const std::vector<size_t>& se
           s.reply.Clear();
         }
         break;
-      case Op::kFinish: {
-        s.finishing = false;
-        absl::Status status = !s.break_cause.ok() ? s.break_cause
-                              : s.status.ok()     ? absl::UnavailableError("the server ended the stream")
-                                                  : FromGrpcStatus(s.status);
-        const bool failed = !s.unanswered.empty() || !s.unsent.empty();
-        for (std::deque<size_t>* left : {&s.unanswered, &s.unsent}) {
-          for (size_t k : *left) settle(k, status);
-          left->clear();
-        }
-        s.io.reset();
-        s.context.reset();
-        // A request that failed for good fails the exchange: the others are
-        // abandoned rather than waited for (a pull parked on a peer that
-        // this failure also stops would wait for its deadline).
-        if (failed && !IsTransient(status)) {
-          for (size_t j = 0; j < streams_.size(); ++j) {
-            const Stream& other = streams_[j];
-            if (j != i && !other.broken && (!other.unsent.empty() || !other.unanswered.empty())) {
-              Break(j, absl::AbortedError(absl::StrCat("abandoned: server ", i, " failed: ", status.message())));
-            }
-          }
-        }
+      case Op::kFinish:
+        Finished(i, settle);
         continue;
-      }
     }
     if (!ok) Break(i, absl::OkStatus());
     FinishIfIdle(i);

@@ -22,6 +22,7 @@
 #include <memory>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 
@@ -74,6 +75,12 @@ class RequestStreams {
   // the one giving up) and, once nothing is outstanding, asks for its status.
   void Break(size_t server, absl::Status cause);
   void FinishIfIdle(size_t server);
+  bool AnyBusy() const;
+  // Breaks every stream with requests outstanding: no progress for `patience`.
+  void BreakStalled(absl::Duration patience);
+  // Stream `server`'s Finish came back: its requests left fail with its
+  // status (`settle`); a failure for good abandons the other streams' requests.
+  void Finished(size_t server, absl::FunctionRef<void(size_t, absl::Status)> settle);
   bool Busy(const Stream& s) const { return s.starting || s.writing || s.reading || s.finishing; }
 
   const char* const method_;

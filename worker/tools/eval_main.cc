@@ -17,6 +17,7 @@
 #include "common/malloc_tuning.h"
 #include "common/config.h"
 #include "common/security.h"
+#include "common/status_macros.h"
 #include "worker/model/backend.h"
 #include "worker/data/dataset.h"
 #include "worker/model/evaluator.h"
@@ -118,6 +119,95 @@ absl::Status WaitForTraining(segps::ParameterClient& client, absl::Duration time
   }
   return absl::DeadlineExceededError("training did not finish within --wait_timeout_s");
 }
+// The segments' parameters, never a mixture: the servers must agree before
+// and after the read. A disagreement that lasts (a recovery) is waited out
+// for a while, then refused.
+absl::StatusOr<std::vector<std::vector<float>>> PullAgreed(segps::ParameterClient& client,
+                                                           const segps::v1::JobConfig& config) {
+  const absl::Time give_up = absl::Now() + absl::Seconds(30);
+  for (bool first = true;; first = false) {
+    absl::StatusOr<std::vector<segps::v1::StatsResponse>> before = client.Stats();
+    if (!before.ok()) return before.status();
+    std::string disagreement = Disagreement(*before);
+    if (disagreement.empty()) {
+      if (first) PrintTraffic(*before);  // counted before this evaluation's own reads
+      absl::StatusOr<std::vector<std::vector<float>>> params =
+          segps::PullParameters(client, config.model(), config.cluster().num_servers());
+      if (!params.ok()) return params.status();
+      absl::StatusOr<std::vector<segps::v1::StatsResponse>> after = client.Stats();
+      if (!after.ok()) return after.status();
+      disagreement = Disagreement(*after, &*before);
+      if (disagreement.empty()) return params;
+    }
+    if (absl::Now() > give_up) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("refusing to score a mixture of the servers' states: ", disagreement));
+    }
+    if (first) std::cout << "waiting for the servers to agree: " << disagreement << std::endl;
+    absl::SleepFor(absl::Milliseconds(200));
+  }
+}
+
+void PrintReport(const segps::v1::JobConfig& config, const segps::EvalReport& report) {
+  std::cout << absl::StrFormat("== segps evaluation: %s, %d test samples ==\n", config.name(), report.samples);
+  for (const segps::Score& s : report.segments) {
+    std::cout << absl::StrFormat("segment %-12s accuracy %6.2f%%  loss %.4f\n", s.name, 100 * s.accuracy, s.loss);
+  }
+  std::cout << absl::StrFormat(
+      "ENSEMBLE (%s) accuracy %6.2f%%  loss %.4f\n",
+      config.model().combine() == segps::v1::CHAIN
+          ? absl::StrCat("one network: a chain of ", config.model().segments_size(), " stages")
+          : std::string("average of softmax outputs"),
+      100 * report.ensemble.accuracy, report.ensemble.loss);
+  std::cout << absl::StrFormat("chance level (most frequent label) %.2f%%\n", 100 * report.chance);
+  if (config.data().source() == segps::v1::SYNTHETIC_SEED) {
+    std::cout << "note: SYNTHETIC_SEED labels are drawn at random, independently of the inputs, so no model can\n"
+                 "      beat chance on held-out data: an accuracy near chance is the correct result here.\n";
+  }
+}
+
+// Writes what the flags ask for: parameters (--dump_params), probabilities
+// (--probabilities_out) and the JSON report (--report).
+absl::Status WriteOutputs(const segps::v1::JobConfig& config, const std::vector<std::vector<float>>& params,
+                          const segps::EvalReport& report) {
+  for (size_t k = 0; k < params.size() && !absl::GetFlag(FLAGS_dump_params).empty(); ++k) {
+    const std::string path = absl::GetFlag(FLAGS_dump_params) + "/" + config.model().segments(k).name() + ".npy";
+    SEGPS_RETURN_IF_ERROR(segps::WriteNpyFloat32(path, params[k].data(), {params[k].size()}));
+  }
+  if (!absl::GetFlag(FLAGS_probabilities_out).empty()) {
+    SEGPS_RETURN_IF_ERROR(segps::WriteNpyFloat32(absl::GetFlag(FLAGS_probabilities_out), report.probabilities.data(),
+                                                 {report.samples, config.model().num_classes()}));
+  }
+  if (!absl::GetFlag(FLAGS_report).empty()) {
+    std::ofstream out(absl::GetFlag(FLAGS_report));
+    out << segps::ToJson(config, report);
+    if (!out) return absl::UnavailableError("cannot write " + absl::GetFlag(FLAGS_report));
+  }
+  return absl::OkStatus();
+}
+
+// Pulls, scores and reports the trained model.
+absl::Status Run(const segps::v1::JobConfig& config, segps::ParameterClient& client) {
+  if (absl::GetFlag(FLAGS_wait_for_training)) {
+    SEGPS_RETURN_IF_ERROR(WaitForTraining(client, absl::Seconds(absl::GetFlag(FLAGS_wait_timeout_s))));
+  }
+  absl::StatusOr<std::vector<std::vector<float>>> params = PullAgreed(client, config);
+  if (!params.ok()) return params.status();
+  absl::StatusOr<segps::TrainTest> data = segps::LoadData(config);
+  if (!data.ok()) return data.status();
+  std::unique_ptr<segps::Backend> backend = segps::CreateCpuBackend(1);
+  absl::StatusOr<segps::EvalReport> report = segps::Evaluate(config, data->test, *params, backend.get());
+  if (!report.ok()) return report.status();
+  if (!absl::GetFlag(FLAGS_history_dir).empty()) {
+    absl::StatusOr<segps::v1::RunHistory> history =
+        segps::ReadHistory(absl::GetFlag(FLAGS_history_dir), config, data->test);
+    if (!history.ok()) return history.status();
+    report->history = *std::move(history);
+  }
+  PrintReport(config, *report);
+  return WriteOutputs(config, *params, *report);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -133,75 +223,7 @@ int main(int argc, char** argv) {
   absl::StatusOr<std::unique_ptr<segps::ParameterClient>> client =
       segps::ConnectGrpc(*config, segps::ServerAddresses(absl::GetFlag(FLAGS_servers), *config));
   if (!client.ok()) return Fail(std::string(client.status().message()));
-
-  if (absl::GetFlag(FLAGS_wait_for_training)) {
-    absl::Status waited = WaitForTraining(**client, absl::Seconds(absl::GetFlag(FLAGS_wait_timeout_s)));
-    if (!waited.ok()) return Fail(std::string(waited.message()));
-  }
-  // Never a mixture: the servers must agree before and after the read. A
-  // disagreement that lasts (a recovery) is waited out for a while, then refused.
-  absl::StatusOr<std::vector<std::vector<float>>> params;
-  const absl::Time give_up = absl::Now() + absl::Seconds(30);
-  for (bool first = true;; first = false) {
-    absl::StatusOr<std::vector<segps::v1::StatsResponse>> before = (*client)->Stats();
-    if (!before.ok()) return Fail(std::string(before.status().message()));
-    std::string disagreement = Disagreement(*before);
-    if (disagreement.empty()) {
-      if (first) PrintTraffic(*before);  // counted before this evaluation's own reads
-      params = segps::PullParameters(**client, config->model(), config->cluster().num_servers());
-      if (!params.ok()) return Fail(std::string(params.status().message()));
-      absl::StatusOr<std::vector<segps::v1::StatsResponse>> after = (*client)->Stats();
-      if (!after.ok()) return Fail(std::string(after.status().message()));
-      disagreement = Disagreement(*after, &*before);
-      if (disagreement.empty()) break;
-    }
-    if (absl::Now() > give_up) {
-      return Fail(absl::StrCat("refusing to score a mixture of the servers' states: ", disagreement));
-    }
-    if (first) std::cout << "waiting for the servers to agree: " << disagreement << std::endl;
-    absl::SleepFor(absl::Milliseconds(200));
-  }
-  for (size_t k = 0; k < params->size() && !absl::GetFlag(FLAGS_dump_params).empty(); ++k) {
-    const std::string path = absl::GetFlag(FLAGS_dump_params) + "/" + config->model().segments(k).name() + ".npy";
-    absl::Status written = segps::WriteNpyFloat32(path, (*params)[k].data(), {(*params)[k].size()});
-    if (!written.ok()) return Fail(std::string(written.message()));
-  }
-  absl::StatusOr<segps::TrainTest> data = segps::LoadData(*config);
-  if (!data.ok()) return Fail(std::string(data.status().message()));
-  std::unique_ptr<segps::Backend> backend = segps::CreateCpuBackend(1);
-  absl::StatusOr<segps::EvalReport> report = segps::Evaluate(*config, data->test, *params, backend.get());
-  if (!report.ok()) return Fail(std::string(report.status().message()));
-  if (!absl::GetFlag(FLAGS_history_dir).empty()) {
-    absl::StatusOr<segps::v1::RunHistory> history =
-        segps::ReadHistory(absl::GetFlag(FLAGS_history_dir), *config, data->test);
-    if (!history.ok()) return Fail(std::string(history.status().message()));
-    report->history = *std::move(history);
-  }
-
-  std::cout << absl::StrFormat("== segps evaluation: %s, %d test samples ==\n", config->name(), report->samples);
-  for (const segps::Score& s : report->segments) {
-    std::cout << absl::StrFormat("segment %-12s accuracy %6.2f%%  loss %.4f\n", s.name, 100 * s.accuracy, s.loss);
-  }
-  std::cout << absl::StrFormat(
-      "ENSEMBLE (%s) accuracy %6.2f%%  loss %.4f\n",
-      config->model().combine() == segps::v1::CHAIN
-          ? absl::StrCat("one network: a chain of ", config->model().segments_size(), " stages")
-          : std::string("average of softmax outputs"),
-      100 * report->ensemble.accuracy, report->ensemble.loss);
-  std::cout << absl::StrFormat("chance level (most frequent label) %.2f%%\n", 100 * report->chance);
-  if (config->data().source() == segps::v1::SYNTHETIC_SEED) {
-    std::cout << "note: SYNTHETIC_SEED labels are drawn at random, independently of the inputs, so no model can\n"
-                 "      beat chance on held-out data: an accuracy near chance is the correct result here.\n";
-  }
-  if (!absl::GetFlag(FLAGS_probabilities_out).empty()) {
-    absl::Status written = segps::WriteNpyFloat32(absl::GetFlag(FLAGS_probabilities_out), report->probabilities.data(),
-                                                  {report->samples, config->model().num_classes()});
-    if (!written.ok()) return Fail(std::string(written.message()));
-  }
-  if (!absl::GetFlag(FLAGS_report).empty()) {
-    std::ofstream out(absl::GetFlag(FLAGS_report));
-    out << segps::ToJson(*config, *report);
-    if (!out) return Fail("cannot write " + absl::GetFlag(FLAGS_report));
-  }
+  absl::Status done = Run(*config, **client);
+  if (!done.ok()) return Fail(std::string(done.message()));
   return 0;
 }
