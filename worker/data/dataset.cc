@@ -17,6 +17,7 @@
 #include "common/config.h"
 #include "common/hash.h"
 #include "common/status_macros.h"
+#include "worker/data/csv.h"
 #include "worker/data/npy.h"
 #include "worker/data/numpy_random.h"
 
@@ -384,97 +385,6 @@ absl::StatusOr<TrainTest> LoadNpy(const v1::JobConfig& config) {
   HoldOut(train->y.size(), data.test_fraction(), data.data_seed(), &train_rows, &test_rows);
   out.train = set(data.train_x(), *train, std::move(train_rows));
   out.test = set(data.train_x(), *train, std::move(test_rows));
-  return out;
-}
-
-// A CSV table of numeric columns, one of them the label, into memory.
-absl::StatusOr<Dataset> ReadCsv(const std::string& path, const v1::JobConfig& config) {
-  const auto& data = config.data();
-  const int width = static_cast<int>(config.model().input_width());
-  const int classes = static_cast<int>(config.model().num_classes());
-  const char delimiter = data.delimiter()[0];
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot open"));
-  Dataset out;
-  out.width = width;
-  out.classes = classes;
-  std::string line;
-  uint64_t line_number = 0;
-  size_t columns = 0;
-  int label = -1;
-  std::vector<std::string> names;
-  auto column_name = [&](size_t c) {
-    return names.empty() ? absl::StrCat("column ", c + 1) : absl::StrCat("column ", c + 1, " (\"", names[c], "\")");
-  };
-  std::vector<float> row(width);
-  while (std::getline(in, line)) {
-    ++line_number;
-    if (!line.empty() && line.back() == '\r') line.pop_back();
-    if (absl::StripAsciiWhitespace(line).empty()) continue;
-    std::vector<absl::string_view> fields = absl::StrSplit(line, delimiter);
-    for (absl::string_view& f : fields) {
-      f = absl::StripAsciiWhitespace(f);
-      if (f.size() >= 2 && f.front() == '"' && f.back() == '"') f = f.substr(1, f.size() - 2);
-    }
-    if (columns == 0) {  // the first line fixes the columns and the label
-      columns = fields.size();
-      if (data.header()) {
-        for (absl::string_view f : fields) names.emplace_back(f);
-      }
-      const std::string& wanted = data.label_column();
-      if (wanted.empty()) {
-        label = static_cast<int>(columns) - 1;
-      } else {
-        for (size_t c = 0; c < names.size(); ++c) {
-          if (names[c] == wanted) label = static_cast<int>(c);
-        }
-        int index = -1;
-        if (label < 0 && absl::SimpleAtoi(wanted, &index) && index >= 0 && static_cast<size_t>(index) < columns) {
-          label = index;
-        }
-        if (label < 0) {
-          return Bad(path, absl::StrCat("line ", line_number, ": data.label_column \"", wanted, "\" is ",
-                                        data.header() ? "neither a column name of the header nor" : "not",
-                                        " a column index in [0, ", columns, ")"));
-        }
-      }
-      if (columns - 1 != static_cast<size_t>(width)) {
-        return Bad(path, absl::StrCat("line ", line_number, ": ", columns - 1, " feature columns (", columns,
-                                      " columns, one the label), but model.input_width is ", width));
-      }
-      if (data.header()) continue;
-    }
-    if (fields.size() != columns) {
-      return Bad(path, absl::StrCat("line ", line_number, ": ", fields.size(), " fields, but the ",
-                                    data.header() ? "header has " : "first line has ", columns));
-    }
-    int j = 0;
-    for (size_t c = 0; c < columns; ++c) {
-      double v = 0;
-      if (!absl::SimpleAtod(fields[c], &v)) {
-        return Bad(path, absl::StrCat("line ", line_number, " ", column_name(c), ": '", fields[c],
-                                      "' is not a number"));
-      }
-      // Features train as float32: a value beyond its range is refused, not trained as infinity.
-      if (!std::isfinite(v) || (static_cast<int>(c) != label && !std::isfinite(static_cast<float>(v)))) {
-        return Bad(path, absl::StrCat("line ", line_number, " ", column_name(c), ": '", fields[c], "' is not finite",
-                                      std::isfinite(v) ? " as a float32" : ""));
-      }
-      if (static_cast<int>(c) == label) {
-        if (v != std::floor(v) || v < 0 || v >= classes) {
-          return Bad(path, absl::StrCat("line ", line_number, " ", column_name(c), ": label '", fields[c],
-                                        "' is not a class in [0, ", classes, ")"));
-        }
-        out.y.push_back(static_cast<int32_t>(v));
-      } else {
-        row[j++] = static_cast<float>(v);
-      }
-    }
-    out.x.insert(out.x.end(), row.begin(), row.end());
-  }
-  if (in.bad()) return absl::DataLossError(absl::StrCat(path, ": read failed"));
-  if (line_number == 0) return Bad(path, "empty file");
-  if (out.size() == 0) return Bad(path, "holds no data rows");
   return out;
 }
 

@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <memory>
 #include <optional>
 
 #include "absl/strings/ascii.h"
@@ -16,6 +17,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "common/status_macros.h"
 
 namespace segps {
 namespace {
@@ -47,6 +49,102 @@ std::optional<std::string> DictValue(absl::string_view dict, absl::string_view k
   return std::nullopt;
 }
 
+// The header's dict literal, where the data starts and the file's size.
+struct RawHeader {
+  std::string dict;
+  uint64_t data_offset = 0;
+  uint64_t file_size = 0;
+};
+
+absl::StatusOr<RawHeader> ReadRawHeader(const std::string& path) {
+  std::unique_ptr<std::FILE, int (*)(std::FILE*)> f(std::fopen(path.c_str(), "rb"), &std::fclose);
+  if (f == nullptr) return absl::NotFoundError(absl::StrCat(path, ": cannot open: ", std::strerror(errno)));
+  struct stat st;
+  const bool stat_ok = fstat(fileno(f.get()), &st) == 0;
+  unsigned char prefix[12] = {0};
+  const size_t got = std::fread(prefix, 1, sizeof(prefix), f.get());
+  if (!stat_ok || st.st_size == 0 || got < 10) {
+    return Bad(path, st.st_size == 0 ? "empty file" : "too short for a .npy file");
+  }
+  if (std::memcmp(prefix, "\x93NUMPY", 6) != 0) {
+    return Bad(path, "not a .npy file (no \\x93NUMPY magic); save arrays with numpy.save");
+  }
+  const int major = prefix[6];
+  uint64_t header_len = 0, header_start = 0;
+  if (major == 1) {
+    header_len = prefix[8] | static_cast<uint64_t>(prefix[9]) << 8;
+    header_start = 10;
+  } else if (major == 2 || major == 3) {
+    if (got < 12) return Bad(path, "too short for a .npy file");
+    header_len = prefix[8] | static_cast<uint64_t>(prefix[9]) << 8 | static_cast<uint64_t>(prefix[10]) << 16 |
+                 static_cast<uint64_t>(prefix[11]) << 24;
+    header_start = 12;
+  } else {
+    return Bad(path, absl::StrCat(".npy format version ", major, " is not supported (1 to 3 are)"));
+  }
+  RawHeader raw;
+  raw.file_size = static_cast<uint64_t>(st.st_size);
+  if (header_len > (1u << 20) || header_start + header_len > raw.file_size) return Bad(path, "truncated .npy header");
+  raw.dict.assign(header_len, '\0');
+  if (std::fseek(f.get(), static_cast<long>(header_start), SEEK_SET) != 0 ||
+      std::fread(raw.dict.data(), 1, header_len, f.get()) != header_len) {
+    return Bad(path, "cannot read the .npy header");
+  }
+  raw.data_offset = header_start + header_len;
+  return raw;
+}
+
+// descr: a plain little-endian (or byte-order-free) numeric dtype.
+absl::Status ParseDescr(const std::string& path, const std::string& descr, NpyHeader* h) {
+  if (descr.size() < 2 || (descr[0] != '\'' && descr[0] != '"')) {
+    return Bad(path, absl::StrCat("dtype ", descr, " is a structured dtype; segps reads plain numeric arrays"));
+  }
+  h->descr = descr.substr(1, descr.size() - 2);
+  if (h->descr.size() < 3 || !absl::SimpleAtoi(h->descr.substr(2), &h->item_bytes)) {
+    return Bad(path, absl::StrCat("dtype '", h->descr, "' is not a numeric dtype"));
+  }
+  const char order = h->descr[0];
+  h->kind = h->descr[1];
+  const int bytes = h->item_bytes;
+  const bool numeric = (h->kind == 'f' && (bytes == 2 || bytes == 4 || bytes == 8)) ||
+                       ((h->kind == 'i' || h->kind == 'u') && (bytes == 1 || bytes == 2 || bytes == 4 || bytes == 8)) ||
+                       (h->kind == 'b' && bytes == 1);
+  if (!numeric) return Bad(path, absl::StrCat("dtype '", h->descr, "' is not a numeric dtype segps reads"));
+  if (order == '>' && bytes > 1) {
+    return Bad(path, absl::StrCat("dtype '", h->descr, "' is big-endian; save it little-endian (x.astype('<",
+                                  h->descr.substr(1), "'))"));
+  }
+  if (order != '<' && order != '|' && order != '=' && order != '>') {
+    return Bad(path, absl::StrCat("dtype '", h->descr, "' has an unknown byte order"));
+  }
+  return absl::OkStatus();
+}
+
+// shape: a tuple of dimensions whose bytes are exactly the file's data.
+absl::Status ParseShape(const std::string& path, const std::string& shape, const RawHeader& raw, NpyHeader* h) {
+  absl::string_view dims = shape;
+  if (!absl::ConsumePrefix(&dims, "(") || !absl::ConsumeSuffix(&dims, ")")) {
+    return Bad(path, absl::StrCat("shape ", shape, " does not parse"));
+  }
+  for (absl::string_view d : absl::StrSplit(dims, ',', absl::SkipWhitespace())) {
+    uint64_t v = 0;
+    if (!absl::SimpleAtoi(absl::StripAsciiWhitespace(d), &v) || v > (1ull << 48)) {
+      return Bad(path, absl::StrCat("shape ", shape, " does not parse"));
+    }
+    h->shape.push_back(v);
+  }
+  uint64_t bytes = static_cast<uint64_t>(h->item_bytes);
+  for (uint64_t d : h->shape) {
+    if (d != 0 && bytes > (1ull << 62) / d) return Bad(path, absl::StrCat("shape ", shape, " is too large"));
+    bytes *= d;
+  }
+  if (raw.file_size - h->data_offset != bytes) {
+    return Bad(path, absl::StrCat("holds ", raw.file_size - h->data_offset, " data bytes, but shape ", shape, " of '",
+                                  h->descr, "' needs ", bytes, " (truncated or not a .npy file)"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 uint64_t NpyHeader::elements() const {
@@ -56,98 +154,19 @@ uint64_t NpyHeader::elements() const {
 }
 
 absl::StatusOr<NpyHeader> ReadNpyHeader(const std::string& path) {
-  std::FILE* f = std::fopen(path.c_str(), "rb");
-  if (f == nullptr) return absl::NotFoundError(absl::StrCat(path, ": cannot open: ", std::strerror(errno)));
-  struct stat st;
-  const bool stat_ok = fstat(fileno(f), &st) == 0;
-  unsigned char prefix[12] = {0};
-  const size_t got = std::fread(prefix, 1, sizeof(prefix), f);
-  if (!stat_ok || st.st_size == 0 || got < 10) {
-    std::fclose(f);
-    return Bad(path, st.st_size == 0 ? "empty file" : "too short for a .npy file");
-  }
-  if (std::memcmp(prefix, "\x93NUMPY", 6) != 0) {
-    std::fclose(f);
-    return Bad(path, "not a .npy file (no \\x93NUMPY magic); save arrays with numpy.save");
-  }
-  const int major = prefix[6];
-  uint64_t header_len = 0, header_start = 0;
-  if (major == 1) {
-    header_len = prefix[8] | static_cast<uint64_t>(prefix[9]) << 8;
-    header_start = 10;
-  } else if (major == 2 || major == 3) {
-    if (got < 12) {
-      std::fclose(f);
-      return Bad(path, "too short for a .npy file");
-    }
-    header_len = prefix[8] | static_cast<uint64_t>(prefix[9]) << 8 | static_cast<uint64_t>(prefix[10]) << 16 |
-                 static_cast<uint64_t>(prefix[11]) << 24;
-    header_start = 12;
-  } else {
-    std::fclose(f);
-    return Bad(path, absl::StrCat(".npy format version ", major, " is not supported (1 to 3 are)"));
-  }
-  const uint64_t file_size = static_cast<uint64_t>(st.st_size);
-  if (header_len > (1u << 20) || header_start + header_len > file_size) {
-    std::fclose(f);
-    return Bad(path, "truncated .npy header");
-  }
-  std::string dict(header_len, '\0');
-  const bool read_ok = std::fseek(f, static_cast<long>(header_start), SEEK_SET) == 0 &&
-                       std::fread(dict.data(), 1, header_len, f) == header_len;
-  std::fclose(f);
-  if (!read_ok) return Bad(path, "cannot read the .npy header");
-
+  absl::StatusOr<RawHeader> raw = ReadRawHeader(path);
+  if (!raw.ok()) return raw.status();
   NpyHeader h;
-  h.data_offset = header_start + header_len;
-  std::optional<std::string> descr = DictValue(dict, "descr");
-  std::optional<std::string> fortran = DictValue(dict, "fortran_order");
-  std::optional<std::string> shape = DictValue(dict, "shape");
+  h.data_offset = raw->data_offset;
+  std::optional<std::string> descr = DictValue(raw->dict, "descr");
+  std::optional<std::string> fortran = DictValue(raw->dict, "fortran_order");
+  std::optional<std::string> shape = DictValue(raw->dict, "shape");
   if (!descr || !fortran || !shape) return Bad(path, "the .npy header lacks descr, fortran_order or shape");
-  if (descr->size() < 2 || ((*descr)[0] != '\'' && (*descr)[0] != '"')) {
-    return Bad(path, absl::StrCat("dtype ", *descr, " is a structured dtype; segps reads plain numeric arrays"));
-  }
-  h.descr = descr->substr(1, descr->size() - 2);
-  if (h.descr.size() < 3 || !absl::SimpleAtoi(h.descr.substr(2), &h.item_bytes)) {
-    return Bad(path, absl::StrCat("dtype '", h.descr, "' is not a numeric dtype"));
-  }
-  const char order = h.descr[0];
-  h.kind = h.descr[1];
-  const bool numeric = (h.kind == 'f' && (h.item_bytes == 2 || h.item_bytes == 4 || h.item_bytes == 8)) ||
-                       ((h.kind == 'i' || h.kind == 'u') &&
-                        (h.item_bytes == 1 || h.item_bytes == 2 || h.item_bytes == 4 || h.item_bytes == 8)) ||
-                       (h.kind == 'b' && h.item_bytes == 1);
-  if (!numeric) return Bad(path, absl::StrCat("dtype '", h.descr, "' is not a numeric dtype segps reads"));
-  if (order == '>' && h.item_bytes > 1) {
-    return Bad(path, absl::StrCat("dtype '", h.descr, "' is big-endian; save it little-endian (x.astype('<",
-                                  h.descr.substr(1), "'))"));
-  }
-  if (order != '<' && order != '|' && order != '=' && order != '>') {
-    return Bad(path, absl::StrCat("dtype '", h.descr, "' has an unknown byte order"));
-  }
+  SEGPS_RETURN_IF_ERROR(ParseDescr(path, *descr, &h));
   if (*fortran != "False") {
     return Bad(path, "is in Fortran order; save a C-ordered array (numpy.ascontiguousarray)");
   }
-  absl::string_view dims = *shape;
-  if (!absl::ConsumePrefix(&dims, "(") || !absl::ConsumeSuffix(&dims, ")")) {
-    return Bad(path, absl::StrCat("shape ", *shape, " does not parse"));
-  }
-  for (absl::string_view d : absl::StrSplit(dims, ',', absl::SkipWhitespace())) {
-    uint64_t v = 0;
-    if (!absl::SimpleAtoi(absl::StripAsciiWhitespace(d), &v) || v > (1ull << 48)) {
-      return Bad(path, absl::StrCat("shape ", *shape, " does not parse"));
-    }
-    h.shape.push_back(v);
-  }
-  uint64_t bytes = static_cast<uint64_t>(h.item_bytes);
-  for (uint64_t d : h.shape) {
-    if (d != 0 && bytes > (1ull << 62) / d) return Bad(path, absl::StrCat("shape ", *shape, " is too large"));
-    bytes *= d;
-  }
-  if (file_size - h.data_offset != bytes) {
-    return Bad(path, absl::StrCat("holds ", file_size - h.data_offset, " data bytes, but shape ", *shape, " of '",
-                                  h.descr, "' needs ", bytes, " (truncated or not a .npy file)"));
-  }
+  SEGPS_RETURN_IF_ERROR(ParseShape(path, *shape, *raw, &h));
   return h;
 }
 

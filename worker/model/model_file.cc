@@ -129,6 +129,104 @@ absl::StatusOr<TrainedModel> ReadModelSafetensors(const std::string& path) {
   return out;
 }
 
+namespace {
+
+// An ONNX graph being written: its initializers, nodes and typed values.
+class OnnxGraph {
+ public:
+  explicit OnnxGraph(onnx::GraphProto* graph) : graph_(graph) {}
+
+  void Initializer(const std::string& name, const std::vector<uint64_t>& shape, absl::Span<const float> v) {
+    onnx::TensorProto* t = graph_->add_initializer();
+    t->set_name(name);
+    t->set_data_type(onnx::TensorProto::FLOAT);
+    for (uint64_t d : shape) t->add_dims(static_cast<int64_t>(d));
+    t->set_raw_data(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(float));
+  }
+  // A node of `op` whose one output is named `output`: that name.
+  std::string Node(const std::string& op, const std::vector<std::string>& inputs, const std::string& output) {
+    AddNode(op, inputs, output);
+    return output;
+  }
+  onnx::NodeProto* AddNode(const std::string& op, const std::vector<std::string>& inputs, const std::string& output) {
+    onnx::NodeProto* n = graph_->add_node();
+    n->set_op_type(op);
+    n->set_name(output);
+    for (const std::string& in : inputs) n->add_input(in);
+    n->add_output(output);
+    return n;
+  }
+  // A [batch, width] float tensor as a graph input or output.
+  static void Value(onnx::ValueInfoProto* v, const std::string& name, uint64_t width) {
+    v->set_name(name);
+    auto* tensor = v->mutable_type()->mutable_tensor_type();
+    tensor->set_elem_type(onnx::TensorProto::FLOAT);
+    tensor->mutable_shape()->add_dim()->set_dim_param("batch");
+    tensor->mutable_shape()->add_dim()->set_dim_value(static_cast<int64_t>(width));
+  }
+  onnx::GraphProto* proto() { return graph_; }
+
+ private:
+  onnx::GraphProto* const graph_;
+};
+
+// The model's preprocessing of "input" (scale, standardization): the features' name.
+std::string Preprocess(const TrainedModel& model, OnnxGraph* g) {
+  const uint64_t width = model.model.input_width();
+  std::string features = "input";
+  if (model.input_scale != 1) {
+    const float scale = model.input_scale;
+    g->Initializer("preprocess/scale", {}, absl::MakeConstSpan(&scale, 1));
+    features = g->Node("Mul", {features, "preprocess/scale"}, "preprocess/scaled");
+  }
+  if (!model.mean.empty()) {
+    g->Initializer("preprocess/mean", {width}, model.mean);
+    g->Initializer("preprocess/std", {width}, model.std);
+    features = g->Node("Sub", {features, "preprocess/mean"}, "preprocess/centred");
+    features = g->Node("Div", {features, "preprocess/std"}, "preprocess/standardized");
+  }
+  return features;
+}
+
+// Segment k's layers from `h`: the name of its output.
+std::string AddSegment(const TrainedModel& model, const ShardMap& map, int k, std::string h, OnnxGraph* g) {
+  const bool chain = model.model.combine() == v1::CHAIN;
+  const v1::SegmentConfig& seg = model.model.segments(k);
+  const auto& tensors = map.tensors(k);
+  for (size_t i = 0; i + 1 < tensors.size(); i += 2) {
+    const TensorLayout& kernel = tensors[i];
+    const TensorLayout& bias = tensors[i + 1];
+    const std::string layer = absl::StrCat(seg.name(), "/dense_", kernel.layer);
+    g->Initializer(TensorName(model.model, k, kernel), TensorShape(kernel),
+                   absl::MakeConstSpan(model.params[k]).subspan(kernel.offset, kernel.size()));
+    g->Initializer(TensorName(model.model, k, bias), TensorShape(bias),
+                   absl::MakeConstSpan(model.params[k]).subspan(bias.offset, bias.size()));
+    h = g->Node("Gemm", {h, TensorName(model.model, k, kernel), TensorName(model.model, k, bias)},
+                absl::StrCat(layer, "/linear"));
+    const bool last = static_cast<int>(kernel.layer) + 1 == seg.layers_size();
+    const std::string out = last && !chain                         ? seg.name() + "/probabilities"
+                            : last && k + 1 == map.num_segments() ? "probabilities"
+                                                                   : layer + "/output";
+    switch (seg.layers(kernel.layer).activation()) {
+      case v1::RELU: h = g->Node("Relu", {h}, out); break;
+      case v1::TANH: h = g->Node("Tanh", {h}, out); break;
+      case v1::SIGMOID: h = g->Node("Sigmoid", {h}, out); break;
+      case v1::SOFTMAX: {
+        auto* axis = g->AddNode("Softmax", {h}, out)->add_attribute();
+        axis->set_name("axis");
+        axis->set_type(onnx::AttributeProto::INT);
+        axis->set_i(1);
+        h = out;
+        break;
+      }
+      default: h = g->Node("Identity", {h}, out);
+    }
+  }
+  return h;
+}
+
+}  // namespace
+
 absl::Status WriteModelOnnx(const TrainedModel& model, const std::string& path) {
   absl::StatusOr<ShardMap> map = ShardMap::Create(model.model, 1);
   if (!map.ok()) return map.status();
@@ -147,90 +245,23 @@ absl::Status WriteModelOnnx(const TrainedModel& model, const std::string& path) 
   auto* meta = proto.add_metadata_props();
   meta->set_key("segps.config_fingerprint");
   meta->set_value(model.config_fingerprint);
-  onnx::GraphProto* graph = proto.mutable_graph();
-  graph->set_name(model.job);
-  auto initializer = [&](const std::string& name, const std::vector<uint64_t>& shape, absl::Span<const float> v) {
-    onnx::TensorProto* t = graph->add_initializer();
-    t->set_name(name);
-    t->set_data_type(onnx::TensorProto::FLOAT);
-    for (uint64_t d : shape) t->add_dims(static_cast<int64_t>(d));
-    t->set_raw_data(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(float));
-  };
-  auto node = [&](const std::string& op, std::vector<std::string> inputs, const std::string& output) {
-    onnx::NodeProto* n = graph->add_node();
-    n->set_op_type(op);
-    n->set_name(output);
-    for (const std::string& in : inputs) n->add_input(in);
-    n->add_output(output);
-    return n;
-  };
-  auto value = [&](onnx::ValueInfoProto* v, const std::string& name, uint64_t width) {
-    v->set_name(name);
-    auto* tensor = v->mutable_type()->mutable_tensor_type();
-    tensor->set_elem_type(onnx::TensorProto::FLOAT);
-    tensor->mutable_shape()->add_dim()->set_dim_param("batch");
-    tensor->mutable_shape()->add_dim()->set_dim_value(static_cast<int64_t>(width));
-  };
-  const uint64_t width = model.model.input_width(), classes = model.model.num_classes();
-  value(graph->add_input(), "input", width);
-  std::string features = "input";
-  if (model.input_scale != 1) {
-    const float scale = model.input_scale;
-    initializer("preprocess/scale", {}, absl::MakeConstSpan(&scale, 1));
-    features = node("Mul", {features, "preprocess/scale"}, "preprocess/scaled")->output(0);
-  }
-  if (!model.mean.empty()) {
-    initializer("preprocess/mean", {width}, model.mean);
-    initializer("preprocess/std", {width}, model.std);
-    features = node("Sub", {features, "preprocess/mean"}, "preprocess/centred")->output(0);
-    features = node("Div", {features, "preprocess/std"}, "preprocess/standardized")->output(0);
-  }
+  OnnxGraph g(proto.mutable_graph());
+  g.proto()->set_name(model.job);
+  const uint64_t classes = model.model.num_classes();
+  OnnxGraph::Value(g.proto()->add_input(), "input", model.model.input_width());
+  const std::string features = Preprocess(model, &g);
   // An ensemble's segments each start from the features; a chain's stage
   // from the previous stage's output.
   std::vector<std::string> outputs;
   std::string h = features;
   for (int k = 0; k < map->num_segments(); ++k) {
-    const v1::SegmentConfig& seg = model.model.segments(k);
-    if (!chain) h = features;
-    const auto& tensors = map->tensors(k);
-    for (size_t i = 0; i + 1 < tensors.size(); i += 2) {
-      const TensorLayout& kernel = tensors[i];
-      const TensorLayout& bias = tensors[i + 1];
-      const std::string layer = absl::StrCat(seg.name(), "/dense_", kernel.layer);
-      initializer(TensorName(model.model, k, kernel), TensorShape(kernel),
-                  absl::MakeConstSpan(model.params[k]).subspan(kernel.offset, kernel.size()));
-      initializer(TensorName(model.model, k, bias), TensorShape(bias),
-                  absl::MakeConstSpan(model.params[k]).subspan(bias.offset, bias.size()));
-      h = node("Gemm", {h, TensorName(model.model, k, kernel), TensorName(model.model, k, bias)},
-               absl::StrCat(layer, "/linear"))
-              ->output(0);
-      const v1::Activation act = seg.layers(kernel.layer).activation();
-      const bool last = static_cast<int>(kernel.layer) + 1 == seg.layers_size();
-      const std::string out = last && !chain ? seg.name() + "/probabilities"
-                              : last && k + 1 == map->num_segments() ? "probabilities"
-                                                                       : layer + "/output";
-      switch (act) {
-        case v1::RELU: h = node("Relu", {h}, out)->output(0); break;
-        case v1::TANH: h = node("Tanh", {h}, out)->output(0); break;
-        case v1::SIGMOID: h = node("Sigmoid", {h}, out)->output(0); break;
-        case v1::SOFTMAX: {
-          onnx::NodeProto* n = node("Softmax", {h}, out);
-          auto* axis = n->add_attribute();
-          axis->set_name("axis");
-          axis->set_type(onnx::AttributeProto::INT);
-          axis->set_i(1);
-          h = out;
-          break;
-        }
-        default: h = node("Identity", {h}, out)->output(0);
-      }
-    }
+    h = AddSegment(model, *map, k, chain ? h : features, &g);
     outputs.push_back(h);
   }
-  value(graph->add_output(), "probabilities", classes);
+  OnnxGraph::Value(g.proto()->add_output(), "probabilities", classes);
   if (!chain) {
-    node("Mean", outputs, "probabilities");
-    for (const std::string& out : outputs) value(graph->add_output(), out, classes);
+    g.Node("Mean", outputs, "probabilities");
+    for (const std::string& out : outputs) OnnxGraph::Value(g.proto()->add_output(), out, classes);
   }
   std::string bytes;
   if (!proto.SerializeToString(&bytes)) return absl::InternalError("export: the ONNX model does not serialise");
