@@ -119,7 +119,7 @@ class GrpcClient final : public ParameterClient {
   }
 
   // Registers with every server, then makes them agree on where the rank
-  // continues (README, "Recovery"): where the rank's own clocks differ
+  // continues (docs/recovery.md): where the rank's own clocks differ
   // between servers (a push that reached some of them, a server restored
   // from a checkpoint), the segment is rolled back to the newest checkpoint
   // every server holds and registration starts over; otherwise the worker
