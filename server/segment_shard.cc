@@ -1,3 +1,6 @@
+// SegmentShard: its workers, clocks and leases, registration and restore,
+// checkpoint cuts and share decisions, stats. The data path (parked calls,
+// pulls, pushes, applying updates) is in segment_shard_calls.cc.
 #include "server/segment_shard.h"
 
 #include <algorithm>
@@ -12,37 +15,19 @@
 namespace segps {
 namespace {
 
-// Elements a part of a split update has at least: a helper thread takes
-// tens of microseconds to wake, about what Adam takes over 64K elements.
-constexpr uint64_t kMinPartElements = 1 << 16;
-
 // Ids of the placeholders a restore keeps for the ranks it expects back:
 // no registration gets one (the server hands out ids from 1).
 constexpr uint64_t kPlaceholder = 1ull << 63;
-// Share decisions a balanced segment remembers (a rollback may return to them).
-constexpr int kMaxPlan = 4096;
-
-// Parts to split an update of `count` elements into over `pool`.
-size_t ApplyParts(const ApplyPool* pool, uint64_t count) {
-  if (pool == nullptr) return 1;
-  return static_cast<size_t>(std::clamp<uint64_t>(count / kMinPartElements, 1, pool->threads()));
-}
-
-// The first element of part `part` (of `parts`, over `count` elements).
-uint64_t PartStart(uint64_t count, size_t parts, size_t part) { return count * part / parts; }
 
 }  // namespace
 
 SegmentShard::SegmentShard(const ShardOptions& options, std::vector<float> initial,
                            std::unique_ptr<Optimizer> optimizer)
-    : options_(options), values_(std::move(initial)), optimizer_(std::move(optimizer)) {
-  if (options_.balance.has_value()) {
-    v1::Shares* first = plan_.add_shares();
-    first->set_from_clock(0);
-    for (uint32_t share : options_.balance->initial) first->add_samples(share);
-    throughput_.assign(options_.balance->initial.size(), 0.0);
-    next_decision_ = options_.balance->every_clocks;
-  }
+    : options_(options),
+      values_(std::move(initial)),
+      optimizer_(std::move(optimizer)),
+      cuts_(options.checkpoint_every, options.checkpoint_interval) {
+  if (options_.balance.has_value()) planner_.emplace(options_.segment, *options_.balance);
 }
 
 void SegmentShard::SetLive(Worker* w, bool live) {
@@ -277,12 +262,11 @@ bool SegmentShard::Restore(const ShardState& state, std::optional<uint64_t> gene
     values_ = state.values;
     optimizer_->LoadState(state.slots);
     steps_begun_ = state.steps;
-    pushes_ = cut_updates_ = state.updates;
+    pushes_ = state.updates;
     highest_clock_ = restored_clock_ = state.clock;
     ++generation_;
     const absl::Time now = options_.clock->Now();
-    last_cut_ = now;
-    next_cut_ = options_.checkpoint_every == 0 ? 0 : (state.clock / options_.checkpoint_every + 1) * options_.checkpoint_every;
+    cuts_.Taken(state.clock, state.updates, now);
     started_ = true;
     for (uint32_t rank : state.ranks) AddPlaceholder(rank, state.clock, now);
   }
@@ -305,58 +289,19 @@ uint64_t SegmentShard::generation() {
 }
 
 void SegmentShard::MaybeRebalance() {
-  if (!options_.balance.has_value() || options_.balance->every_clocks == 0 || live_ == 0) return;
-  const uint64_t clock = SegmentClock();
-  if (clock < next_decision_) return;
-  const ShardOptions::Balance& balance = *options_.balance;
-  next_decision_ = (clock / balance.every_clocks + 1) * balance.every_clocks;
-  const v1::Shares& now = *plan_.shares().rbegin();
-  const std::vector<uint32_t> current(now.samples().begin(), now.samples().end());
-  std::optional<std::vector<uint32_t>> next = Rebalance(current, throughput_, balance.least, balance.hysteresis);
-  if (!next.has_value()) return;
-  // Replies so far promised no change up to promised_through_ (FillPlan).
-  const uint64_t from = std::max(clock + balance.lead, promised_through_ + 1);
-  // After a rollback the segment clock is back below earlier decisions: this one replaces them.
-  while (plan_.shares_size() > 1 && plan_.shares(plan_.shares_size() - 1).from_clock() >= from) {
-    plan_.mutable_shares()->RemoveLast();
-  }
-  if (plan_.shares_size() >= kMaxPlan) plan_.mutable_shares()->DeleteSubrange(0, 1);
-  v1::Shares* entry = plan_.add_shares();
-  entry->set_from_clock(from);
-  for (uint32_t share : *next) entry->add_samples(share);
-  std::vector<std::string> speeds;
-  for (double t : throughput_) speeds.push_back(absl::StrFormat("%.0f", t));
-  SEGPS_LOG_INFO << "segment " << options_.segment << ": shares from clock " << from << ": "
-                 << absl::StrJoin(*next, " ") << " samples (throughput " << absl::StrJoin(speeds, " ")
-                 << " samples/s; were " << absl::StrJoin(current, " ") << ")";
-}
-
-void SegmentShard::FillPlan(uint64_t clock, v1::SharePlan* plan) {
-  int first = 0;
-  for (int i = 0; i < plan_.shares_size(); ++i) {
-    if (plan_.shares(i).from_clock() <= clock) first = i;
-  }
-  for (int i = first; i < plan_.shares_size(); ++i) *plan->add_shares() = plan_.shares(i);
-  // The next decision comes at a segment clock of at least this one.
-  promised_through_ = std::max(promised_through_, SegmentClock() + options_.balance->lead - 1);
-  plan->set_final_through(promised_through_);
+  if (planner_.has_value() && live_ > 0) planner_->MaybeDecide(SegmentClock());
 }
 
 std::optional<v1::SharePlan> SegmentShard::PlanFrom(uint64_t clock) {
   MutexLock lock(&mu_);
-  if (!options_.balance.has_value()) return std::nullopt;
+  if (!planner_.has_value()) return std::nullopt;
   v1::SharePlan plan;
-  FillPlan(clock, &plan);
+  planner_->Fill(clock, SegmentClock(), &plan);
   return plan;
 }
 
 void SegmentShard::MaybeCheckpoint(absl::Time now) {
-  if (options_.checkpoint_every == 0 || live_ == 0 || SegmentClock() < next_cut_) return;
-  if (now - last_cut_ >= options_.checkpoint_interval) {
-    Cut(now);
-  } else {
-    next_cut_ = (SegmentClock() / options_.checkpoint_every + 1) * options_.checkpoint_every;
-  }
+  if (live_ > 0 && cuts_.Due(SegmentClock(), now)) Cut(now);
 }
 
 void SegmentShard::Cut(absl::Time now) {
@@ -370,326 +315,8 @@ void SegmentShard::Cut(absl::Time now) {
   std::sort(state->ranks.begin(), state->ranks.end());
   state->values = values_;
   optimizer_->SaveState(&state->slots);
-  last_cut_ = now;
-  cut_updates_ = pushes_;
-  if (options_.checkpoint_every > 0) {
-    next_cut_ = (state->clock / options_.checkpoint_every + 1) * options_.checkpoint_every;
-  }
+  cuts_.Taken(state->clock, pushes_, now);
   if (options_.on_checkpoint) options_.on_checkpoint(std::move(state));
-}
-
-absl::Status SegmentShard::Park(const Waiter& waiter, const char* call) {
-  uint32_t& parked = parked_[waiter.id];
-  if (parked >= options_.max_waiting_per_worker) {
-    if (parked == 0) parked_.erase(waiter.id);
-    return absl::ResourceExhaustedError(absl::StrCat(
-        call, ": worker ", waiter.id, " already has ", options_.max_waiting_per_worker,
-        " calls waiting on segment ", options_.segment, " (a worker has at most a few); this one is refused"));
-  }
-  ++parked;
-  return absl::OkStatus();
-}
-
-void SegmentShard::Unparked(uint64_t id) {
-  auto it = parked_.find(id);
-  if (it != parked_.end() && --it->second == 0) parked_.erase(it);
-}
-
-bool SegmentShard::WaitsForCut(const Waiter& push) const {
-  return options_.checkpoint_every > 0 && push.clock >= next_cut_;
-}
-
-void SegmentShard::Pull(uint64_t id, uint64_t clock, uint64_t first, uint64_t count, absl::Time deadline,
-                        ReadRange read, PullDone done) {
-  Completions ready;
-  {
-    MutexLock lock(&mu_);
-    const absl::Time now = options_.clock->Now();
-    auto waiter = std::make_unique<Waiter>(id, clock, first, count, deadline, std::move(read));
-    waiter->pull_done = std::move(done);
-    absl::Status valid;
-    if (id != 0) {
-      absl::StatusOr<Worker*> w = FindLive(id, now, "Pull");
-      if (!w.ok()) {
-        valid = w.status();
-      } else if (clock < (*w)->last_pull_clock) {
-        valid = absl::InvalidArgumentError(absl::StrCat("Pull: clock ", clock, " of worker ", id,
-                                                        " goes backwards (last pull was for clock ",
-                                                        (*w)->last_pull_clock, ")"));
-      } else if (clock > (*w)->next_clock + options_.max_clock_ahead) {
-        valid = absl::InvalidArgumentError(absl::StrCat(
-            "Pull: clock ", clock, " of worker ", id, " skips ahead of its pushes (next push is clock ",
-            (*w)->next_clock, ", at most ", options_.max_clock_ahead, " may be in flight)"));
-      } else {
-        (*w)->last_pull_clock = clock;
-        MarkPulled(*w);
-      }
-    }
-    if (valid.ok()) {
-      StartPull(std::move(waiter), now, &ready);
-      Resume(now, &ready);  // a first pull may free a peer's push (WaitsForPeers)
-    } else {
-      Fail(std::move(waiter), valid, &ready);
-    }
-  }
-  for (auto& complete : ready) std::move(complete)();
-}
-
-void SegmentShard::StartPull(std::unique_ptr<Waiter> waiter, absl::Time now, Completions* ready) {
-  waiter->since = now;
-  if (waiter->id == 0 || BoundAllows(waiter->clock, waiter->first + waiter->count)) {
-    FinishPull(std::move(waiter), now, ready);
-  } else if (now >= waiter->deadline || !draining_.empty()) {
-    absl::Status behind = draining_.empty() ? BehindBound(waiter->clock) : absl::UnavailableError(draining_);
-    Fail(std::move(waiter), std::move(behind), ready);
-  } else if (absl::Status full = Park(*waiter, "Pull"); !full.ok()) {
-    Fail(std::move(waiter), std::move(full), ready);
-  } else {
-    const uint64_t needed = Needed(waiter->clock);
-    pulls_waiting_.emplace(needed, std::move(waiter));
-  }
-}
-
-void SegmentShard::FinishPull(std::unique_ptr<Waiter> waiter, absl::Time now, Completions* ready) {
-  PullResult result;
-  result.blocked = now - waiter->since;
-  blocked_ += result.blocked;
-  ++pulls_;
-  const absl::Span<const float> values = absl::MakeConstSpan(values_).subspan(waiter->first, waiter->count);
-  const uint64_t ahead =
-      waiter->id != 0 && options_.momentum_lookahead ? UpdatesAhead(waiter->id, waiter->clock) : 0;
-  if (ahead == 0) {
-    waiter->read(values);
-  } else {
-    drifted_.resize(waiter->count);
-    optimizer_->Extrapolate(steps_begun_, ahead, waiter->first, values, absl::MakeSpan(drifted_));
-    waiter->read(drifted_);
-  }
-  result.clock = ClockOf(waiter->first + waiter->count);
-  result.updates = pushes_;
-  if (options_.balance.has_value() && waiter->id != 0) FillPlan(waiter->clock, &result.plan.emplace());
-  if (waiter->pushed.has_value()) {
-    PushResult pushed = *waiter->pushed;
-    pushed.pulled = result;
-    ready->push_back([done = std::move(waiter->push_done), pushed]() mutable { std::move(done)(pushed); });
-  } else {
-    ready->push_back([done = std::move(waiter->pull_done), result]() mutable { std::move(done)(result); });
-  }
-}
-
-uint64_t SegmentShard::UpdatesAhead(uint64_t id, uint64_t clock) const {
-  const uint64_t next = workers_.at(id).next_clock;
-  return clock <= next ? 0 : (clock - next) * live_;
-}
-
-void SegmentShard::Push(uint64_t id, uint64_t clock, uint64_t first, const DenseView* grad, absl::Time deadline,
-                        ReadRange read, PushDone done, const PushInfo& info) {
-  Completions ready;
-  {
-    MutexLock lock(&mu_);
-    const absl::Time now = options_.clock->Now();
-    auto waiter = std::make_unique<Waiter>(id, clock, first, grad->count(), deadline, std::move(read));
-    waiter->since = now;
-    waiter->grad = grad;
-    waiter->info = info;
-    waiter->push_done = std::move(done);
-    StartPush(std::move(waiter), now, &ready);
-    Resume(now, &ready);
-  }
-  for (auto& complete : ready) std::move(complete)();
-}
-
-PushResult SegmentShard::Acknowledged(const Worker& w) {
-  PushResult result;
-  result.next_clock = w.next_clock;
-  result.rank = w.rank;
-  return result;
-}
-
-bool SegmentShard::AppliedBefore(const Worker& w, const Waiter& push) {
-  // A retry of a step or chunk already applied is acknowledged, not re-applied.
-  return push.clock < w.next_clock ||
-         (push.clock == w.next_clock && push.first + push.count <= w.applied && push.count > 0);
-}
-
-void SegmentShard::StartPush(std::unique_ptr<Waiter> waiter, absl::Time now, Completions* ready) {
-  absl::StatusOr<Worker*> found = FindLive(waiter->id, now, "Push");
-  if (!found.ok()) return Fail(std::move(waiter), found.status(), ready);
-  Worker* w = *found;
-  // It computed a step on something: no longer a worker that just joined
-  // (two that push without pulling must not wait for each other).
-  MarkPulled(w);
-  if (AppliedBefore(*w, *waiter)) {
-    return AfterPush(std::move(waiter), w, Acknowledged(*w),
-                     now, ready);
-  }
-  if (waiter->clock > w->next_clock + options_.max_clock_ahead) {
-    return Fail(std::move(waiter),
-                absl::FailedPreconditionError(absl::StrCat(
-                    "Push: clock ", waiter->clock, " of worker ", waiter->id, " skips ahead: expected clock ",
-                    w->next_clock, " (at most ", options_.max_clock_ahead, " pushes in flight)")),
-                ready);
-  }
-  if (waiter->clock == w->next_clock && waiter->first < w->applied) {
-    return Fail(std::move(waiter),
-                absl::InvalidArgumentError(absl::StrCat("Push: chunk at element ", waiter->first, " of clock ",
-                                                        waiter->clock, " overlaps the chunks already applied up to element ",
-                                                        w->applied)),
-                ready);
-  }
-  MaybeCheckpoint(now);
-  MaybeRebalance();
-  if (w->next_clock != waiter->clock || w->applied != waiter->first || WaitsForCut(*waiter) ||
-      WaitsForPeers(*waiter)) {
-    // Pushes (and chunks) of one worker may overtake each other on the
-    // wire: this one waits for its predecessors (or, a checkpoint's clock,
-    // for the cut before it).
-    if (now >= waiter->deadline) return Fail(std::move(waiter), Late(*w, *waiter), ready);
-    if (!draining_.empty()) return Fail(std::move(waiter), absl::UnavailableError(draining_), ready);
-    if (absl::Status full = Park(*waiter, "Push"); !full.ok()) return Fail(std::move(waiter), std::move(full), ready);
-    pushes_waiting_.push_back(std::move(waiter));
-    return;
-  }
-  const PushResult result = Apply(w, *waiter);
-  AfterPush(std::move(waiter), w, result, now, ready);
-}
-
-absl::Status SegmentShard::Late(const Worker& w, const Waiter& push) const {
-  if (w.next_clock != push.clock || w.applied != push.first) return Skipped(w, push);
-  if (WaitsForCut(push)) {
-    return absl::UnavailableError(absl::StrCat("Push: clock ", push.clock, " waits for the checkpoint at clock ",
-                                               next_cut_, ", which needs ", Laggard(), " to push clock ",
-                                               SegmentClock()));
-  }
-  if (WaitsForPeers(push)) {
-    return absl::UnavailableError(absl::StrCat("Push: clock ", push.clock, " waits for ",
-                                               Unpulled(push.clock, push.id),
-                                               ", which joined at that clock, to pull it first"));
-  }
-  return Skipped(w, push);
-}
-
-absl::Status SegmentShard::Skipped(const Worker& w, const Waiter& push) {
-  return absl::FailedPreconditionError(absl::StrCat("Push: clock ", push.clock, " element ", push.first,
-                                                    " of worker ", push.id, " skips clock ", w.next_clock,
-                                                    " element ", w.applied, ", which never arrived"));
-}
-
-void SegmentShard::AfterPush(std::unique_ptr<Waiter> waiter, Worker* w, const PushResult& result, absl::Time now,
-                             Completions* ready) {
-  if (!waiter->read) {
-    ready->push_back([done = std::move(waiter->push_done), result]() mutable { std::move(done)(result); });
-    return;
-  }
-  // The pull of the same elements for the next clock, in the same operation.
-  waiter->pushed = result;
-  waiter->clock += 1;
-  waiter->grad = nullptr;
-  w->last_pull_clock = std::max(w->last_pull_clock, waiter->clock);
-  StartPull(std::move(waiter), now, ready);
-}
-
-PushResult SegmentShard::Apply(Worker* w, const Waiter& push) {
-  const DenseView& grad = *push.grad;
-  const uint64_t count = push.count, first = push.first;
-  if (first == 0) w->step = ++steps_begun_;
-  const absl::Time apply_start = absl::Now();
-  Optimizer* const optimizer = optimizer_.get();
-  const absl::Span<float> values = absl::MakeSpan(values_);
-  const uint64_t step = w->step;
-  // A balanced push weighs as the samples behind it.
-  float scale = 1.0f;
-  if (push.info.samples.has_value() && options_.batch_size > 0) {
-    scale = static_cast<float>(*push.info.samples) / static_cast<float>(options_.batch_size);
-  }
-  if (first == 0 && push.info.samples_per_second > 0 && w->rank < throughput_.size()) {
-    throughput_[w->rank] = push.info.samples_per_second;
-  }
-  auto apply_part = [&](uint64_t begin, uint64_t end) {
-    grad.ForEachFloatBlock(begin, end, [&](size_t at, absl::Span<const float> block) {
-      optimizer->Apply(step, first + at, values.subspan(first + at, block.size()), block, scale);
-    });
-  };
-  // Helpers update disjoint parts of the values and the optimizer's state
-  // while this thread holds the lock for them: Run returns once all are done.
-  const size_t parts = scale == 0.0f ? 0 : ApplyParts(options_.apply_pool, count);
-  if (parts == 0) {
-    // No samples behind it: the step counts, nothing moves.
-  } else if (parts == 1) {
-    apply_part(0, count);
-  } else {
-    options_.apply_pool->Run(parts, [&](size_t part) {
-      apply_part(PartStart(count, parts, part), PartStart(count, parts, part + 1));
-    });
-  }
-  const absl::Duration apply = absl::Now() - apply_start;
-  w->applied += count;
-  if (w->applied == options_.range.count) {
-    ++pushes_;
-    if (w->live) {
-      auto at = live_clocks_.find(w->next_clock);
-      if (--at->second == 0) live_clocks_.erase(at);
-      ++live_clocks_[w->next_clock + 1];
-    }
-    ++w->next_clock;
-    w->applied = 0;
-    highest_clock_ = std::max(highest_clock_, w->next_clock);
-  }
-  PushResult result;
-  result.applied = true;
-  result.next_clock = w->next_clock;
-  result.rank = w->rank;
-  result.apply = apply;
-  return result;
-}
-
-void SegmentShard::Resume(absl::Time now, Completions* ready) {
-  bool progress = true;
-  while (progress) {
-    progress = false;
-    MaybeCheckpoint(now);
-    MaybeRebalance();
-    // Parked pushes whose turn has come.
-    std::vector<std::unique_ptr<Waiter>> pushes;
-    pushes.swap(pushes_waiting_);
-    for (auto& push : pushes) {
-      auto it = workers_.find(push->id);
-      Worker* w = it == workers_.end() || !it->second.live ? nullptr : &it->second;
-      const bool turn = w != nullptr && w->next_clock == push->clock && w->applied == push->first &&
-                        !WaitsForCut(*push) && !WaitsForPeers(*push);
-      if (w != nullptr && !turn && !AppliedBefore(*w, *push)) {
-        pushes_waiting_.push_back(std::move(push));  // still waiting
-        continue;
-      }
-      Unparked(push->id);
-      if (w == nullptr) {
-        Fail(std::move(push),
-             absl::FailedPreconditionError(
-                 absl::StrCat("Push: worker ", push->id, " was replaced or left while waiting")),
-             ready);
-      } else if (turn) {
-        const PushResult result = Apply(w, *push);
-        AfterPush(std::move(push), w, result, now, ready);
-        progress = true;
-      } else {
-        AfterPush(std::move(push), w, Acknowledged(*w), now, ready);
-      }
-    }
-    // Parked pulls the bound now allows: those needing at most one clock
-    // more than the segment's (a chunk may be a clock ahead of it).
-    const uint64_t reachable = SegmentClock() + 1;
-    for (auto it = pulls_waiting_.begin(); it != pulls_waiting_.end() && it->first <= reachable;) {
-      const Waiter& pull = *it->second;
-      if (!BoundAllows(pull.clock, pull.first + pull.count)) {
-        ++it;
-        continue;
-      }
-      std::unique_ptr<Waiter> waiter = std::move(it->second);
-      it = pulls_waiting_.erase(it);
-      Unparked(waiter->id);
-      FinishPull(std::move(waiter), now, ready);
-    }
-  }
 }
 
 void SegmentShard::Tick() {
@@ -785,7 +412,7 @@ bool SegmentShard::Leave(uint64_t id) {
     Erase(it, &ready);
     const absl::Time now = options_.clock->Now();
     // The segment's last worker is done: its final state is a cut too.
-    if (options_.checkpoint_every > 0 && live_ == 0 && pushes_ > cut_updates_) Cut(now);
+    if (cuts_.enabled() && live_ == 0 && cuts_.Behind(pushes_)) Cut(now);
     Resume(now, &ready);
   }
   for (auto& complete : ready) std::move(complete)();
@@ -794,32 +421,25 @@ bool SegmentShard::Leave(uint64_t id) {
 
 void SegmentShard::FillStats(v1::SegmentStats* stats,
                              google::protobuf::RepeatedPtrField<v1::WorkerStats>* workers) {
-  Completions ready;
-  {
-    MutexLock lock(&mu_);
-    const absl::Time now = options_.clock->Now();
-    ExpireLeases(now);
-    stats->set_segment(options_.segment);
-    stats->set_offset(options_.range.offset);
-    stats->set_count(options_.range.count);
-    stats->set_clock(SegmentClock());
-    stats->set_updates(pushes_);
-    stats->set_pulls(pulls_);
-    stats->set_pushes(pushes_);
-    stats->set_blocked_us(absl::ToInt64Microseconds(blocked_));
-    stats->set_generation(generation_);
-    stats->set_restored_clock(restored_clock_);
-    for (const auto& [id, w] : workers_) {
-      v1::WorkerStats* ws = workers->Add();
-      ws->set_worker_id(id < kPlaceholder ? id : 0);
-      ws->set_segment(options_.segment);
-      ws->set_rank(w.rank);
-      ws->set_next_clock(w.next_clock);
-      ws->set_live(w.live);
-    }
-    Resume(now, &ready);
+  MutexLock lock(&mu_);
+  stats->set_segment(options_.segment);
+  stats->set_offset(options_.range.offset);
+  stats->set_count(options_.range.count);
+  stats->set_clock(SegmentClock());
+  stats->set_updates(pushes_);
+  stats->set_pulls(pulls_);
+  stats->set_pushes(pushes_);
+  stats->set_blocked_us(absl::ToInt64Microseconds(blocked_));
+  stats->set_generation(generation_);
+  stats->set_restored_clock(restored_clock_);
+  for (const auto& [id, w] : workers_) {
+    v1::WorkerStats* ws = workers->Add();
+    ws->set_worker_id(id < kPlaceholder ? id : 0);
+    ws->set_segment(options_.segment);
+    ws->set_rank(w.rank);
+    ws->set_next_clock(w.next_clock);
+    ws->set_live(w.live);
   }
-  for (auto& complete : ready) std::move(complete)();
 }
 
 std::vector<float> SegmentShard::Snapshot() {

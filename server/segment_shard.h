@@ -77,7 +77,9 @@
 #include "segps/v1/parameter_server.pb.h"
 #include "server/apply_pool.h"
 #include "server/checkpoint.h"
+#include "server/cut_policy.h"
 #include "server/optimizer.h"
+#include "server/share_planner.h"
 
 namespace segps {
 
@@ -116,13 +118,7 @@ struct ShardOptions {
   // at every multiple of every_clocks of the segment clock T new ones are
   // decided from the workers' reported throughput, in effect from T + lead.
   uint32_t batch_size = 0;
-  struct Balance {
-    std::vector<uint32_t> initial;
-    uint32_t every_clocks = 0;  // 0: the shares stay
-    uint32_t least = 1;         // samples
-    uint32_t hysteresis = 1;    // samples a share must move by
-    uint32_t lead = 2;          // s + 2
-  };
+  using Balance = SharePlanner::Options;
   std::optional<Balance> balance;
   // Takes each cut, under the shard's lock: it must only hand it on.
   std::function<void(std::shared_ptr<const ShardState>)> on_checkpoint;
@@ -231,6 +227,7 @@ class SegmentShard {
   // Removes a worker; false when unknown here.
   bool Leave(uint64_t id);
 
+  // The shard's counters and workers as of the last Tick: reads, changes nothing.
   void FillStats(v1::SegmentStats* stats, google::protobuf::RepeatedPtrField<v1::WorkerStats>* workers);
   const ShardOptions& options() const { return options_; }
 
@@ -307,8 +304,6 @@ class SegmentShard {
                  Completions* ready) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Decides new shares if the segment clock has reached the next decision.
   void MaybeRebalance() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The shares from `clock` on, and how far they are final.
-  void FillPlan(uint64_t clock, v1::SharePlan* plan) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Cuts a checkpoint if the segment clock has reached the next one.
   void MaybeCheckpoint(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Cut(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -362,19 +357,13 @@ class SegmentShard {
   std::multimap<uint64_t, std::unique_ptr<Waiter>> pulls_waiting_ ABSL_GUARDED_BY(mu_);
   std::vector<std::unique_ptr<Waiter>> pushes_waiting_ ABSL_GUARDED_BY(mu_);
   std::string draining_ ABSL_GUARDED_BY(mu_);  // why calls no longer wait, once set
-  uint64_t next_cut_ ABSL_GUARDED_BY(mu_) = 0;  // the next checkpoint clock
-  absl::Time last_cut_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
-  uint64_t cut_updates_ ABSL_GUARDED_BY(mu_) = 0;  // pushes_ at the last cut (or restore)
+  CutPolicy cuts_ ABSL_GUARDED_BY(mu_);
   uint64_t generation_ ABSL_GUARDED_BY(mu_) = 1;
   uint64_t restored_clock_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t next_placeholder_ ABSL_GUARDED_BY(mu_) = 0;
   bool started_ ABSL_GUARDED_BY(mu_) = false;  // a registration or a restore happened
-  // Balance: the shares decided (by from_clock), the latest throughput per
-  // rank, and the segment clock of the next decision.
-  v1::SharePlan plan_ ABSL_GUARDED_BY(mu_);
-  std::vector<double> throughput_ ABSL_GUARDED_BY(mu_);
-  uint64_t next_decision_ ABSL_GUARDED_BY(mu_) = 0;
-  uint64_t promised_through_ ABSL_GUARDED_BY(mu_) = 0;  // the highest final_through sent
+  // The deciding server of a balanced segment: its shares.
+  std::optional<SharePlanner> planner_ ABSL_GUARDED_BY(mu_);
   std::map<uint64_t, uint32_t> parked_ ABSL_GUARDED_BY(mu_);  // calls parked per worker
 };
 

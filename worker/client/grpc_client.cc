@@ -29,6 +29,7 @@
 #include "common/sync.h"
 #include "common/tensor_wire_grpc.h"
 #include "segps/v1/parameter_server.grpc.pb.h"
+#include "worker/client/membership.h"
 #include "worker/client/ps_client.h"
 #include "worker/client/request_streams.h"
 
@@ -85,6 +86,42 @@ class Backoff {
   absl::Duration delay_ = absl::Milliseconds(20);
 };
 
+// Registration's calls to one server over gRPC: each retried with backoff
+// within four RPC deadlines while the server is unreachable or starting.
+class GrpcMembershipStub final : public MembershipStub {
+ public:
+  GrpcMembershipStub(v1::ParameterServer::Stub* stub, size_t index, std::string address, absl::Duration deadline)
+      : stub_(stub), index_(index), address_(std::move(address)), deadline_(deadline) {}
+
+  absl::Status Register(const v1::RegisterRequest& request, v1::RegisterResponse* response) override {
+    return WithRetries([&](grpc::ClientContext* context) {
+      context->set_wait_for_ready(true);  // servers may still be starting
+      return stub_->Register(context, request, response);
+    });
+  }
+  absl::Status Rollback(const v1::RollbackRequest& request, v1::RollbackResponse* response) override {
+    return WithRetries([&](grpc::ClientContext* context) { return stub_->Rollback(context, request, response); });
+  }
+  std::string Name() const override { return absl::StrCat("server ", index_, " (", address_, ")"); }
+
+ private:
+  template <typename F>
+  absl::Status WithRetries(F call) {
+    Backoff backoff(deadline_ * 4);
+    while (true) {
+      grpc::ClientContext context;
+      context.set_deadline(absl::ToChronoTime(absl::Now() + std::min(backoff.left(), deadline_)));
+      const absl::Status status = FromGrpcStatus(call(&context));
+      if (status.ok() || !IsTransient(status) || !backoff.Wait()) return status;
+    }
+  }
+
+  v1::ParameterServer::Stub* const stub_;
+  const size_t index_;
+  const std::string address_;
+  const absl::Duration deadline_;
+};
+
 class GrpcClient final : public ParameterClient {
  public:
   GrpcClient(const v1::JobConfig& config, ShardMap map, std::vector<std::string> addresses,
@@ -113,143 +150,28 @@ class GrpcClient final : public ParameterClient {
     }
     push_streams_ = std::make_unique<RequestStreams>(channels, kPushStreamMethod);
     pull_streams_ = std::make_unique<RequestStreams>(channels, kPullStreamMethod);
-    worker_ids_.assign(addresses_.size(), 0);
-    incarnations_.assign(addresses_.size(), 0);
-    secrets_.assign(addresses_.size(), std::string());
+    std::vector<MembershipStub*> servers;
+    for (size_t i = 0; i < stubs_.size(); ++i) {
+      membership_stubs_.push_back(
+          std::make_unique<GrpcMembershipStub>(stubs_[i].get(), i, addresses_[i], rpc_deadline_));
+      servers.push_back(membership_stubs_.back().get());
+    }
+    membership_ = std::make_unique<Membership>(std::move(servers), fingerprint_, map_.fingerprint());
   }
 
-  // Registers with every server, then makes them agree on where the rank
-  // continues (docs/recovery.md): where the rank's own clocks differ
-  // between servers (a push that reached some of them, a server restored
-  // from a checkpoint), the segment is rolled back to the newest checkpoint
-  // every server holds and registration starts over; otherwise the worker
-  // starts at the furthest clock any server proposes.
+  // Registers with every server, agreed on where the rank continues
+  // (client/membership.h, docs/recovery.md).
   absl::StatusOr<Registration> Register(int segment, std::optional<uint32_t> rank) override {
     if (segment < 0 || segment >= map_.num_segments()) {
       return absl::InvalidArgumentError(absl::StrCat("segment ", segment, " is out of range"));
     }
-    v1::RegisterRequest request;
-    request.set_segment(segment);
-    request.set_rank(rank.value_or(0));
-    request.set_any_rank(!rank.has_value());
-    request.set_model_fingerprint(fingerprint_);
-    request.set_shard_fingerprint(map_.fingerprint());
-    // Each rollback moves a generation on; a few in a row mean servers
-    // that keep failing, which the caller's recovery retries.
-    for (int attempt = 0; attempt < 4; ++attempt) {
-      std::vector<v1::RegisterResponse> responses(stubs_.size());
-      for (size_t i = 0; i < stubs_.size(); ++i) {
-        SEGPS_RETURN_IF_ERROR(RegisterWith(i, request, &responses[i]));
-        // Server 0 picks the rank if asked; the others are told the same.
-        request.set_rank(responses[0].rank());
-        request.set_any_rank(false);
-      }
-      absl::StatusOr<std::optional<uint64_t>> aligned = Agree(segment, responses);
-      if (!aligned.ok()) return aligned.status();
-      if (!aligned->has_value()) continue;  // rolled back: register again
-      const uint64_t start = **aligned;
-      request.set_join_clock(start);
-      for (size_t i = 0; i < stubs_.size(); ++i) {
-        if (responses[i].start_clock() != start) SEGPS_RETURN_IF_ERROR(RegisterWith(i, request, &responses[i]));
-        incarnations_[i] = responses[i].incarnation();
-      }
-      {
-        MutexLock lock(&plan_mu_);
-        plans_[segment] = responses[0].plan();
-      }
-      return Registration{start, responses[0].rank()};
+    v1::SharePlan plan;
+    absl::StatusOr<Registration> registered = membership_->Register(segment, rank, &plan);
+    if (registered.ok()) {
+      MutexLock lock(&plan_mu_);
+      plans_[segment] = std::move(plan);
     }
-    return absl::UnavailableError(absl::StrCat("Register: segment ", segment,
-                                               " was rolled back 4 times in a row; the servers keep failing"));
-  }
-
-  // The clock every server should start the rank at, or nullopt after
-  // rolling the segment back (register again).
-  absl::StatusOr<std::optional<uint64_t>> Agree(int segment, const std::vector<v1::RegisterResponse>& responses) {
-    std::set<uint64_t> rank_clocks;
-    bool partial = false, some_new = false;
-    uint64_t furthest = 0;
-    for (const v1::RegisterResponse& r : responses) {
-      if (r.has_rank_clock()) rank_clocks.insert(r.rank_clock());
-      some_new |= !r.has_rank_clock();
-      partial |= r.partial();
-      furthest = std::max(furthest, r.start_clock());
-    }
-    const bool disagree = partial || rank_clocks.size() > 1 || (!rank_clocks.empty() && some_new);
-    if (!disagree) return std::optional<uint64_t>(furthest);
-    // The newest checkpoint clock every server holds.
-    std::set<uint64_t> common(responses[0].checkpoint_clocks().begin(), responses[0].checkpoint_clocks().end());
-    for (const v1::RegisterResponse& r : responses) {
-      std::set<uint64_t> both;
-      for (uint64_t c : r.checkpoint_clocks()) {
-        if (common.count(c) > 0) both.insert(c);
-      }
-      common = std::move(both);
-    }
-    std::vector<std::string> states;
-    for (size_t i = 0; i < responses.size(); ++i) {
-      states.push_back(absl::StrCat("server ", i, " at ",
-                                    responses[i].has_rank_clock() ? absl::StrCat(responses[i].rank_clock())
-                                                                  : std::string("none"),
-                                    responses[i].partial() ? " (partly applied)" : ""));
-    }
-    if (common.empty()) {
-      for (size_t i = 0; i < responses.size(); ++i) {
-        if (!responses[i].has_rank_clock() && incarnations_[i] != 0 && incarnations_[i] != responses[i].incarnation()) {
-          return absl::FailedPreconditionError(absl::StrCat(
-              "Register: server ", i, " (", addresses_[i], ") restarted with no checkpoint of segment ", segment,
-              ", so its parameters started over; the job cannot recover. Give the servers a checkpoint "
-              "directory (--checkpoint_dir or checkpoint.dir)"));
-        }
-      }
-      // No checkpoint to agree on: continue from the lowest clock; servers
-      // further on acknowledge the repeated pushes without applying them.
-      const uint64_t lowest = rank_clocks.empty() ? furthest : *rank_clocks.begin();
-      SEGPS_LOG_WARNING << "segment " << segment << " rank " << responses[0].rank()
-                        << ": the servers disagree on its clock (" << absl::StrJoin(states, ", ")
-                        << ") and share no checkpoint; continuing from clock " << lowest;
-      return std::optional<uint64_t>(lowest);
-    }
-    const uint64_t target = *common.rbegin();
-    SEGPS_LOG_WARNING << "segment " << segment << " rank " << responses[0].rank() << ": the servers disagree ("
-                      << absl::StrJoin(states, ", ") << "); rolling the segment back to its checkpoint at clock "
-                      << target;
-    for (size_t i = 0; i < stubs_.size(); ++i) {
-      v1::RollbackRequest rollback;
-      rollback.set_segment(segment);
-      rollback.set_worker_id(responses[i].worker_id());
-      rollback.set_registration_secret(responses[i].registration_secret());
-      rollback.set_clock(target);
-      rollback.set_generation(responses[i].generation());
-      v1::RollbackResponse reply;
-      absl::Status status = WithRetries(rpc_deadline_ * 4, [&](absl::Duration left) {
-        grpc::ClientContext context;
-        context.set_deadline(absl::ToChronoTime(absl::Now() + std::min(left, rpc_deadline_)));
-        return FromGrpcStatus(stubs_[i]->Rollback(&context, rollback, &reply));
-      });
-      // A registration already dropped by someone else's rollback is fine: register again.
-      if (!status.ok() && !absl::IsNotFound(status)) return Annotate(status, i, "Rollback");
-    }
-    return std::optional<uint64_t>();
-  }
-
-  absl::Status RegisterWith(size_t i, const v1::RegisterRequest& request, v1::RegisterResponse* response) {
-    absl::Status status = WithRetries(rpc_deadline_ * 4, [&](absl::Duration left) {
-      grpc::ClientContext context;
-      context.set_deadline(absl::ToChronoTime(absl::Now() + std::min(left, rpc_deadline_)));
-      context.set_wait_for_ready(true);  // servers may still be starting
-      return FromGrpcStatus(stubs_[i]->Register(&context, request, response));
-    });
-    if (!status.ok()) return Annotate(status, i, "Register");
-    if (response->server_index() != i) {
-      return Annotate(absl::FailedPreconditionError(absl::StrCat("this is server ", response->server_index(),
-                                                                 ", listed at position ", i,
-                                                                 "; give the servers in index order")),
-                      i, "Register");
-    }
-    worker_ids_[i] = response->worker_id();
-    secrets_[i] = response->registration_secret();
-    return absl::OkStatus();
+    return registered;
   }
 
   absl::StatusOr<uint64_t> Pull(int segment, uint64_t clock, absl::Span<float> dest) override {
@@ -264,13 +186,13 @@ class GrpcClient final : public ParameterClient {
       for (const Range& chunk : cut) {
         v1::PullRequest request;
         request.set_segment(segment);
-        request.set_worker_id(worker_ids_[i]);
-        request.set_registration_secret(secrets_[i]);
-        request.set_reader(worker_ids_[i] == 0);
+        request.set_worker_id(membership_->worker_id(i));
+        request.set_registration_secret(membership_->secret(i));
+        request.set_reader(membership_->worker_id(i) == 0);
         request.set_clock(clock);
         // Observers (the evaluator, parameter dumps) read the float32 values
         // as they are; the wire format is for training traffic.
-        request.set_dtype(worker_ids_[i] == 0 ? v1::FLOAT32 : dtype_);
+        request.set_dtype(membership_->worker_id(i) == 0 ? v1::FLOAT32 : dtype_);
         if (cut.size() > 1) {  // a whole range is asked for without offset and count
           request.set_offset(chunk.offset);
           request.set_count(chunk.count);
@@ -347,8 +269,8 @@ class GrpcClient final : public ParameterClient {
     std::vector<v1::HeartbeatRequest> requests(stubs_.size());
     std::vector<v1::HeartbeatResponse> responses(stubs_.size());
     for (size_t i = 0; i < stubs_.size(); ++i) {
-      requests[i].set_worker_id(worker_ids_[i]);
-      requests[i].set_registration_secret(secrets_[i]);
+      requests[i].set_worker_id(membership_->worker_id(i));
+      requests[i].set_registration_secret(membership_->secret(i));
     }
     absl::Status status = FanOut(
         "Heartbeat", rpc_deadline_, rpc_deadline_,
@@ -368,8 +290,8 @@ class GrpcClient final : public ParameterClient {
     std::vector<v1::LeaveRequest> requests(stubs_.size());
     std::vector<v1::LeaveResponse> responses(stubs_.size());
     for (size_t i = 0; i < stubs_.size(); ++i) {
-      requests[i].set_worker_id(worker_ids_[i]);
-      requests[i].set_registration_secret(secrets_[i]);
+      requests[i].set_worker_id(membership_->worker_id(i));
+      requests[i].set_registration_secret(membership_->secret(i));
     }
     return FanOut("Leave", rpc_deadline_, rpc_deadline_,
                   [&](size_t i, grpc::ClientContext* context, grpc::CompletionQueue* cq, Call* call) {
@@ -445,8 +367,8 @@ class GrpcClient final : public ParameterClient {
   grpc::ByteBuffer PushMessage(const GrpcEncodedPush& push, size_t i, Range chunk, bool pull) const {
     v1::PushRequest header;
     header.set_segment(push.segment);
-    header.set_worker_id(worker_ids_[i]);
-    header.set_registration_secret(secrets_[i]);
+    header.set_worker_id(membership_->worker_id(i));
+    header.set_registration_secret(membership_->secret(i));
     header.set_clock(push.clock);
     header.set_pull(pull);
     if (push.samples.has_value()) header.set_samples(*push.samples);
@@ -608,9 +530,8 @@ class GrpcClient final : public ParameterClient {
   Mutex push_mu_, pull_mu_;  // one exchange at a time on each set of streams
   std::unique_ptr<RequestStreams> push_streams_ ABSL_GUARDED_BY(push_mu_);
   std::unique_ptr<RequestStreams> pull_streams_ ABSL_GUARDED_BY(pull_mu_);
-  std::vector<uint64_t> worker_ids_;  // per server; 0 until registered
-  std::vector<std::string> secrets_;  // per server: each registration's secret
-  std::vector<uint64_t> incarnations_;  // per server: as of the last registration (0: none yet)
+  std::vector<std::unique_ptr<GrpcMembershipStub>> membership_stubs_;
+  std::unique_ptr<Membership> membership_;  // the registrations, per server
   Mutex plan_mu_;  // replies land on the push and pull threads
   std::map<int, v1::SharePlan> plans_ ABSL_GUARDED_BY(plan_mu_);  // per segment, from server 0
 };

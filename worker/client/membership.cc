@@ -1,11 +1,146 @@
 #include "worker/client/membership.h"
 
 #include <algorithm>
+#include <set>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/grpc_status.h"
+#include "common/log.h"
+#include "common/status_macros.h"
 
 namespace segps {
+
+Membership::Membership(std::vector<MembershipStub*> servers, std::string model_fingerprint,
+                       std::string shard_fingerprint)
+    : servers_(std::move(servers)),
+      model_fingerprint_(std::move(model_fingerprint)),
+      shard_fingerprint_(std::move(shard_fingerprint)),
+      worker_ids_(servers_.size(), 0),
+      secrets_(servers_.size()),
+      incarnations_(servers_.size(), 0) {}
+
+absl::Status Membership::Annotate(const absl::Status& status, size_t i, const char* call) const {
+  return absl::Status(status.code(), absl::StrCat(call, " to ", servers_[i]->Name(), ": ", status.message()));
+}
+
+absl::StatusOr<Registration> Membership::Register(int segment, std::optional<uint32_t> rank, v1::SharePlan* plan) {
+  v1::RegisterRequest request;
+  request.set_segment(segment);
+  request.set_rank(rank.value_or(0));
+  request.set_any_rank(!rank.has_value());
+  request.set_model_fingerprint(model_fingerprint_);
+  request.set_shard_fingerprint(shard_fingerprint_);
+  // Each rollback moves a generation on; a few in a row mean servers that
+  // keep failing, which the caller's recovery retries.
+  for (int attempt = 0; attempt < 4; ++attempt) {
+    std::vector<v1::RegisterResponse> responses(servers_.size());
+    for (size_t i = 0; i < servers_.size(); ++i) {
+      SEGPS_RETURN_IF_ERROR(RegisterWith(i, request, &responses[i]));
+      // Server 0 picks the rank if asked; the others are told the same.
+      request.set_rank(responses[0].rank());
+      request.set_any_rank(false);
+    }
+    absl::StatusOr<std::optional<uint64_t>> aligned = Agree(segment, responses);
+    if (!aligned.ok()) return aligned.status();
+    if (!aligned->has_value()) continue;  // rolled back: register again
+    const uint64_t start = **aligned;
+    request.set_join_clock(start);
+    for (size_t i = 0; i < servers_.size(); ++i) {
+      if (responses[i].start_clock() != start) SEGPS_RETURN_IF_ERROR(RegisterWith(i, request, &responses[i]));
+      incarnations_[i] = responses[i].incarnation();
+    }
+    if (plan != nullptr) *plan = responses[0].plan();
+    return Registration{start, responses[0].rank()};
+  }
+  return absl::UnavailableError(absl::StrCat("Register: segment ", segment,
+                                             " was rolled back 4 times in a row; the servers keep failing"));
+}
+
+absl::Status Membership::RegisterWith(size_t i, const v1::RegisterRequest& request,
+                                      v1::RegisterResponse* response) {
+  absl::Status status = servers_[i]->Register(request, response);
+  if (!status.ok()) return Annotate(status, i, "Register");
+  if (response->server_index() != i) {
+    return Annotate(absl::FailedPreconditionError(absl::StrCat("this is server ", response->server_index(),
+                                                               ", listed at position ", i,
+                                                               "; give the servers in index order")),
+                    i, "Register");
+  }
+  worker_ids_[i] = response->worker_id();
+  secrets_[i] = response->registration_secret();
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::optional<uint64_t>> Membership::Agree(int segment,
+                                                          const std::vector<v1::RegisterResponse>& responses) {
+  std::set<uint64_t> rank_clocks;
+  bool partial = false, some_new = false;
+  uint64_t furthest = 0;
+  for (const v1::RegisterResponse& r : responses) {
+    if (r.has_rank_clock()) rank_clocks.insert(r.rank_clock());
+    some_new |= !r.has_rank_clock();
+    partial |= r.partial();
+    furthest = std::max(furthest, r.start_clock());
+  }
+  const bool disagree = partial || rank_clocks.size() > 1 || (!rank_clocks.empty() && some_new);
+  if (!disagree) return std::optional<uint64_t>(furthest);
+  // The newest checkpoint clock every server holds.
+  std::set<uint64_t> common(responses[0].checkpoint_clocks().begin(), responses[0].checkpoint_clocks().end());
+  for (const v1::RegisterResponse& r : responses) {
+    std::set<uint64_t> both;
+    for (uint64_t c : r.checkpoint_clocks()) {
+      if (common.count(c) > 0) both.insert(c);
+    }
+    common = std::move(both);
+  }
+  std::vector<std::string> states;
+  for (size_t i = 0; i < responses.size(); ++i) {
+    states.push_back(absl::StrCat("server ", i, " at ",
+                                  responses[i].has_rank_clock() ? absl::StrCat(responses[i].rank_clock())
+                                                                : std::string("none"),
+                                  responses[i].partial() ? " (partly applied)" : ""));
+  }
+  const std::string who = absl::StrCat("segment ", segment, " rank ", responses[0].rank());
+  if (common.empty()) {
+    for (size_t i = 0; i < responses.size(); ++i) {
+      if (!responses[i].has_rank_clock() && incarnations_[i] != 0 && incarnations_[i] != responses[i].incarnation()) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "Register: ", servers_[i]->Name(), " restarted with no checkpoint of segment ", segment,
+            ", so its parameters started over; the job cannot recover. Give the servers a checkpoint "
+            "directory (--checkpoint_dir or checkpoint.dir)"));
+      }
+    }
+    // No checkpoint to agree on: continue from the lowest clock; servers
+    // further on acknowledge the repeated pushes without applying them.
+    const uint64_t lowest = rank_clocks.empty() ? furthest : *rank_clocks.begin();
+    SEGPS_LOG_WARNING << who << ": the servers disagree on its clock (" << absl::StrJoin(states, ", ")
+                      << ") and share no checkpoint; continuing from clock " << lowest;
+    return std::optional<uint64_t>(lowest);
+  }
+  const uint64_t target = *common.rbegin();
+  SEGPS_LOG_WARNING << who << ": the servers disagree (" << absl::StrJoin(states, ", ")
+                    << "); rolling the segment back to its checkpoint at clock " << target;
+  SEGPS_RETURN_IF_ERROR(RollBack(segment, target, responses));
+  return std::optional<uint64_t>();
+}
+
+absl::Status Membership::RollBack(int segment, uint64_t target, const std::vector<v1::RegisterResponse>& responses) {
+  for (size_t i = 0; i < servers_.size(); ++i) {
+    v1::RollbackRequest rollback;
+    rollback.set_segment(segment);
+    rollback.set_worker_id(responses[i].worker_id());
+    rollback.set_registration_secret(responses[i].registration_secret());
+    rollback.set_clock(target);
+    rollback.set_generation(responses[i].generation());
+    v1::RollbackResponse reply;
+    absl::Status status = servers_[i]->Rollback(rollback, &reply);
+    // A registration already dropped by someone else's rollback is fine: register again.
+    if (!status.ok() && !absl::IsNotFound(status)) return Annotate(status, i, "Rollback");
+  }
+  return absl::OkStatus();
+}
 
 bool Recoverable(const absl::Status& status) {
   switch (status.code()) {

@@ -1,19 +1,78 @@
-// A worker's membership in the cluster apart from any transport: which
-// failures it survives by registering again, and rejoining with backoff
-// within the recovery budget. Time comes from an injected Clock, so that
+// A worker's membership in the cluster apart from any transport: its
+// registration with every server and the agreement on where it continues
+// (a rollback where the servers disagree), which failures it survives by
+// registering again, and rejoining with backoff within the recovery budget.
+// A transport is a MembershipStub per server (gRPC: client/grpc_client.cc;
+// in process: tests/support); time comes from an injected Clock, so that
 // recovery is tested without waiting.
 #ifndef SEGPS_WORKER_CLIENT_MEMBERSHIP_H_
 #define SEGPS_WORKER_CLIENT_MEMBERSHIP_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
+#include "segps/v1/parameter_server.pb.h"
 #include "worker/client/ps_client.h"
 
 namespace segps {
+
+// One server, as registration sees it. An implementation retries its own
+// transient failures within its deadlines and returns the last one.
+class MembershipStub {
+ public:
+  virtual ~MembershipStub() = default;
+  virtual absl::Status Register(const v1::RegisterRequest& request, v1::RegisterResponse* response) = 0;
+  virtual absl::Status Rollback(const v1::RollbackRequest& request, v1::RollbackResponse* response) = 0;
+  // How errors name the server: "server 1 (10.0.0.2:7000)".
+  virtual std::string Name() const = 0;
+};
+
+// A worker's registrations, one per server, and how they are agreed.
+//
+// Where the rank's own clocks differ between servers (a push that reached
+// some of them, a server restored from a checkpoint), the segment is rolled
+// back to the newest checkpoint every server holds and registration starts
+// over; with no checkpoint in common the rank continues from the lowest
+// clock (servers further on acknowledge the repeated pushes without
+// applying them), unless a server restarted without its checkpoints, which
+// is refused. Otherwise the worker starts at the furthest clock any server
+// proposes, and every server is told it.
+//
+// Thread safety: Register must not overlap other calls; worker_id and
+// secret are constant between registrations.
+class Membership {
+ public:
+  // `servers` (in index order) outlive this.
+  Membership(std::vector<MembershipStub*> servers, std::string model_fingerprint, std::string shard_fingerprint);
+
+  // Registers as `rank` of `segment` with every server (without a rank,
+  // server 0 assigns the lowest free one). `plan`, if not null, gets server
+  // 0's share plan of a balanced segment.
+  absl::StatusOr<Registration> Register(int segment, std::optional<uint32_t> rank, v1::SharePlan* plan = nullptr);
+
+  // This worker's registration with server `i` (0 and empty until registered).
+  uint64_t worker_id(size_t i) const { return worker_ids_[i]; }
+  const std::string& secret(size_t i) const { return secrets_[i]; }
+
+ private:
+  absl::Status RegisterWith(size_t i, const v1::RegisterRequest& request, v1::RegisterResponse* response);
+  // The clock every server should start the rank at, or nullopt after
+  // rolling the segment back (register again).
+  absl::StatusOr<std::optional<uint64_t>> Agree(int segment, const std::vector<v1::RegisterResponse>& responses);
+  absl::Status RollBack(int segment, uint64_t target, const std::vector<v1::RegisterResponse>& responses);
+  absl::Status Annotate(const absl::Status& status, size_t i, const char* call) const;
+
+  const std::vector<MembershipStub*> servers_;
+  const std::string model_fingerprint_, shard_fingerprint_;
+  std::vector<uint64_t> worker_ids_;    // per server; 0 until registered
+  std::vector<std::string> secrets_;    // per server: each registration's secret
+  std::vector<uint64_t> incarnations_;  // per server: as of the last registration (0: none yet)
+};
 
 // Failures a worker recovers from by registering again: a server that
 // restarted, was paused past the lease, is unreachable or dropped this

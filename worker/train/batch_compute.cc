@@ -214,7 +214,7 @@ absl::Status BatchCompute::Record(const StepRecord& record, TrainReport* report)
 
 absl::Status BatchCompute::Complete(TrainReport* report) {
   progress_.Finish();
-  report->seconds -= absl::ToDoubleSeconds(progress_.scoring_time());
+  report->seconds = progress_.TrainSeconds();
   return absl::OkStatus();
 }
 

@@ -103,7 +103,7 @@ absl::Status Progress::EndEpoch(uint32_t epoch, TrainReport* report) {
   while (!records->empty() && records->rbegin()->epoch() > epoch) records->RemoveLast();
   v1::EpochRecord* record = report->history.add_epochs();
   record->set_epoch(epoch + 1);
-  record->set_train_seconds(absl::ToDoubleSeconds(absl::Now() - t0_ - scoring_time_));
+  record->set_train_seconds(TrainSeconds());
   record->set_loss(report->last_loss);
   record->set_accuracy(report->last_accuracy);
   record->set_samples_per_second(w.samples / std::max(1e-9, absl::ToDoubleSeconds(absl::Now() - w.start)));

@@ -12,6 +12,7 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "segps/v1/config.pb.h"
 #include "worker/model/backend.h"
@@ -49,8 +50,8 @@ class Progress {
   void Start(const std::string& tag, const Schedule& schedule, bool balanced);
   // A step done; `throughput` as of it.
   absl::Status Record(const StepRecord& record, const Throughput& throughput, TrainReport* report);
-  // Time spent scoring, to leave out of the training time.
-  absl::Duration scoring_time() const { return scoring_time_; }
+  // Seconds training since Start, scoring left out: what the epochs' records count.
+  double TrainSeconds() const { return absl::ToDoubleSeconds(absl::Now() - t0_ - scoring_time_); }
   // Ends the progress bar's line.
   void Finish();
 

@@ -1,0 +1,57 @@
+// Registration's calls to a ParameterServer in this process: the
+// transport-free MembershipStub the membership tests drive recovery with.
+// The server behind it may be replaced (a restart), and calls can be made
+// to fail, to play a server that is down or a link that drops calls.
+#ifndef SEGPS_TESTS_SUPPORT_INPROCESS_MEMBERSHIP_H_
+#define SEGPS_TESTS_SUPPORT_INPROCESS_MEMBERSHIP_H_
+
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "server/parameter_server.h"
+#include "worker/client/membership.h"
+
+namespace segps {
+
+class InProcessStub final : public MembershipStub {
+ public:
+  // `server` is the slot the server lives in (replaced by a restart); it
+  // outlives the stub. A null server answers UNAVAILABLE (it is down).
+  InProcessStub(std::unique_ptr<ParameterServer>* server, size_t index) : server_(server), index_(index) {}
+
+  absl::Status Register(const v1::RegisterRequest& request, v1::RegisterResponse* response) override {
+    if (absl::Status down = Down(); !down.ok()) return down;
+    ++calls_;
+    return (*server_)->Register(request, response);
+  }
+  absl::Status Rollback(const v1::RollbackRequest& request, v1::RollbackResponse* response) override {
+    if (absl::Status down = Down(); !down.ok()) return down;
+    ++calls_;
+    return (*server_)->Rollback(request, response);
+  }
+  std::string Name() const override { return absl::StrCat("server ", index_, " (in process)"); }
+
+  // The next `n` calls fail with UNAVAILABLE, as a server still down would.
+  void FailNext(int n) { fail_next_ = n; }
+  int calls() const { return calls_; }  // calls that reached the server
+
+ private:
+  absl::Status Down() {
+    if (fail_next_ > 0 || *server_ == nullptr) {
+      if (fail_next_ > 0) --fail_next_;
+      return absl::UnavailableError(absl::StrCat("server ", index_, " is down"));
+    }
+    return absl::OkStatus();
+  }
+
+  std::unique_ptr<ParameterServer>* const server_;
+  const size_t index_;
+  int fail_next_ = 0;
+  int calls_ = 0;
+};
+
+}  // namespace segps
+
+#endif  // SEGPS_TESTS_SUPPORT_INPROCESS_MEMBERSHIP_H_

@@ -1,0 +1,390 @@
+// Recovery driven in process and on a fake clock: workers whose Membership
+// talks to ParameterServers through InProcessStubs, servers restarted from
+// their checkpoints or without, paused past the lease, pushes that reach
+// some servers only, registrations that fail. Each case trains to the end
+// and checks every server's clock and update count and the parameters bit
+// for bit against the same job never interrupted: no (worker, clock) is
+// applied twice or lost.
+#include "worker/client/membership.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <memory>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_format.h"
+#include "common/config.h"
+#include "common/tensor_wire.h"
+#include "server/parameter_server.h"
+#include "tests/support/inprocess_membership.h"
+#include "tests/support/subprocess.h"
+
+namespace segps {
+namespace {
+
+constexpr char kConfig[] = R"pb(
+cluster { num_servers: 2 lease_ms: 1000 }
+checkpoint { every_clocks: 4 keep: 3 }
+model {
+  input_width: 6
+  num_classes: 3
+  segments { name: "solo" workers: 1 layers { units: 5 activation: TANH } layers { units: 3 activation: SOFTMAX } }
+  segments { name: "pair" workers: 2 layers { units: 3 activation: SOFTMAX } }
+}
+optimizer { kind: ADAM }
+training { staleness: 0 }
+data { source: SYNTHETIC_SEED }
+)pb";
+
+constexpr uint64_t kClocks = 20;  // every case trains its segment through this many clocks
+
+// Servers in this process on one fake clock, each with a checkpoint
+// directory of its own (or none), restartable.
+class Cluster {
+ public:
+  explicit Cluster(bool checkpoints) : config_(*ParseConfig(kConfig, "membership_test")) {
+    for (size_t i = 0; i < 2; ++i) {
+      dirs_.push_back(checkpoints ? MakeTempDir() : "");
+      servers_.emplace_back();
+    }
+    for (size_t i = 0; i < 2; ++i) {
+      Start(i);
+      stubs_.push_back(std::make_unique<InProcessStub>(&servers_[i], i));
+    }
+  }
+
+  void Start(size_t i) {
+    ServerOptions options;
+    options.clock = &clock_;
+    options.tick = absl::ZeroDuration();  // time moves only when the test moves it
+    options.checkpoint_dir = dirs_[i];
+    servers_[i] = *ParameterServer::Create(config_, static_cast<uint32_t>(i), options);
+  }
+  // Kills server i (its written checkpoints stay on disk) and starts it again.
+  void Restart(size_t i) {
+    servers_[i]->FlushCheckpoints();
+    servers_[i].reset();
+    Start(i);
+  }
+  // Waits for the checkpoints cut so far to be on disk: recovery takes
+  // longer than a write, so a rejoining worker finds them listed.
+  void FlushAll() {
+    for (auto& server : servers_) server->FlushCheckpoints();
+  }
+  // Moves time on by `d` on every server that is not paused.
+  void Advance(absl::Duration d, int paused = -1) {
+    clock_.Advance(d);
+    for (size_t i = 0; i < servers_.size(); ++i) {
+      if (static_cast<int>(i) != paused) servers_[i]->Tick();
+    }
+  }
+
+  Membership NewMembership() {
+    return Membership({stubs_[0].get(), stubs_[1].get()}, ModelFingerprint(config_),
+                      servers_[0]->shard_map().fingerprint());
+  }
+  v1::SegmentStats Stats(size_t i, int segment) {
+    v1::StatsResponse stats;
+    servers_[i]->Stats(&stats);
+    return stats.segments(segment);
+  }
+  std::vector<float> Values(size_t i, int segment) { return servers_[i]->shard(segment).Snapshot(); }
+
+  const v1::JobConfig& config() const { return config_; }
+  ParameterServer& server(size_t i) { return *servers_[i]; }
+  InProcessStub& stub(size_t i) { return *stubs_[i]; }
+  FakeClock& clock() { return clock_; }
+
+ private:
+  v1::JobConfig config_;
+  FakeClock clock_;
+  std::vector<std::string> dirs_;
+  std::vector<std::unique_ptr<ParameterServer>> servers_;
+  std::vector<std::unique_ptr<InProcessStub>> stubs_;
+};
+
+// A worker of `segment` as the engine drives one: it registers through its
+// Membership, pulls its start clock, and pushes one gradient a clock to
+// every server (or only some), a fixed function of (rank, clock).
+class Worker {
+ public:
+  Worker(Cluster* cluster, int segment, uint32_t rank)
+      : cluster_(cluster), segment_(segment), rank_(rank), membership_(cluster->NewMembership()) {}
+
+  // Registers (again), pulls the start clock; the clock to push next.
+  absl::Status Join() {
+    absl::StatusOr<Registration> joined = membership_.Register(segment_, rank_);
+    if (!joined.ok()) return joined.status();
+    next_ = joined->start_clock;
+    for (size_t i = 0; i < 2; ++i) {
+      v1::PullRequest pull;
+      pull.set_segment(segment_);
+      pull.set_worker_id(membership_.worker_id(i));
+      pull.set_registration_secret(membership_.secret(i));
+      pull.set_clock(next_);
+      v1::PullResponse values;
+      absl::Status pulled = cluster_->server(i).Pull(pull, Deadline(), &values);
+      if (!pulled.ok()) return pulled;
+    }
+    return absl::OkStatus();
+  }
+  // Rejoins after a failure, as the engine does: backoff on the fake clock.
+  absl::Status Rejoin() {
+    cluster_->FlushAll();
+    absl::StatusOr<Registration> again =
+        segps::Rejoin(&registrar_, segment_, rank_, absl::Seconds(30), &cluster_->clock(), "test");
+    if (!again.ok()) return again.status();
+    return Join();
+  }
+
+  // Pushes clock next() to the servers in `to` (default: every server);
+  // moves on when every server took it.
+  absl::Status Push(std::vector<size_t> to = {0, 1}) {
+    for (size_t i : to) {
+      const Range range = cluster_->server(i).shard_map().range(segment_, static_cast<uint32_t>(i));
+      std::vector<float> grad(range.count);
+      for (size_t e = 0; e < grad.size(); ++e) {
+        grad[e] = 0.01f * static_cast<float>((rank_ * 7 + next_ * 3 + e) % 11) - 0.05f;
+      }
+      v1::PushRequest push;
+      push.set_segment(segment_);
+      push.set_worker_id(membership_.worker_id(i));
+      push.set_registration_secret(membership_.secret(i));
+      push.set_clock(next_);
+      EncodeFloat32(grad, range.offset, push.mutable_gradient());
+      v1::PushResponse response;
+      absl::Status pushed = cluster_->server(i).Push(push, Deadline(), &response);
+      if (!pushed.ok()) return pushed;
+    }
+    if (to.size() == 2) ++next_;
+    return absl::OkStatus();
+  }
+  uint64_t next() const { return next_; }
+  Membership& membership() { return membership_; }
+
+ private:
+  // Rejoin's view of the worker: its membership as a ParameterClient's Register.
+  class Registrar final : public ParameterClient {
+   public:
+    explicit Registrar(Worker* w) : w_(w) {}
+    absl::StatusOr<Registration> Register(int segment, std::optional<uint32_t> rank) override {
+      return w_->membership_.Register(segment, rank);
+    }
+    absl::StatusOr<uint64_t> Pull(int, uint64_t, absl::Span<float>) override { return Unused(); }
+    std::unique_ptr<EncodedPush> Encode(int, uint64_t, absl::Span<const float>) override { return nullptr; }
+    std::unique_ptr<EncodedPush> EncodeSparse(int, uint64_t, absl::Span<const uint64_t>,
+                                              absl::Span<const float>) override {
+      return nullptr;
+    }
+    absl::Status Send(const EncodedPush&) override { return Unused(); }
+    absl::StatusOr<uint64_t> SendAndPull(const EncodedPush&, absl::Span<float>) override { return Unused(); }
+    absl::Status Heartbeat() override { return Unused(); }
+    absl::Status Leave() override { return Unused(); }
+    absl::StatusOr<std::vector<v1::StatsResponse>> Stats() override { return Unused(); }
+    std::optional<std::vector<uint32_t>> Shares(int, uint64_t) override { return std::nullopt; }
+
+   private:
+    static absl::Status Unused() { return absl::UnimplementedError("not used by Rejoin"); }
+    Worker* const w_;
+  };
+
+  absl::Time Deadline() { return cluster_->clock().Now() + absl::Seconds(5); }
+
+  Cluster* const cluster_;
+  const int segment_;
+  const uint32_t rank_;
+  Membership membership_;
+  Registrar registrar_{this};
+  uint64_t next_ = 0;
+};
+
+// Trains `workers` in lockstep until every one has pushed kClocks clocks,
+// rejoining a worker whose push failed (a server restarted or dropped it).
+void TrainToEnd(std::vector<Worker*> workers) {
+  for (int guard = 0; guard < 1000; ++guard) {
+    bool done = true;
+    for (Worker* w : workers) {
+      if (w->next() >= kClocks) continue;
+      done = false;
+      if (!w->Push().ok()) {
+        ASSERT_TRUE(w->Rejoin().ok());
+      }
+    }
+    if (done) return;
+  }
+  FAIL() << "training did not end";
+}
+
+// The parameters of `segment` trained by its workers without interruption.
+std::vector<std::vector<float>> Reference(int segment) {
+  Cluster reference(/*checkpoints=*/false);
+  std::vector<std::unique_ptr<Worker>> workers;
+  std::vector<Worker*> all;
+  for (uint32_t r = 0; r < static_cast<uint32_t>(reference.config().model().segments(segment).workers()); ++r) {
+    workers.push_back(std::make_unique<Worker>(&reference, segment, r));
+  }
+  for (auto& w : workers) EXPECT_TRUE(w->Join().ok());
+  for (auto& w : workers) all.push_back(w.get());
+  TrainToEnd(all);
+  return {reference.Values(0, segment), reference.Values(1, segment)};
+}
+
+// Every server at clock kClocks with exactly workers x kClocks updates, and
+// the uninterrupted job's parameters.
+void ExpectExactlyOnce(Cluster& cluster, int segment) {
+  const uint64_t ranks = cluster.config().model().segments(segment).workers();
+  const std::vector<std::vector<float>> reference = Reference(segment);
+  for (size_t i = 0; i < 2; ++i) {
+    const v1::SegmentStats stats = cluster.Stats(i, segment);
+    EXPECT_EQ(stats.clock(), kClocks) << "server " << i;
+    EXPECT_EQ(stats.updates(), ranks * kClocks) << "server " << i;
+    EXPECT_EQ(cluster.Values(i, segment), reference[i]) << "server " << i << ": parameters differ from the "
+                                                        << "uninterrupted job's";
+  }
+}
+
+TEST(Membership, ServerRestartedFromACheckpointRollsBackAndLosesNothing) {
+  Cluster cluster(/*checkpoints=*/true);
+  Worker w(&cluster, 0, 0);
+  ASSERT_TRUE(w.Join().ok());
+  for (int c = 0; c < 10; ++c) ASSERT_TRUE(w.Push().ok());
+  cluster.Restart(1);  // back at its checkpoint of clock 8; server 0 is at 10
+  EXPECT_FALSE(w.Push().ok());
+  ASSERT_TRUE(w.Rejoin().ok());
+  EXPECT_EQ(w.next(), 8u) << "the servers agree on their newest common checkpoint";
+  EXPECT_EQ(cluster.Stats(0, 0).generation(), 2u) << "server 0 was rolled back";
+  TrainToEnd({&w});
+  ExpectExactlyOnce(cluster, 0);
+}
+
+TEST(Membership, ServerRestartedWithoutCheckpointsIsRefusedNamingIt) {
+  Cluster cluster(/*checkpoints=*/false);
+  Worker w(&cluster, 0, 0);
+  ASSERT_TRUE(w.Join().ok());
+  for (int c = 0; c < 6; ++c) ASSERT_TRUE(w.Push().ok());
+  cluster.Restart(1);  // its parameters start over
+  EXPECT_FALSE(w.Push().ok()) << "clock 6 reaches server 0, not server 1";
+  const std::vector<float> kept = cluster.Values(0, 0);
+  const absl::Status refused = w.Rejoin();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(refused.message().find("server 1 (in process) restarted with no checkpoint"), std::string::npos)
+      << refused;
+  EXPECT_EQ(cluster.Stats(0, 0).updates(), 7u) << "the refusal changed server 0";
+  EXPECT_EQ(cluster.Values(0, 0), kept);
+}
+
+TEST(Membership, ServerPausedPastTheLeaseDropsTheWorkerWhichContinuesWhereItWas) {
+  Cluster cluster(/*checkpoints=*/true);
+  Worker w(&cluster, 0, 0);
+  ASSERT_TRUE(w.Join().ok());
+  for (int c = 0; c < 5; ++c) ASSERT_TRUE(w.Push().ok());
+  // Server 1 sees no call for two leases (the worker was paused, or it was).
+  cluster.Advance(absl::Seconds(2));
+  EXPECT_FALSE(w.Push().ok()) << "the lease ran out";
+  ASSERT_TRUE(w.Rejoin().ok());
+  EXPECT_EQ(w.next(), 5u);
+  EXPECT_EQ(cluster.Stats(1, 0).generation(), 1u) << "no rollback was needed";
+  TrainToEnd({&w});
+  ExpectExactlyOnce(cluster, 0);
+}
+
+TEST(Membership, APushThatReachedOneServerIsAgreedOn) {
+  for (const bool checkpoints : {true, false}) {
+    SCOPED_TRACE(checkpoints ? "with checkpoints" : "without checkpoints");
+    Cluster cluster(checkpoints);
+    Worker w(&cluster, 0, 0);
+    ASSERT_TRUE(w.Join().ok());
+    for (int c = 0; c < 9; ++c) ASSERT_TRUE(w.Push().ok());
+    ASSERT_TRUE(w.Push({0}).ok());  // clock 9 reached server 0 only
+    ASSERT_TRUE(w.Rejoin().ok());
+    // With a common checkpoint (clock 8) both roll back to it; without,
+    // the rank continues from server 1's clock and server 0 acknowledges
+    // the repeated push without applying it again.
+    EXPECT_EQ(w.next(), checkpoints ? 8u : 9u);
+    TrainToEnd({&w});
+    ExpectExactlyOnce(cluster, 0);
+  }
+}
+
+TEST(Membership, TwoWorkersRecoveringAtOnceAgree) {
+  Cluster cluster(/*checkpoints=*/true);
+  Worker a(&cluster, 1, 0), b(&cluster, 1, 1);
+  ASSERT_TRUE(a.Join().ok());
+  ASSERT_TRUE(b.Join().ok());
+  for (int c = 0; c < 6; ++c) {
+    ASSERT_TRUE(a.Push().ok());
+    ASSERT_TRUE(b.Push().ok());
+  }
+  cluster.Restart(0);  // back at clock 4
+  absl::Status joined_a, joined_b;
+  std::thread other([&] { joined_b = b.Rejoin(); });
+  joined_a = a.Rejoin();
+  other.join();
+  // A rollback by one drops the other's registrations (NOT_FOUND on its
+  // pull), which then registers again, as its engine would: both end at
+  // the checkpoint's clock.
+  if (!joined_a.ok() || a.next() != 4) joined_a = a.Rejoin();
+  if (!joined_b.ok() || b.next() != 4) joined_b = b.Rejoin();
+  ASSERT_TRUE(joined_a.ok()) << joined_a;
+  ASSERT_TRUE(joined_b.ok()) << joined_b;
+  EXPECT_EQ(a.next(), 4u);
+  EXPECT_EQ(b.next(), 4u);
+  TrainToEnd({&a, &b});
+  ExpectExactlyOnce(cluster, 1);
+}
+
+TEST(Membership, AFailureDuringRecoveryIsRetriedWithBackoffOnTheClock) {
+  Cluster cluster(/*checkpoints=*/true);
+  Worker w(&cluster, 0, 0);
+  ASSERT_TRUE(w.Join().ok());
+  for (int c = 0; c < 6; ++c) ASSERT_TRUE(w.Push().ok());
+  cluster.Restart(1);
+  EXPECT_FALSE(w.Push().ok());
+  cluster.stub(1).FailNext(3);  // still coming up: three refusals
+  const absl::Time before = cluster.clock().Now();
+  ASSERT_TRUE(w.Rejoin().ok());
+  EXPECT_EQ(cluster.clock().Now() - before, absl::Milliseconds(50 + 100 + 200)) << "three backoffs waited";
+  TrainToEnd({&w});
+  ExpectExactlyOnce(cluster, 0);
+}
+
+TEST(Membership, RecoveryGivesUpAfterItsBudgetNamingTheServer) {
+  Cluster cluster(/*checkpoints=*/true);
+  Worker w(&cluster, 0, 0);
+  ASSERT_TRUE(w.Join().ok());
+  cluster.stub(1).FailNext(1000);  // never comes back
+  const absl::Time before = cluster.clock().Now();
+  const absl::Status given_up = w.Rejoin();
+  EXPECT_EQ(given_up.code(), absl::StatusCode::kUnavailable);
+  EXPECT_NE(given_up.message().find("could not rejoin the servers within 30s"), std::string::npos) << given_up;
+  EXPECT_NE(given_up.message().find("server 1 is down"), std::string::npos) << given_up;
+  EXPECT_LE(cluster.clock().Now() - before, absl::Seconds(30));
+  EXPECT_GE(cluster.clock().Now() - before, absl::Seconds(28));
+}
+
+TEST(Membership, ABurstOfTenRestartsLosesNothing) {
+  Cluster cluster(/*checkpoints=*/true);
+  Worker w(&cluster, 0, 0);
+  ASSERT_TRUE(w.Join().ok());
+  for (int c = 0; c < 5; ++c) ASSERT_TRUE(w.Push().ok());  // past the first checkpoint (clock 4)
+  std::mt19937 random(7);
+  for (int restart = 0; restart < 10; ++restart) {
+    for (int c = 0; c < 1 + static_cast<int>(random() % 3) && w.next() < kClocks; ++c) {
+      if (!w.Push().ok()) {
+        ASSERT_TRUE(w.Rejoin().ok());
+      }
+    }
+    cluster.Restart(random() % 2);
+    if (!w.Push().ok()) {
+      ASSERT_TRUE(w.Rejoin().ok());
+    }
+  }
+  TrainToEnd({&w});
+  ExpectExactlyOnce(cluster, 0);
+}
+
+}  // namespace
+}  // namespace segps
