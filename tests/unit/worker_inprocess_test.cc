@@ -11,9 +11,12 @@
 #include "server/parameter_server.h"
 #include "tests/support/faulty_client.h"
 #include "tests/support/reference_training.h"
+#include "tests/support/subprocess.h"
 #include "worker/model/backend.h"
 #include "worker/data/dataset.h"
 #include "worker/client/ps_client.h"
+#include "worker/train/pipeline_link.h"
+#include "worker/train/pipeline_trainer.h"
 #include "worker/train/trainer.h"
 
 namespace segps {
@@ -131,6 +134,54 @@ TEST(FaultInjection, RecoveredRunEqualsTheRunWithoutFaultsBitForBit) {
   EXPECT_EQ(injected, 7);
   EXPECT_EQ(recoveries, 4u);  // the pull, the lost reply, the unsent push, the dropped registration
   EXPECT_TRUE(faulty == clean) << "the recovered run's parameters differ from the clean run's";
+}
+
+// A chain of two stages in this process, the last one's calls faulty: a
+// push applied whose reply was lost, one never sent, a registration the
+// servers dropped. The last stage rejoins each time and continues where it
+// is (its neighbour cannot go back): a step every server took counts as
+// done, one that not every server took is sent again as it was. The chain
+// ends with every step and exactly the parameters of a run without faults.
+TEST(FaultInjection, APipelineStageRecoversWithoutComputingAStepAgain) {
+  const v1::JobConfig config = *LoadConfig(WriteChainJob(MakeTempDir(), "chain", ChainJob(2, 2)));
+  const TrainTest data = *LoadData(config);
+  auto run = [&](std::vector<FaultRule> rules, TrainReport* last) {
+    InProcessCluster cluster(config);
+    std::unique_ptr<Upstream> upstream = *Upstream::Listen(config, 1, 0, "127.0.0.1:0");
+    absl::StatusOr<TrainReport> last_report;
+    std::thread stage1([&] {
+      std::unique_ptr<Backend> backend = CreateCpuBackend(1);
+      FaultyClient client(*ConnectGrpc(config, cluster.addresses()), rules);
+      StageOptions options;
+      options.stage = 1;
+      options.upstream = upstream.get();
+      last_report = TrainStage(config, options, nullptr, backend.get(), &client);
+    });
+    std::unique_ptr<Downstream> downstream = *Downstream::Connect(config, 0, 0, upstream->address());
+    std::unique_ptr<Backend> backend = CreateCpuBackend(1);
+    std::unique_ptr<ParameterClient> client = *ConnectGrpc(config, cluster.addresses());
+    StageOptions options;
+    options.downstream = downstream.get();
+    absl::StatusOr<TrainReport> first = TrainStage(config, options, &data.train, backend.get(), client.get());
+    stage1.join();
+    EXPECT_TRUE(first.ok()) << first.status();
+    EXPECT_TRUE(last_report.ok()) << last_report.status();
+    if (last_report.ok()) *last = *last_report;
+    return std::make_pair(cluster.Parameters(0), cluster.Parameters(1));
+  };
+  TrainReport clean_report, faulty_report;
+  const auto clean = run({}, &clean_report);
+  const auto faulty = run(
+      {
+          {"SendAndPull", 10, Fault::kLoseReply},   // taken by every server: done
+          {"SendAndPull", 20, Fault::kFailBefore},  // taken by none: sent again
+          {"SendAndPull", 30, Fault::kNotFound},    // registration dropped, nothing sent: sent again
+      },
+      &faulty_report);
+  EXPECT_EQ(faulty_report.recoveries, 3u);
+  EXPECT_EQ(faulty_report.steps, clean_report.steps) << "a step was lost or counted twice";
+  EXPECT_TRUE(faulty.first == clean.first) << "stage 0's parameters differ from the clean run's";
+  EXPECT_TRUE(faulty.second == clean.second) << "stage 1's parameters differ from the clean run's";
 }
 
 INSTANTIATE_TEST_SUITE_P(ChunkBytes, SynchronousTraining, ::testing::Values(0, 4096),

@@ -204,10 +204,10 @@ class GrpcClient final : public ParameterClient {
       }
     }
     uint64_t min_clock = UINT64_MAX;
-    MutexLock lock(&pull_mu_);
-    RequestStreams* const streams = pull_streams_.get();
     SEGPS_RETURN_IF_ERROR(FanOut("Pull", pull_wait_ * 6 + rpc_deadline_, servers, [&](const std::vector<size_t>& pending) {
-      return streams->Exchange(
+      // One exchange at a time on these streams; none is held across a backoff.
+      MutexLock lock(&pull_mu_);
+      return pull_streams_->Exchange(
           servers, requests, kChunksInFlight, pull_wait_ + rpc_deadline_,
           [&](size_t j, grpc::ByteBuffer* reply) {
             return TakeValues<v1::PullResponse>(reply, v1::PullResponse::kValuesFieldNumber, chunks[j], dest,
@@ -348,10 +348,10 @@ class GrpcClient final : public ParameterClient {
     }
     uint64_t min_clock = UINT64_MAX;
     const absl::Duration wait = pull ? pull_wait_ : absl::ZeroDuration();
-    MutexLock lock(&push_mu_);
-    RequestStreams* const streams = push_streams_.get();
     SEGPS_RETURN_IF_ERROR(FanOut("Push", wait * 6 + rpc_deadline_ * 2, servers, [&](const std::vector<size_t>& pending) {
-      return streams->Exchange(
+      // One exchange at a time on these streams; none is held across a backoff.
+      MutexLock lock(&push_mu_);
+      return push_streams_->Exchange(
           servers, requests, kChunksInFlight, wait + rpc_deadline_,
           [&](size_t j, grpc::ByteBuffer* reply) {
             if (!pull) return absl::OkStatus();

@@ -91,36 +91,46 @@ absl::Status TrainingEngine::Step(uint64_t clock, Failure* failure) {
     failure->servers = true;
     return have.status();
   }
-  failure->computed = true;
-  absl::StatusOr<StepResult> result = compute_->Compute(clock);
-  if (!result.ok()) return result.status();
-  const uint64_t lag = clock - std::min(clock, *have);  // clocks this step's parameters lagged
+  // A step computed before a failure and not yet taken by every server is
+  // sent again as it was (a pipeline stage cannot compute it again).
+  if (!unsent_.has_value() || unsent_->clock != clock) {
+    unsent_.reset();
+    absl::StatusOr<StepResult> result = compute_->Compute(clock);
+    if (!result.ok()) return result.status();
+    unsent_ = Unsent{clock, *std::move(result), clock - std::min(clock, *have)};
+  }
   waited = absl::ZeroDuration();
-  absl::Status sent = strategy_->Finish(Encode(clock, *result), compute_->IsLast(clock), &waited);
+  absl::Status sent = strategy_->Finish(Encode(clock, unsent_->result), compute_->IsLast(clock), &waited);
   CountBlocked(waited);
   if (!sent.ok()) {
     failure->servers = true;
     return sent;
   }
   if (options_.slowdown > absl::ZeroDuration()) absl::SleepFor(options_.slowdown);
+  return Done();
+}
 
-  if (options_.metrics != nullptr && result->stats.has_value() && result->rows > 0) {
-    const double rows = result->rows;
-    options_.metrics->ObserveStep(result->stats->loss_sum / rows, result->stats->correct / rows, result->rows, lag,
-                                  clock + 1);
-  } else if (options_.metrics != nullptr && !result->stats.has_value()) {
-    options_.metrics->ObserveStep(result->rows, lag, clock + 1);
+absl::Status TrainingEngine::Done() {
+  const Unsent step = *std::move(unsent_);
+  unsent_.reset();
+  const StepResult& result = step.result;
+  if (options_.metrics != nullptr && result.stats.has_value() && result.rows > 0) {
+    const double rows = result.rows;
+    options_.metrics->ObserveStep(result.stats->loss_sum / rows, result.stats->correct / rows, result.rows, step.lag,
+                                  step.clock + 1);
+  } else if (options_.metrics != nullptr && !result.stats.has_value()) {
+    options_.metrics->ObserveStep(result.rows, step.lag, step.clock + 1);
   }
-  staleness_sum_ += static_cast<double>(lag);
-  report_.max_staleness = std::max(report_.max_staleness, lag);
+  staleness_sum_ += static_cast<double>(step.lag);
+  report_.max_staleness = std::max(report_.max_staleness, step.lag);
   StepRecord record;
-  record.clock = clock;
+  record.clock = step.clock;
   record.index = report_.steps;
-  record.result = &*result;
-  record.lag = lag;
+  record.result = &result;
+  record.lag = step.lag;
   record.blocked = step_blocked_;
   report_.steps += 1;
-  report_.samples += result->rows;
+  report_.samples += result.rows;
   return compute_->Record(record, &report_);
 }
 
@@ -136,12 +146,16 @@ absl::StatusOr<uint64_t> TrainingEngine::Recover(const Failure& failure, uint64_
              options_.clock, tag_);
   if (!again.ok()) return again.status();
   const uint64_t resume = again->start_clock;
-  // A compute that cannot replay continues only at the step it has not begun.
-  const uint64_t next = failure.computed ? at + 1 : at;
-  if (!compute_->Replays() && resume != next) {
+  if (compute_->Replays()) {
+    unsent_.reset();  // computed again from where the servers continue
+  } else if (unsent_.has_value() && resume == unsent_->clock + 1) {
+    SEGPS_RETURN_IF_ERROR(Done());  // every server had taken it after all
+  } else if (resume != at) {
+    // A pipeline stage continues at its own clock: sending again a step it
+    // computed, or computing the next.
     return absl::FailedPreconditionError(absl::StrCat(
         tag_, ": the servers continue at clock ", resume, " after ", failure.status.message(),
-        ", but this pipeline stage is at clock ", next,
+        ", but this pipeline stage is at clock ", at,
         " and cannot compute a clock again (its neighbours have moved on); restart the chain"));
   }
   SEGPS_LOG_WARNING << tag_ << ": rejoined at clock " << resume << " after "
@@ -159,7 +173,8 @@ absl::StatusOr<TrainReport> TrainingEngine::Run() {
   uint64_t clock = step_context_.start_clock;
   while (true) {
     Failure failure;
-    absl::StatusOr<bool> more = compute_->HasStep(clock);
+    // A step to send again has its data (a stage's micro-batches) already.
+    absl::StatusOr<bool> more = unsent_.has_value() && unsent_->clock == clock ? true : compute_->HasStep(clock);
     if (!more.ok()) return more.status();
     if (*more) {
       failure.status = Step(clock, &failure);

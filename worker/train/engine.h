@@ -5,9 +5,10 @@
 // micro-batches), encodes and sends it, and hands the step to the compute
 // for its progress. Failures the servers cause (a restart, a pause past the
 // lease, a rollback) are recovered by registering again and continuing
-// where the servers agree (client/membership.h); a compute that cannot
-// compute a step again (a pipeline stage) recovers only where no step is
-// lost.
+// where the servers agree (client/membership.h). A compute that cannot
+// compute a step again (a pipeline stage) continues where it is: a step it
+// computed that not every server took is sent again as it was; where the
+// servers went back further (a rollback), it fails naming the clocks.
 //
 // Thread safety: Run is called once, from one thread; the engine's helpers
 // (the heartbeat, the client's calls in flight) are its own.
@@ -62,12 +63,19 @@ class TrainingEngine {
   struct Failure {
     absl::Status status;
     bool servers = false;
-    bool computed = false;  // the step's compute had run (a stage's links were used)
+  };
+  // A step computed whose push not every server has acknowledged yet.
+  struct Unsent {
+    uint64_t clock = 0;
+    StepResult result;  // its gradient stays valid until the next Compute
+    uint64_t lag = 0;
   };
   absl::Status Begin();
   // Makes the client's calls in flight and the strategy afresh, from clock `at`.
   void Connect(uint64_t at);
   absl::Status Step(uint64_t clock, Failure* failure);
+  // The unsent step is acknowledged by every server: its metrics, report and record.
+  absl::Status Done();
   std::unique_ptr<EncodedPush> Encode(uint64_t clock, const StepResult& result);
   // Registers again after `failure` at `at`; the clock to continue at.
   absl::StatusOr<uint64_t> Recover(const Failure& failure, uint64_t at);
@@ -93,6 +101,7 @@ class TrainingEngine {
   std::unique_ptr<StepStrategy> strategy_;
   std::optional<HeartbeatLoop> heartbeat_;
 
+  std::optional<Unsent> unsent_;
   TrainReport report_;
   absl::Duration blocked_, step_blocked_;
   double staleness_sum_ = 0;
