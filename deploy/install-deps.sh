@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Installs the Debian 12 packages segps needs to build, test and run.
+# Installs the Debian 12 packages segps needs to build, test and run, and
+# any more named as arguments (the lint's and the fuzzer's clang, say).
 # Idempotent: packages already present are left alone. Needs root (or sudo).
 set -euo pipefail
 
@@ -13,6 +14,7 @@ packages=(
   python3 procps openssl
   python3-numpy python3-onnx python3-matplotlib
   prometheus
+  "$@"
 )
 
 missing=()

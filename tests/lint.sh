@@ -9,15 +9,6 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 build="${1:-build}"
 
-missing=()
-for p in clang clang-tidy; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
-done
-if [ ${#missing[@]} -gt 0 ]; then
-  sudo_cmd=()
-  [ "$(id -u)" -eq 0 ] || sudo_cmd=(sudo)
-  "${sudo_cmd[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -qq
-  "${sudo_cmd[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}"
-fi
+bash deploy/install-deps.sh clang clang-tidy
 [ -f "$build/compile_commands.json" ] || { echo "lint: no $build/compile_commands.json; run tests/run.sh first" >&2; exit 2; }
 python3 tests/lint.py "$build"
