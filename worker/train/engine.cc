@@ -111,7 +111,7 @@ absl::Status TrainingEngine::Step(uint64_t clock, Failure* failure) {
 }
 
 absl::Status TrainingEngine::Done() {
-  const Unsent step = *std::move(unsent_);
+  const Unsent step = *unsent_;
   unsent_.reset();
   const StepResult& result = step.result;
   if (options_.metrics != nullptr && result.stats.has_value() && result.rows > 0) {
