@@ -19,10 +19,22 @@ extern "C" {
 // - libabsl_*: Abseil's Mutex and call_once are spin/futex based and not
 //   built for TSan; segps's own locks are segps::Mutex (common/sync.h), on
 //   pthreads, which TSan sees.
-// - libprotobuf: its lazily built descriptor tables and arena are
-//   initialised once under its own uninstrumented synchronisation.
+// - libprotobuf, libupb: protobuf's lazily built descriptor tables and
+//   arena, and gRPC's own upb parser, are initialised and used under their
+//   libraries' uninstrumented synchronisation.
+// - libssl, libcrypto (OpenSSL, under TLS): they decrypt a received record
+//   into a buffer with memcpy on whichever thread polls the connection, and
+//   gRPC hands the buffer on through its own synchronisation; without
+//   "called_from_lib" every read of a message received over TLS (ours and
+//   protobuf's inline parser's) shows as a race with that memcpy.
 const char* __tsan_default_suppressions() {
   return "called_from_lib:libgrpc.so\n"
+         "called_from_lib:libupb.so\n"
+         "called_from_lib:libssl.so\n"
+         "called_from_lib:libcrypto.so\n"
+         "race:libupb.so\n"
+         "race:libssl.so\n"
+         "race:libcrypto.so\n"
          "race:libgrpc.so\n"
          "race:libgrpc++.so\n"
          "race:libgpr.so\n"

@@ -2,9 +2,12 @@
 // transport-free MembershipStub the membership tests drive recovery with.
 // The server behind it may be replaced (a restart), and calls can be made
 // to fail, to play a server that is down or a link that drops calls.
+// Thread safety: calls may come from several threads (the server is
+// thread-safe); replacing the server must not overlap them.
 #ifndef SEGPS_TESTS_SUPPORT_INPROCESS_MEMBERSHIP_H_
 #define SEGPS_TESTS_SUPPORT_INPROCESS_MEMBERSHIP_H_
 
+#include <atomic>
 #include <memory>
 #include <string>
 
@@ -23,33 +26,29 @@ class InProcessStub final : public MembershipStub {
 
   absl::Status Register(const v1::RegisterRequest& request, v1::RegisterResponse* response) override {
     if (absl::Status down = Down(); !down.ok()) return down;
-    ++calls_;
     return (*server_)->Register(request, response);
   }
   absl::Status Rollback(const v1::RollbackRequest& request, v1::RollbackResponse* response) override {
     if (absl::Status down = Down(); !down.ok()) return down;
-    ++calls_;
     return (*server_)->Rollback(request, response);
   }
   std::string Name() const override { return absl::StrCat("server ", index_, " (in process)"); }
 
   // The next `n` calls fail with UNAVAILABLE, as a server still down would.
   void FailNext(int n) { fail_next_ = n; }
-  int calls() const { return calls_; }  // calls that reached the server
 
  private:
   absl::Status Down() {
-    if (fail_next_ > 0 || *server_ == nullptr) {
-      if (fail_next_ > 0) --fail_next_;
-      return absl::UnavailableError(absl::StrCat("server ", index_, " is down"));
+    int left = fail_next_.load();
+    while (left > 0 && !fail_next_.compare_exchange_weak(left, left - 1)) {
     }
+    if (left > 0 || *server_ == nullptr) return absl::UnavailableError(absl::StrCat("server ", index_, " is down"));
     return absl::OkStatus();
   }
 
   std::unique_ptr<ParameterServer>* const server_;
   const size_t index_;
-  int fail_next_ = 0;
-  int calls_ = 0;
+  std::atomic<int> fail_next_{0};  // workers may register from several threads
 };
 
 }  // namespace segps
