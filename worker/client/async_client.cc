@@ -52,7 +52,7 @@ void Lane::Loop() {
   }
 }
 
-AsyncClient::AsyncClient(ParameterClient* client, int segment, uint32_t max_pushes, WorkerMetrics* metrics,
+AsyncClient::AsyncClient(ParameterClient* client, int segment, uint32_t max_pushes, CallObserver* metrics,
                          uint64_t pull_bytes, uint64_t push_bytes)
     : client_(client), segment_(segment), max_pushes_(max_pushes), metrics_(metrics), pull_bytes_(pull_bytes),
       push_bytes_(push_bytes) {}

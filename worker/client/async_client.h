@@ -22,7 +22,6 @@
 #include "absl/types/span.h"
 #include "common/sync.h"
 #include "worker/client/ps_client.h"
-#include "worker/train/worker_metrics.h"
 
 namespace segps {
 
@@ -78,12 +77,20 @@ class Lane {
   std::thread thread_;
 };
 
+// Where a client's calls report their time and bytes (the worker's metrics).
+class CallObserver {
+ public:
+  virtual ~CallObserver() = default;
+  virtual void ObservePull(double seconds, uint64_t bytes) = 0;
+  virtual void ObservePush(double seconds, uint64_t bytes) = 0;
+};
+
 class AsyncClient {
  public:
   // `client` is registered for `segment` and outlives this. At most
   // `max_pushes` pushes are outstanding. `metrics` may be null; the byte
   // counts are what a pull and a push carry on the wire.
-  AsyncClient(ParameterClient* client, int segment, uint32_t max_pushes, WorkerMetrics* metrics,
+  AsyncClient(ParameterClient* client, int segment, uint32_t max_pushes, CallObserver* metrics,
               uint64_t pull_bytes, uint64_t push_bytes);
 
   // Starts pulling the parameters for `clock` into `dest` (segment-sized,
@@ -107,7 +114,7 @@ class AsyncClient {
   ParameterClient* const client_;
   const int segment_;
   const uint32_t max_pushes_;
-  WorkerMetrics* const metrics_;
+  CallObserver* const metrics_;
   const uint64_t pull_bytes_, push_bytes_;
   Mutex mu_;
   CondVar changed_;

@@ -553,9 +553,4 @@ absl::StatusOr<std::unique_ptr<ParameterClient>> ConnectGrpc(const v1::JobConfig
   return std::unique_ptr<ParameterClient>(new GrpcClient(config, *std::move(map), addresses, *credentials));
 }
 
-std::vector<std::string> ServerAddresses(const std::string& flag, const v1::JobConfig& config) {
-  if (!flag.empty()) return absl::StrSplit(flag, ',', absl::SkipEmpty());
-  return {config.cluster().server_addresses().begin(), config.cluster().server_addresses().end()};
-}
-
 }  // namespace segps

@@ -91,6 +91,11 @@ class ParameterClient {
 // --servers flag, or (flag empty) the config's cluster.server_addresses.
 std::vector<std::string> ServerAddresses(const std::string& flag, const v1::JobConfig& config);
 
+// Every segment's parameters, read from the servers as an observer (no
+// registration, no wait).
+absl::StatusOr<std::vector<std::vector<float>>> PullParameters(ParameterClient& client,
+                                                               const v1::ModelConfig& model, uint32_t num_servers);
+
 // A client over gRPC to `addresses` (one per server, in index order).
 absl::StatusOr<std::unique_ptr<ParameterClient>> ConnectGrpc(const v1::JobConfig& config,
                                                              const std::vector<std::string>& addresses);

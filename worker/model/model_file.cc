@@ -19,19 +19,6 @@ constexpr char kFormat[] = "segps-model-1";
 
 }  // namespace
 
-absl::StatusOr<std::vector<std::vector<float>>> PullParameters(ParameterClient& client,
-                                                               const v1::ModelConfig& model, uint32_t num_servers) {
-  absl::StatusOr<ShardMap> map = ShardMap::Create(model, num_servers);
-  if (!map.ok()) return map.status();
-  std::vector<std::vector<float>> params;
-  for (int k = 0; k < map->num_segments(); ++k) {
-    params.emplace_back(map->segment_size(k));
-    absl::StatusOr<uint64_t> clock = client.Pull(k, 0, absl::MakeSpan(params.back()));
-    if (!clock.ok()) return clock.status();
-  }
-  return params;
-}
-
 TrainedModel ModelOfJob(const v1::JobConfig& config, std::vector<std::vector<float>> params, const Dataset& train) {
   TrainedModel out;
   out.job = config.name();

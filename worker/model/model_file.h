@@ -20,7 +20,6 @@
 #include "absl/status/statusor.h"
 #include "segps/v1/config.pb.h"
 #include "worker/data/dataset.h"
-#include "worker/client/ps_client.h"
 
 namespace segps {
 
@@ -32,11 +31,6 @@ struct TrainedModel {
   std::vector<float> mean, std;  // standardisation; empty: none
   std::string config_fingerprint;  // ModelFingerprint of the job that trained it
 };
-
-// Every segment's parameters, read from the servers as an observer (no
-// registration, no wait).
-absl::StatusOr<std::vector<std::vector<float>>> PullParameters(ParameterClient& client,
-                                                               const v1::ModelConfig& model, uint32_t num_servers);
 
 // The model of a job: `params` from the servers, preprocessing from the
 // job's training set as LoadData built it.

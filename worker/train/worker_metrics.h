@@ -13,10 +13,11 @@
 #include "prometheus/gauge.h"
 #include "prometheus/histogram.h"
 #include "prometheus/registry.h"
+#include "worker/client/async_client.h"
 
 namespace segps {
 
-class WorkerMetrics {
+class WorkerMetrics final : public CallObserver {
  public:
   // `reports_loss` false: a pipeline stage before the last, which has no
   // loss or accuracy to report (the series are left out).
@@ -34,8 +35,8 @@ class WorkerMetrics {
   void SetShare(uint32_t samples) { share_->Set(samples); }
   void SetComputeSamplesPerSecond(double rate) { compute_samples_per_second_->Set(rate); }
   void ObserveBlocked(double seconds) { blocked_seconds_->Increment(seconds); }
-  void ObservePull(double seconds, uint64_t bytes);
-  void ObservePush(double seconds, uint64_t bytes);
+  void ObservePull(double seconds, uint64_t bytes) override;
+  void ObservePush(double seconds, uint64_t bytes) override;
 
  private:
   prometheus::Gauge* rank_;
