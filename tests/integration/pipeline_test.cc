@@ -150,7 +150,9 @@ TEST(Pipeline, FashionMnistMlpInTwoStagesWithTwoReplicasReaches88Percent) {
 
 // training.worker_parameter_budget_bytes: the 50-32-10 network needs
 // 1962 x 16 bytes in one worker, more than the budget, and is refused as one
-// segment; cut into 2 stages (1632 and 330 parameters) it trains.
+// segment; cut into 2 stages (1632 and 330 parameters) it trains: one epoch
+// takes its held-out accuracy from chance (17%, the most frequent label) to
+// 45% (a fixed seed, staleness 0: the same every run).
 TEST(Pipeline, ANetworkBeyondAWorkersBudgetTrainsSplitOverStages) {
   const std::string dir = MakeTempDir();
   const std::string budget = "worker_parameter_budget_bytes: 30000";
@@ -172,7 +174,7 @@ TEST(Pipeline, ANetworkBeyondAWorkersBudgetTrainsSplitOverStages) {
       << refused.status();
   std::string output;
   Train(chain, dir, 2, &output);
-  EXPECT_GE(EnsembleAccuracy(ReadFile(dir + "/report.json")), 0) << output;
+  EXPECT_GT(EnsembleAccuracy(ReadFile(dir + "/report.json")), 0.40) << output;
 }
 
 // A link checks what reaches it: a label outside the classes (which the

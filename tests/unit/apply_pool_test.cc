@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
 #include <mutex>
 #include <set>
 #include <thread>
@@ -27,7 +28,9 @@ TEST(ApplyPool, SplitsOverItsThreads) {
   ApplyPool pool(2);
   // Part 0 waits until part 1 has run: it finishes only if another thread
   // takes part 1 while the caller is inside part 0.
-  std::atomic<bool> second_done{false};
+  // A pool that runs the parts one after the other leaves part 0 waiting:
+  // it gives up after 30 s and the test fails, rather than hanging.
+  std::atomic<bool> second_done{false}, waited_for_second{false};
   std::set<std::thread::id> threads;
   std::mutex mu;
   pool.Run(2, [&](size_t part) {
@@ -35,9 +38,15 @@ TEST(ApplyPool, SplitsOverItsThreads) {
       std::lock_guard<std::mutex> lock(mu);
       threads.insert(std::this_thread::get_id());
     }
-    if (part == 1) second_done = true;
-    while (!second_done) std::this_thread::yield();
+    if (part == 1) {
+      second_done = true;
+      return;
+    }
+    const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while (!second_done && std::chrono::steady_clock::now() < give_up) std::this_thread::yield();
+    waited_for_second = second_done.load();
   });
+  EXPECT_TRUE(waited_for_second) << "part 1 did not run while part 0 was running";
   EXPECT_EQ(threads.size(), 2u);
 }
 
