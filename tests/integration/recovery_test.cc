@@ -25,10 +25,11 @@ namespace {
 
 // 2 servers, segment "s" (50 -> 32 -> 10), Adam, one worker per segment
 // unless `training` says otherwise; 375 steps at batch 32 and 3 epochs.
-std::string Job(const std::string& dir, const std::string& training, int epochs = 3, int lease_ms = 1000) {
+std::string Job(const std::string& dir, const std::string& training, int epochs = 3, int lease_ms = 1000,
+                const std::string& cluster = "") {
   const std::string path = dir + "/job.pbtxt";
   WriteFile(path, absl::StrFormat(R"pb(
-    cluster { num_servers: 2 lease_ms: %d }
+    cluster { num_servers: 2 lease_ms: %d %s }
     model {
       input_width: 50
       num_classes: 10
@@ -38,7 +39,7 @@ std::string Job(const std::string& dir, const std::string& training, int epochs 
     training { batch_size: 32 epochs: %d log_interval_s: 0.000001 %s }
     data { source: SYNTHETIC_TEACHER test_samples: 500 train_samples: 4000 }
     checkpoint { every_clocks: 25 }
-  )pb", lease_ms, epochs, training));
+  )pb", lease_ms, cluster, epochs, training));
   return path;
 }
 
@@ -228,15 +229,21 @@ TEST(Recovery, EachServerKilledInTurnAtStaleness2TheJobCompletesAndReachesItsBar
 // A server paused for longer than the lease: once it runs again, the
 // worker's lease there has run out (unless the worker's queued calls reach
 // it before its lease check does); either way the job completes.
+// Server 1 paused for 6 s: longer than its leases (1 s) and than any call
+// to it may take (0.5 s a call, retried within 1 s for a push, 3.5 s for a
+// pull), so the worker must give up on it, wait for it and rejoin, and the
+// job completes.
 TEST(Recovery, ServerPausedPastTheLeaseAndResumedTheJobCompletes) {
   const std::string dir = MakeTempDir();
-  Cluster cluster(Job(dir, "staleness: 1", 4), dir, 2);
+  Cluster cluster(Job(dir, "staleness: 1", 4, 1000, "rpc_deadline_ms: 500 pull_wait_ms: 500"), dir, 2);
   std::unique_ptr<Subprocess> worker = cluster.StartWorker("s", 0);
   ASSERT_TRUE(worker->WaitForLine(" step 100/", absl::Seconds(120)).has_value()) << worker->output();
-  cluster.Pause(1, absl::Milliseconds(2500));  // 2.5 leases
+  cluster.Pause(1, absl::Seconds(6));
   std::optional<int> status = worker->Wait(absl::Seconds(120));
   EXPECT_TRUE(status.has_value() && ExitedOk(*status)) << worker->output();
   EXPECT_NE(worker->output().find("step 500/500"), std::string::npos) << worker->output();
+  EXPECT_NE(worker->output().find("rejoined at clock"), std::string::npos)
+      << "the worker did not recover: " << worker->output();
 }
 
 // The pid of the running process started as `program` with `args`
