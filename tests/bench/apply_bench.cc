@@ -3,13 +3,12 @@
 // with the updates, on arrays far past the last-level cache: memcpy
 // (counted as read plus write) and a read-modify-write a += s * b (read a
 // and b, write a: 12 bytes an element), each on one thread and on every
-// core at once. An update runs on one core, so its bound is the fastest of
-// them on one thread (the every-core figures are printed beside it: what
-// the machine moves with every core busy). (On some machines memcpy's
-// non-temporal stores are the slower pattern; the read-modify-write is the
-// one the optimizers share.) Adam reads w, g, m, v and writes w, m, v: 28
-// bytes per element moved, 16 held; SGD reads w, g and writes w: 12 moved,
-// 8 held.
+// core at once. The bound is the fastest of them on every core: one
+// thread's update cannot move bytes faster than the whole machine. (On
+// some machines memcpy's non-temporal stores are the slower pattern; the
+// read-modify-write is the one the optimizers share.) Adam reads w, g, m, v
+// and writes w, m, v: 28 bytes per element moved, 16 held; SGD reads w, g
+// and writes w: 12 moved, 8 held.
 //
 //   segps-bench-apply [--sizes_m 1,4,16,64] [--seconds 0.5]
 
@@ -53,8 +52,7 @@ double MedianSeconds(F f, double budget) {
 
 // The last-level cache's size as the kernel reads it from the CPU (sysfs);
 // sysconf reads a figure that virtual machines may make up (256 MB on a
-// 2-core test machine whose sysfs says 32 MB).
-// 0 when unknown.
+// 2-core test machine whose sysfs says 32 MB). 0 when unknown.
 double LastLevelCacheBytes() {
   for (const char* path : {"/sys/devices/system/cpu/cpu0/cache/index3/size",
                            "/sys/devices/system/cpu/cpu0/cache/index2/size"}) {
@@ -124,7 +122,8 @@ int main(int argc, char** argv) {
   config.set_beta1(0.9f);
   config.set_beta2(0.999f);
   config.set_epsilon(1e-7f);
-  for (auto [kind, bytes, footprint] : {std::tuple{segps::v1::SGD, 12.0, 8.0}, std::tuple{segps::v1::ADAM, 28.0, 16.0}}) {
+  for (auto [kind, bytes, footprint] :
+       {std::tuple{segps::v1::SGD, 12.0, 8.0}, std::tuple{segps::v1::ADAM, 28.0, 16.0}}) {
     config.set_kind(kind);
     for (size_t n : sizes) {
       std::unique_ptr<segps::Optimizer> opt = *segps::CreateOptimizer(config, n);
@@ -136,12 +135,12 @@ int main(int argc, char** argv) {
       rows.push_back({kind, n, n / s, bytes, footprint});
     }
   }
-  const double bound = std::max(median(copy1), median(rmw1));
+  const double bound = std::max(median(copy_all), median(rmw_all));
   std::cout << absl::StrFormat(
       "memory, %zu MB per thread, medians of %zu samples taken between the updates (GB/s):\n"
       "  memcpy (read + write)   1 thread %6.2f   %u cores %6.2f\n"
       "  a += s * b (12 B/elem)  1 thread %6.2f   %u cores %6.2f\n"
-      "  bound of an update (one core): the fastest on one thread, %.2f GB/s\n",
+      "  bound: the fastest on every core, %.2f GB/s\n",
       kStreamBytes >> 20, copy_all.size(), median(copy1) / 1e9, cores, median(copy_all) / 1e9, median(rmw1) / 1e9,
       cores, median(rmw_all) / 1e9, bound / 1e9);
   std::cout << absl::StrFormat("%-8s %10s %16s %11s %16s %10s\n", "kind", "elements", "Melem/s/core", "GB/s",
