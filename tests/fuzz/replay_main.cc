@@ -29,7 +29,13 @@ int Replay(const std::string& path) {
     return 1;
   }
   const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  LLVMFuzzerTestOneInput(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size());
+  // libFuzzer's contract: 0, or -1 to keep an input out of the corpus;
+  // anything else is the target reporting a failure.
+  const int rc = LLVMFuzzerTestOneInput(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size());
+  if (rc != 0 && rc != -1) {
+    std::fprintf(stderr, "replay: %s: the target returned %d\n", path.c_str(), rc);
+    return 1;
+  }
   return 0;
 }
 
