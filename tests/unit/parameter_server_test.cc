@@ -2,12 +2,16 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/clock.h"
 #include "common/config.h"
 #include "common/tensor_wire.h"
 
@@ -31,7 +35,12 @@ class ParameterServerTest : public ::testing::Test {
  protected:
   void SetUp() override {
     config_ = *ParseConfig(kConfig, "test");
-    server_ = *ParameterServer::Create(config_, 1);
+    // Time moves when a test moves it: a parked call fails when the test
+    // steps the clock past its deadline, not when a real ticker happens to.
+    ServerOptions options;
+    options.clock = &clock_;
+    options.tick = absl::ZeroDuration();
+    server_ = *ParameterServer::Create(config_, 1, options);
     v1::RegisterRequest reg = Registration(0, 0);
     v1::RegisterResponse response;
     ASSERT_TRUE(server_->Register(reg, &response).ok());
@@ -83,16 +92,37 @@ class ParameterServerTest : public ::testing::Test {
     return state;
   }
 
+  // A push refused at once, or parked (ahead of its predecessor) and failed
+  // once the clock passes its deadline: either way with `code` and `words`,
+  // changing nothing.
   void ExpectRejected(const v1::PushRequest& push, absl::StatusCode code, const std::string& words) {
     const std::string before = State();
     v1::PushResponse response;
-    absl::Status status = server_->Push(push, absl::Now() + absl::Milliseconds(50), &response);
+    absl::Status status;
+    std::atomic<bool> done{false};
+    std::thread call([&] {
+      status = server_->Push(push, clock_.Now() + absl::Milliseconds(50), &response);
+      done = true;
+    });
+    const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while (!done && server_->Waiting() == 0 && std::chrono::steady_clock::now() < give_up) std::this_thread::yield();
+    if (!done && server_->Waiting() > 0) {
+      clock_.Advance(absl::Milliseconds(51));
+      server_->Tick();  // fails the parked push: its deadline has passed
+    }
+    while (!done && std::chrono::steady_clock::now() < give_up) std::this_thread::yield();
+    if (!done) {
+      ADD_FAILURE() << "the push neither finished nor failed at its deadline";
+      server_->Drain();
+    }
+    call.join();
     EXPECT_EQ(status.code(), code) << status;
     EXPECT_NE(std::string(status.message()).find(words), std::string::npos) << status.message();
     EXPECT_EQ(before, State()) << "a rejected push changed the server";
   }
 
   v1::JobConfig config_;
+  FakeClock clock_;
   std::unique_ptr<ParameterServer> server_;
   uint64_t worker_ = 0;
   std::string secret_, twin_secret_;  // the registrations' secrets
