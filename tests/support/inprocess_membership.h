@@ -21,7 +21,7 @@ namespace segps {
 class InProcessStub final : public MembershipStub {
  public:
   // `server` is the slot the server lives in (replaced by a restart); it
-  // outlives the stub. A null server answers UNAVAILABLE (it is down).
+  // outlives the stub.
   InProcessStub(std::unique_ptr<ParameterServer>* server, size_t index) : server_(server), index_(index) {}
 
   absl::Status Register(const v1::RegisterRequest& request, v1::RegisterResponse* response) override {
@@ -42,7 +42,7 @@ class InProcessStub final : public MembershipStub {
     int left = fail_next_.load();
     while (left > 0 && !fail_next_.compare_exchange_weak(left, left - 1)) {
     }
-    if (left > 0 || *server_ == nullptr) return absl::UnavailableError(absl::StrCat("server ", index_, " is down"));
+    if (left > 0) return absl::UnavailableError(absl::StrCat("server ", index_, " is down"));
     return absl::OkStatus();
   }
 

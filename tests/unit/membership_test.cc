@@ -135,7 +135,8 @@ class Worker {
   absl::Status Rejoin() {
     cluster_->FlushAll();
     absl::StatusOr<Registration> again =
-        segps::Rejoin(&registrar_, segment_, rank_, absl::Seconds(30), &cluster_->clock(), "test");
+        segps::Rejoin([&] { return membership_.Register(segment_, rank_); }, absl::Seconds(30), &cluster_->clock(),
+                      "test");
     if (!again.ok()) return again.status();
     return Join();
   }
@@ -166,38 +167,12 @@ class Worker {
   Membership& membership() { return membership_; }
 
  private:
-  // Rejoin's view of the worker: its membership as a ParameterClient's Register.
-  class Registrar final : public ParameterClient {
-   public:
-    explicit Registrar(Worker* w) : w_(w) {}
-    absl::StatusOr<Registration> Register(int segment, std::optional<uint32_t> rank) override {
-      return w_->membership_.Register(segment, rank);
-    }
-    absl::StatusOr<uint64_t> Pull(int, uint64_t, absl::Span<float>) override { return Unused(); }
-    std::unique_ptr<EncodedPush> Encode(int, uint64_t, absl::Span<const float>) override { return nullptr; }
-    std::unique_ptr<EncodedPush> EncodeSparse(int, uint64_t, absl::Span<const uint64_t>,
-                                              absl::Span<const float>) override {
-      return nullptr;
-    }
-    absl::Status Send(const EncodedPush&) override { return Unused(); }
-    absl::StatusOr<uint64_t> SendAndPull(const EncodedPush&, absl::Span<float>) override { return Unused(); }
-    absl::Status Heartbeat() override { return Unused(); }
-    absl::Status Leave() override { return Unused(); }
-    absl::StatusOr<std::vector<v1::StatsResponse>> Stats() override { return Unused(); }
-    std::optional<std::vector<uint32_t>> Shares(int, uint64_t) override { return std::nullopt; }
-
-   private:
-    static absl::Status Unused() { return absl::UnimplementedError("not used by Rejoin"); }
-    Worker* const w_;
-  };
-
   absl::Time Deadline() { return cluster_->clock().Now() + absl::Seconds(5); }
 
   Cluster* const cluster_;
   const int segment_;
   const uint32_t rank_;
   Membership membership_;
-  Registrar registrar_{this};
   uint64_t next_ = 0;
 };
 

@@ -155,11 +155,11 @@ bool Recoverable(const absl::Status& status) {
   }
 }
 
-absl::StatusOr<Registration> Rejoin(ParameterClient* client, int segment, uint32_t rank, absl::Duration timeout,
-                                    Clock* clock, const std::string& tag) {
+absl::StatusOr<Registration> Rejoin(absl::FunctionRef<absl::StatusOr<Registration>()> attempt,
+                                    absl::Duration timeout, Clock* clock, const std::string& tag) {
   const absl::Time since = clock->Now();
   absl::Duration delay = absl::Milliseconds(50);
-  absl::StatusOr<Registration> again = client->Register(segment, rank);
+  absl::StatusOr<Registration> again = attempt();
   while (!again.ok()) {
     if (!IsTransient(again.status()) || clock->Now() + delay - since > timeout) {
       return absl::Status(again.status().code(),
@@ -168,7 +168,7 @@ absl::StatusOr<Registration> Rejoin(ParameterClient* client, int segment, uint32
     }
     clock->SleepFor(delay);
     delay = std::min(delay * 2, absl::Seconds(1));
-    again = client->Register(segment, rank);
+    again = attempt();
   }
   return again;
 }

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
@@ -80,13 +81,14 @@ class Membership {
 // request, a broken device) ends the worker.
 bool Recoverable(const absl::Status& status);
 
-// Registers `rank` of `segment` again after a failure. Servers still
-// unreachable or recovering (a transient refusal) are retried with backoff
-// (50 ms, doubling up to 1 s) until `timeout` has passed on `clock`; any
-// other refusal (another model, a server restarted without its
-// checkpoints) is final. `tag` names the worker in the error.
-absl::StatusOr<Registration> Rejoin(ParameterClient* client, int segment, uint32_t rank, absl::Duration timeout,
-                                    Clock* clock, const std::string& tag);
+// Registers again after a failure through `attempt` (a worker's Register
+// with its rank). Servers still unreachable or recovering (a transient
+// refusal) are retried with backoff (50 ms, doubling up to 1 s) until
+// `timeout` has passed on `clock`; any other refusal (another model, a
+// server restarted without its checkpoints) is final. `tag` names the
+// worker in the error.
+absl::StatusOr<Registration> Rejoin(absl::FunctionRef<absl::StatusOr<Registration>()> attempt,
+                                    absl::Duration timeout, Clock* clock, const std::string& tag);
 
 }  // namespace segps
 

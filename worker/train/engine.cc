@@ -142,8 +142,8 @@ absl::StatusOr<uint64_t> TrainingEngine::Recover(const Failure& failure, uint64_
   async_.reset();
   heartbeat_.reset();
   absl::StatusOr<Registration> again =
-      Rejoin(client_, options_.segment, rank_, absl::Milliseconds(config_.cluster().recovery_timeout_ms()),
-             options_.clock, tag_);
+      Rejoin([&] { return client_->Register(options_.segment, rank_); },
+             absl::Milliseconds(config_.cluster().recovery_timeout_ms()), options_.clock, tag_);
   if (!again.ok()) return again.status();
   const uint64_t resume = again->start_clock;
   if (compute_->Replays()) {

@@ -35,6 +35,7 @@ void Progress::Start(const std::string& tag, const Schedule& schedule, bool bala
   t0_ = absl::Now();
   next_log_ = t0_ + log_every_;
   window_ = Window();
+  last_step_end_ = t0_;
 }
 
 absl::Status Progress::Record(const StepRecord& record, const Throughput& throughput, TrainReport* report) {
@@ -42,8 +43,10 @@ absl::Status Progress::Record(const StepRecord& record, const Throughput& throug
   const uint32_t epoch = static_cast<uint32_t>(clock / schedule_.steps_per_epoch);
   if (window_epoch_ != epoch) {
     epoch_window_ = Window();
+    epoch_window_.start = last_step_end_;  // the step began when the one before it ended
     window_epoch_ = epoch;
   }
+  last_step_end_ = absl::Now();
   const StepResult& result = *record.result;
   const BatchStats stats = result.stats.value_or(BatchStats{});
   for (Window* w : {&window_, &epoch_window_}) {

@@ -81,6 +81,7 @@ class Progress {
   bool balanced_ = false;
   absl::Time t0_ = absl::Now(), next_log_;
   Window window_, epoch_window_;
+  absl::Time last_step_end_;  // an epoch's window starts where its first step did
   std::optional<uint32_t> window_epoch_;  // the epoch epoch_window_ counts
   absl::Duration scoring_time_;
 };

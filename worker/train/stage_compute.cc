@@ -148,15 +148,14 @@ absl::StatusOr<bool> StageCompute::HasStep(uint64_t clock) {
 absl::StatusOr<StepResult> StageCompute::Compute(uint64_t clock) {
   const absl::Time start = absl::Now();
   const uint32_t count = std::min(micro_, batch_rows_);
-  clock_loss_ = 0;
-  clock_correct_ = 0;
+  BatchStats clock_stats;  // the last stage's loss over the clock's micro-batches
   accumulate_ = false;
   for (const auto& [m, forward] :
        Passes(config_.training().schedule(), count, static_cast<uint32_t>(stages_ - stage_ - 1))) {
     const Part part = MicroPart(batch_rows_, count, m);
     const int first = static_cast<int>((m % slots_) * micro_rows_);
     if (forward) {
-      SEGPS_RETURN_IF_ERROR(Forward(clock, m, part.rows, first));
+      SEGPS_RETURN_IF_ERROR(Forward(clock, m, part.rows, first, &clock_stats));
     } else {
       SEGPS_RETURN_IF_ERROR(Backward(clock, m, part.rows, first));
     }
@@ -171,12 +170,12 @@ absl::StatusOr<StepResult> StageCompute::Compute(uint64_t clock) {
     SEGPS_RETURN_IF_ERROR(backend_->Synchronize());
     result.grad = host_grad_.data();
   }
-  if (last_stage_) result.stats = BatchStats{clock_loss_, static_cast<int>(clock_correct_)};
+  if (last_stage_) result.stats = clock_stats;
   result.compute = absl::Now() - start;
   return result;
 }
 
-absl::Status StageCompute::Forward(uint64_t clock, uint32_t m, uint32_t rows, int first) {
+absl::Status StageCompute::Forward(uint64_t clock, uint32_t m, uint32_t rows, int first, BatchStats* clock_stats) {
   if (first_stage_) {
     const Part part = MicroPart(batch_rows_, std::min(micro_, batch_rows_), m);
     SEGPS_RETURN_IF_ERROR(Gather(clock, part.first, rows, first));
@@ -191,8 +190,8 @@ absl::Status StageCompute::Forward(uint64_t clock, uint32_t m, uint32_t rows, in
   if (last_stage_) {
     SEGPS_RETURN_IF_ERROR(model_.DownloadStats());
     SEGPS_RETURN_IF_ERROR(backend_->Synchronize());
-    clock_loss_ += model_.stats().loss_sum;
-    clock_correct_ += static_cast<uint64_t>(model_.stats().correct);
+    clock_stats->loss_sum += model_.stats().loss_sum;
+    clock_stats->correct += model_.stats().correct;
     return absl::OkStatus();
   }
   absl::StatusOr<absl::Span<const float>> out = ToHost(model_.output(first), rows * out_width_);
@@ -308,8 +307,10 @@ absl::Status StageCompute::Record(const StepRecord& record, TrainReport* report)
     options_.stage_metrics->SetIdleShare(absl::ToDoubleSeconds(waiting_ - steady_waiting_) /
                                          std::max(1e-9, absl::ToDoubleSeconds(absl::Now() - steady_start_)));
   }
-  epoch_loss_ += clock_loss_;
-  epoch_correct_ += clock_correct_;
+  if (record.result->stats.has_value()) {  // the last stage's loss
+    epoch_loss_ += record.result->stats->loss_sum;
+    epoch_correct_ += static_cast<uint64_t>(record.result->stats->correct);
+  }
   epoch_samples_ += record.result->rows;
   if (last_stage_ && epoch_samples_ > 0) {
     report->last_loss = epoch_loss_ / static_cast<double>(epoch_samples_);

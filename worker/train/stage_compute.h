@@ -50,8 +50,9 @@ class StageCompute final : public StepCompute {
  private:
   StageCompute(const v1::JobConfig& config, const StageOptions& options, const Dataset* train, Backend* backend,
                SegmentModel model, uint32_t slots);
-  // A micro-batch's forward and backward; `first`: its first row in the model's slots.
-  absl::Status Forward(uint64_t clock, uint32_t m, uint32_t rows, int first);
+  // A micro-batch's forward and backward; `first`: its first row in the
+  // model's slots. The last stage's forward adds its loss to `clock_stats`.
+  absl::Status Forward(uint64_t clock, uint32_t m, uint32_t rows, int first, BatchStats* clock_stats);
   absl::Status Backward(uint64_t clock, uint32_t m, uint32_t rows, int first);
   // Stage 0: gathers micro-batch rows from the data; the others receive them.
   absl::Status Gather(uint64_t clock, uint32_t first_row, uint32_t rows, int first);
@@ -92,8 +93,6 @@ class StageCompute final : public StepCompute {
   uint32_t batch_rows_ = 0;              // the rows of the clock being computed
   std::vector<int32_t> labels_;          // per slot, for the next stage
   std::vector<float> host_values_, host_grad_;
-  double clock_loss_ = 0;
-  uint64_t clock_correct_ = 0;
   bool accumulate_ = false;  // later backwards of a clock add to its gradient
 
   absl::Duration waiting_;  // for a neighbour's message
