@@ -14,7 +14,6 @@
 #include <cstring>
 #include <map>
 #include <optional>
-#include <set>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -127,7 +126,6 @@ class GrpcClient final : public ParameterClient {
   GrpcClient(const v1::JobConfig& config, ShardMap map, std::vector<std::string> addresses,
              const std::shared_ptr<grpc::ChannelCredentials>& credentials)
       : map_(std::move(map)), addresses_(std::move(addresses)),
-        fingerprint_(ModelFingerprint(config)),
         rpc_deadline_(absl::Milliseconds(config.cluster().rpc_deadline_ms())),
         pull_wait_(absl::Milliseconds(config.cluster().pull_wait_ms())),
         dtype_(config.cluster().wire_dtype()),
@@ -156,7 +154,7 @@ class GrpcClient final : public ParameterClient {
           std::make_unique<GrpcMembershipStub>(stubs_[i].get(), i, addresses_[i], rpc_deadline_));
       servers.push_back(membership_stubs_.back().get());
     }
-    membership_ = std::make_unique<Membership>(std::move(servers), fingerprint_, map_.fingerprint());
+    membership_ = std::make_unique<Membership>(std::move(servers), ModelFingerprint(config), map_.fingerprint());
   }
 
   // Registers with every server, agreed on where the rank continues
@@ -443,16 +441,6 @@ class GrpcClient final : public ParameterClient {
                                                     "): ", status.message()));
   }
 
-  // Runs `attempt` until it succeeds, fails for good, or `budget` runs out.
-  template <typename F>
-  absl::Status WithRetries(absl::Duration budget, F attempt) {
-    Backoff backoff(budget);
-    while (true) {
-      absl::Status status = attempt(backoff.left());
-      if (status.ok() || !IsTransient(status) || !backoff.Wait()) return status;
-    }
-  }
-
   // Issues a call to every server at once and waits for all; retries the
   // ones that failed transiently, each attempt with deadline `per_call`.
   absl::Status FanOut(const char* call, absl::Duration budget, absl::Duration per_call, const StartCall& start) {
@@ -522,7 +510,6 @@ class GrpcClient final : public ParameterClient {
 
   const ShardMap map_;
   const std::vector<std::string> addresses_;
-  const std::string fingerprint_;
   const absl::Duration rpc_deadline_, pull_wait_;
   const v1::DType dtype_;        // of tensors on the wire
   const uint64_t chunk_elements_;
