@@ -188,8 +188,8 @@ void WriteSignTask(const std::string& dir, const std::string& name, uint64_t row
 }
 
 TEST(OwnData, ADataSetLargerThanAWorkersMemoryLimitTrainsThroughMemoryMapping) {
-#if defined(__SANITIZE_ADDRESS__)
-  GTEST_SKIP() << "AddressSanitizer reserves terabytes of address space: no process starts under ulimit -v";
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  GTEST_SKIP() << "the sanitizers reserve terabytes of address space: no process starts under ulimit -v";
 #endif
   const std::string dir = MakeTempDir();
   constexpr uint64_t kWidth = 512, kRows = 400000;  // 819 MB of inputs
