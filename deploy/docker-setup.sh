@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Prepares this machine to run the compose cluster: installs Docker and
 # docker-compose (Debian packages), starts the engine if none runs, and
-# builds the debian:bookworm base image with debootstrap when no registry can
+# builds the debian:bookworm base image with debootstrap, from the mirror
+# and proxy this machine's apt is configured with, when no registry can
 # provide it. Idempotent. Needs root (or sudo). Exits non-zero, saying why,
 # when no engine can run here.
 set -euo pipefail
@@ -35,9 +36,18 @@ if ! docker image inspect debian:bookworm > /dev/null 2>&1; then
   if docker pull debian:bookworm > /dev/null 2>&1; then
     echo "docker-setup: pulled debian:bookworm"
   else
-    echo "docker-setup: no registry; building debian:bookworm with debootstrap"
+    # The mirror (and proxy) this machine's apt uses: deploy/apt-source.sh.
+    source "$(dirname "$0")/apt-source.sh"
+    if ! source=$(apt_source bookworm); then
+      echo "docker-setup: no registry, and no apt source to build debian:bookworm from" >&2
+      exit 1
+    fi
+    read -r mirror suite <<< "$source"
+    proxy=$(apt_proxy "${mirror%%:*}")
+    echo "docker-setup: no registry; building debian:$suite with debootstrap from $mirror${proxy:+ through $proxy}"
     root=$(mktemp -d)
-    "${sudo_cmd[@]}" debootstrap --variant=minbase bookworm "$root" http://deb.debian.org/debian > /dev/null
+    "${sudo_cmd[@]}" env ${proxy:+http_proxy=$proxy https_proxy=$proxy} \
+      debootstrap --variant=minbase "$suite" "$root" "$mirror" > /dev/null
     "${sudo_cmd[@]}" tar -C "$root" -c . | docker import - debian:bookworm > /dev/null
     "${sudo_cmd[@]}" rm -rf "$root"
   fi

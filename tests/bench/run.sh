@@ -54,10 +54,11 @@ median_of() { sort -g "$1" | awk '{v[NR]=$1} END{print v[int((NR+1)/2)]}'; }
 echo "4 MB round, 1 server 1 worker, medians of 3 alternating runs: plaintext $(median_of "$out/tls_plain.txt") GB/s, mutual TLS with tokens $(median_of "$out/tls_tls.txt") GB/s"
 target tls_4mb_vs_plaintext "$(div "$(median_of "$out/tls_tls.txt")" "$(median_of "$out/tls_plain.txt")")" 0.8
 
-echo "== 2. server apply: optimizer updates per second per core against the memory bound"
+echo "== 2. server apply: optimizer updates per second, on one core and on every core, against their traffic's memory bound"
 if [ $quick = 1 ]; then apply_sizes=1,16; else apply_sizes=1,4,16,64; fi
 $bin/segps-bench-apply --sizes_m $apply_sizes | tee "$out/apply.txt"
 target apply_adam_vs_memory_bound "$(result apply_adam_ratio "$out/apply.txt")" 0.6
+target apply_adam_all_cores_vs_memory_bound "$(result apply_adam_all_cores_ratio "$out/apply.txt")" 0.6
 
 echo "== 3. small model: the walk-through on a local cluster (2 servers, 1 worker per segment)"
 seg_sps=()
