@@ -3,6 +3,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include <algorithm>
+#include <atomic>
 #include <climits>
 #include <cstring>
 #include <deque>
@@ -11,6 +12,9 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "common/config.h"
 #include "common/security.h"
 #include "common/shard_map.h"
@@ -144,7 +148,9 @@ class UpstreamImpl final : public Upstream, public v1::PipelineStage::Service {
     v1::Activations message;
     grpc::Status ended = grpc::Status::OK;
     bool done = false;
+    absl::Time heard = absl::Now();
     while (!done && stream->Read(&message)) {
+      heard = absl::Now();
       absl::StatusOr<MicroBatch> batch = Check(message);
       if (!batch.ok()) {
         ended = grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, std::string(batch.status().message()));
@@ -155,7 +161,14 @@ class UpstreamImpl final : public Upstream, public v1::PipelineStage::Service {
       inbox_.Put(*std::move(batch));
     }
     if (!done && ended.ok()) {
-      inbox_.Put(absl::UnavailableError(absl::StrCat(peer_, " closed the link before training ended")));
+      // A cancelled call lost its connection: the peer died, or it stopped
+      // answering the keepalive ping sent a lease after the last traffic.
+      inbox_.Put(absl::UnavailableError(
+          context->IsCancelled()
+              ? absl::StrCat(peer_, " lost the link before training ended: nothing came for ",
+                             absl::FormatDuration(absl::Trunc(absl::Now() - heard, absl::Milliseconds(100))),
+                             ", then the connection dropped or stopped answering pings")
+              : absl::StrCat(peer_, " closed the link before training ended")));
     }
     MutexLock lock(&mu_);
     while (writing_) changed_.Wait(&mu_);
@@ -272,6 +285,7 @@ class DownstreamImpl final : public Downstream {
     reader_ = std::thread([this] {
       v1::Gradients message;
       while (stream_->Read(&message)) inbox_.Put(std::move(message));
+      reader_ended_ = true;
       inbox_.Put(absl::UnavailableError(absl::StrCat(peer_, " closed the link")));
     });
     return absl::OkStatus();
@@ -291,14 +305,14 @@ class DownstreamImpl final : public Downstream {
     EncodeFloat32(values, 0, message.mutable_values());
     message.set_labels(std::string(reinterpret_cast<const char*>(labels.data()), labels.size() * sizeof(int32_t)));
     sent_.push_back({clock, micro_batch, rows});
-    if (!stream_->Write(message)) return absl::UnavailableError(absl::StrCat(peer_, " went away"));
+    if (!stream_->Write(message)) return Ended("went away");
     return absl::OkStatus();
   }
 
   absl::StatusOr<std::vector<float>> ReceiveGradient(absl::Duration patience) override {
     if (sent_.empty()) return absl::FailedPreconditionError("no micro-batch awaits its gradient");
     absl::StatusOr<v1::Gradients> message = inbox_.Take(patience, peer_);
-    if (!message.ok()) return message.status();
+    if (!message.ok()) return reader_ended_ ? Ended("closed the link") : message.status();
     const Sent expected = sent_.front();
     sent_.pop_front();
     if (message->clock() != expected.clock || message->micro_batch() != expected.micro_batch) {
@@ -315,9 +329,7 @@ class DownstreamImpl final : public Downstream {
     message.set_stage(static_cast<uint32_t>(stage_));
     message.set_replica(replica_);
     message.set_done(true);
-    if (!stream_->Write(message) || !stream_->WritesDone()) {
-      return absl::UnavailableError(absl::StrCat(peer_, " went away"));
-    }
+    if (!stream_->Write(message) || !stream_->WritesDone()) return Ended("went away");
     reader_.join();
     const grpc::Status status = stream_->Finish();
     stream_ = nullptr;
@@ -326,6 +338,18 @@ class DownstreamImpl final : public Downstream {
   }
 
  private:
+  // The call is over (a write failed, or the reader saw its end): gRPC's
+  // status for it says why, e.g. its keepalive verdict on a neighbour that
+  // stopped answering pings (paused, or cut off) or the reset of one that died.
+  absl::Status Ended(absl::string_view what) {
+    if (stream_ == nullptr) return absl::UnavailableError(absl::StrCat(peer_, " ", what));
+    reader_.join();
+    const grpc::Status status = stream_->Finish();
+    stream_ = nullptr;
+    return absl::UnavailableError(
+        absl::StrCat(peer_, " ", what, ": ", status.ok() ? "it ended the stream" : status.error_message()));
+  }
+
   struct Sent {
     uint64_t clock;
     uint32_t micro_batch, rows;
@@ -339,6 +363,7 @@ class DownstreamImpl final : public Downstream {
   grpc::ClientContext context_;
   std::unique_ptr<grpc::ClientReaderWriter<v1::Activations, v1::Gradients>> stream_;
   std::thread reader_;
+  std::atomic<bool> reader_ended_{false};
   Inbox<v1::Gradients> inbox_;
   std::deque<Sent> sent_;
 };
