@@ -34,6 +34,8 @@
 #include "tests/bench/bench_util.h"
 #include "tests/support/subprocess.h"
 #include "worker/client/ps_client.h"
+#include "worker/client/completion.h"
+#include "worker/client/completion_loop.h"
 #include "worker/client/request_streams.h"
 
 ABSL_FLAG(std::string, sizes_mb, "0.0625,1,4,64", "Segment sizes in MB of float32");
@@ -152,8 +154,9 @@ Result RunEchoStream(const std::string& address, pid_t pid, size_t bytes, double
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(INT32_MAX);
   args.SetMaxSendMessageSize(INT32_MAX);
-  RequestStreams streams({grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args)},
-                         "/segps.bench.Echo/EchoStream");
+  CompletionLoop loop;
+  RequestStreams streams(&loop, {grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args)},
+                         {"the echo"}, "/segps.bench.Echo/EchoStream");
   std::vector<char> sent(bytes, 'x'), landed(bytes);
   char* const data = sent.data();
   const grpc::Slice slice(data, bytes, [](void*) {}, nullptr);
@@ -163,20 +166,25 @@ Result RunEchoStream(const std::string& address, pid_t pid, size_t bytes, double
   const auto start = Clock::now();
   while (rounds.size() < 5 || std::chrono::duration<double>(Clock::now() - start).count() < seconds) {
     const auto t0 = Clock::now();
-    const std::vector<absl::Status> status = streams.Exchange(
-        {0}, requests, 1, absl::Seconds(60),
-        [&](size_t, grpc::ByteBuffer* reply) {
-          std::vector<grpc::Slice> slices;
-          if (!reply->Dump(&slices).ok()) return absl::InternalError("unreadable reply");
-          size_t at = 0;
-          for (const grpc::Slice& s : slices) {
-            std::memcpy(landed.data() + at, s.begin(), std::min(s.size(), bytes - at));
-            at += s.size();
-          }
-          return at == bytes ? absl::OkStatus() : absl::InternalError("short reply");
-        },
-        {0});
-    if (!status[0].ok()) break;
+    auto exchange = std::make_unique<RequestStreams::Exchange>();
+    exchange->call = "Echo";
+    exchange->servers = {0};
+    exchange->requests = requests;
+    exchange->patience = exchange->budget = absl::Seconds(60);
+    exchange->take = [&](size_t, grpc::ByteBuffer* reply) {
+      std::vector<grpc::Slice> slices;
+      if (!reply->Dump(&slices).ok()) return absl::InternalError("unreadable reply");
+      size_t at = 0;
+      for (const grpc::Slice& s : slices) {
+        std::memcpy(landed.data() + at, s.begin(), std::min(s.size(), bytes - at));
+        at += s.size();
+      }
+      return at == bytes ? absl::OkStatus() : absl::InternalError("short reply");
+    };
+    Completion<absl::Status> done;
+    exchange->done = [done](absl::Status status) { done.Set(std::move(status)); };
+    streams.Start(std::move(exchange));
+    if (!done.Wait().ok()) break;
     rounds.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
   }
   const double wall = std::chrono::duration<double>(Clock::now() - start).count();
@@ -271,7 +279,7 @@ Result RunRounds(Cluster& cluster, int workers, double seconds, int min_rounds) 
         // The round a synchronous worker makes: one call per server, or a
         // push and then a pull per chunk when a range exceeds chunk_bytes.
         std::unique_ptr<EncodedPush> push = clients[w]->Encode(0, clock, grad);
-        absl::StatusOr<uint64_t> pulled = clients[w]->SendAndPull(*push, absl::MakeSpan(params));
+        absl::StatusOr<uint64_t> pulled = clients[w]->SendAndPull(std::move(push), absl::MakeSpan(params));
         if (!pulled.ok()) {
           std::cerr << "worker " << w << ": " << pulled.status() << "\n";
           break;

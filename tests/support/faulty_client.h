@@ -19,6 +19,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/sync.h"
+#include "worker/client/completion.h"
 #include "worker/client/ps_client.h"
 
 namespace segps {
@@ -50,10 +51,12 @@ class FaultyClient final : public ParameterClient {
   }
 
   absl::StatusOr<Registration> Register(int segment, std::optional<uint32_t> rank) override {
-    return Run<Registration>("Register", [&] { return inner_->Register(segment, rank); });
+    return Run<absl::StatusOr<Registration>>("Register", [=] {
+             return Completion<absl::StatusOr<Registration>>::Done(inner_->Register(segment, rank));
+           }).Wait();
   }
-  absl::StatusOr<uint64_t> Pull(int segment, uint64_t clock, absl::Span<float> dest) override {
-    return Run<uint64_t>("Pull", [&] { return inner_->Pull(segment, clock, dest); });
+  Completion<PulledAt> StartPull(int segment, uint64_t clock, absl::Span<float> dest) override {
+    return Run<PulledAt>("Pull", [=] { return inner_->StartPull(segment, clock, dest); });
   }
   std::optional<std::vector<uint32_t>> Shares(int segment, uint64_t clock) override {
     return inner_->Shares(segment, clock);
@@ -65,22 +68,15 @@ class FaultyClient final : public ParameterClient {
                                             absl::Span<const float> values) override {
     return inner_->EncodeSparse(segment, clock, indices, values);
   }
-  absl::Status Send(const EncodedPush& push) override {
-    return Run<bool>("Send", [&]() -> absl::StatusOr<bool> {
-             absl::Status s = inner_->Send(push);
-             if (!s.ok()) return s;
-             return true;
-           }).status();
+  Completion<absl::Status> StartSend(std::shared_ptr<const EncodedPush> push) override {
+    return Run<absl::Status>("Send", [=] { return inner_->StartSend(push); });
   }
-  absl::StatusOr<uint64_t> SendAndPull(const EncodedPush& push, absl::Span<float> dest) override {
-    return Run<uint64_t>("SendAndPull", [&] { return inner_->SendAndPull(push, dest); });
+  Completion<PulledAt> StartSendAndPull(std::shared_ptr<const EncodedPush> push, absl::Span<float> dest) override {
+    return Run<PulledAt>("SendAndPull", [=] { return inner_->StartSendAndPull(push, dest); });
   }
   absl::Status Heartbeat() override {
-    return Run<bool>("Heartbeat", [&]() -> absl::StatusOr<bool> {
-             absl::Status s = inner_->Heartbeat();
-             if (!s.ok()) return s;
-             return true;
-           }).status();
+    return Run<absl::Status>("Heartbeat", [=] { return Completion<absl::Status>::Done(inner_->Heartbeat()); })
+        .Wait();
   }
   absl::Status Leave() override { return inner_->Leave(); }
   absl::StatusOr<std::vector<v1::StatsResponse>> Stats() override { return inner_->Stats(); }
@@ -99,31 +95,40 @@ class FaultyClient final : public ParameterClient {
     return std::nullopt;
   }
 
-  template <typename T, typename F>
-  absl::StatusOr<T> Run(const std::string& call, F send) {
+  // Starts `call` through `send` (which starts it on the inner client),
+  // with the fault a rule names for it. R: absl::Status or a StatusOr.
+  template <typename R, typename F>
+  Completion<R> Run(const std::string& call, F send) {
     const std::optional<FaultRule> fault = Next(call);
     const std::string what = absl::StrCat("injected fault in ", call);
     if (!fault.has_value()) return send();
+    Completion<R> result;
     switch (fault->fault) {
       case Fault::kFailBefore:
-        return absl::UnavailableError(what + ": not sent");
+        return Completion<R>::Done(absl::UnavailableError(what + ": not sent"));
       case Fault::kNotFound:
-        return absl::NotFoundError(what + ": registration dropped");
-      case Fault::kLoseReply: {
-        absl::StatusOr<T> sent = send();
-        return absl::UnavailableError(absl::StrCat(what, ": reply lost (the call ", sent.ok() ? "succeeded" : "failed",
-                                                   ")"));
-      }
-      case Fault::kDuplicate: {
-        absl::StatusOr<T> first = send();
-        (void)first;
-        return send();
-      }
+        return Completion<R>::Done(absl::NotFoundError(what + ": registration dropped"));
+      case Fault::kLoseReply:
+        send().OnDone([result, what](const R& sent) {
+          result.Set(absl::UnavailableError(
+              absl::StrCat(what, ": reply lost (the call ", StatusOf(sent).ok() ? "succeeded" : "failed", ")")));
+        });
+        return result;
+      case Fault::kDuplicate:
+        // The second goes once the first is answered; its reply is returned.
+        send().OnDone([result, send](const R&) { send().OnDone([result](const R& second) { result.Set(second); }); });
+        return result;
       case Fault::kDelay:
         absl::SleepFor(fault->delay);
         return send();
     }
     return send();
+  }
+
+  static absl::Status StatusOf(const absl::Status& s) { return s; }
+  template <typename T>
+  static absl::Status StatusOf(const absl::StatusOr<T>& s) {
+    return s.status();
   }
 
   const std::unique_ptr<ParameterClient> inner_;

@@ -235,7 +235,7 @@ TEST(WorkerInProcess, Float16PullOfParametersBeyondItsRangeFails) {
   std::unique_ptr<ParameterClient> wide = *ConnectGrpc(config, cluster.addresses());
   ASSERT_TRUE(wide->Register(0, 0).ok());
   const size_t n = cluster.Parameters(0).size();
-  ASSERT_TRUE(wide->Send(*wide->Encode(0, 0, std::vector<float>(n, -1e5f))).ok());  // every parameter += 1e5
+  ASSERT_TRUE(wide->Send(wide->Encode(0, 0, std::vector<float>(n, -1e5f))).ok());  // every parameter += 1e5
 
   v1::JobConfig narrow_config = config;
   narrow_config.mutable_cluster()->set_wire_dtype(v1::FLOAT16);
@@ -263,13 +263,13 @@ TEST(WorkerInProcess, RejectedPushIsNamedAndTheNextPushGoesThrough) {
 
   std::vector<float> bad(n, 1.0f);
   bad[7] = NAN;
-  absl::Status rejected = client->Send(*client->Encode(0, 0, bad));
+  absl::Status rejected = client->Send(client->Encode(0, 0, bad));
   EXPECT_EQ(rejected.code(), absl::StatusCode::kInvalidArgument) << rejected;
   EXPECT_NE(std::string(rejected.message()).find("element 7 of segment 0 is nan"), std::string::npos) << rejected;
   EXPECT_EQ(cluster.Parameters(0), before);
 
   std::vector<float> pulled(n);
-  absl::StatusOr<uint64_t> clock = client->SendAndPull(*client->Encode(0, 0, std::vector<float>(n, 0.5f)),
+  absl::StatusOr<uint64_t> clock = client->SendAndPull(client->Encode(0, 0, std::vector<float>(n, 0.5f)),
                                                        absl::MakeSpan(pulled));
   ASSERT_TRUE(clock.ok()) << clock.status();
   EXPECT_EQ(*clock, 1u);
@@ -288,9 +288,9 @@ TEST(WorkerInProcess, PushesToAServerThatStoppedFailAsUnavailable) {
   std::unique_ptr<ParameterClient> client = *ConnectGrpc(config, cluster.addresses());
   ASSERT_TRUE(client->Register(0, 0).ok());
   const size_t n = cluster.Parameters(0).size();
-  ASSERT_TRUE(client->Send(*client->Encode(0, 0, std::vector<float>(n, 0.5f))).ok());  // the stream is open
+  ASSERT_TRUE(client->Send(client->Encode(0, 0, std::vector<float>(n, 0.5f))).ok());  // the stream is open
   cluster.StopServing(0);
-  absl::Status status = client->Send(*client->Encode(0, 1, std::vector<float>(n, 0.5f)));
+  absl::Status status = client->Send(client->Encode(0, 1, std::vector<float>(n, 0.5f)));
   EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable) << status;
   EXPECT_NE(std::string(status.message()).find("Push to server 0"), std::string::npos) << status;
 }

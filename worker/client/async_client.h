@@ -1,81 +1,26 @@
-// A worker's pulls and pushes as calls that return completions, so that
-// the next step's parameters and the last steps' gradients travel while a
-// batch computes; blocking forms on top. Over a ParameterClient whose calls
-// block, one lane per direction runs them in the order they were started:
-// on a thread of its own, or on the caller's when the lane is idle and the
-// caller waits anyway (a synchronous round then costs no thread hand-off).
+// A worker's pulls and pushes as the training loop uses them: the next
+// step's parameters and the last steps' gradients travel while a batch
+// computes, at most max_pushes pushes outstanding, each call's time and
+// bytes reported to the worker's metrics. The calls themselves are the
+// client's (ParameterClient's completions); this adds the bound, the first
+// push failure that stops further pushes, and the bookkeeping.
 //
-// Thread safety: meant for one training thread; the lanes are its helpers.
+// Thread safety: meant for one training thread; completions arrive on the
+// client's thread.
 #ifndef SEGPS_WORKER_CLIENT_ASYNC_CLIENT_H_
 #define SEGPS_WORKER_CLIENT_ASYNC_CLIENT_H_
 
 #include <cstdint>
-#include <deque>
 #include <memory>
-#include <optional>
-#include <thread>
 
 #include "absl/base/thread_annotations.h"
-#include "absl/functional/any_invocable.h"
-#include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "common/sync.h"
+#include "worker/client/completion.h"
 #include "worker/client/ps_client.h"
 
 namespace segps {
-
-// The result of a call started without waiting for it. Copies share it.
-template <typename T>
-class Completion {
- public:
-  Completion() : state_(std::make_shared<State>()) {}
-  bool done() const {
-    MutexLock lock(&state_->mu);
-    return state_->value.has_value();
-  }
-  // Waits until the call completes; its result.
-  T Wait() const {
-    MutexLock lock(&state_->mu);
-    while (!state_->value.has_value()) state_->set.Wait(&state_->mu);
-    return *state_->value;
-  }
-  void Set(T value) const {
-    MutexLock lock(&state_->mu);
-    state_->value = std::move(value);
-    state_->set.SignalAll();
-  }
-
- private:
-  struct State {
-    Mutex mu;
-    CondVar set;
-    std::optional<T> value ABSL_GUARDED_BY(mu);
-  };
-  std::shared_ptr<State> state_;
-};
-
-// Runs calls one at a time, in the order they were posted.
-class Lane {
- public:
-  Lane();
-  ~Lane();  // runs what is queued, then stops
-  Lane(const Lane&) = delete;
-  Lane& operator=(const Lane&) = delete;
-
-  void Post(absl::AnyInvocable<void() &&> call);
-  // Runs `call` on the calling thread once every posted call has run.
-  void RunHere(absl::FunctionRef<void()> call);
-
- private:
-  void Loop();
-  Mutex mu_;
-  CondVar changed_;
-  std::deque<absl::AnyInvocable<void() &&>> queue_ ABSL_GUARDED_BY(mu_);
-  bool busy_ ABSL_GUARDED_BY(mu_) = false;
-  bool stop_ ABSL_GUARDED_BY(mu_) = false;
-  std::thread thread_;
-};
 
 // Where a client's calls report their time and bytes (the worker's metrics).
 class CallObserver {
@@ -92,10 +37,13 @@ class AsyncClient {
   // counts are what a pull and a push carry on the wire.
   AsyncClient(ParameterClient* client, int segment, uint32_t max_pushes, CallObserver* metrics,
               uint64_t pull_bytes, uint64_t push_bytes);
+  // Waits for the calls still outstanding (a pull abandoned at the end of
+  // training: the server answers it or its deadline ends it).
+  ~AsyncClient();
 
   // Starts pulling the parameters for `clock` into `dest` (segment-sized,
   // untouched by the caller until done): the clock they reflect.
-  Completion<absl::StatusOr<uint64_t>> StartPull(uint64_t clock, absl::Span<float> dest);
+  Completion<PulledAt> StartPull(uint64_t clock, absl::Span<float> dest);
   // Starts a push after those started before it, first waiting while
   // max_pushes are outstanding. Fails at once once a push has failed.
   absl::Status StartPush(std::unique_ptr<EncodedPush> push);
@@ -103,13 +51,14 @@ class AsyncClient {
   absl::Status DrainPushes();
 
   // Blocking: a pull, and a synchronous step's round (the push, after those
-  // started, and the pull for its clock + 1 in the same calls).
-  absl::StatusOr<uint64_t> Pull(uint64_t clock, absl::Span<float> dest);
-  absl::StatusOr<uint64_t> PushAndPull(std::unique_ptr<EncodedPush> push, absl::Span<float> dest);
+  // started, and the pull for its clock + 1 in the same messages).
+  PulledAt Pull(uint64_t clock, absl::Span<float> dest) { return StartPull(clock, dest).Wait(); }
+  PulledAt PushAndPull(std::unique_ptr<EncodedPush> push, absl::Span<float> dest);
 
  private:
-  bool HasRoom() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !error_.ok() || in_flight_ < max_pushes_; }
-  void Acknowledge(const absl::Status& status);
+  bool HasRoom() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !error_.ok() || pushes_ < max_pushes_; }
+  // A call ended: `push` says which kind; `status` its result.
+  void Ended(bool push, const absl::Status& status);
 
   ParameterClient* const client_;
   const int segment_;
@@ -118,10 +67,9 @@ class AsyncClient {
   const uint64_t pull_bytes_, push_bytes_;
   Mutex mu_;
   CondVar changed_;
-  uint32_t in_flight_ ABSL_GUARDED_BY(mu_) = 0;
-  absl::Status error_ ABSL_GUARDED_BY(mu_);
-  // Declared last: destroyed first, finishing their calls while the rest is alive.
-  Lane pushes_, pulls_;
+  uint32_t pushes_ ABSL_GUARDED_BY(mu_) = 0;  // outstanding
+  uint32_t calls_ ABSL_GUARDED_BY(mu_) = 0;   // outstanding, pulls included
+  absl::Status error_ ABSL_GUARDED_BY(mu_);   // the first push failure
 };
 
 }  // namespace segps

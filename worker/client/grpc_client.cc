@@ -1,8 +1,10 @@
-// ParameterClient over gRPC. Each request goes to every server at once from
-// a completion queue the calling thread drives; the thread waits for all
-// replies. Pushes and pulls go as messages on streams, one per server for
-// each, that stay open (worker/client/request_streams.h); the control calls are
-// unary. Pull replies and push requests travel as raw byte buffers
+// ParameterClient over gRPC. Each request goes to every server at once.
+// Pushes and pulls go as messages on streams, one per server for each, that
+// stay open (worker/client/request_streams.h), driven by the client's one
+// completion-queue thread (completion_loop.h): a call returns a completion
+// at once, and the caller's thread never waits inside gRPC. The control
+// calls (heartbeat, leave, stats) are unary, from a queue the calling
+// thread drives. Pull replies and push requests travel as raw byte buffers
 // (common/tensor_wire_grpc.h): a gradient is copied once, into the buffer gRPC
 // sends from, and pulled values once, from the received slices into the
 // caller's tensor. Ranges larger than cluster.chunk_bytes go in consecutive
@@ -28,23 +30,13 @@
 #include "common/sync.h"
 #include "common/tensor_wire_grpc.h"
 #include "segps/v1/parameter_server.grpc.pb.h"
+#include "worker/client/completion_loop.h"
 #include "worker/client/membership.h"
 #include "worker/client/ps_client.h"
 #include "worker/client/request_streams.h"
 
 namespace segps {
 namespace {
-
-struct GrpcEncodedPush final : public EncodedPush {
-  int segment = 0;
-  uint64_t clock = 0;
-  std::vector<grpc::Slice> data;  // per server: the gradient for its range (sparse: its entries' values)
-  // Sparse only: the entries' positions in the segment, ascending, and the
-  // first entry of each server's range (one more: the end).
-  bool sparse = false;
-  std::vector<uint64_t> indices;
-  std::vector<size_t> server_entries;
-};
 
 // Chunks unanswered per server. Two: a chunk's transfer overlaps the
 // previous one's update and reply, for one more chunk of memory in flight per
@@ -66,24 +58,22 @@ std::vector<Range> Chunks(Range range, uint64_t elements) {
   return chunks;
 }
 
-// Exponential backoff between attempts (20 ms doubling to 1 s) within a budget.
-class Backoff {
- public:
-  explicit Backoff(absl::Duration budget) : give_up_(absl::Now() + budget) {}
-  // Sleeps before the next attempt; false, without sleeping, when that
-  // attempt would start after the budget ran out.
-  bool Wait() {
-    if (absl::Now() + delay_ >= give_up_) return false;
-    absl::SleepFor(delay_);
-    delay_ = std::min(delay_ * 2, absl::Seconds(1));
-    return true;
-  }
-  absl::Duration left() const { return give_up_ - absl::Now(); }
+// Sleeps out the backoff's next wait; false, without sleeping, when the
+// budget has run out. No lock is held here.
+bool SleepBeforeRetry(Backoff* backoff) {
+  const std::optional<absl::Duration> wait = backoff->Next();
+  if (!wait.has_value()) return false;
+  absl::SleepFor(*wait);
+  return true;
+}
 
- private:
-  const absl::Time give_up_;
-  absl::Duration delay_ = absl::Milliseconds(20);
-};
+// `bytes`, a part of the push's values, as a slice gRPC sends from without
+// copying: it holds the push's storage until gRPC lets go of it.
+grpc::Slice SliceOf(const EncodedPush& push, absl::string_view bytes) {
+  return grpc::Slice(const_cast<char*>(bytes.data()), bytes.size(),
+                     [](void* owner) { delete static_cast<std::shared_ptr<const char>*>(owner); },
+                     new std::shared_ptr<const char>(push.storage));
+}
 
 // Registration's calls to one server over gRPC: each retried with backoff
 // within four RPC deadlines while the server is unreachable or starting.
@@ -111,7 +101,7 @@ class GrpcMembershipStub final : public MembershipStub {
       grpc::ClientContext context;
       context.set_deadline(absl::ToChronoTime(absl::Now() + std::min(backoff.left(), deadline_)));
       const absl::Status status = FromGrpcStatus(call(&context));
-      if (status.ok() || !IsTransient(status) || !backoff.Wait()) return status;
+      if (status.ok() || !IsTransient(status) || !SleepBeforeRetry(&backoff)) return status;
     }
   }
 
@@ -146,8 +136,10 @@ class GrpcClient final : public ParameterClient {
       channels.push_back(grpc::CreateCustomChannel(address, credentials, args));
       stubs_.push_back(v1::ParameterServer::NewStub(channels.back()));
     }
-    push_streams_ = std::make_unique<RequestStreams>(channels, kPushStreamMethod);
-    pull_streams_ = std::make_unique<RequestStreams>(channels, kPullStreamMethod);
+    std::vector<std::string> names;
+    for (size_t i = 0; i < addresses_.size(); ++i) names.push_back(absl::StrCat("server ", i, " (", addresses_[i], ")"));
+    push_streams_ = std::make_unique<RequestStreams>(&loop_, channels, names, kPushStreamMethod);
+    pull_streams_ = std::make_unique<RequestStreams>(&loop_, channels, names, kPullStreamMethod);
     std::vector<MembershipStub*> servers;
     for (size_t i = 0; i < stubs_.size(); ++i) {
       membership_stubs_.push_back(
@@ -155,6 +147,12 @@ class GrpcClient final : public ParameterClient {
       servers.push_back(membership_stubs_.back().get());
     }
     membership_ = std::make_unique<Membership>(std::move(servers), ModelFingerprint(config), map_.fingerprint());
+  }
+
+  // The streams first: their last replies may still land (plans_).
+  ~GrpcClient() override {
+    push_streams_.reset();
+    pull_streams_.reset();
   }
 
   // Registers with every server, agreed on where the rank continues
@@ -172,13 +170,13 @@ class GrpcClient final : public ParameterClient {
     return registered;
   }
 
-  absl::StatusOr<uint64_t> Pull(int segment, uint64_t clock, absl::Span<float> dest) override {
-    if (dest.size() != map_.segment_size(segment)) {
-      return absl::InvalidArgumentError("Pull: destination size does not match the segment");
+  Completion<PulledAt> StartPull(int segment, uint64_t clock, absl::Span<float> dest) override {
+    if (segment < 0 || segment >= map_.num_segments() || dest.size() != map_.segment_size(segment)) {
+      return Completion<PulledAt>::Done(
+          absl::InvalidArgumentError("Pull: no such segment, or the destination size does not match it"));
     }
-    std::vector<size_t> servers;
-    std::vector<Range> chunks;
-    std::vector<grpc::ByteBuffer> requests;
+    auto exchange = std::make_unique<RequestStreams::Exchange>();
+    auto landing = std::make_shared<Landing>(dest, segment);
     for (size_t i = 0; i < stubs_.size(); ++i) {
       const std::vector<Range> cut = Chunks(map_.range(segment, static_cast<uint32_t>(i)), chunk_elements_);
       for (const Range& chunk : cut) {
@@ -196,62 +194,36 @@ class GrpcClient final : public ParameterClient {
           request.set_count(chunk.count);
         }
         grpc::Slice bytes(request.SerializeAsString());
-        requests.emplace_back(&bytes, 1);
-        servers.push_back(i);
-        chunks.push_back(chunk);
+        exchange->requests.emplace_back(&bytes, 1);
+        exchange->servers.push_back(i);
+        landing->chunks.push_back(chunk);
       }
     }
-    uint64_t min_clock = UINT64_MAX;
-    SEGPS_RETURN_IF_ERROR(FanOut("Pull", pull_wait_ * 6 + rpc_deadline_, servers, [&](const std::vector<size_t>& pending) {
-      // One exchange at a time on these streams; none is held across a backoff.
-      MutexLock lock(&pull_mu_);
-      return pull_streams_->Exchange(
-          servers, requests, kChunksInFlight, pull_wait_ + rpc_deadline_,
-          [&](size_t j, grpc::ByteBuffer* reply) {
-            return TakeValues<v1::PullResponse>(reply, v1::PullResponse::kValuesFieldNumber, chunks[j], dest,
-                                                &min_clock, servers[j] == 0 ? segment : -1);
-          },
-          pending);
-    }));
-    return min_clock;
+    exchange->call = "Pull";
+    exchange->window = kChunksInFlight;
+    exchange->patience = pull_wait_ + rpc_deadline_;
+    exchange->budget = pull_wait_ * 6 + rpc_deadline_;
+    return Run<v1::PullResponse>(pull_streams_.get(), std::move(exchange), landing,
+                                 v1::PullResponse::kValuesFieldNumber);
   }
 
-  std::unique_ptr<EncodedPush> Encode(int segment, uint64_t clock,
-                                      absl::Span<const float> grad) override {
-    auto push = std::make_unique<GrpcEncodedPush>();
-    push->segment = segment;
-    push->clock = clock;
-    for (size_t i = 0; i < stubs_.size(); ++i) {
-      const Range range = map_.range(segment, static_cast<uint32_t>(i));
-      push->data.push_back(EncodeValues(grad.subspan(range.offset, range.count), dtype_));
-    }
-    return push;
+  std::unique_ptr<EncodedPush> Encode(int segment, uint64_t clock, absl::Span<const float> grad) override {
+    return EncodeDense(map_, dtype_, segment, clock, grad);
   }
 
   std::unique_ptr<EncodedPush> EncodeSparse(int segment, uint64_t clock, absl::Span<const uint64_t> indices,
                                             absl::Span<const float> values) override {
-    auto push = std::make_unique<GrpcEncodedPush>();
-    push->segment = segment;
-    push->clock = clock;
-    push->sparse = true;
-    push->indices.assign(indices.begin(), indices.end());
-    push->server_entries.push_back(0);
-    for (size_t i = 0; i < stubs_.size(); ++i) {
-      const Range range = map_.range(segment, static_cast<uint32_t>(i));
-      const size_t begin = push->server_entries.back();
-      const size_t end = std::lower_bound(indices.begin() + begin, indices.end(), range.end()) - indices.begin();
-      push->data.push_back(EncodeValues(values.subspan(begin, end - begin), dtype_));
-      push->server_entries.push_back(end);
-    }
-    return push;
+    return segps::EncodeSparse(map_, dtype_, segment, clock, indices, values);
   }
 
-  absl::Status Send(const EncodedPush& encoded) override {
-    return SendChunks(static_cast<const GrpcEncodedPush&>(encoded), {}).status();
+  Completion<absl::Status> StartSend(std::shared_ptr<const EncodedPush> push) override {
+    Completion<absl::Status> sent;
+    SendChunks(std::move(push), {}).OnDone([sent](const PulledAt& r) { sent.Set(r.status()); });
+    return sent;
   }
 
-  absl::StatusOr<uint64_t> SendAndPull(const EncodedPush& encoded, absl::Span<float> dest) override {
-    return SendChunks(static_cast<const GrpcEncodedPush&>(encoded), dest);
+  Completion<PulledAt> StartSendAndPull(std::shared_ptr<const EncodedPush> push, absl::Span<float> dest) override {
+    return SendChunks(std::move(push), dest);
   }
 
   std::optional<std::vector<uint32_t>> Shares(int segment, uint64_t clock) override {
@@ -326,43 +298,69 @@ class GrpcClient final : public ParameterClient {
   // Starts the call to server i on `cq`, with Call::Start.
   using StartCall = std::function<void(size_t, grpc::ClientContext*, grpc::CompletionQueue*, Call*)>;
 
-  // Pushes every chunk of every server's range; with a destination, each
-  // chunk's call also pulls that chunk for the push's clock + 1 into it, and
-  // the clock the values reflect comes back.
-  absl::StatusOr<uint64_t> SendChunks(const GrpcEncodedPush& push, absl::Span<float> pull_into) {
-    const bool pull = !pull_into.empty();
-    if (pull && pull_into.size() != map_.segment_size(push.segment)) {
-      return absl::InvalidArgumentError("SendAndPull: destination size does not match the segment");
-    }
-    std::vector<size_t> servers;
+  // Where an exchange's replies land: the values of each chunk (request
+  // j) in `dest`, the least clock they reflect, server 0's share plan.
+  struct Landing {
+    Landing(absl::Span<float> dest, int segment) : dest(dest), segment(segment) {}
+    absl::Span<float> dest;  // empty: a push that pulls nothing
+    int segment;
     std::vector<Range> chunks;
-    std::vector<grpc::ByteBuffer> requests;
+    uint64_t min_clock = UINT64_MAX;
+  };
+
+  // Starts `exchange` on `streams`: its replies (Responses) land per
+  // `landing` (values in field `field`); the completion comes from its end.
+  template <typename Response>
+  Completion<PulledAt> Run(RequestStreams* streams, std::unique_ptr<RequestStreams::Exchange> exchange,
+                             std::shared_ptr<Landing> landing, int field) {
+    Completion<PulledAt> done;
+    const std::vector<size_t> servers = exchange->servers;
+    exchange->take = [this, landing, field, servers](size_t j, grpc::ByteBuffer* reply) {
+      if (landing->dest.empty()) return absl::OkStatus();
+      return TakeValues<Response>(reply, field, landing->chunks[j], landing->dest, &landing->min_clock,
+                        servers[j] == 0 ? landing->segment : -1);
+    };
+    exchange->done = [done, landing](absl::Status status) {
+      if (status.ok()) {
+        done.Set(landing->min_clock);
+      } else {
+        done.Set(std::move(status));
+      }
+    };
+    streams->Start(std::move(exchange));
+    return done;
+  }
+
+  // Pushes every chunk of every server's range; with a destination, each
+  // chunk's message also pulls that chunk for the push's clock + 1 into it,
+  // and the clock the values reflect comes back.
+  Completion<PulledAt> SendChunks(std::shared_ptr<const EncodedPush> push, absl::Span<float> pull_into) {
+    const bool pull = !pull_into.empty();
+    if (push->segment < 0 || push->segment >= map_.num_segments() || push->values.size() != stubs_.size() ||
+        (pull && pull_into.size() != map_.segment_size(push->segment))) {
+      return Completion<PulledAt>::Done(absl::InvalidArgumentError(
+          "Push: not encoded for these servers, or the destination size does not match the segment"));
+    }
+    auto exchange = std::make_unique<RequestStreams::Exchange>();
+    auto landing = std::make_shared<Landing>(pull_into, push->segment);
     for (size_t i = 0; i < stubs_.size(); ++i) {
-      for (const Range& chunk : Chunks(map_.range(push.segment, static_cast<uint32_t>(i)), chunk_elements_)) {
-        requests.push_back(PushMessage(push, i, chunk, pull));
-        servers.push_back(i);
-        chunks.push_back(chunk);
+      for (const Range& chunk : Chunks(map_.range(push->segment, static_cast<uint32_t>(i)), chunk_elements_)) {
+        exchange->requests.push_back(PushMessage(*push, i, chunk, pull));
+        exchange->servers.push_back(i);
+        landing->chunks.push_back(chunk);
       }
     }
-    uint64_t min_clock = UINT64_MAX;
     const absl::Duration wait = pull ? pull_wait_ : absl::ZeroDuration();
-    SEGPS_RETURN_IF_ERROR(FanOut("Push", wait * 6 + rpc_deadline_ * 2, servers, [&](const std::vector<size_t>& pending) {
-      // One exchange at a time on these streams; none is held across a backoff.
-      MutexLock lock(&push_mu_);
-      return push_streams_->Exchange(
-          servers, requests, kChunksInFlight, wait + rpc_deadline_,
-          [&](size_t j, grpc::ByteBuffer* reply) {
-            if (!pull) return absl::OkStatus();
-            return TakeValues<v1::PushResponse>(reply, v1::PushResponse::kValuesFieldNumber, chunks[j], pull_into,
-                                                &min_clock, servers[j] == 0 ? push.segment : -1);
-          },
-          pending);
-    }));
-    return min_clock;
+    exchange->call = "Push";
+    exchange->window = kChunksInFlight;
+    exchange->patience = wait + rpc_deadline_;
+    exchange->budget = wait * 6 + rpc_deadline_ * 2;
+    return Run<v1::PushResponse>(push_streams_.get(), std::move(exchange), landing,
+                                 v1::PushResponse::kValuesFieldNumber);
   }
 
   // The message pushing `chunk` of server i's range.
-  grpc::ByteBuffer PushMessage(const GrpcEncodedPush& push, size_t i, Range chunk, bool pull) const {
+  grpc::ByteBuffer PushMessage(const EncodedPush& push, size_t i, Range chunk, bool pull) const {
     v1::PushRequest header;
     header.set_segment(push.segment);
     header.set_worker_id(membership_->worker_id(i));
@@ -374,12 +372,12 @@ class GrpcClient final : public ParameterClient {
     v1::TensorSlice tensor;
     tensor.set_offset(chunk.offset);
     tensor.set_count(chunk.count);
-    tensor.set_dtype(dtype_);
-    const size_t width = DTypeBytes(dtype_);
+    tensor.set_dtype(push.dtype);
+    const size_t width = DTypeBytes(push.dtype);
     if (!push.sparse) {
       const size_t begin = (chunk.offset - map_.range(push.segment, static_cast<uint32_t>(i)).offset) * width;
       return EncodeTensorMessage(header, v1::PushRequest::kGradientFieldNumber, tensor,
-                                 push.data[i].sub(begin, begin + chunk.count * width));
+                                 SliceOf(push, push.values[i].substr(begin, chunk.count * width)));
     }
     // The server's entries within the chunk, positions relative to it.
     const auto all = push.indices.begin();
@@ -394,7 +392,7 @@ class GrpcClient final : public ParameterClient {
     }
     const size_t first = push.server_entries[i];
     return EncodeTensorMessage(header, v1::PushRequest::kGradientFieldNumber, tensor,
-                               push.data[i].sub((begin - first) * width, (end - first) * width));
+                               SliceOf(push, push.values[i].substr((begin - first) * width, (end - first - (begin - first)) * width)));
   }
 
   // Copies the values `reply` (a Response) carries for `chunk` into `dest`
@@ -441,39 +439,25 @@ class GrpcClient final : public ParameterClient {
                                                     "): ", status.message()));
   }
 
-  // Issues a call to every server at once and waits for all; retries the
-  // ones that failed transiently, each attempt with deadline `per_call`.
+  // Issues a control call to every server at once and waits for all;
+  // retries the ones that failed transiently, backing off, each attempt
+  // with deadline `per_call`, until one failed for good or `budget` ran out.
   absl::Status FanOut(const char* call, absl::Duration budget, absl::Duration per_call, const StartCall& start) {
-    std::vector<size_t> servers(stubs_.size());
-    for (size_t i = 0; i < servers.size(); ++i) servers[i] = i;
-    return FanOut(call, budget, servers, [&](const std::vector<size_t>& pending) {
-      return RunCalls(per_call, start, pending);
-    });
-  }
-
-  // One attempt at the requests in `pending` (request j goes to server
-  // servers[j]): the status of each, in the same order.
-  using Attempt = std::function<std::vector<absl::Status>(const std::vector<size_t>& pending)>;
-
-  // Makes attempts at requests 0..servers.size()-1 until each succeeded,
-  // one failed for good, or `budget` ran out; backs off between attempts.
-  absl::Status FanOut(const char* call, absl::Duration budget, const std::vector<size_t>& servers,
-                      const Attempt& attempt) {
-    std::vector<size_t> pending(servers.size());
-    for (size_t j = 0; j < pending.size(); ++j) pending[j] = j;
+    std::vector<size_t> pending(stubs_.size());
+    for (size_t i = 0; i < pending.size(); ++i) pending[i] = i;
     Backoff backoff(budget);
     while (true) {
-      std::vector<absl::Status> results = attempt(pending);
+      std::vector<absl::Status> results = RunCalls(per_call, start, pending);
       std::vector<size_t> failed;  // to retry, if every failure is transient
       absl::Status first_failure;
       for (size_t k = 0; k < pending.size(); ++k) {
         if (results[k].ok()) continue;
-        if (!IsTransient(results[k])) return Annotate(results[k], servers[pending[k]], call);
-        if (failed.empty()) first_failure = Annotate(results[k], servers[pending[k]], call);
+        if (!IsTransient(results[k])) return Annotate(results[k], pending[k], call);
+        if (failed.empty()) first_failure = Annotate(results[k], pending[k], call);
         failed.push_back(pending[k]);
       }
       if (failed.empty()) return absl::OkStatus();
-      if (!backoff.Wait()) return first_failure;
+      if (!SleepBeforeRetry(&backoff)) return first_failure;
       pending = std::move(failed);
     }
   }
@@ -514,12 +498,11 @@ class GrpcClient final : public ParameterClient {
   const v1::DType dtype_;        // of tensors on the wire
   const uint64_t chunk_elements_;
   std::vector<std::unique_ptr<v1::ParameterServer::Stub>> stubs_;  // the control calls
-  Mutex push_mu_, pull_mu_;  // one exchange at a time on each set of streams
-  std::unique_ptr<RequestStreams> push_streams_ ABSL_GUARDED_BY(push_mu_);
-  std::unique_ptr<RequestStreams> pull_streams_ ABSL_GUARDED_BY(pull_mu_);
+  CompletionLoop loop_;  // drives the streams; destroyed after them
+  std::unique_ptr<RequestStreams> push_streams_, pull_streams_;
   std::vector<std::unique_ptr<GrpcMembershipStub>> membership_stubs_;
   std::unique_ptr<Membership> membership_;  // the registrations, per server
-  Mutex plan_mu_;  // replies land on the push and pull threads
+  Mutex plan_mu_;  // replies land on the loop's thread
   std::map<int, v1::SharePlan> plans_ ABSL_GUARDED_BY(plan_mu_);  // per segment, from server 0
 };
 

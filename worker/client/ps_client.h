@@ -7,9 +7,9 @@
 // (UNAVAILABLE, DEADLINE_EXCEEDED) with exponential backoff within the
 // config's budget; other errors come back at once, naming the server.
 //
-// Thread safety: Pull, Push and Heartbeat may run concurrently from
-// different threads (the trainer pulls, pushes and heartbeats on separate
-// threads); Register and Leave must not overlap other calls.
+// Thread safety: the tensor calls and Heartbeat may be made from any
+// thread; Register and Leave must not overlap other calls. A pull's or
+// push's completion is set on the client's own thread.
 #ifndef SEGPS_WORKER_CLIENT_PS_CLIENT_H_
 #define SEGPS_WORKER_CLIENT_PS_CLIENT_H_
 
@@ -20,28 +20,54 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "common/shard_map.h"
 #include "segps/v1/config.pb.h"
 #include "segps/v1/parameter_server.pb.h"
+#include "worker/client/completion.h"
 
 namespace segps {
 
-// A gradient already encoded for the wire: the one copy a push makes,
-// done on the caller's thread so that the caller's buffer is free again at once.
-class EncodedPush {
- public:
-  virtual ~EncodedPush() = default;
+// A gradient encoded for the wire, split by server: the one copy a push
+// makes, done on the caller's thread so that the caller's buffer is free
+// again at once. Shared, read-only, by the calls that send it (a retry
+// sends it again).
+struct EncodedPush {
+  int segment = 0;
+  uint64_t clock = 0;
+  v1::DType dtype = v1::FLOAT32;  // of the values
+  // Per server: its range's values (sparse: its entries' values) as the
+  // wire carries them, held by `storage`.
+  std::vector<absl::string_view> values;
+  std::shared_ptr<const char> storage;
+  // Sparse only: the entries' positions in the segment, ascending, and the
+  // first entry of each server's range (one more: the end).
+  bool sparse = false;
+  std::vector<uint64_t> indices;
+  std::vector<size_t> server_entries;
   // Balanced training: the samples behind the gradient (the servers weight
   // it by them) and the worker's compute throughput (server 0 balances by it).
   std::optional<uint32_t> samples;
   float samples_per_second = 0;
 };
 
+// The gradient `grad` of a segment (segment_size floats) encoded as `dtype`
+// for the servers of `map`; and a sparse one: `values` at the ascending
+// segment positions `indices`, zeros elsewhere.
+std::unique_ptr<EncodedPush> EncodeDense(const ShardMap& map, v1::DType dtype, int segment, uint64_t clock,
+                                         absl::Span<const float> grad);
+std::unique_ptr<EncodedPush> EncodeSparse(const ShardMap& map, v1::DType dtype, int segment, uint64_t clock,
+                                          absl::Span<const uint64_t> indices, absl::Span<const float> values);
+
 struct Registration {
   uint64_t start_clock = 0;  // the clock of the worker's first push
   uint32_t rank = 0;
 };
+
+// A pull's or a pull-carrying push's result: the clock the values reflect
+// (the minimum over servers).
+using PulledAt = absl::StatusOr<uint64_t>;
 
 class ParameterClient {
  public:
@@ -52,26 +78,36 @@ class ParameterClient {
   // lowest free one.
   virtual absl::StatusOr<Registration> Register(int segment, std::optional<uint32_t> rank) = 0;
 
-  // Pulls the segment's parameters into `dest` (segment_size floats) once
-  // the staleness bound allows computing `clock`. Without a registration it
-  // reads as an observer and never waits. Returns the clock the values reflect
-  // (the minimum over servers).
-  virtual absl::StatusOr<uint64_t> Pull(int segment, uint64_t clock, absl::Span<float> dest) = 0;
+  // The tensor traffic, started without waiting. Pulls run one at a time in
+  // the order started, as do pushes; a pull may pass a push.
+  //
+  // Pulls the segment's parameters into `dest` (segment_size floats, left
+  // alone by the caller until done) once the staleness bound allows
+  // computing `clock`. Without a registration it reads as an observer and
+  // never waits.
+  virtual Completion<PulledAt> StartPull(int segment, uint64_t clock, absl::Span<float> dest) = 0;
+  // Sends a push to every server; done when all acknowledged it. Safe to
+  // retry: a server applies each (worker, clock) once.
+  virtual Completion<absl::Status> StartSend(std::shared_ptr<const EncodedPush> push) = 0;
+  // StartSend, then the pull for the push's clock + 1 into `dest`, in the
+  // same messages (one per server, or per chunk): a synchronous step's round.
+  virtual Completion<PulledAt> StartSendAndPull(std::shared_ptr<const EncodedPush> push,
+                                                  absl::Span<float> dest) = 0;
 
-  // Encodes the gradient of step `clock` (segment_size floats).
-  virtual std::unique_ptr<EncodedPush> Encode(int segment, uint64_t clock,
-                                              absl::Span<const float> grad) = 0;
-  // A sparse gradient: `values` at the ascending segment positions
-  // `indices`, zeros elsewhere.
+  // The same, waiting for the result.
+  PulledAt Pull(int segment, uint64_t clock, absl::Span<float> dest) {
+    return StartPull(segment, clock, dest).Wait();
+  }
+  absl::Status Send(std::shared_ptr<const EncodedPush> push) { return StartSend(std::move(push)).Wait(); }
+  PulledAt SendAndPull(std::shared_ptr<const EncodedPush> push, absl::Span<float> dest) {
+    return StartSendAndPull(std::move(push), dest).Wait();
+  }
+
+  // The gradient of step `clock` encoded for these servers (segment_size
+  // floats), dense or sparse (EncodeDense, EncodeSparse).
+  virtual std::unique_ptr<EncodedPush> Encode(int segment, uint64_t clock, absl::Span<const float> grad) = 0;
   virtual std::unique_ptr<EncodedPush> EncodeSparse(int segment, uint64_t clock, absl::Span<const uint64_t> indices,
                                                     absl::Span<const float> values) = 0;
-  // Sends an encoded push to every server and waits for all of them. Safe
-  // to retry: a server applies each (worker, clock) once.
-  virtual absl::Status Send(const EncodedPush& push) = 0;
-  // Send, then Pull for the push's clock + 1 into `dest`, in the same calls
-  // (one per server, or per chunk): a synchronous step's round trip.
-  // Returns the clock the values reflect.
-  virtual absl::StatusOr<uint64_t> SendAndPull(const EncodedPush& push, absl::Span<float> dest) = 0;
 
   // Renews the lease on every server; FAILED_PRECONDITION if one dropped us.
   virtual absl::Status Heartbeat() = 0;

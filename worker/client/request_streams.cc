@@ -1,60 +1,214 @@
 #include "worker/client/request_streams.h"
 
+#include <algorithm>
+#include <utility>
+
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/grpc_status.h"
 
 namespace segps {
 
-RequestStreams::RequestStreams(const std::vector<std::shared_ptr<grpc::Channel>>& channels, const char* method)
-    : method_(method), streams_(channels.size()) {
+std::optional<absl::Duration> Backoff::Next() {
+  if (absl::Now() + delay_ >= give_up_) return std::nullopt;
+  const absl::Duration wait = delay_;
+  delay_ = std::min(delay_ * 2, absl::Seconds(1));
+  return wait;
+}
+
+RequestStreams::RequestStreams(CompletionLoop* loop, const std::vector<std::shared_ptr<grpc::Channel>>& channels,
+                               std::vector<std::string> names, const char* method)
+    : loop_(loop), method_(method), names_(std::move(names)), streams_(channels.size()) {
   for (size_t i = 0; i < channels.size(); ++i) {
     stubs_.push_back(std::make_unique<grpc::GenericStub>(channels[i]));
     for (Op op : {Op::kStart, Op::kWrite, Op::kRead, Op::kFinish}) {
-      streams_[i].tags[static_cast<int>(op)] = {i, op};
+      streams_[i].tags[static_cast<int>(op)] = {};
+      streams_[i].tags[static_cast<int>(op)].owner = this;
+      streams_[i].tags[static_cast<int>(op)].server = i;
+      streams_[i].tags[static_cast<int>(op)].op = op;
     }
   }
+  watchdog_.tag.owner = retry_.tag.owner = this;
+  watchdog_.tag.op = Op::kWatchdog;
+  retry_.tag.op = Op::kBackoff;
 }
 
 RequestStreams::~RequestStreams() {
-  auto open = [this] {
-    for (const Stream& s : streams_) {
-      if (s.io != nullptr) return true;
+  loop_->Post([this] { Close(); });
+  closed_.Wait();
+}
+
+void RequestStreams::Start(std::unique_ptr<Exchange> exchange) {
+  loop_->Post([this, exchange = std::move(exchange)]() mutable {
+    if (closing_) {
+      std::move(exchange->done)(absl::CancelledError(absl::StrCat(exchange->call, ": the client is closing")));
+      return;
     }
-    return false;
-  };
+    queue_.push_back(std::move(exchange));
+    if (current_ == nullptr) Next();
+  });
+}
+
+void RequestStreams::Next() {
+  if (current_ != nullptr || queue_.empty()) return;
+  current_ = std::move(queue_.front());
+  queue_.pop_front();
+  backoff_.emplace(current_->budget);
+  pending_.resize(current_->requests.size());
+  for (size_t j = 0; j < pending_.size(); ++j) pending_[j] = j;
+  BeginAttempt();
+}
+
+void RequestStreams::BeginAttempt() {
+  in_attempt_ = true;
+  results_.assign(pending_.size(), absl::OkStatus());
+  remaining_ = pending_.size();
+  for (size_t k = 0; k < pending_.size(); ++k) streams_[current_->servers[pending_[k]]].unsent.push_back(k);
+  progress_ = absl::Now();
+  const absl::Time due = progress_ + current_->patience;
+  if (!watchdog_.armed) {
+    Arm(&watchdog_, due);
+  } else if (absl::FromChrono(watchdog_due_) > due) {
+    watchdog_.alarm.Cancel();  // fires at once; OnWatchdog sets it for this attempt
+  }
   for (size_t i = 0; i < streams_.size(); ++i) {
-    if (streams_[i].io != nullptr) Break(i, absl::CancelledError("closing"));
+    if (streams_[i].unsent.empty()) continue;
+    if (streams_[i].io == nullptr) Open(i);
+    Pump(i);
   }
-  while (open()) {
-    void* tag = nullptr;
-    bool ok = false;
-    if (!cq_.Next(&tag, &ok)) break;
-    const Tag& t = *static_cast<Tag*>(tag);
-    Stream& s = streams_[t.server];
-    switch (t.op) {
-      case Op::kStart: s.starting = false; break;
-      case Op::kWrite: s.writing = false; break;
-      case Op::kRead: s.reading = false; break;
-      case Op::kFinish:
-        s.finishing = false;
-        s.io.reset();
-        s.context.reset();
-        continue;
-    }
-    FinishIfIdle(t.server);
+  if (remaining_ == 0 && !AnyBusy()) EndAttempt();  // an exchange of no requests
+}
+
+void RequestStreams::Arm(Timer* timer, absl::Time when) {
+  timer->armed = true;
+  if (timer == &watchdog_) watchdog_due_ = absl::ToChronoTime(when);
+  timer->alarm.Set(loop_->queue(), absl::ToChronoTime(when), &timer->tag);
+}
+
+void RequestStreams::OnEvent(size_t server, Op op, bool ok) {
+  switch (op) {
+    case Op::kWatchdog:
+      OnWatchdog(ok);
+      break;
+    case Op::kBackoff:
+      retry_.armed = false;
+      if (closing_) {
+        Complete(absl::CancelledError(absl::StrCat(current_->call, ": the client is closing")));
+      } else {
+        BeginAttempt();
+      }
+      break;
+    default:
+      OnStreamEvent(server, op, ok);
   }
-  cq_.Shutdown();
-  void* tag = nullptr;
-  bool ok = false;
-  while (cq_.Next(&tag, &ok)) {
+  if (closing_) CheckClosed();
+}
+
+void RequestStreams::OnWatchdog(bool fired) {
+  watchdog_.armed = false;
+  if (closing_ || !in_attempt_) return;
+  if (fired && absl::Now() - progress_ >= current_->patience) {
+    BreakStalled();
+    progress_ = absl::Now();
   }
+  Arm(&watchdog_, progress_ + current_->patience);
+}
+
+void RequestStreams::OnStreamEvent(size_t i, Op op, bool ok) {
+  progress_ = absl::Now();
+  Stream& s = streams_[i];
+  switch (op) {
+    case Op::kStart:
+      s.starting = false;
+      s.started = ok;
+      break;
+    case Op::kWrite:
+      s.writing = false;
+      break;
+    case Op::kRead:
+      s.reading = false;
+      if (ok) {
+        const size_t k = s.unanswered.front();
+        s.unanswered.pop_front();
+        Settle(k, current_->take(pending_[k], &s.reply));
+        s.reply.Clear();
+      }
+      break;
+    default:  // kFinish
+      Finished(i);
+      ok = true;
+  }
+  if (!ok) Break(i, absl::OkStatus());
+  FinishIfIdle(i);
+  Pump(i);
+  if (in_attempt_ && remaining_ == 0 && !AnyBusy()) EndAttempt();
+}
+
+void RequestStreams::Settle(size_t k, absl::Status status) {
+  results_[k] = std::move(status);
+  --remaining_;
+}
+
+// As one call: the first failure for good ends the exchange; transient
+// failures are tried again after a backoff while the budget lasts.
+void RequestStreams::EndAttempt() {
+  in_attempt_ = false;
+  std::vector<size_t> failed;
+  absl::Status first_failure;
+  for (size_t k = 0; k < pending_.size(); ++k) {
+    if (results_[k].ok()) continue;
+    const size_t server = current_->servers[pending_[k]];
+    if (!IsTransient(results_[k]) || closing_) return Complete(Annotate(results_[k], server));
+    if (failed.empty()) first_failure = Annotate(results_[k], server);
+    failed.push_back(pending_[k]);
+  }
+  if (failed.empty()) return Complete(absl::OkStatus());
+  const std::optional<absl::Duration> wait = backoff_->Next();
+  if (!wait.has_value()) return Complete(first_failure);
+  pending_ = std::move(failed);
+  Arm(&retry_, absl::Now() + *wait);
+}
+
+void RequestStreams::Complete(absl::Status status) {
+  std::unique_ptr<Exchange> done = std::move(current_);
+  std::move(done->done)(std::move(status));
+  if (closing_) return;
+  Next();
+}
+
+absl::Status RequestStreams::Annotate(const absl::Status& status, size_t server) const {
+  return absl::Status(status.code(),
+                      absl::StrCat(current_->call, " to ", names_[server], ": ", status.message()));
+}
+
+void RequestStreams::Close() {
+  closing_ = true;
+  for (std::unique_ptr<Exchange>& queued : queue_) {
+    std::move(queued->done)(absl::CancelledError(absl::StrCat(queued->call, ": the client is closing")));
+  }
+  queue_.clear();
+  for (size_t i = 0; i < streams_.size(); ++i) {
+    if (streams_[i].io != nullptr) Break(i, absl::CancelledError("the client is closing"));
+  }
+  if (watchdog_.armed) watchdog_.alarm.Cancel();
+  if (retry_.armed) retry_.alarm.Cancel();  // its event fails the exchange
+  CheckClosed();
+}
+
+// Called last by whatever calls it: once the latch is down, the destructor may run.
+void RequestStreams::CheckClosed() {
+  if (closed_counted_ || current_ != nullptr || watchdog_.armed || retry_.armed) return;
+  for (const Stream& s : streams_) {
+    if (s.io != nullptr) return;
+  }
+  closed_counted_ = true;
+  closed_.CountDown();
 }
 
 void RequestStreams::Open(size_t server) {
   Stream& s = streams_[server];
   s.context = std::make_unique<grpc::ClientContext>();
-  s.io = stubs_[server]->PrepareCall(s.context.get(), method_, &cq_);
+  s.io = stubs_[server]->PrepareCall(s.context.get(), method_, loop_->queue());
   s.started = s.broken = false;
   s.status = grpc::Status();
   s.break_cause = absl::OkStatus();
@@ -62,15 +216,14 @@ void RequestStreams::Open(size_t server) {
   s.starting = true;
 }
 
-void RequestStreams::Pump(size_t server, size_t window, const std::vector<size_t>& pending,
-                          const std::vector<grpc::ByteBuffer>& requests) {
+void RequestStreams::Pump(size_t server) {
   Stream& s = streams_[server];
-  if (s.io == nullptr || !s.started || s.broken) return;
+  if (s.io == nullptr || !s.started || s.broken || current_ == nullptr) return;
   // gRPC allows one write and one read outstanding per stream.
-  if (!s.writing && !s.unsent.empty() && s.unanswered.size() < window) {
+  if (!s.writing && !s.unsent.empty() && s.unanswered.size() < current_->window) {
     const size_t k = s.unsent.front();
     s.unsent.pop_front();
-    s.io->Write(requests[pending[k]], &s.tags[static_cast<int>(Op::kWrite)]);
+    s.io->Write(current_->requests[pending_[k]], &s.tags[static_cast<int>(Op::kWrite)]);
     s.writing = true;
     s.unanswered.push_back(k);
   }
@@ -108,16 +261,17 @@ bool RequestStreams::AnyBusy() const {
   return false;
 }
 
-void RequestStreams::BreakStalled(absl::Duration patience) {
+void RequestStreams::BreakStalled() {
   for (size_t i = 0; i < streams_.size(); ++i) {
     const Stream& s = streams_[i];
     if (!s.unsent.empty() || !s.unanswered.empty()) {
-      Break(i, absl::DeadlineExceededError(absl::StrCat("no reply within ", absl::FormatDuration(patience))));
+      Break(i, absl::DeadlineExceededError(
+                   absl::StrCat("no reply within ", absl::FormatDuration(current_->patience))));
     }
   }
 }
 
-void RequestStreams::Finished(size_t i, absl::FunctionRef<void(size_t, absl::Status)> settle) {
+void RequestStreams::Finished(size_t i) {
   Stream& s = streams_[i];
   s.finishing = false;
   absl::Status status = !s.break_cause.ok() ? s.break_cause
@@ -125,7 +279,7 @@ void RequestStreams::Finished(size_t i, absl::FunctionRef<void(size_t, absl::Sta
                                             : FromGrpcStatus(s.status);
   const bool failed = !s.unanswered.empty() || !s.unsent.empty();
   for (std::deque<size_t>* left : {&s.unanswered, &s.unsent}) {
-    for (size_t k : *left) settle(k, status);
+    for (size_t k : *left) Settle(k, status);
     left->clear();
   }
   s.io.reset();
@@ -137,67 +291,9 @@ void RequestStreams::Finished(size_t i, absl::FunctionRef<void(size_t, absl::Sta
   for (size_t j = 0; j < streams_.size(); ++j) {
     const Stream& other = streams_[j];
     if (j != i && !other.broken && (!other.unsent.empty() || !other.unanswered.empty())) {
-      Break(j, absl::AbortedError(absl::StrCat("abandoned: server ", i, " failed: ", status.message())));
+      Break(j, absl::AbortedError(absl::StrCat("abandoned: ", names_[i], " failed: ", status.message())));
     }
   }
-}
-
-std::vector<absl::Status> RequestStreams::Exchange(const std::vector<size_t>& servers,
-                                                   const std::vector<grpc::ByteBuffer>& requests, size_t window,
-                                                   absl::Duration patience, const TakeReply& take,
-                                                   const std::vector<size_t>& pending) {
-  const size_t count = pending.size();
-  std::vector<absl::Status> results(count);
-  size_t remaining = count;
-  auto settle = [&](size_t k, absl::Status status) {
-    results[k] = std::move(status);
-    --remaining;
-  };
-  for (size_t k = 0; k < count; ++k) streams_[servers[pending[k]]].unsent.push_back(k);
-  for (size_t i = 0; i < streams_.size(); ++i) {
-    if (streams_[i].unsent.empty()) continue;
-    if (streams_[i].io == nullptr) Open(i);
-    Pump(i, window, pending, requests);
-  }
-  absl::Time progress = absl::Now();
-  while (remaining > 0 || AnyBusy()) {
-    void* tag = nullptr;
-    bool ok = false;
-    if (cq_.AsyncNext(&tag, &ok, absl::ToChronoTime(progress + patience)) ==
-        grpc::CompletionQueue::NextStatus::TIMEOUT) {
-      BreakStalled(patience);
-      progress = absl::Now();
-      continue;
-    }
-    progress = absl::Now();
-    const size_t i = static_cast<Tag*>(tag)->server;
-    Stream& s = streams_[i];
-    switch (static_cast<Tag*>(tag)->op) {
-      case Op::kStart:
-        s.starting = false;
-        s.started = ok;
-        break;
-      case Op::kWrite:
-        s.writing = false;
-        break;
-      case Op::kRead:
-        s.reading = false;
-        if (ok) {
-          const size_t k = s.unanswered.front();
-          s.unanswered.pop_front();
-          settle(k, take(pending[k], &s.reply));
-          s.reply.Clear();
-        }
-        break;
-      case Op::kFinish:
-        Finished(i, settle);
-        continue;
-    }
-    if (!ok) Break(i, absl::OkStatus());
-    FinishIfIdle(i);
-    Pump(i, window, pending, requests);
-  }
-  return results;
 }
 
 }  // namespace segps
