@@ -1,23 +1,18 @@
 // One thread that drives a gRPC completion queue for a client: every tag
-// on the queue is a Handler, run on that thread when its operation
-// completes. Work from other threads enters through Post, as an alarm that
-// fires at once. Handlers do not block: they start the next operation and
-// return, so no lock is held across a call and no thread sleeps in a retry.
+// on the queue is a Handler, run on that thread when its operation (a
+// stream's message, an alarm) completes. Handlers do not block: they start
+// the next operation and return, so no lock is held across a call and no
+// thread sleeps in a retry (a retry waits on an alarm).
 //
-// Thread safety: Post from any thread. The owners of handlers make sure
-// that none is outstanding before the loop is destroyed.
+// Thread safety: operations may be started on the queue from any thread.
+// The owners of handlers make sure that none is outstanding before the
+// loop is destroyed.
 #ifndef SEGPS_WORKER_CLIENT_COMPLETION_LOOP_H_
 #define SEGPS_WORKER_CLIENT_COMPLETION_LOOP_H_
 
-#include <grpcpp/alarm.h>
 #include <grpcpp/grpcpp.h>
 
-#include <deque>
 #include <thread>
-
-#include "absl/base/thread_annotations.h"
-#include "absl/functional/any_invocable.h"
-#include "common/sync.h"
 
 namespace segps {
 
@@ -38,15 +33,8 @@ class CompletionLoop {
   CompletionLoop& operator=(const CompletionLoop&) = delete;
 
   grpc::CompletionQueue* queue() { return &cq_; }
-  // Runs `work` on the loop's thread, soon, after the work posted before it.
-  void Post(absl::AnyInvocable<void() &&> work);
-  // Runs the work posted so far, oldest first (on the loop's thread).
-  void RunPosted();
-  bool InLoop() const { return std::this_thread::get_id() == thread_.get_id(); }
 
  private:
-  Mutex mu_;
-  std::deque<absl::AnyInvocable<void() &&>> posted_ ABSL_GUARDED_BY(mu_);
   grpc::CompletionQueue cq_;
   std::thread thread_;
 };

@@ -34,19 +34,39 @@ RequestStreams::RequestStreams(CompletionLoop* loop, const std::vector<std::shar
 }
 
 RequestStreams::~RequestStreams() {
-  loop_->Post([this] { Close(); });
+  std::vector<Callback> callbacks;
+  bool closed;
+  {
+    MutexLock lock(&mu_);
+    Close();
+    callbacks.swap(callbacks_);
+    closed = JustClosed();
+  }
+  RunCallbacks(std::move(callbacks), closed);
   closed_.Wait();
 }
 
+// The caller's thread starts the exchange when the streams are idle: its
+// first messages go out without a hand-off to the loop's thread.
 void RequestStreams::Start(std::unique_ptr<Exchange> exchange) {
-  loop_->Post([this, exchange = std::move(exchange)]() mutable {
+  std::vector<Callback> callbacks;
+  {
+    MutexLock lock(&mu_);
     if (closing_) {
-      std::move(exchange->done)(absl::CancelledError(absl::StrCat(exchange->call, ": the client is closing")));
-      return;
+      callbacks_.push_back(
+          {std::move(exchange->done), absl::CancelledError(absl::StrCat(exchange->call, ": the client is closing"))});
+    } else {
+      queue_.push_back(std::move(exchange));
+      Next();
     }
-    queue_.push_back(std::move(exchange));
-    if (current_ == nullptr) Next();
-  });
+    callbacks.swap(callbacks_);
+  }
+  RunCallbacks(std::move(callbacks), false);
+}
+
+void RequestStreams::RunCallbacks(std::vector<Callback> callbacks, bool closed) {
+  for (Callback& c : callbacks) std::move(c.done)(std::move(c.status));
+  if (closed) closed_.CountDown();
 }
 
 void RequestStreams::Next() {
@@ -86,22 +106,29 @@ void RequestStreams::Arm(Timer* timer, absl::Time when) {
 }
 
 void RequestStreams::OnEvent(size_t server, Op op, bool ok) {
-  switch (op) {
-    case Op::kWatchdog:
-      OnWatchdog(ok);
-      break;
-    case Op::kBackoff:
-      retry_.armed = false;
-      if (closing_) {
-        Complete(absl::CancelledError(absl::StrCat(current_->call, ": the client is closing")));
-      } else {
-        BeginAttempt();
-      }
-      break;
-    default:
-      OnStreamEvent(server, op, ok);
+  std::vector<Callback> callbacks;
+  bool closed = false;
+  {
+    MutexLock lock(&mu_);
+    switch (op) {
+      case Op::kWatchdog:
+        OnWatchdog(ok);
+        break;
+      case Op::kBackoff:
+        retry_.armed = false;
+        if (closing_) {
+          Complete(absl::CancelledError(absl::StrCat(current_->call, ": the client is closing")));
+        } else {
+          BeginAttempt();
+        }
+        break;
+      default:
+        OnStreamEvent(server, op, ok);
+    }
+    callbacks.swap(callbacks_);
+    if (closing_) closed = JustClosed();
   }
-  if (closing_) CheckClosed();
+  RunCallbacks(std::move(callbacks), closed);
 }
 
 void RequestStreams::OnWatchdog(bool fired) {
@@ -170,10 +197,9 @@ void RequestStreams::EndAttempt() {
 }
 
 void RequestStreams::Complete(absl::Status status) {
-  std::unique_ptr<Exchange> done = std::move(current_);
-  std::move(done->done)(std::move(status));
-  if (closing_) return;
-  Next();
+  callbacks_.push_back({std::move(current_->done), std::move(status)});
+  current_.reset();
+  if (!closing_) Next();
 }
 
 absl::Status RequestStreams::Annotate(const absl::Status& status, size_t server) const {
@@ -184,7 +210,8 @@ absl::Status RequestStreams::Annotate(const absl::Status& status, size_t server)
 void RequestStreams::Close() {
   closing_ = true;
   for (std::unique_ptr<Exchange>& queued : queue_) {
-    std::move(queued->done)(absl::CancelledError(absl::StrCat(queued->call, ": the client is closing")));
+    callbacks_.push_back(
+        {std::move(queued->done), absl::CancelledError(absl::StrCat(queued->call, ": the client is closing"))});
   }
   queue_.clear();
   for (size_t i = 0; i < streams_.size(); ++i) {
@@ -192,17 +219,15 @@ void RequestStreams::Close() {
   }
   if (watchdog_.armed) watchdog_.alarm.Cancel();
   if (retry_.armed) retry_.alarm.Cancel();  // its event fails the exchange
-  CheckClosed();
 }
 
-// Called last by whatever calls it: once the latch is down, the destructor may run.
-void RequestStreams::CheckClosed() {
-  if (closed_counted_ || current_ != nullptr || watchdog_.armed || retry_.armed) return;
+bool RequestStreams::JustClosed() {
+  if (closed_counted_ || current_ != nullptr || watchdog_.armed || retry_.armed) return false;
   for (const Stream& s : streams_) {
-    if (s.io != nullptr) return;
+    if (s.io != nullptr) return false;
   }
   closed_counted_ = true;
-  closed_.CountDown();
+  return true;
 }
 
 void RequestStreams::Open(size_t server) {

@@ -5,8 +5,9 @@
 // as unary calls, client and server together (segps-bench-transport).
 //
 // Exchanges (one call's requests to the servers) run one at a time, in the
-// order they were started, on the client's completion loop; each completes
-// through its callback. A stream opens on first use and stays open across
+// order they were started: the caller's thread writes the first messages,
+// the client's completion loop drives the rest, and each exchange completes
+// through its callback on the loop's thread. A stream opens on first use and stays open across
 // exchanges. One that breaks (the server rejected a request, went away, or
 // sent no reply in time) fails its unanswered requests with its status and
 // is opened again by the next attempt. Requests that failed transiently
@@ -14,7 +15,9 @@
 // on the loop, not a sleep) while the exchange's budget lasts: the server
 // applies each (worker, clock) push once and a pull changes nothing.
 //
-// Thread safety: Start from any thread; everything else runs on the loop.
+// Thread safety: Start from any thread. The state is under one mutex, held
+// while operations are started and completions handled, never across a
+// call's wait and never while a callback runs.
 #ifndef SEGPS_WORKER_CLIENT_REQUEST_STREAMS_H_
 #define SEGPS_WORKER_CLIENT_REQUEST_STREAMS_H_
 
@@ -79,7 +82,8 @@ class RequestStreams {
   RequestStreams(const RequestStreams&) = delete;
   RequestStreams& operator=(const RequestStreams&) = delete;
 
-  // Queues an exchange after those started before it.
+  // Queues an exchange after those started before it (and starts it, if
+  // none is running).
   void Start(std::unique_ptr<Exchange> exchange);
 
  private:
@@ -108,49 +112,63 @@ class RequestStreams {
     Tag tag;
   };
 
+  // A finished exchange's callback and result, run once the mutex is let go.
+  struct Callback {
+    absl::AnyInvocable<void(absl::Status) &&> done;
+    absl::Status status;
+  };
   void OnEvent(size_t server, Op op, bool ok);
-  void OnStreamEvent(size_t server, Op op, bool ok);
-  void OnWatchdog(bool fired);
-  void Next();
-  void BeginAttempt();
-  void EndAttempt();
-  void Complete(absl::Status status);
-  void Arm(Timer* timer, absl::Time when);
-  void Close();
-  void CheckClosed();
+  // Runs the callbacks of the exchanges that finished, then, if the streams
+  // are closed, lets the destructor go on: the last thing this object does.
+  void RunCallbacks(std::vector<Callback> callbacks, bool closed);
 
-  void Open(size_t server);
-  void Pump(size_t server);
+  void OnStreamEvent(size_t server, Op op, bool ok) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void OnWatchdog(bool fired) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Next() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void BeginAttempt() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void EndAttempt() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Complete(absl::Status status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Arm(Timer* timer, absl::Time when) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Close() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether the streams just closed for good (true once).
+  bool JustClosed() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  void Open(size_t server) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Pump(size_t server) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Marks the stream broken (cancelling it, for `cause`, when the client is
   // the one giving up) and, once nothing is outstanding, asks for its status.
-  void Break(size_t server, absl::Status cause);
-  void FinishIfIdle(size_t server);
-  bool AnyBusy() const;
+  void Break(size_t server, absl::Status cause) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void FinishIfIdle(size_t server) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool AnyBusy() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Breaks every stream with requests outstanding: no progress for the patience.
-  void BreakStalled();
+  void BreakStalled() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Stream `server`'s Finish came back: its requests left fail with its
   // status; a failure for good abandons the other streams' requests.
-  void Finished(size_t server);
-  void Settle(size_t k, absl::Status status);
-  bool Busy(const Stream& s) const { return s.starting || s.writing || s.reading || s.finishing; }
-  absl::Status Annotate(const absl::Status& status, size_t server) const;
+  void Finished(size_t server) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Settle(size_t k, absl::Status status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  static bool Busy(const Stream& s) { return s.starting || s.writing || s.reading || s.finishing; }
+  absl::Status Annotate(const absl::Status& status, size_t server) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   CompletionLoop* const loop_;
   const char* const method_;
   const std::vector<std::string> names_;
   std::vector<std::unique_ptr<grpc::GenericStub>> stubs_;
-  // The state below is the loop thread's alone.
-  std::vector<Stream> streams_;
-  std::deque<std::unique_ptr<Exchange>> queue_;
-  std::unique_ptr<Exchange> current_;
-  std::optional<Backoff> backoff_;
-  std::vector<size_t> pending_;         // the current attempt's requests
-  std::vector<absl::Status> results_;   // per position in pending_
-  size_t remaining_ = 0;                // unsettled in the attempt
-  bool in_attempt_ = false, closing_ = false, closed_counted_ = false;
-  absl::Time progress_;                 // the attempt's last event
-  Timer watchdog_, retry_;
-  std::chrono::system_clock::time_point watchdog_due_;
+  Mutex mu_;
+  std::vector<Stream> streams_ ABSL_GUARDED_BY(mu_);
+  std::deque<std::unique_ptr<Exchange>> queue_ ABSL_GUARDED_BY(mu_);
+  std::unique_ptr<Exchange> current_ ABSL_GUARDED_BY(mu_);
+  std::optional<Backoff> backoff_ ABSL_GUARDED_BY(mu_);
+  std::vector<size_t> pending_ ABSL_GUARDED_BY(mu_);        // the current attempt's requests
+  std::vector<absl::Status> results_ ABSL_GUARDED_BY(mu_);  // per position in pending_
+  size_t remaining_ ABSL_GUARDED_BY(mu_) = 0;               // unsettled in the attempt
+  bool in_attempt_ ABSL_GUARDED_BY(mu_) = false;
+  bool closing_ ABSL_GUARDED_BY(mu_) = false;
+  bool closed_counted_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Time progress_ ABSL_GUARDED_BY(mu_);  // the attempt's last event
+  Timer watchdog_ ABSL_GUARDED_BY(mu_);
+  Timer retry_ ABSL_GUARDED_BY(mu_);
+  std::chrono::system_clock::time_point watchdog_due_ ABSL_GUARDED_BY(mu_);
+  std::vector<Callback> callbacks_ ABSL_GUARDED_BY(mu_);  // callbacks to run once unlocked
   Latch closed_{1};
 };
 
