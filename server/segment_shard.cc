@@ -26,6 +26,7 @@ SegmentShard::SegmentShard(const ShardOptions& options, std::vector<float> initi
     : options_(options),
       values_(std::move(initial)),
       optimizer_(std::move(optimizer)),
+      parked_(options.segment, options.max_waiting_per_worker),
       cuts_(options.checkpoint_every, options.checkpoint_interval) {
   if (options_.balance.has_value()) planner_.emplace(options_.segment, *options_.balance);
 }
@@ -64,10 +65,7 @@ bool SegmentShard::WaitsForPeers(const Waiter& push) const {
 
 void SegmentShard::ExpireLeases(absl::Time now) {
   // A worker waiting on its peers is alive: its lease runs while it waits.
-  std::vector<uint64_t> waiting;
-  for (const auto& [needed, waiter] : pulls_waiting_) waiting.push_back(waiter->id);
-  for (const auto& waiter : pushes_waiting_) waiting.push_back(waiter->id);
-  for (uint64_t id : waiting) {
+  for (uint64_t id : parked_.Waiting()) {
     auto it = workers_.find(id);
     if (it != workers_.end() && it->second.live) it->second.last_seen = now;
   }
@@ -162,27 +160,13 @@ void SegmentShard::Fail(std::unique_ptr<Waiter>&& failed, absl::Status status, C
 }
 
 void SegmentShard::FailWaitsOf(uint64_t id, Completions* ready) {
-  for (auto it = pulls_waiting_.begin(); it != pulls_waiting_.end();) {
-    if (it->second->id != id) {
-      ++it;
-      continue;
+  ParkedCalls::Released calls = parked_.ReleaseOf(id);
+  for (auto [waiters, call] : {std::pair{&calls.pulls, "Pull"}, std::pair{&calls.pushes, "Push"}}) {
+    for (std::unique_ptr<Waiter>& waiter : *waiters) {
+      Fail(std::move(waiter),
+           absl::FailedPreconditionError(absl::StrCat(call, ": worker ", id, " was replaced or left while waiting")),
+           ready);
     }
-    Fail(std::move(it->second),
-         absl::FailedPreconditionError(absl::StrCat("Pull: worker ", id, " was replaced or left while waiting")),
-         ready);
-    it = pulls_waiting_.erase(it);
-    Unparked(id);
-  }
-  for (auto it = pushes_waiting_.begin(); it != pushes_waiting_.end();) {
-    if ((*it)->id != id) {
-      ++it;
-      continue;
-    }
-    Fail(std::move(*it),
-         absl::FailedPreconditionError(absl::StrCat("Push: worker ", id, " was replaced or left while waiting")),
-         ready);
-    it = pushes_waiting_.erase(it);
-    Unparked(id);
   }
 }
 
@@ -249,11 +233,7 @@ bool SegmentShard::Restore(const ShardState& state, std::optional<uint64_t> gene
     const absl::Status gone = absl::NotFoundError(
         absl::StrCat("segment ", options_.segment, " was rolled back to its checkpoint at clock ", state.clock,
                      "; register again"));
-    for (auto& [needed, waiter] : pulls_waiting_) Fail(std::move(waiter), gone, &ready);
-    pulls_waiting_.clear();
-    for (auto& waiter : pushes_waiting_) Fail(std::move(waiter), gone, &ready);
-    pushes_waiting_.clear();
-    parked_.clear();
+    for (std::unique_ptr<Waiter>& waiter : parked_.ReleaseAll()) Fail(std::move(waiter), gone, &ready);
     for (auto& [id, w] : workers_) {
       SetLive(&w, false);
       if (id < kPlaceholder && dropped != nullptr) dropped->push_back(id);
@@ -325,25 +305,15 @@ void SegmentShard::Tick() {
     MutexLock lock(&mu_);
     const absl::Time now = options_.clock->Now();
     ExpireLeases(now);
-    for (auto it = pulls_waiting_.begin(); it != pulls_waiting_.end();) {
-      if (it->second->deadline > now) {
-        ++it;
-        continue;
-      }
-      blocked_ += now - it->second->since;
-      Unparked(it->second->id);
-      Fail(std::move(it->second), BehindBound(it->second->clock), &ready);
-      it = pulls_waiting_.erase(it);
+    ParkedCalls::Released expired = parked_.ReleaseExpired(now);
+    for (std::unique_ptr<Waiter>& pull : expired.pulls) {
+      blocked_ += now - pull->since;
+      absl::Status behind = BehindBound(pull->clock);
+      Fail(std::move(pull), std::move(behind), &ready);
     }
-    for (auto it = pushes_waiting_.begin(); it != pushes_waiting_.end();) {
-      if ((*it)->deadline > now) {
-        ++it;
-        continue;
-      }
-      absl::Status late = Late(workers_.at((*it)->id), **it);
-      Unparked((*it)->id);
-      Fail(std::move(*it), std::move(late), &ready);
-      it = pushes_waiting_.erase(it);
+    for (std::unique_ptr<Waiter>& push : expired.pushes) {
+      absl::Status late = Late(workers_.at(push->id), *push);
+      Fail(std::move(push), std::move(late), &ready);
     }
     Resume(now, &ready);
   }
@@ -355,18 +325,16 @@ void SegmentShard::Drain(const std::string& why) {
   {
     MutexLock lock(&mu_);
     draining_ = why;
-    for (auto& [needed, waiter] : pulls_waiting_) Fail(std::move(waiter), absl::UnavailableError(why), &ready);
-    pulls_waiting_.clear();
-    for (auto& waiter : pushes_waiting_) Fail(std::move(waiter), absl::UnavailableError(why), &ready);
-    pushes_waiting_.clear();
-    parked_.clear();
+    for (std::unique_ptr<Waiter>& waiter : parked_.ReleaseAll()) {
+      Fail(std::move(waiter), absl::UnavailableError(why), &ready);
+    }
   }
   for (auto& complete : ready) std::move(complete)();
 }
 
 size_t SegmentShard::Waiting() {
   MutexLock lock(&mu_);
-  return pulls_waiting_.size() + pushes_waiting_.size();
+  return parked_.size();
 }
 
 std::optional<uint32_t> SegmentShard::FreeRank(uint32_t ranks) {

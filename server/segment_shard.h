@@ -79,6 +79,7 @@
 #include "server/checkpoint.h"
 #include "server/cut_policy.h"
 #include "server/optimizer.h"
+#include "server/parked_calls.h"
 #include "server/share_planner.h"
 
 namespace segps {
@@ -131,35 +132,6 @@ struct Registered {
   bool partial = false;  // the rank's step rank_clock is partly applied
   uint64_t generation = 0;
 };
-
-struct PullResult {
-  uint64_t clock = 0;  // the values pulled reflect every step below it
-  uint64_t updates = 0;
-  absl::Duration blocked;  // time waiting on the staleness bound
-  // The deciding server of a balanced segment, a worker's pull: the shares
-  // from the pull's clock on.
-  std::optional<v1::SharePlan> plan;
-};
-
-// What a push says beside its gradient.
-struct PushInfo {
-  std::optional<uint32_t> samples;  // behind the gradient; unset: batch_size
-  double samples_per_second = 0;    // the worker's throughput; 0: unknown
-};
-
-struct PushResult {
-  bool applied = false;
-  uint64_t next_clock = 0;
-  uint32_t rank = 0;
-  absl::Duration apply;  // time in the optimizer
-  std::optional<PullResult> pulled;  // a push with a pull: the pull's result
-};
-
-// Hands a pull's values to the caller, under the shard's lock (to copy or
-// encode them).
-using ReadRange = absl::AnyInvocable<void(absl::Span<const float>)>;
-using PullDone = absl::AnyInvocable<void(absl::StatusOr<PullResult>) &&>;
-using PushDone = absl::AnyInvocable<void(absl::StatusOr<PushResult>) &&>;
 
 class SegmentShard {
  public:
@@ -246,20 +218,6 @@ class SegmentShard {
     bool pulled = false;  // has pulled or pushed since it registered (MarkPulled only)
   };
 
-  // A parked call: a pull behind the bound, a push (grad set) waiting for
-  // its predecessor, or a push with a pull whose push is applied (pushed set).
-  struct Waiter {
-    Waiter(uint64_t id, uint64_t clock, uint64_t first, uint64_t count, absl::Time deadline, ReadRange read)
-        : id(id), clock(clock), first(first), count(count), deadline(deadline), read(std::move(read)) {}
-    uint64_t id = 0, clock = 0, first = 0, count = 0;
-    absl::Time deadline, since;
-    ReadRange read;           // the pull's (or a push's follow-up pull's)
-    const DenseView* grad = nullptr;  // a push not yet applied
-    PushInfo info;                     // a push's
-    PullDone pull_done;        // a pull
-    PushDone push_done;        // a push, with or without a pull
-    std::optional<PushResult> pushed;  // a push applied, its pull waiting
-  };
   using Completions = std::vector<absl::AnyInvocable<void() &&>>;
 
   // The parts of Pull and Push, under the lock: each completes `waiter`
@@ -309,9 +267,6 @@ class SegmentShard {
   void Cut(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Keeps `rank` at `clock`, live for one lease from `now`, until a worker registers it.
   void AddPlaceholder(uint32_t rank, uint64_t clock, absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Counts a call parked for its worker; RESOURCE_EXHAUSTED past the limit.
-  absl::Status Park(const Waiter& waiter, const char* call) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void Unparked(uint64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void MarkPulled(Worker* w) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // With hold_for_joiners, whether `push` must wait for a peer that joined at its
   // clock (or a placeholder's rank) to pull that clock first, so that the
@@ -354,8 +309,7 @@ class SegmentShard {
   std::map<uint64_t, uint32_t> unpulled_ ABSL_GUARDED_BY(mu_);
   uint64_t live_ ABSL_GUARDED_BY(mu_) = 0;
   // Parked pulls (and pushes' pulls) by the segment clock they need; parked pushes.
-  std::multimap<uint64_t, std::unique_ptr<Waiter>> pulls_waiting_ ABSL_GUARDED_BY(mu_);
-  std::vector<std::unique_ptr<Waiter>> pushes_waiting_ ABSL_GUARDED_BY(mu_);
+  ParkedCalls parked_ ABSL_GUARDED_BY(mu_);
   std::string draining_ ABSL_GUARDED_BY(mu_);  // why calls no longer wait, once set
   CutPolicy cuts_ ABSL_GUARDED_BY(mu_);
   uint64_t generation_ ABSL_GUARDED_BY(mu_) = 1;
@@ -364,7 +318,6 @@ class SegmentShard {
   bool started_ ABSL_GUARDED_BY(mu_) = false;  // a registration or a restore happened
   // The deciding server of a balanced segment: its shares.
   std::optional<SharePlanner> planner_ ABSL_GUARDED_BY(mu_);
-  std::map<uint64_t, uint32_t> parked_ ABSL_GUARDED_BY(mu_);  // calls parked per worker
 };
 
 }  // namespace segps

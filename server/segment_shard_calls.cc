@@ -28,23 +28,6 @@ uint64_t PartStart(uint64_t count, size_t parts, size_t part) { return count * p
 
 }  // namespace
 
-absl::Status SegmentShard::Park(const Waiter& waiter, const char* call) {
-  uint32_t& parked = parked_[waiter.id];
-  if (parked >= options_.max_waiting_per_worker) {
-    if (parked == 0) parked_.erase(waiter.id);
-    return absl::ResourceExhaustedError(absl::StrCat(
-        call, ": worker ", waiter.id, " already has ", options_.max_waiting_per_worker,
-        " calls waiting on segment ", options_.segment, " (a worker has at most a few); this one is refused"));
-  }
-  ++parked;
-  return absl::OkStatus();
-}
-
-void SegmentShard::Unparked(uint64_t id) {
-  auto it = parked_.find(id);
-  if (it != parked_.end() && --it->second == 0) parked_.erase(it);
-}
-
 bool SegmentShard::WaitsForCut(const Waiter& push) const { return cuts_.Holds(push.clock); }
 
 void SegmentShard::Pull(uint64_t id, uint64_t clock, uint64_t first, uint64_t count, absl::Time deadline,
@@ -90,11 +73,8 @@ void SegmentShard::StartPull(std::unique_ptr<Waiter> waiter, absl::Time now, Com
   } else if (now >= waiter->deadline || !draining_.empty()) {
     absl::Status behind = draining_.empty() ? BehindBound(waiter->clock) : absl::UnavailableError(draining_);
     Fail(std::move(waiter), std::move(behind), ready);
-  } else if (absl::Status full = Park(*waiter, "Pull"); !full.ok()) {
+  } else if (absl::Status full = parked_.ParkPull(Needed(waiter->clock), waiter, "Pull"); !full.ok()) {
     Fail(std::move(waiter), std::move(full), ready);
-  } else {
-    const uint64_t needed = Needed(waiter->clock);
-    pulls_waiting_.emplace(needed, std::move(waiter));
   }
 }
 
@@ -194,8 +174,9 @@ void SegmentShard::StartPush(std::unique_ptr<Waiter> waiter, absl::Time now, Com
     // for the cut before it).
     if (now >= waiter->deadline) return Fail(std::move(waiter), Late(*w, *waiter), ready);
     if (!draining_.empty()) return Fail(std::move(waiter), absl::UnavailableError(draining_), ready);
-    if (absl::Status full = Park(*waiter, "Push"); !full.ok()) return Fail(std::move(waiter), std::move(full), ready);
-    pushes_waiting_.push_back(std::move(waiter));
+    if (absl::Status full = parked_.ParkPush(waiter, "Push"); !full.ok()) {
+      return Fail(std::move(waiter), std::move(full), ready);
+    }
     return;
   }
   const PushResult result = Apply(w, *waiter);
@@ -298,18 +279,16 @@ void SegmentShard::Resume(absl::Time now, Completions* ready) {
     MaybeCheckpoint(now);
     MaybeRebalance();
     // Parked pushes whose turn has come.
-    std::vector<std::unique_ptr<Waiter>> pushes;
-    pushes.swap(pushes_waiting_);
-    for (auto& push : pushes) {
+    for (std::unique_ptr<Waiter>& push : parked_.TakePushes()) {
       auto it = workers_.find(push->id);
       Worker* w = it == workers_.end() || !it->second.live ? nullptr : &it->second;
       const bool turn = w != nullptr && w->next_clock == push->clock && w->applied == push->first &&
                         !WaitsForCut(*push) && !WaitsForPeers(*push);
       if (w != nullptr && !turn && !AppliedBefore(*w, *push)) {
-        pushes_waiting_.push_back(std::move(push));  // still waiting
+        parked_.Repark(std::move(push));  // still waiting
         continue;
       }
-      Unparked(push->id);
+      parked_.Unpark(push->id);
       if (w == nullptr) {
         Fail(std::move(push),
              absl::FailedPreconditionError(
@@ -325,17 +304,11 @@ void SegmentShard::Resume(absl::Time now, Completions* ready) {
     }
     // Parked pulls the bound now allows: those needing at most one clock
     // more than the segment's (a chunk may be a clock ahead of it).
-    const uint64_t reachable = SegmentClock() + 1;
-    for (auto it = pulls_waiting_.begin(); it != pulls_waiting_.end() && it->first <= reachable;) {
-      const Waiter& pull = *it->second;
-      if (!BoundAllows(pull.clock, pull.first + pull.count)) {
-        ++it;
-        continue;
-      }
-      std::unique_ptr<Waiter> waiter = std::move(it->second);
-      it = pulls_waiting_.erase(it);
-      Unparked(waiter->id);
-      FinishPull(std::move(waiter), now, ready);
+    auto allowed = [this](const Waiter& pull) ABSL_NO_THREAD_SAFETY_ANALYSIS {  // under mu_, as Resume
+      return BoundAllows(pull.clock, pull.first + pull.count);
+    };
+    for (std::unique_ptr<Waiter>& pull : parked_.ReleasePulls(SegmentClock() + 1, allowed)) {
+      FinishPull(std::move(pull), now, ready);
     }
   }
 }

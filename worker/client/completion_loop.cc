@@ -6,7 +6,12 @@ CompletionLoop::CompletionLoop()
     : thread_([this] {
         void* tag = nullptr;
         bool ok = false;
-        while (cq_.Next(&tag, &ok)) static_cast<Handler*>(tag)->OnComplete(ok);
+        while (cq_.Next(&tag, &ok)) {
+#if defined(__SANITIZE_THREAD__)
+          __tsan_acquire(tag);  // see Tag
+#endif
+          static_cast<Handler*>(tag)->OnComplete(ok);
+        }
       }) {}
 
 CompletionLoop::~CompletionLoop() {

@@ -392,7 +392,7 @@ class GrpcClient final : public ParameterClient {
     }
     const size_t first = push.server_entries[i];
     return EncodeTensorMessage(header, v1::PushRequest::kGradientFieldNumber, tensor,
-                               SliceOf(push, push.values[i].substr((begin - first) * width, (end - first - (begin - first)) * width)));
+                               SliceOf(push, push.values[i].substr((begin - first) * width, (end - begin) * width)));
   }
 
   // Copies the values `reply` (a Response) carries for `chunk` into `dest`

@@ -102,7 +102,7 @@ void RequestStreams::BeginAttempt() {
 void RequestStreams::Arm(Timer* timer, absl::Time when) {
   timer->armed = true;
   if (timer == &watchdog_) watchdog_due_ = absl::ToChronoTime(when);
-  timer->alarm.Set(loop_->queue(), absl::ToChronoTime(when), &timer->tag);
+  timer->alarm.Set(loop_->queue(), absl::ToChronoTime(when), CompletionLoop::Tag(&timer->tag));
 }
 
 void RequestStreams::OnEvent(size_t server, Op op, bool ok) {
@@ -237,7 +237,7 @@ void RequestStreams::Open(size_t server) {
   s.started = s.broken = false;
   s.status = grpc::Status();
   s.break_cause = absl::OkStatus();
-  s.io->StartCall(&s.tags[static_cast<int>(Op::kStart)]);
+  s.io->StartCall(CompletionLoop::Tag(&s.tags[static_cast<int>(Op::kStart)]));
   s.starting = true;
 }
 
@@ -248,12 +248,12 @@ void RequestStreams::Pump(size_t server) {
   if (!s.writing && !s.unsent.empty() && s.unanswered.size() < current_->window) {
     const size_t k = s.unsent.front();
     s.unsent.pop_front();
-    s.io->Write(current_->requests[pending_[k]], &s.tags[static_cast<int>(Op::kWrite)]);
+    s.io->Write(current_->requests[pending_[k]], CompletionLoop::Tag(&s.tags[static_cast<int>(Op::kWrite)]));
     s.writing = true;
     s.unanswered.push_back(k);
   }
   if (!s.reading && !s.unanswered.empty()) {
-    s.io->Read(&s.reply, &s.tags[static_cast<int>(Op::kRead)]);
+    s.io->Read(&s.reply, CompletionLoop::Tag(&s.tags[static_cast<int>(Op::kRead)]));
     s.reading = true;
   }
 }
@@ -275,7 +275,7 @@ void RequestStreams::Break(size_t server, absl::Status cause) {
 void RequestStreams::FinishIfIdle(size_t server) {
   Stream& s = streams_[server];
   if (s.io == nullptr || !s.broken || Busy(s)) return;
-  s.io->Finish(&s.status, &s.tags[static_cast<int>(Op::kFinish)]);
+  s.io->Finish(&s.status, CompletionLoop::Tag(&s.tags[static_cast<int>(Op::kFinish)]));
   s.finishing = true;
 }
 
