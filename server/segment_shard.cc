@@ -13,13 +13,6 @@
 #include "common/staleness.h"
 
 namespace segps {
-namespace {
-
-// Ids of the placeholders a restore keeps for the ranks it expects back:
-// no registration gets one (the server hands out ids from 1).
-constexpr uint64_t kPlaceholder = 1ull << 63;
-
-}  // namespace
 
 SegmentShard::SegmentShard(const ShardOptions& options, std::vector<float> initial,
                            std::unique_ptr<Optimizer> optimizer)
@@ -31,115 +24,52 @@ SegmentShard::SegmentShard(const ShardOptions& options, std::vector<float> initi
   if (options_.balance.has_value()) planner_.emplace(options_.segment, *options_.balance);
 }
 
-void SegmentShard::SetLive(Worker* w, bool live) {
-  if (w->live == live) return;
-  w->live = live;
-  if (live) {
-    ++live_clocks_[w->next_clock];
-    ++live_;
-    if (!w->pulled) ++unpulled_[w->next_clock];
-    return;
-  }
-  auto at = live_clocks_.find(w->next_clock);
-  if (--at->second == 0) live_clocks_.erase(at);
-  --live_;
-  if (!w->pulled) {
-    auto fresh = unpulled_.find(w->next_clock);
-    if (--fresh->second == 0) unpulled_.erase(fresh);
-  }
-}
-
-void SegmentShard::MarkPulled(Worker* w) {
-  if (w->pulled) return;
-  const bool live = w->live;
-  SetLive(w, false);
-  w->pulled = true;
-  SetLive(w, live);
-}
-
 bool SegmentShard::WaitsForPeers(const Waiter& push) const {
   if (!options_.hold_for_joiners) return false;
   // The pusher itself counts as pulled (StartPush).
-  return unpulled_.count(push.clock) > 0;
+  return clocks_.AnyUnpulledAt(push.clock);
 }
 
 void SegmentShard::ExpireLeases(absl::Time now) {
   // A worker waiting on its peers is alive: its lease runs while it waits.
   for (uint64_t id : parked_.Waiting()) {
-    auto it = workers_.find(id);
-    if (it != workers_.end() && it->second.live) it->second.last_seen = now;
+    ClockTable::Worker* w = clocks_.Find(id);
+    if (w != nullptr && w->live) w->last_seen = now;
   }
-  for (auto& [id, w] : workers_) {
-    if (w.live && w.last_seen + options_.lease <= now) SetLive(&w, false);
+  for (auto& [id, w] : clocks_.workers()) {
+    if (w.live && w.last_seen + options_.lease <= now) clocks_.SetLive(&w, false);
   }
 }
 
-void SegmentShard::Erase(std::map<uint64_t, Worker>::iterator it, Completions* ready) {
-  SetLive(&it->second, false);
+ClockTable::Workers::iterator SegmentShard::Erase(ClockTable::Workers::iterator it, Completions* ready) {
   const uint64_t id = it->first;
-  workers_.erase(it);
+  auto next = clocks_.Erase(it);
   FailWaitsOf(id, ready);
-}
-
-uint64_t SegmentShard::SegmentClock() const {
-  return live_clocks_.empty() ? highest_clock_ : live_clocks_.begin()->first;
-}
-
-uint64_t SegmentShard::ClockOf(uint64_t end) const {
-  if (end == 0 || end >= options_.range.count) return SegmentClock();
-  uint64_t clock = std::numeric_limits<uint64_t>::max();
-  for (const auto& [id, w] : workers_) {
-    if (!w.live) continue;
-    // A step partly applied counts for the elements its chunks already cover.
-    clock = std::min(clock, w.next_clock + (w.applied >= end ? 1 : 0));
-  }
-  return clock == std::numeric_limits<uint64_t>::max() ? highest_clock_ : clock;
+  return next;
 }
 
 uint64_t SegmentShard::Needed(uint64_t clock) const { return ClockNeeded(clock, options_.staleness); }
 
 bool SegmentShard::BoundAllows(uint64_t clock, uint64_t end) const {
   const uint64_t needed = Needed(clock);
-  return SegmentClock() >= needed || ClockOf(end) >= needed;
-}
-
-std::string SegmentShard::Describe(uint64_t id, const Worker& w) {
-  if (id >= kPlaceholder) return absl::StrCat("rank ", w.rank, ", expected back or to start");
-  return absl::StrCat("worker ", id, " (rank ", w.rank, ")");
-}
-
-std::string SegmentShard::Laggard() const {
-  const std::pair<const uint64_t, Worker>* laggard = nullptr;
-  for (const auto& entry : workers_) {
-    if (entry.second.live && (laggard == nullptr || entry.second.next_clock < laggard->second.next_clock)) {
-      laggard = &entry;
-    }
-  }
-  return laggard == nullptr ? "no worker" : Describe(laggard->first, laggard->second);
-}
-
-std::string SegmentShard::Unpulled(uint64_t clock, uint64_t except) const {
-  for (const auto& [id, w] : workers_) {
-    if (id != except && w.live && !w.pulled && w.next_clock == clock) return Describe(id, w);
-  }
-  return "no worker";
+  return clocks_.SegmentClock() >= needed || clocks_.ClockOf(end, options_.range.count) >= needed;
 }
 
 absl::Status SegmentShard::BehindBound(uint64_t clock) const {
   return absl::UnavailableError(absl::StrCat(
-      "Pull: segment ", options_.segment, " clock ", SegmentClock(), " is below ", Needed(clock),
-      " needed for clock ", clock, " with staleness ", options_.staleness, "; waiting for ", Laggard()));
+      "Pull: segment ", options_.segment, " clock ", clocks_.SegmentClock(), " is below ", Needed(clock),
+      " needed for clock ", clock, " with staleness ", options_.staleness, "; waiting for ", clocks_.Laggard()));
 }
 
 absl::StatusOr<SegmentShard::Worker*> SegmentShard::FindLive(uint64_t id, absl::Time now,
                                                              const char* call) {
-  auto it = workers_.find(id);
-  if (it == workers_.end()) {
+  Worker* found = clocks_.Find(id);
+  if (found == nullptr) {
     return absl::NotFoundError(absl::StrCat(call, ": worker ", id, " is not registered for segment ",
                                             options_.segment, "; call Register first"));
   }
-  Worker& w = it->second;
-  if (w.live && w.last_seen + options_.lease <= now) SetLive(&w, false);
+  Worker& w = *found;
+  if (w.live && w.last_seen + options_.lease <= now) clocks_.SetLive(&w, false);
   if (!w.live) {
     return absl::FailedPreconditionError(
         absl::StrCat(call, ": worker ", id, " (segment ", options_.segment, " rank ", w.rank,
@@ -185,39 +115,38 @@ Registered SegmentShard::Register(uint64_t id, uint32_t rank, std::optional<uint
       }
     }
     // Taken before the rank's registrations go: a live one holds it back.
-    const uint64_t segment_clock = SegmentClock();
+    const uint64_t segment_clock = clocks_.SegmentClock();
     std::optional<Worker> previous;  // the rank's furthest registration, if any
-    for (auto it = workers_.begin(); it != workers_.end();) {
-      auto next = std::next(it);
-      if (it->second.rank == rank) {
-        if (!previous.has_value() || it->second.next_clock > previous->next_clock) previous = it->second;
-        if (replaced != nullptr) replaced->push_back(it->first);
-        Erase(it, &ready);
+    for (auto it = clocks_.workers().begin(); it != clocks_.workers().end();) {
+      if (it->second.rank != rank) {
+        ++it;
+        continue;
       }
-      it = next;
+      if (!previous.has_value() || it->second.next_clock > previous->next_clock) previous = it->second;
+      if (replaced != nullptr) replaced->push_back(it->first);
+      it = Erase(it, &ready);
     }
-    Worker& w = workers_[id];
+    Worker& w = clocks_.Add(id);
     w.rank = rank;
+    uint64_t clock = 0;
     if (previous.has_value()) {
       out.rank_clock = previous->next_clock;
       out.partial = previous->applied != 0;
       // Peers that moved on without it set the pace; with none left (they
       // finished) the rank still owes its own steps.
-      out.start_clock = join_clock.value_or(live_ == 0 ? previous->next_clock
-                                                       : std::max(previous->next_clock, segment_clock));
-      w.next_clock = std::max(previous->next_clock, out.start_clock);
-      w.applied = w.next_clock == previous->next_clock ? previous->applied : 0;
+      out.start_clock = join_clock.value_or(clocks_.live() == 0 ? previous->next_clock
+                                                                : std::max(previous->next_clock, segment_clock));
+      clock = std::max(previous->next_clock, out.start_clock);
+      w.applied = clock == previous->next_clock ? previous->applied : 0;
       w.step = previous->step;
     } else {
       out.start_clock = join_clock.value_or(segment_clock);
-      w.next_clock = out.start_clock;
+      clock = out.start_clock;
     }
     out.generation = generation_;
     w.last_pull_clock = out.start_clock;
     w.last_seen = now;
-    w.live = false;
-    SetLive(&w, true);
-    highest_clock_ = std::max(highest_clock_, w.next_clock);
+    clocks_.Start(&w, clock);
     Resume(now, &ready);
   }
   for (auto& complete : ready) std::move(complete)();
@@ -234,16 +163,15 @@ bool SegmentShard::Restore(const ShardState& state, std::optional<uint64_t> gene
         absl::StrCat("segment ", options_.segment, " was rolled back to its checkpoint at clock ", state.clock,
                      "; register again"));
     for (std::unique_ptr<Waiter>& waiter : parked_.ReleaseAll()) Fail(std::move(waiter), gone, &ready);
-    for (auto& [id, w] : workers_) {
-      SetLive(&w, false);
+    for (const auto& [id, w] : clocks_.workers()) {
       if (id < kPlaceholder && dropped != nullptr) dropped->push_back(id);
     }
-    workers_.clear();
+    clocks_.Reset(state.clock);
     values_ = state.values;
     optimizer_->LoadState(state.slots);
     steps_begun_ = state.steps;
     pushes_ = state.updates;
-    highest_clock_ = restored_clock_ = state.clock;
+    restored_clock_ = state.clock;
     ++generation_;
     const absl::Time now = options_.clock->Now();
     cuts_.Taken(state.clock, state.updates, now);
@@ -255,12 +183,11 @@ bool SegmentShard::Restore(const ShardState& state, std::optional<uint64_t> gene
 }
 
 void SegmentShard::AddPlaceholder(uint32_t rank, uint64_t clock, absl::Time now) {
-  Worker& w = workers_[kPlaceholder + next_placeholder_++];
+  Worker& w = clocks_.Add(kPlaceholder + next_placeholder_++);
   w.rank = rank;
-  w.next_clock = w.last_pull_clock = clock;
+  w.last_pull_clock = clock;
   w.last_seen = now;
-  SetLive(&w, true);
-  highest_clock_ = std::max(highest_clock_, clock);
+  clocks_.Start(&w, clock);
 }
 
 uint64_t SegmentShard::generation() {
@@ -269,27 +196,27 @@ uint64_t SegmentShard::generation() {
 }
 
 void SegmentShard::MaybeRebalance() {
-  if (planner_.has_value() && live_ > 0) planner_->MaybeDecide(SegmentClock());
+  if (planner_.has_value() && clocks_.live() > 0) planner_->MaybeDecide(clocks_.SegmentClock());
 }
 
 std::optional<v1::SharePlan> SegmentShard::PlanFrom(uint64_t clock) {
   MutexLock lock(&mu_);
   if (!planner_.has_value()) return std::nullopt;
   v1::SharePlan plan;
-  planner_->Fill(clock, SegmentClock(), &plan);
+  planner_->Fill(clock, clocks_.SegmentClock(), &plan);
   return plan;
 }
 
 void SegmentShard::MaybeCheckpoint(absl::Time now) {
-  if (live_ > 0 && cuts_.Due(SegmentClock(), now)) Cut(now);
+  if (clocks_.live() > 0 && cuts_.Due(clocks_.SegmentClock(), now)) Cut(now);
 }
 
 void SegmentShard::Cut(absl::Time now) {
   auto state = std::make_shared<ShardState>();
-  state->clock = SegmentClock();
+  state->clock = clocks_.SegmentClock();
   state->steps = steps_begun_;
   state->updates = pushes_;
-  for (const auto& [id, w] : workers_) {
+  for (const auto& [id, w] : clocks_.workers()) {
     if (w.live) state->ranks.push_back(w.rank);
   }
   std::sort(state->ranks.begin(), state->ranks.end());
@@ -312,7 +239,7 @@ void SegmentShard::Tick() {
       Fail(std::move(pull), std::move(behind), &ready);
     }
     for (std::unique_ptr<Waiter>& push : expired.pushes) {
-      absl::Status late = Late(workers_.at(push->id), *push);
+      absl::Status late = Late(*clocks_.Find(push->id), *push);
       Fail(std::move(push), std::move(late), &ready);
     }
     Resume(now, &ready);
@@ -345,7 +272,7 @@ std::optional<uint32_t> SegmentShard::FreeRank(uint32_t ranks) {
     const absl::Time now = options_.clock->Now();
     ExpireLeases(now);
     std::vector<bool> taken(ranks, false);
-    for (const auto& [id, w] : workers_) {
+    for (const auto& [id, w] : clocks_.workers()) {
       // A placeholder's rank is free: it waits for whichever worker takes it.
       if (w.live && id < kPlaceholder && w.rank < ranks) taken[w.rank] = true;
     }
@@ -375,12 +302,12 @@ bool SegmentShard::Leave(uint64_t id) {
   Completions ready;
   {
     MutexLock lock(&mu_);
-    auto it = workers_.find(id);
-    if (it == workers_.end()) return false;
+    auto it = clocks_.workers().find(id);
+    if (it == clocks_.workers().end()) return false;
     Erase(it, &ready);
     const absl::Time now = options_.clock->Now();
     // The segment's last worker is done: its final state is a cut too.
-    if (cuts_.enabled() && live_ == 0 && cuts_.Behind(pushes_)) Cut(now);
+    if (cuts_.enabled() && clocks_.live() == 0 && cuts_.Behind(pushes_)) Cut(now);
     Resume(now, &ready);
   }
   for (auto& complete : ready) std::move(complete)();
@@ -393,14 +320,14 @@ void SegmentShard::FillStats(v1::SegmentStats* stats,
   stats->set_segment(options_.segment);
   stats->set_offset(options_.range.offset);
   stats->set_count(options_.range.count);
-  stats->set_clock(SegmentClock());
+  stats->set_clock(clocks_.SegmentClock());
   stats->set_updates(pushes_);
   stats->set_pulls(pulls_);
   stats->set_pushes(pushes_);
   stats->set_blocked_us(absl::ToInt64Microseconds(blocked_));
   stats->set_generation(generation_);
   stats->set_restored_clock(restored_clock_);
-  for (const auto& [id, w] : workers_) {
+  for (const auto& [id, w] : clocks_.workers()) {
     v1::WorkerStats* ws = workers->Add();
     ws->set_worker_id(id < kPlaceholder ? id : 0);
     ws->set_segment(options_.segment);

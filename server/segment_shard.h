@@ -77,6 +77,7 @@
 #include "segps/v1/parameter_server.pb.h"
 #include "server/apply_pool.h"
 #include "server/checkpoint.h"
+#include "server/clock_table.h"
 #include "server/cut_policy.h"
 #include "server/optimizer.h"
 #include "server/parked_calls.h"
@@ -207,16 +208,8 @@ class SegmentShard {
   std::vector<float> Snapshot();
 
  private:
-  struct Worker {
-    uint32_t rank = 0;
-    uint64_t next_clock = 0;
-    uint64_t applied = 0;  // elements of step next_clock applied so far
-    uint64_t step = 0;     // optimizer update number of step next_clock, once begun
-    uint64_t last_pull_clock = 0;
-    absl::Time last_seen;
-    bool live = false;  // changed by SetLive only
-    bool pulled = false;  // has pulled or pushed since it registered (MarkPulled only)
-  };
+  using Worker = ClockTable::Worker;
+
 
   using Completions = std::vector<absl::AnyInvocable<void() &&>>;
 
@@ -245,9 +238,9 @@ class SegmentShard {
 
   // Marks workers whose lease ran out as not live (renewing waiting ones first).
   void ExpireLeases(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void SetLive(Worker* w, bool live) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Removes a worker, failing its parked calls.
-  void Erase(std::map<uint64_t, Worker>::iterator it, Completions* ready) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Removes a worker, failing its parked calls; the worker after it.
+  ClockTable::Workers::iterator Erase(ClockTable::Workers::iterator it, Completions* ready)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The segment clock a pull for `clock` needs under the staleness bound.
   uint64_t Needed(uint64_t clock) const;
   absl::Status BehindBound(uint64_t clock) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -267,27 +260,15 @@ class SegmentShard {
   void Cut(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Keeps `rank` at `clock`, live for one lease from `now`, until a worker registers it.
   void AddPlaceholder(uint32_t rank, uint64_t clock, absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void MarkPulled(Worker* w) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // With hold_for_joiners, whether `push` must wait for a peer that joined at its
   // clock (or a placeholder's rank) to pull that clock first, so that the
   // peer's step sees none of the clock's updates.
   bool WaitsForPeers(const Waiter& push) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Whether `push` must wait for the checkpoint cut before its clock.
   bool WaitsForCut(const Waiter& push) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Minimum next_clock of live workers; the highest clock reached when none is live.
-  uint64_t SegmentClock() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The clock elements [0, end) of the range reflect: every live worker has
-  // applied its steps below it there (a step's chunks count as they land).
-  // SegmentClock() for the whole range.
-  uint64_t ClockOf(uint64_t end) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Updates expected before live worker `id`'s gradient for `clock` lands:
   // its steps not yet applied, times the live workers.
   uint64_t UpdatesAhead(uint64_t id, uint64_t clock) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The live worker holding the segment clock back, in words (for errors).
-  std::string Laggard() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // A live worker other than `except` that has not pulled since it joined at `clock`, in words.
-  std::string Unpulled(uint64_t clock, uint64_t except) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  static std::string Describe(uint64_t id, const Worker& w);
   absl::StatusOr<Worker*> FindLive(uint64_t id, absl::Time now, const char* call)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
@@ -297,17 +278,12 @@ class SegmentShard {
   std::vector<float> values_ ABSL_GUARDED_BY(mu_);
   std::vector<float> drifted_ ABSL_GUARDED_BY(mu_);  // a lookahead pull's values
   std::unique_ptr<Optimizer> optimizer_ ABSL_GUARDED_BY(mu_);
-  std::map<uint64_t, Worker> workers_ ABSL_GUARDED_BY(mu_);
+  // The workers, their clocks and which are live.
+  ClockTable clocks_ ABSL_GUARDED_BY(mu_);
   uint64_t steps_begun_ ABSL_GUARDED_BY(mu_) = 0;
-  uint64_t highest_clock_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t pulls_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t pushes_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Duration blocked_ ABSL_GUARDED_BY(mu_);
-  // Live workers per next_clock: the segment clock is the first key.
-  std::map<uint64_t, uint32_t> live_clocks_ ABSL_GUARDED_BY(mu_);
-  // Live workers that have not pulled since they registered, per next_clock.
-  std::map<uint64_t, uint32_t> unpulled_ ABSL_GUARDED_BY(mu_);
-  uint64_t live_ ABSL_GUARDED_BY(mu_) = 0;
   // Parked pulls (and pushes' pulls) by the segment clock they need; parked pushes.
   ParkedCalls parked_ ABSL_GUARDED_BY(mu_);
   std::string draining_ ABSL_GUARDED_BY(mu_);  // why calls no longer wait, once set

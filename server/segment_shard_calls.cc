@@ -53,7 +53,7 @@ void SegmentShard::Pull(uint64_t id, uint64_t clock, uint64_t first, uint64_t co
             (*w)->next_clock, ", at most ", options_.max_clock_ahead, " may be in flight)"));
       } else {
         (*w)->last_pull_clock = clock;
-        MarkPulled(*w);
+        clocks_.MarkPulled(*w);
       }
     }
     if (valid.ok()) {
@@ -93,9 +93,9 @@ void SegmentShard::FinishPull(std::unique_ptr<Waiter> waiter, absl::Time now, Co
     optimizer_->Extrapolate(steps_begun_, ahead, waiter->first, values, absl::MakeSpan(drifted_));
     waiter->read(drifted_);
   }
-  result.clock = ClockOf(waiter->first + waiter->count);
+  result.clock = clocks_.ClockOf(waiter->first + waiter->count, options_.range.count);
   result.updates = pushes_;
-  if (planner_.has_value() && waiter->id != 0) planner_->Fill(waiter->clock, SegmentClock(), &result.plan.emplace());
+  if (planner_.has_value() && waiter->id != 0) planner_->Fill(waiter->clock, clocks_.SegmentClock(), &result.plan.emplace());
   if (waiter->pushed.has_value()) {
     PushResult pushed = *waiter->pushed;
     pushed.pulled = result;
@@ -106,8 +106,8 @@ void SegmentShard::FinishPull(std::unique_ptr<Waiter> waiter, absl::Time now, Co
 }
 
 uint64_t SegmentShard::UpdatesAhead(uint64_t id, uint64_t clock) const {
-  const uint64_t next = workers_.at(id).next_clock;
-  return clock <= next ? 0 : (clock - next) * live_;
+  const uint64_t next = clocks_.Find(id)->next_clock;
+  return clock <= next ? 0 : (clock - next) * clocks_.live();
 }
 
 void SegmentShard::Push(uint64_t id, uint64_t clock, uint64_t first, const DenseView* grad, absl::Time deadline,
@@ -146,7 +146,7 @@ void SegmentShard::StartPush(std::unique_ptr<Waiter> waiter, absl::Time now, Com
   Worker* w = *found;
   // It computed a step on something: no longer a worker that just joined
   // (two that push without pulling must not wait for each other).
-  MarkPulled(w);
+  clocks_.MarkPulled(w);
   if (AppliedBefore(*w, *waiter)) {
     return AfterPush(std::move(waiter), w, Acknowledged(*w),
                      now, ready);
@@ -187,12 +187,12 @@ absl::Status SegmentShard::Late(const Worker& w, const Waiter& push) const {
   if (w.next_clock != push.clock || w.applied != push.first) return Skipped(w, push);
   if (WaitsForCut(push)) {
     return absl::UnavailableError(absl::StrCat("Push: clock ", push.clock, " waits for the checkpoint at clock ",
-                                               cuts_.next(), ", which needs ", Laggard(), " to push clock ",
-                                               SegmentClock()));
+                                               cuts_.next(), ", which needs ", clocks_.Laggard(), " to push clock ",
+                                               clocks_.SegmentClock()));
   }
   if (WaitsForPeers(push)) {
     return absl::UnavailableError(absl::StrCat("Push: clock ", push.clock, " waits for ",
-                                               Unpulled(push.clock, push.id),
+                                               clocks_.Unpulled(push.clock, push.id),
                                                ", which joined at that clock, to pull it first"));
   }
   return Skipped(w, push);
@@ -255,14 +255,8 @@ PushResult SegmentShard::Apply(Worker* w, const Waiter& push) {
   w->applied += count;
   if (w->applied == options_.range.count) {
     ++pushes_;
-    if (w->live) {
-      auto at = live_clocks_.find(w->next_clock);
-      if (--at->second == 0) live_clocks_.erase(at);
-      ++live_clocks_[w->next_clock + 1];
-    }
-    ++w->next_clock;
+    clocks_.Advance(w);
     w->applied = 0;
-    highest_clock_ = std::max(highest_clock_, w->next_clock);
   }
   PushResult result;
   result.applied = true;
@@ -280,8 +274,8 @@ void SegmentShard::Resume(absl::Time now, Completions* ready) {
     MaybeRebalance();
     // Parked pushes whose turn has come.
     for (std::unique_ptr<Waiter>& push : parked_.TakePushes()) {
-      auto it = workers_.find(push->id);
-      Worker* w = it == workers_.end() || !it->second.live ? nullptr : &it->second;
+      Worker* w = clocks_.Find(push->id);
+      if (w != nullptr && !w->live) w = nullptr;
       const bool turn = w != nullptr && w->next_clock == push->clock && w->applied == push->first &&
                         !WaitsForCut(*push) && !WaitsForPeers(*push);
       if (w != nullptr && !turn && !AppliedBefore(*w, *push)) {
@@ -307,7 +301,7 @@ void SegmentShard::Resume(absl::Time now, Completions* ready) {
     auto allowed = [this](const Waiter& pull) ABSL_NO_THREAD_SAFETY_ANALYSIS {  // under mu_, as Resume
       return BoundAllows(pull.clock, pull.first + pull.count);
     };
-    for (std::unique_ptr<Waiter>& pull : parked_.ReleasePulls(SegmentClock() + 1, allowed)) {
+    for (std::unique_ptr<Waiter>& pull : parked_.ReleasePulls(clocks_.SegmentClock() + 1, allowed)) {
       FinishPull(std::move(pull), now, ready);
     }
   }

@@ -128,7 +128,15 @@ TEST(Metrics, ServerAndWorkerEndpointsFollowTheExpositionFormat) {
   ASSERT_TRUE(worker->WaitForLine("loss", absl::Seconds(60)).has_value()) << worker->output();
 
   const std::string worker_text = Scrape(address_of(*worker_line, "http://"));
-  const std::string server_text = Scrape(server_metrics);
+  // The server's per-worker series come from its stats, refreshed as it
+  // ticks: scraped until the worker's row is there (a slow build may see the
+  // worker's first loss before the server's next refresh).
+  std::string server_text = Scrape(server_metrics);
+  for (const absl::Time give_up = absl::Now() + absl::Seconds(30);
+       server_text.find("segps_server_worker_clock{") == std::string::npos && absl::Now() < give_up;) {
+    absl::SleepFor(absl::Milliseconds(50));
+    server_text = Scrape(server_metrics);
+  }
   std::set<std::string> worker_names = CheckExposition(worker_text);
   std::set<std::string> server_names = CheckExposition(server_text);
   for (const char* name : {"segps_worker_training_loss", "segps_worker_training_accuracy", "segps_worker_samples_per_second",
