@@ -40,6 +40,13 @@ Completion<PulledAt> AsyncClient::StartPull(uint64_t clock, absl::Span<float> de
   return pulled;
 }
 
+PulledAt AsyncClient::Pull(uint64_t clock, absl::Span<float> dest) {
+  const absl::Time start = absl::Now();
+  PulledAt result = client_->Pull(segment_, clock, dest);
+  if (metrics_ != nullptr && result.ok()) metrics_->ObservePull(absl::ToDoubleSeconds(absl::Now() - start), pull_bytes_);
+  return result;
+}
+
 absl::Status AsyncClient::StartPush(std::unique_ptr<EncodedPush> push) {
   {
     MutexLock lock(&mu_);

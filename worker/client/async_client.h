@@ -52,7 +52,7 @@ class AsyncClient {
 
   // Blocking: a pull, and a synchronous step's round (the push, after those
   // started, and the pull for its clock + 1 in the same messages).
-  PulledAt Pull(uint64_t clock, absl::Span<float> dest) { return StartPull(clock, dest).Wait(); }
+  PulledAt Pull(uint64_t clock, absl::Span<float> dest);
   PulledAt PushAndPull(std::unique_ptr<EncodedPush> push, absl::Span<float> dest);
 
  private:

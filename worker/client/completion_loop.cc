@@ -1,22 +1,71 @@
 #include "worker/client/completion_loop.h"
 
-namespace segps {
+#include <chrono>
 
-CompletionLoop::CompletionLoop()
-    : thread_([this] {
-        void* tag = nullptr;
-        bool ok = false;
-        while (cq_.Next(&tag, &ok)) {
-#if defined(__SANITIZE_THREAD__)
-          __tsan_acquire(tag);  // see Tag
-#endif
-          static_cast<Handler*>(tag)->OnComplete(ok);
-        }
-      }) {}
+namespace segps {
+namespace {
+
+// How long a poll waits before the poller looks again at whether it
+// should go on (the loop's thread: still held; a caller: its call done).
+constexpr std::chrono::milliseconds kLoopPoll(20), kCallerPoll(1);
+
+}  // namespace
+
+CompletionLoop::CompletionLoop() : thread_([this] { Loop(); }) {}
 
 CompletionLoop::~CompletionLoop() {
+  {
+    MutexLock lock(&mu_);
+    stopping_ = true;
+    changed_.SignalAll();
+  }
   cq_.Shutdown();
   thread_.join();
+}
+
+void CompletionLoop::Dispatch(void* tag, bool ok) {
+#if defined(__SANITIZE_THREAD__)
+  __tsan_acquire(tag);  // see Tag
+#endif
+  static_cast<Handler*>(tag)->OnComplete(ok);
+}
+
+void CompletionLoop::Loop() {
+  while (true) {
+    {
+      MutexLock lock(&mu_);
+      while (holds_ == 0 && !stopping_) changed_.Wait(&mu_);
+      if (stopping_) break;
+    }
+    void* tag = nullptr;
+    bool ok = false;
+    const auto status = cq_.AsyncNext(&tag, &ok, std::chrono::system_clock::now() + kLoopPoll);
+    if (status == grpc::CompletionQueue::SHUTDOWN) return;
+    if (status == grpc::CompletionQueue::GOT_EVENT) Dispatch(tag, ok);
+  }
+  void* tag = nullptr;
+  bool ok = false;
+  while (cq_.Next(&tag, &ok)) Dispatch(tag, ok);
+}
+
+void CompletionLoop::Hold() {
+  MutexLock lock(&mu_);
+  if (holds_++ == 0) changed_.SignalAll();
+}
+
+void CompletionLoop::Release() {
+  MutexLock lock(&mu_);
+  --holds_;
+}
+
+void CompletionLoop::Drive(absl::FunctionRef<bool()> done) {
+  while (!done()) {
+    void* tag = nullptr;
+    bool ok = false;
+    const auto status = cq_.AsyncNext(&tag, &ok, std::chrono::system_clock::now() + kCallerPoll);
+    if (status == grpc::CompletionQueue::SHUTDOWN) return;
+    if (status == grpc::CompletionQueue::GOT_EVENT) Dispatch(tag, ok);
+  }
 }
 
 }  // namespace segps

@@ -171,6 +171,13 @@ class GrpcClient final : public ParameterClient {
   }
 
   Completion<PulledAt> StartPull(int segment, uint64_t clock, absl::Span<float> dest) override {
+    return PullOn(segment, clock, dest, false);
+  }
+  PulledAt Pull(int segment, uint64_t clock, absl::Span<float> dest) override {
+    return Driven(PullOn(segment, clock, dest, true));
+  }
+
+  Completion<PulledAt> PullOn(int segment, uint64_t clock, absl::Span<float> dest, bool caller_drives) {
     if (segment < 0 || segment >= map_.num_segments() || dest.size() != map_.segment_size(segment)) {
       return Completion<PulledAt>::Done(
           absl::InvalidArgumentError("Pull: no such segment, or the destination size does not match it"));
@@ -200,6 +207,7 @@ class GrpcClient final : public ParameterClient {
       }
     }
     exchange->call = "Pull";
+    exchange->caller_drives = caller_drives;
     exchange->window = kChunksInFlight;
     exchange->patience = pull_wait_ + rpc_deadline_;
     exchange->budget = pull_wait_ * 6 + rpc_deadline_;
@@ -218,12 +226,18 @@ class GrpcClient final : public ParameterClient {
 
   Completion<absl::Status> StartSend(std::shared_ptr<const EncodedPush> push) override {
     Completion<absl::Status> sent;
-    SendChunks(std::move(push), {}).OnDone([sent](const PulledAt& r) { sent.Set(r.status()); });
+    SendChunks(std::move(push), {}, false).OnDone([sent](const PulledAt& r) { sent.Set(r.status()); });
     return sent;
+  }
+  absl::Status Send(std::shared_ptr<const EncodedPush> push) override {
+    return Driven(SendChunks(std::move(push), {}, true)).status();
   }
 
   Completion<PulledAt> StartSendAndPull(std::shared_ptr<const EncodedPush> push, absl::Span<float> dest) override {
-    return SendChunks(std::move(push), dest);
+    return SendChunks(std::move(push), dest, false);
+  }
+  PulledAt SendAndPull(std::shared_ptr<const EncodedPush> push, absl::Span<float> dest) override {
+    return Driven(SendChunks(std::move(push), dest, true));
   }
 
   std::optional<std::vector<uint32_t>> Shares(int segment, uint64_t clock) override {
@@ -298,6 +312,13 @@ class GrpcClient final : public ParameterClient {
   // Starts the call to server i on `cq`, with Call::Start.
   using StartCall = std::function<void(size_t, grpc::ClientContext*, grpc::CompletionQueue*, Call*)>;
 
+  // The result of a call the calling thread waits for, driving the queue
+  // meanwhile: its replies are handled here, without a hand-off.
+  PulledAt Driven(const Completion<PulledAt>& call) {
+    loop_.Drive([&call] { return call.done(); });
+    return call.Wait();
+  }
+
   // Where an exchange's replies land: the values of each chunk (request
   // j) in `dest`, the least clock they reflect, server 0's share plan.
   struct Landing {
@@ -334,7 +355,8 @@ class GrpcClient final : public ParameterClient {
   // Pushes every chunk of every server's range; with a destination, each
   // chunk's message also pulls that chunk for the push's clock + 1 into it,
   // and the clock the values reflect comes back.
-  Completion<PulledAt> SendChunks(std::shared_ptr<const EncodedPush> push, absl::Span<float> pull_into) {
+  Completion<PulledAt> SendChunks(std::shared_ptr<const EncodedPush> push, absl::Span<float> pull_into,
+                                  bool caller_drives) {
     const bool pull = !pull_into.empty();
     if (push->segment < 0 || push->segment >= map_.num_segments() || push->values.size() != stubs_.size() ||
         (pull && pull_into.size() != map_.segment_size(push->segment))) {
@@ -352,6 +374,7 @@ class GrpcClient final : public ParameterClient {
     }
     const absl::Duration wait = pull ? pull_wait_ : absl::ZeroDuration();
     exchange->call = "Push";
+    exchange->caller_drives = caller_drives;
     exchange->window = kChunksInFlight;
     exchange->patience = wait + rpc_deadline_;
     exchange->budget = wait * 6 + rpc_deadline_ * 2;

@@ -94,12 +94,13 @@ class ParameterClient {
   virtual Completion<PulledAt> StartSendAndPull(std::shared_ptr<const EncodedPush> push,
                                                   absl::Span<float> dest) = 0;
 
-  // The same, waiting for the result.
-  PulledAt Pull(int segment, uint64_t clock, absl::Span<float> dest) {
+  // The same, waiting for the result (a client may drive its calls on the
+  // waiting thread meanwhile).
+  virtual PulledAt Pull(int segment, uint64_t clock, absl::Span<float> dest) {
     return StartPull(segment, clock, dest).Wait();
   }
-  absl::Status Send(std::shared_ptr<const EncodedPush> push) { return StartSend(std::move(push)).Wait(); }
-  PulledAt SendAndPull(std::shared_ptr<const EncodedPush> push, absl::Span<float> dest) {
+  virtual absl::Status Send(std::shared_ptr<const EncodedPush> push) { return StartSend(std::move(push)).Wait(); }
+  virtual PulledAt SendAndPull(std::shared_ptr<const EncodedPush> push, absl::Span<float> dest) {
     return StartSendAndPull(std::move(push), dest).Wait();
   }
 

@@ -34,6 +34,7 @@ RequestStreams::RequestStreams(CompletionLoop* loop, const std::vector<std::shar
 }
 
 RequestStreams::~RequestStreams() {
+  loop_->Hold();  // closing takes the streams' last completions
   std::vector<Callback> callbacks;
   bool closed;
   {
@@ -44,6 +45,7 @@ RequestStreams::~RequestStreams() {
   }
   RunCallbacks(std::move(callbacks), closed);
   closed_.Wait();
+  loop_->Release();
 }
 
 // The caller's thread starts the exchange when the streams are idle: its
@@ -56,6 +58,7 @@ void RequestStreams::Start(std::unique_ptr<Exchange> exchange) {
       callbacks_.push_back(
           {std::move(exchange->done), absl::CancelledError(absl::StrCat(exchange->call, ": the client is closing"))});
     } else {
+      if (!exchange->caller_drives) loop_->Hold();
       queue_.push_back(std::move(exchange));
       Next();
     }
@@ -65,7 +68,10 @@ void RequestStreams::Start(std::unique_ptr<Exchange> exchange) {
 }
 
 void RequestStreams::RunCallbacks(std::vector<Callback> callbacks, bool closed) {
-  for (Callback& c : callbacks) std::move(c.done)(std::move(c.status));
+  for (Callback& c : callbacks) {
+    std::move(c.done)(std::move(c.status));
+    if (c.release) loop_->Release();
+  }
   if (closed) closed_.CountDown();
 }
 
@@ -197,7 +203,7 @@ void RequestStreams::EndAttempt() {
 }
 
 void RequestStreams::Complete(absl::Status status) {
-  callbacks_.push_back({std::move(current_->done), std::move(status)});
+  callbacks_.push_back({std::move(current_->done), std::move(status), !current_->caller_drives});
   current_.reset();
   if (!closing_) Next();
 }
@@ -210,8 +216,9 @@ absl::Status RequestStreams::Annotate(const absl::Status& status, size_t server)
 void RequestStreams::Close() {
   closing_ = true;
   for (std::unique_ptr<Exchange>& queued : queue_) {
-    callbacks_.push_back(
-        {std::move(queued->done), absl::CancelledError(absl::StrCat(queued->call, ": the client is closing"))});
+    callbacks_.push_back({std::move(queued->done),
+                          absl::CancelledError(absl::StrCat(queued->call, ": the client is closing")),
+                          !queued->caller_drives});
   }
   queue_.clear();
   for (size_t i = 0; i < streams_.size(); ++i) {

@@ -67,9 +67,12 @@ class RequestStreams {
     absl::Duration patience, budget;
     // Each reply, in the order the requests were written per server, on the loop's thread.
     std::function<absl::Status(size_t request, grpc::ByteBuffer* reply)> take;
-    // Once, on the loop's thread: OK, or the failure that ended the
-    // exchange, naming its server and `call`.
+    // Once, on the thread driving the queue: OK, or the failure that ended
+    // the exchange, naming its server and `call`.
     absl::AnyInvocable<void(absl::Status) &&> done;
+    // The caller waits for it, driving the queue (CompletionLoop::Drive);
+    // otherwise the loop's thread is held while it runs.
+    bool caller_drives = false;
   };
 
   // Streams of the bidirectional method `method` (a path, e.g.
@@ -116,6 +119,7 @@ class RequestStreams {
   struct Callback {
     absl::AnyInvocable<void(absl::Status) &&> done;
     absl::Status status;
+    bool release = false;  // the loop's thread was held for the exchange
   };
   void OnEvent(size_t server, Op op, bool ok);
   // Runs the callbacks of the exchanges that finished, then, if the streams
