@@ -6,7 +6,7 @@
 // push failure that stops further pushes, and the bookkeeping.
 //
 // Thread safety: meant for one training thread; completions arrive on the
-// client's thread.
+// thread driving the client's queue.
 #ifndef SEGPS_WORKER_CLIENT_ASYNC_CLIENT_H_
 #define SEGPS_WORKER_CLIENT_ASYNC_CLIENT_H_
 

@@ -1,6 +1,6 @@
 // The result of a call started without waiting for it: a worker's pulls and
-// pushes return one at once and complete on the client's completion-queue
-// thread while the caller computes. Copies share the result.
+// pushes return one at once and complete on the thread driving the client's
+// completion queue while the caller computes. Copies share the result.
 //
 // Thread safety: any thread may wait, poll or add a callback; the result is
 // set once.

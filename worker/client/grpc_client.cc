@@ -1,10 +1,10 @@
 // ParameterClient over gRPC. Each request goes to every server at once.
 // Pushes and pulls go as messages on streams, one per server for each, that
-// stay open (worker/client/request_streams.h), driven by the client's one
-// completion-queue thread (completion_loop.h): a call returns a completion
-// at once, and the caller's thread never waits inside gRPC. The control
-// calls (heartbeat, leave, stats) are unary, from a queue the calling
-// thread drives. Pull replies and push requests travel as raw byte buffers
+// stay open (worker/client/request_streams.h), on the client's completion
+// queue (completion_loop.h): a Start call returns a completion at once and
+// the queue's thread drives it; a blocking call drives the queue on the
+// waiting thread. The control calls (heartbeat, leave, stats) are unary,
+// from a queue the calling thread drives. Pull replies and push requests travel as raw byte buffers
 // (common/tensor_wire_grpc.h): a gradient is copied once, into the buffer gRPC
 // sends from, and pulled values once, from the received slices into the
 // caller's tensor. Ranges larger than cluster.chunk_bytes go in consecutive

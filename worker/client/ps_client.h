@@ -9,7 +9,8 @@
 //
 // Thread safety: the tensor calls and Heartbeat may be made from any
 // thread; Register and Leave must not overlap other calls. A pull's or
-// push's completion is set on the client's own thread.
+// push's completion is set on whichever thread drives the client's queue
+// (its own, or one waiting in a blocking call).
 #ifndef SEGPS_WORKER_CLIENT_PS_CLIENT_H_
 #define SEGPS_WORKER_CLIENT_PS_CLIENT_H_
 
