@@ -12,15 +12,7 @@ namespace {
 
 // Loops are written over raw pointers with restrict so that the compiler
 // vectorises them: the server's speed is memory bandwidth. The update
-// kernels are also compiled for AVX2 and picked at run time, so one binary
-// runs everywhere and uses 8-wide sqrt and divide where the CPU has them.
-// Not under ThreadSanitizer: the loader runs the clones' resolver before the
-// sanitizer's runtime is up.
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_THREAD__)
-#define SEGPS_VECTOR_CLONES __attribute__((target_clones("avx2", "default")))
-#else
-#define SEGPS_VECTOR_CLONES
-#endif
+// kernels are SEGPS_VECTOR_CLONES (optimizer.h).
 
 SEGPS_VECTOR_CLONES void SgdKernel(float* __restrict w, const float* __restrict g, size_t n, float lr, float wd) {
   for (size_t i = 0; i < n; ++i) w[i] -= lr * (g[i] + wd * w[i]);

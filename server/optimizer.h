@@ -18,6 +18,17 @@
 #include "absl/types/span.h"
 #include "segps/v1/config.pb.h"
 
+// On an update kernel: also compiled for AVX2 and picked at run time, so
+// one binary runs everywhere and uses 8-wide sqrt and divide where the CPU
+// has them (the apply bench compiles its memory-bound loops the same way).
+// Not under ThreadSanitizer: the loader runs the clones' resolver before the
+// sanitizer's runtime is up.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_THREAD__)
+#define SEGPS_VECTOR_CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define SEGPS_VECTOR_CLONES
+#endif
+
 namespace segps {
 
 class Optimizer {

@@ -19,7 +19,6 @@
 #include <fstream>
 #include <iostream>
 #include <thread>
-#include <tuple>
 #include <vector>
 
 #include "absl/flags/flag.h"
@@ -70,13 +69,8 @@ double LastLevelCacheBytes() {
 }
 
 // The traffic of the optimizers' kernels (server/optimizer.cc) with next to no
-// arithmetic, compiled the same way: SGD's two streams, and Adam's three (its
-// moments interleaved, m0 v0 m1 v1 ...).
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_THREAD__)
-#define SEGPS_VECTOR_CLONES __attribute__((target_clones("avx2", "default")))
-#else
-#define SEGPS_VECTOR_CLONES
-#endif
+// arithmetic, compiled the same way (SEGPS_VECTOR_CLONES): SGD's two streams,
+// and Adam's three (its moments interleaved, m0 v0 m1 v1 ...).
 SEGPS_VECTOR_CLONES void SgdTraffic(float* __restrict w, const float* __restrict g, size_t n) {
   for (size_t i = 0; i < n; ++i) w[i] += 0.5f * g[i];
 }

@@ -181,9 +181,13 @@ Result RunEchoStream(const std::string& address, pid_t pid, size_t bytes, double
       }
       return at == bytes ? absl::OkStatus() : absl::InternalError("short reply");
     };
+    // Waited for on this thread, which drives the queue meanwhile, as a
+    // synchronous round of segps's client does.
+    exchange->caller_drives = true;
     Completion<absl::Status> done;
     exchange->done = [done](absl::Status status) { done.Set(std::move(status)); };
     streams.Start(std::move(exchange));
+    loop.Drive([&done] { return done.done(); });
     if (!done.Wait().ok()) break;
     rounds.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
   }

@@ -248,6 +248,33 @@ TEST(WorkerInProcess, Float16PullOfParametersBeyondItsRangeFails) {
   EXPECT_NE(std::string(status.message()).find("holds magnitudes up to 65504"), std::string::npos) << status;
 }
 
+// A push encoded for other servers (another shard map) is refused by the
+// client that is asked to send it, naming why, before anything is sent: it
+// reads no byte past the push's parts and applies nothing.
+TEST(WorkerInProcess, APushEncodedForOtherServersIsRefusedBeforeItIsSent) {
+  v1::JobConfig config = SeedConfig(1);
+  config.mutable_cluster()->set_num_servers(1);
+  InProcessCluster cluster(config);
+  std::unique_ptr<ParameterClient> client = *ConnectGrpc(config, cluster.addresses());
+  ASSERT_TRUE(client->Register(0, 0).ok());
+  const std::vector<float> before = cluster.Parameters(0);
+  const size_t n = before.size();
+  absl::StatusOr<ShardMap> two = ShardMap::Create(config.model(), 2);
+  ASSERT_TRUE(two.ok()) << two.status();
+  absl::Status status = client->Send(EncodeDense(*two, v1::FLOAT32, 0, 0, std::vector<float>(n, 0.5f)));
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+  EXPECT_NE(std::string(status.message()).find("not encoded for these servers"), std::string::npos) << status;
+  // One server's part cut short: the sizes are checked, not only the count.
+  std::unique_ptr<EncodedPush> shortened =
+      EncodeDense(*ShardMap::Create(config.model(), 1), v1::FLOAT32, 0, 0, std::vector<float>(n, 0.5f));
+  shortened->values[0].remove_suffix(4);
+  status = client->Send(std::move(shortened));
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+  EXPECT_NE(std::string(status.message()).find("server 0's part has"), std::string::npos) << status;
+  EXPECT_EQ(cluster.Parameters(0), before);
+  EXPECT_TRUE(client->Send(client->Encode(0, 0, std::vector<float>(n, 0.5f))).ok());
+}
+
 // A push the server rejects ends that server's push stream: the error names
 // the element, nothing is applied, and the next push opens a new stream.
 TEST(WorkerInProcess, RejectedPushIsNamedAndTheNextPushGoesThrough) {

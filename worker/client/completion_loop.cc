@@ -6,8 +6,12 @@ namespace segps {
 namespace {
 
 // How long a poll waits before the poller looks again at whether it
-// should go on (the loop's thread: still held; a caller: its call done).
-constexpr std::chrono::milliseconds kLoopPoll(20), kCallerPoll(1);
+// should go on: the loop's thread, whether it is still held; a caller,
+// whether its call is done. A caller's reply may be taken by the loop's
+// thread while that polls too (held), so the caller looks again soon; alone
+// on the queue, the reply comes to the caller and a longer wait costs
+// nothing but a few wake-ups a second while its call waits on the bound.
+constexpr std::chrono::milliseconds kLoopPoll(20), kCallerPollShared(1), kCallerPollAlone(10);
 
 }  // namespace
 
@@ -60,9 +64,15 @@ void CompletionLoop::Release() {
 
 void CompletionLoop::Drive(absl::FunctionRef<bool()> done) {
   while (!done()) {
+    bool shared;
+    {
+      MutexLock lock(&mu_);
+      shared = holds_ > 0;
+    }
     void* tag = nullptr;
     bool ok = false;
-    const auto status = cq_.AsyncNext(&tag, &ok, std::chrono::system_clock::now() + kCallerPoll);
+    const auto status = cq_.AsyncNext(&tag, &ok,
+                                      std::chrono::system_clock::now() + (shared ? kCallerPollShared : kCallerPollAlone));
     if (status == grpc::CompletionQueue::SHUTDOWN) return;
     if (status == grpc::CompletionQueue::GOT_EVENT) Dispatch(tag, ok);
   }

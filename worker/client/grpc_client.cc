@@ -358,10 +358,10 @@ class GrpcClient final : public ParameterClient {
   Completion<PulledAt> SendChunks(std::shared_ptr<const EncodedPush> push, absl::Span<float> pull_into,
                                   bool caller_drives) {
     const bool pull = !pull_into.empty();
-    if (push->segment < 0 || push->segment >= map_.num_segments() || push->values.size() != stubs_.size() ||
-        (pull && pull_into.size() != map_.segment_size(push->segment))) {
-      return Completion<PulledAt>::Done(absl::InvalidArgumentError(
-          "Push: not encoded for these servers, or the destination size does not match the segment"));
+    if (absl::Status fits = FitsTheseServers(*push); !fits.ok()) return Completion<PulledAt>::Done(fits);
+    if (pull && pull_into.size() != map_.segment_size(push->segment)) {
+      return Completion<PulledAt>::Done(
+          absl::InvalidArgumentError("SendAndPull: the destination size does not match the segment"));
     }
     auto exchange = std::make_unique<RequestStreams::Exchange>();
     auto landing = std::make_shared<Landing>(pull_into, push->segment);
@@ -380,6 +380,32 @@ class GrpcClient final : public ParameterClient {
     exchange->budget = wait * 6 + rpc_deadline_ * 2;
     return Run<v1::PushResponse>(push_streams_.get(), std::move(exchange), landing,
                                  v1::PushResponse::kValuesFieldNumber);
+  }
+
+  // Whether `push` was encoded for these servers (EncodeDense or
+  // EncodeSparse over this client's shard map), so that every chunk's bytes
+  // are where PushMessage takes them from.
+  absl::Status FitsTheseServers(const EncodedPush& push) const {
+    auto refuse = [&](absl::string_view why) {
+      return absl::InvalidArgumentError(absl::StrCat("Push of clock ", push.clock, ": ", why));
+    };
+    if (push.segment < 0 || push.segment >= map_.num_segments()) return refuse("no such segment");
+    if (push.values.size() != stubs_.size() || DTypeBytes(push.dtype) == 0) {
+      return refuse("not encoded for these servers");
+    }
+    if (push.sparse && (push.server_entries.size() != stubs_.size() + 1 ||
+                        push.server_entries.back() != push.indices.size())) {
+      return refuse("its sparse entries are not split by these servers");
+    }
+    for (size_t i = 0; i < stubs_.size(); ++i) {
+      const uint64_t elements = push.sparse ? push.server_entries[i + 1] - push.server_entries[i]
+                                            : map_.range(push.segment, static_cast<uint32_t>(i)).count;
+      if (push.values[i].size() != elements * DTypeBytes(push.dtype)) {
+        return refuse(absl::StrCat("server ", i, "'s part has ", push.values[i].size(), " bytes, not ", elements,
+                                   " elements of ", v1::DType_Name(push.dtype)));
+      }
+    }
+    return absl::OkStatus();
   }
 
   // The message pushing `chunk` of server i's range.

@@ -94,7 +94,7 @@ void RequestStreams::BeginAttempt() {
   const absl::Time due = progress_ + current_->patience;
   if (!watchdog_.armed) {
     Arm(&watchdog_, due);
-  } else if (absl::FromChrono(watchdog_due_) > due) {
+  } else if (watchdog_due_ > due) {
     watchdog_.alarm.Cancel();  // fires at once; OnWatchdog sets it for this attempt
   }
   for (size_t i = 0; i < streams_.size(); ++i) {
@@ -107,7 +107,7 @@ void RequestStreams::BeginAttempt() {
 
 void RequestStreams::Arm(Timer* timer, absl::Time when) {
   timer->armed = true;
-  if (timer == &watchdog_) watchdog_due_ = absl::ToChronoTime(when);
+  if (timer == &watchdog_) watchdog_due_ = when;
   timer->alarm.Set(loop_->queue(), absl::ToChronoTime(when), CompletionLoop::Tag(&timer->tag));
 }
 

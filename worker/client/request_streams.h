@@ -25,7 +25,6 @@
 #include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
 
-#include <chrono>
 #include <deque>
 #include <functional>
 #include <memory>
@@ -171,7 +170,7 @@ class RequestStreams {
   absl::Time progress_ ABSL_GUARDED_BY(mu_);  // the attempt's last event
   Timer watchdog_ ABSL_GUARDED_BY(mu_);
   Timer retry_ ABSL_GUARDED_BY(mu_);
-  std::chrono::system_clock::time_point watchdog_due_ ABSL_GUARDED_BY(mu_);
+  absl::Time watchdog_due_ ABSL_GUARDED_BY(mu_);  // when the watchdog, if armed, fires
   std::vector<Callback> callbacks_ ABSL_GUARDED_BY(mu_);  // callbacks to run once unlocked
   Latch closed_{1};
 };

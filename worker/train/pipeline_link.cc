@@ -293,6 +293,7 @@ class DownstreamImpl final : public Downstream {
 
   absl::Status Send(uint64_t clock, uint32_t micro_batch, uint32_t batch_rows, absl::Span<const float> values,
                     absl::Span<const int32_t> labels) override {
+    if (stream_ == nullptr) return Ended("went away");  // it ended before
     const uint32_t rows = static_cast<uint32_t>(labels.size());
     v1::Activations message;
     message.set_model_fingerprint(fingerprint_);
@@ -329,7 +330,7 @@ class DownstreamImpl final : public Downstream {
     message.set_stage(static_cast<uint32_t>(stage_));
     message.set_replica(replica_);
     message.set_done(true);
-    if (!stream_->Write(message) || !stream_->WritesDone()) return Ended("went away");
+    if (stream_ == nullptr || !stream_->Write(message) || !stream_->WritesDone()) return Ended("went away");
     reader_.join();
     const grpc::Status status = stream_->Finish();
     stream_ = nullptr;
