@@ -136,7 +136,10 @@ Registered SegmentShard::Register(uint64_t id, uint32_t rank, std::optional<uint
       // finished) the rank still owes its own steps.
       out.start_clock = join_clock.value_or(clocks_.live() == 0 ? previous->next_clock
                                                                 : std::max(previous->next_clock, segment_clock));
-      clock = std::max(previous->next_clock, out.start_clock);
+      // Only a clock the servers agreed on (join_clock) moves the rank on:
+      // a proposal recorded here would skip, on this server alone, steps
+      // that another applied.
+      clock = std::max(previous->next_clock, join_clock.value_or(0));
       w.applied = clock == previous->next_clock ? previous->applied : 0;
       w.step = previous->step;
     } else {
@@ -144,7 +147,9 @@ Registered SegmentShard::Register(uint64_t id, uint32_t rank, std::optional<uint
       clock = out.start_clock;
     }
     out.generation = generation_;
-    w.last_pull_clock = out.start_clock;
+    // It may pull from its start, or from its own clock while the start is
+    // only proposed.
+    w.last_pull_clock = std::min(out.start_clock, clock);
     w.last_seen = now;
     clocks_.Start(&w, clock);
     Resume(now, &ready);

@@ -144,9 +144,12 @@ class SegmentShard {
   // that rank (their ids go to `replaced`). Returns the clock the worker
   // starts at: `join_clock` if given, else the segment clock, or the rank's
   // own next clock if the shard knew the rank and it is further (or no
-  // other worker is live: peers that finished do not skip its steps). A
-  // join_clock below the rank's clock only lets the worker pull from there:
-  // its pushes below the rank's clock are acknowledged, not applied again.
+  // other worker is live: peers that finished do not skip its steps).
+  // Without a join_clock that start is a proposal: a rank the shard knew
+  // stays at its own clock until a registration with join_clock (the
+  // servers' agreement) moves it. A join_clock below the rank's clock only
+  // lets the worker pull from there: its pushes below the rank's clock are
+  // acknowledged, not applied again.
   Registered Register(uint64_t id, uint32_t rank, std::optional<uint64_t> join_clock,
                       std::vector<uint64_t>* replaced = nullptr);
 

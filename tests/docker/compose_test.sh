@@ -27,7 +27,18 @@ fi
 if docker compose version > /dev/null 2>&1; then compose=(docker compose); else compose=(docker-compose); fi
 project="segpstest$$"
 image="segps:test$$"
-fail() { echo "FAIL: $*"; exit 1; }
+# To stderr: fail is called inside $(finish) too, whose stdout is captured.
+fail() { echo "FAIL: $*" >&2; exit 1; }
+# logs SERVICE...: the last lines of each service's containers, for a failure.
+logs() {
+  local s c
+  for s in "$@"; do
+    for c in $("${compose[@]}" -p "$project" ps -a -q "$s"); do
+      echo "-- $s ($c):" >&2
+      docker logs "$c" 2>&1 | tail -n 15 >&2
+    done
+  done
+}
 down() { "${compose[@]}" -p "$project" --profile monitoring --profile chain down -v --remove-orphans > /dev/null 2>&1; }
 long=""
 certs=$(mktemp -d /tmp/segps-certs.XXXXXX)
@@ -64,7 +75,10 @@ finish() {
   eval_id=$(cid eval)
   [ -n "$eval_id" ] || fail "no eval container"
   local code
-  code=$(timeout 600 docker wait "$eval_id") || fail "evaluation did not finish in 600 s"
+  code=$(timeout 600 docker wait "$eval_id") || {
+    logs server0 server1 worker-seg0 worker-seg1 $stages eval
+    fail "evaluation did not finish in 600 s"
+  }
   docker logs "$eval_id" 2>&1 | grep -E "segment|ENSEMBLE|chance" >&2
   [ "$code" = "0" ] || { docker logs "$eval_id" >&2; fail "evaluation exited $code"; }
   docker logs "$eval_id" 2>&1 | sed -n 's/^ENSEMBLE.* accuracy *\([0-9.]*\)%.*/\1/p'

@@ -284,6 +284,43 @@ TEST(Membership, APushThatReachedOneServerIsAgreedOn) {
   }
 }
 
+// Both servers end with the same updates: every server's clock and count
+// for `segment` equal, workers x kClocks.
+void ExpectServersAgree(Cluster& cluster, int segment) {
+  const uint64_t ranks = cluster.config().model().segments(segment).workers();
+  for (size_t i = 0; i < 2; ++i) {
+    const v1::SegmentStats stats = cluster.Stats(i, segment);
+    EXPECT_EQ(stats.clock(), kClocks) << "server " << i;
+    EXPECT_EQ(stats.updates(), ranks * kClocks) << "server " << i << " lost or repeated a (worker, clock)";
+  }
+}
+
+// Server 1 paused past the lease while both workers of a segment pushed a
+// clock to server 0 only; one worker rejoins and moves on alone, then the
+// other rejoins behind it. Its registration with server 1 must not jump to
+// its peer's clock before the servers agreed where it continues: that
+// skipped, on server 1 only, steps that server 0 applied.
+TEST(Membership, AWorkerRejoiningBehindAPeerThatMovedOnKeepsTheServersAgreeing) {
+  Cluster cluster(/*checkpoints=*/false);
+  Worker a(&cluster, 1, 0), b(&cluster, 1, 1);
+  ASSERT_TRUE(a.Join().ok());
+  ASSERT_TRUE(b.Join().ok());
+  for (int c = 0; c < 6; ++c) {
+    ASSERT_TRUE(a.Push().ok());
+    ASSERT_TRUE(b.Push().ok());
+  }
+  ASSERT_TRUE(a.Push({0}).ok());  // clock 6 reaches server 0 only: server 1 is paused
+  ASSERT_TRUE(b.Push({0}).ok());
+  cluster.Advance(absl::Seconds(2), /*paused=*/1);  // past the lease
+  ASSERT_TRUE(a.Rejoin().ok());
+  EXPECT_EQ(a.next(), 6u) << "server 1 never applied clock 6";
+  for (int c = 0; c < 3; ++c) ASSERT_TRUE(a.Push().ok());  // alone, a moves on to clock 9
+  ASSERT_TRUE(b.Rejoin().ok());
+  EXPECT_EQ(b.next(), 6u) << "b continues where server 1 has it, not where its peer is";
+  TrainToEnd({&a, &b});
+  ExpectServersAgree(cluster, 1);
+}
+
 TEST(Membership, TwoWorkersRecoveringAtOnceAgree) {
   Cluster cluster(/*checkpoints=*/true);
   Worker a(&cluster, 1, 0), b(&cluster, 1, 1);

@@ -240,8 +240,15 @@ TEST_F(SegmentShardTest, ExpiredLeaseStopsHoldingOthersBackAndRejoinCatchesUp) {
   EXPECT_EQ(late.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_NE(std::string(late.status().message()).find("register again"), std::string::npos);
   EXPECT_EQ(shard->Snapshot()[0], -1.0f);
-  EXPECT_EQ(shard->Register(3, 1, std::nullopt).start_clock, 1u);  // rejoins at its live peer's clock
-  ASSERT_TRUE(Done(Push(*shard, 3, 1, Soon())).ok());
+  // Rejoining, it is proposed its live peer's clock but stays at its own
+  // until the servers agree (the registration with join_clock)...
+  const Registered proposed = shard->Register(3, 1, std::nullopt);
+  EXPECT_EQ(proposed.start_clock, 1u);
+  EXPECT_EQ(proposed.rank_clock, std::optional<uint64_t>(0));
+  EXPECT_TRUE(Done(Push(*shard, 3, 0, Soon())).ok()) << "its own clock 0 is still open";
+  // ... then catches up with its peer.
+  EXPECT_EQ(shard->Register(4, 1, 1).start_clock, 1u);
+  ASSERT_TRUE(Done(Push(*shard, 4, 1, Soon())).ok());
 }
 
 // A worker waiting on its peers makes no call, yet it is alive.

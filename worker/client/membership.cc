@@ -48,7 +48,9 @@ absl::StatusOr<Registration> Membership::Register(int segment, std::optional<uin
     const uint64_t start = **aligned;
     request.set_join_clock(start);
     for (size_t i = 0; i < servers_.size(); ++i) {
-      if (responses[i].start_clock() != start) SEGPS_RETURN_IF_ERROR(RegisterWith(i, request, &responses[i]));
+      // A server that knew the rank keeps it at its own clock until told.
+      const uint64_t held = responses[i].has_rank_clock() ? responses[i].rank_clock() : responses[i].start_clock();
+      if (held != start) SEGPS_RETURN_IF_ERROR(RegisterWith(i, request, &responses[i]));
       incarnations_[i] = responses[i].incarnation();
     }
     if (plan != nullptr) *plan = responses[0].plan();
