@@ -84,7 +84,7 @@ finish() {
   docker logs "$eval_id" 2>&1 | sed -n 's/^ENSEMBLE.* accuracy *\([0-9.]*\)%.*/\1/p'
 }
 
-echo "== round 1: the walk-through (random labels: chance accuracy expected)"
+echo "== $(date -u +%T) round 1: the walk-through (random labels: chance accuracy expected)"
 up ./configs/seed.pbtxt 1
 acc=$(finish) || exit 1
 awk -v a="$acc" 'BEGIN { exit !(a > 5 && a < 16) }' || fail "seed ensemble accuracy $acc% outside (5, 16)"
@@ -100,7 +100,7 @@ fi
 echo "servers healthy over mutual TLS with tokens; a plaintext client is refused"
 down
 
-echo "== round 2: the teacher config, 2 workers per segment, with the monitoring profile"
+echo "== $(date -u +%T) round 2: the teacher config, 2 workers per segment, with the monitoring profile"
 up ./configs/teacher.pbtxt 2 --profile monitoring
 acc=$(finish) || exit 1
 awk -v a="$acc" 'BEGIN { exit !(a > 90) }' || fail "teacher ensemble accuracy $acc% not above 90"
@@ -119,7 +119,7 @@ echo "prometheus scraped both servers"
 "${compose[@]}" -p "$project" --profile monitoring down -v > /dev/null 2>&1
 down
 
-echo "== round 3: teacher again (30 epochs, so that the kills land mid-run), a worker container and a server killed"
+echo "== $(date -u +%T) round 3: teacher again (30 epochs, so that the kills land mid-run), a worker container and a server killed"
 long=$(mktemp /tmp/segps-teacher-long.XXXXXX)
 sed 's/epochs: 6 /epochs: 30 /' configs/teacher.pbtxt > "$long"
 grep -q "epochs: 30 " "$long" || fail "could not lengthen the teacher config"
@@ -148,7 +148,7 @@ awk -v a="$acc" 'BEGIN { exit !(a > 90) }' || fail "ensemble accuracy $acc% not 
 echo "training completed after the kills (server1 restarted $restarts times, restored its checkpoint); ensemble accuracy $acc%"
 down
 
-echo "== round 4: the teacher chain, 3 stages x 2 replicas (profile chain, no ensemble workers)"
+echo "== $(date -u +%T) round 4: the teacher chain, 3 stages x 2 replicas (profile chain, no ensemble workers)"
 up ./configs/teacher_chain.pbtxt 0 --profile chain
 acc=$(finish) || exit 1
 for s in $stages; do

@@ -8,8 +8,10 @@
 #define SEGPS_TESTS_SUPPORT_INPROCESS_MEMBERSHIP_H_
 
 #include <atomic>
+#include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -26,6 +28,7 @@ class InProcessStub final : public MembershipStub {
 
   absl::Status Register(const v1::RegisterRequest& request, v1::RegisterResponse* response) override {
     if (absl::Status down = Down(); !down.ok()) return down;
+    if (registers_.fetch_add(1) == before_register_.load()) std::exchange(before_, nullptr)();
     return (*server_)->Register(request, response);
   }
   absl::Status Rollback(const v1::RollbackRequest& request, v1::RollbackResponse* response) override {
@@ -36,6 +39,12 @@ class InProcessStub final : public MembershipStub {
 
   // The next `n` calls fail with UNAVAILABLE, as a server still down would.
   void FailNext(int n) { fail_next_ = n; }
+  // Runs `event` (a restart, say) just before the `n`th Register from now
+  // (0: the next) reaches the server. Single-threaded tests only.
+  void BeforeRegister(int n, std::function<void()> event) {
+    before_register_ = registers_ + n;
+    before_ = std::move(event);
+  }
 
  private:
   absl::Status Down() {
@@ -49,6 +58,9 @@ class InProcessStub final : public MembershipStub {
   std::unique_ptr<ParameterServer>* const server_;
   const size_t index_;
   std::atomic<int> fail_next_{0};  // workers may register from several threads
+  std::atomic<int> registers_{0};
+  std::atomic<int> before_register_{-1};  // never reached unless BeforeRegister set it
+  std::function<void()> before_;
 };
 
 }  // namespace segps

@@ -321,6 +321,28 @@ TEST(Membership, AWorkerRejoiningBehindAPeerThatMovedOnKeepsTheServersAgreeing) 
   ExpectServersAgree(cluster, 1);
 }
 
+// A server restarted between the registration that answered where the
+// rank is and the one that tells it where to continue: the agreement was
+// made on a state that is gone, so the worker agrees again, and refuses a
+// server that lost its parameters instead of training on them.
+TEST(Membership, AServerRestartedBetweenTheTwoRegistrationsIsNoticed) {
+  Cluster cluster(/*checkpoints=*/false);
+  Worker w(&cluster, 0, 0);
+  ASSERT_TRUE(w.Join().ok());
+  for (int c = 0; c < 9; ++c) ASSERT_TRUE(w.Push().ok());
+  ASSERT_TRUE(w.Push({0}).ok());  // clock 9 reached server 0 only: it must be told to continue at 9
+  bool restarted = false;
+  cluster.stub(0).BeforeRegister(1, [&] {
+    cluster.Restart(0);
+    restarted = true;
+  });
+  const absl::Status refused = w.Rejoin();
+  EXPECT_TRUE(restarted);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition) << refused;
+  EXPECT_NE(refused.message().find("server 0 (in process) restarted with no checkpoint"), std::string::npos)
+      << refused;
+}
+
 TEST(Membership, TwoWorkersRecoveringAtOnceAgree) {
   Cluster cluster(/*checkpoints=*/true);
   Worker a(&cluster, 1, 0), b(&cluster, 1, 1);

@@ -35,6 +35,7 @@ absl::StatusOr<Registration> Membership::Register(int segment, std::optional<uin
   // Each rollback moves a generation on; a few in a row mean servers that
   // keep failing, which the caller's recovery retries.
   for (int attempt = 0; attempt < 4; ++attempt) {
+    request.clear_join_clock();
     std::vector<v1::RegisterResponse> responses(servers_.size());
     for (size_t i = 0; i < servers_.size(); ++i) {
       SEGPS_RETURN_IF_ERROR(RegisterWith(i, request, &responses[i]));
@@ -47,17 +48,28 @@ absl::StatusOr<Registration> Membership::Register(int segment, std::optional<uin
     if (!aligned->has_value()) continue;  // rolled back: register again
     const uint64_t start = **aligned;
     request.set_join_clock(start);
-    for (size_t i = 0; i < servers_.size(); ++i) {
+    bool changed = false;
+    for (size_t i = 0; i < servers_.size() && !changed; ++i) {
       // A server that knew the rank keeps it at its own clock until told.
       const uint64_t held = responses[i].has_rank_clock() ? responses[i].rank_clock() : responses[i].start_clock();
-      if (held != start) SEGPS_RETURN_IF_ERROR(RegisterWith(i, request, &responses[i]));
+      if (held != start) {
+        const v1::RegisterResponse agreed = responses[i];
+        SEGPS_RETURN_IF_ERROR(RegisterWith(i, request, &responses[i]));
+        // Restarted, or rolled back by another worker, since it answered:
+        // what was agreed may not hold there; agree again.
+        changed = responses[i].incarnation() != agreed.incarnation() ||
+                  responses[i].generation() != agreed.generation();
+        if (changed) break;
+      }
       incarnations_[i] = responses[i].incarnation();
     }
+    if (changed) continue;
     if (plan != nullptr) *plan = responses[0].plan();
     return Registration{start, responses[0].rank()};
   }
   return absl::UnavailableError(absl::StrCat("Register: segment ", segment,
-                                             " was rolled back 4 times in a row; the servers keep failing"));
+                                             " was rolled back or a server restarted 4 times in a row while "
+                                             "registering; the servers keep failing"));
 }
 
 absl::Status Membership::RegisterWith(size_t i, const v1::RegisterRequest& request,
@@ -77,6 +89,15 @@ absl::Status Membership::RegisterWith(size_t i, const v1::RegisterRequest& reque
 
 absl::StatusOr<std::optional<uint64_t>> Membership::Agree(int segment,
                                                           const std::vector<v1::RegisterResponse>& responses) {
+  for (size_t i = 0; i < responses.size(); ++i) {
+    if (incarnations_[i] != 0 && incarnations_[i] != responses[i].incarnation() &&
+        responses[i].checkpoint_clocks().empty()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "Register: ", servers_[i]->Name(), " restarted with no checkpoint of segment ", segment,
+          ", so its parameters started over; the job cannot recover. Give the servers a checkpoint "
+          "directory (--checkpoint_dir or checkpoint.dir)"));
+    }
+  }
   std::set<uint64_t> rank_clocks;
   bool partial = false, some_new = false;
   uint64_t furthest = 0;
@@ -106,14 +127,6 @@ absl::StatusOr<std::optional<uint64_t>> Membership::Agree(int segment,
   }
   const std::string who = absl::StrCat("segment ", segment, " rank ", responses[0].rank());
   if (common.empty()) {
-    for (size_t i = 0; i < responses.size(); ++i) {
-      if (!responses[i].has_rank_clock() && incarnations_[i] != 0 && incarnations_[i] != responses[i].incarnation()) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "Register: ", servers_[i]->Name(), " restarted with no checkpoint of segment ", segment,
-            ", so its parameters started over; the job cannot recover. Give the servers a checkpoint "
-            "directory (--checkpoint_dir or checkpoint.dir)"));
-      }
-    }
     // No checkpoint to agree on: continue from the lowest clock; servers
     // further on acknowledge the repeated pushes without applying them.
     const uint64_t lowest = rank_clocks.empty() ? furthest : *rank_clocks.begin();
