@@ -6,7 +6,10 @@
 #include <iostream>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
 #include "common/config.h"
+#include "prometheus/registry.h"
+#include "prometheus/text_serializer.h"
 #include "server/grpc_service.h"
 #include "server/parameter_server.h"
 #include "tests/support/faulty_client.h"
@@ -18,6 +21,7 @@
 #include "worker/train/pipeline_link.h"
 #include "worker/train/pipeline_trainer.h"
 #include "worker/train/trainer.h"
+#include "worker/train/worker_metrics.h"
 
 namespace segps {
 namespace {
@@ -112,8 +116,18 @@ TEST(FaultInjection, RecoveredRunEqualsTheRunWithoutFaultsBitForBit) {
     InProcessCluster cluster(config);
     std::unique_ptr<Backend> backend = CreateCpuBackend(1);
     FaultyClient client(*ConnectGrpc(config, cluster.addresses()), std::move(rules));
-    absl::StatusOr<TrainReport> report = Train(config, TrainerOptions(), data.train, backend.get(), &client);
+    prometheus::Registry registry;
+    WorkerMetrics metrics(registry, "s");
+    TrainerOptions options;
+    options.metrics = &metrics;
+    absl::StatusOr<TrainReport> report = Train(config, options, data.train, backend.get(), &client);
     EXPECT_TRUE(report.ok()) << report.status();
+    // The recoveries are counted where Prometheus scrapes them too.
+    const std::string scraped = prometheus::TextSerializer().Serialize(registry.Collect());
+    EXPECT_NE(scraped.find(absl::StrCat("segps_worker_recoveries_total{segment=\"s\"} ",
+                                        report.ok() ? report->recoveries : 0)),
+              std::string::npos)
+        << scraped;
     if (injected != nullptr) *injected = client.injected();
     return std::make_pair(cluster.Parameters(0), report.ok() ? report->recoveries : 0);
   };

@@ -135,7 +135,6 @@ absl::Status TrainingEngine::Done() {
 }
 
 absl::StatusOr<uint64_t> TrainingEngine::Recover(const Failure& failure, uint64_t at) {
-  SEGPS_LOG_WARNING << tag_ << ": clock " << at << ": " << failure.status.message() << "; rejoining the servers";
   const absl::Time since = absl::Now();
   // What is in flight fails or is abandoned; the calls and the heartbeat stop first.
   strategy_.reset();
@@ -144,7 +143,10 @@ absl::StatusOr<uint64_t> TrainingEngine::Recover(const Failure& failure, uint64_
   absl::StatusOr<Registration> again =
       Rejoin([&] { return client_->Register(options_.segment, rank_); },
              absl::Milliseconds(config_.cluster().recovery_timeout_ms()), options_.clock, tag_);
-  if (!again.ok()) return again.status();
+  if (!again.ok()) {
+    return absl::Status(again.status().code(), absl::StrCat(again.status().message(), " (it failed at clock ", at,
+                                                            ": ", failure.status.message(), ")"));
+  }
   const uint64_t resume = again->start_clock;
   if (compute_->Replays()) {
     unsent_.reset();  // computed again from where the servers continue
@@ -158,9 +160,13 @@ absl::StatusOr<uint64_t> TrainingEngine::Recover(const Failure& failure, uint64_
         ", but this pipeline stage is at clock ", at,
         " and cannot compute a clock again (its neighbours have moved on); restart the chain"));
   }
-  SEGPS_LOG_WARNING << tag_ << ": rejoined at clock " << resume << " after "
-                    << absl::FormatDuration(absl::Now() - since)
-                    << (resume < at ? absl::StrCat("; ", at - resume, " steps are computed again") : std::string());
+  // One line a recovery: what failed, where training continues, what it cost.
+  const absl::Duration took = absl::Now() - since;
+  const uint64_t again_steps = resume < at ? at - resume : 0;
+  SEGPS_LOG_WARNING << tag_ << ": rejoined at clock " << resume << " after " << absl::FormatDuration(took)
+                    << (again_steps > 0 ? absl::StrCat("; ", again_steps, " steps are computed again") : std::string())
+                    << " (at clock " << at << ": " << failure.status.message() << ")";
+  if (options_.metrics != nullptr) options_.metrics->ObserveRecovery(absl::ToDoubleSeconds(took), again_steps);
   report_.recoveries += 1;
   heartbeat_.emplace(client_, heartbeat_period_);
   Connect(resume);

@@ -26,6 +26,9 @@ WorkerMetrics::WorkerMetrics(prometheus::Registry& registry, const std::string& 
   steps_ = counter("segps_worker_steps_total", "Training steps done");
   samples_ = counter("segps_worker_samples_total", "Training samples processed");
   blocked_seconds_ = counter("segps_worker_blocked_seconds_total", "Time waiting for parameters the bound requires");
+  recoveries_ = counter("segps_worker_recoveries_total", "Times this worker rejoined the servers after a failure");
+  recovery_seconds_ = counter("segps_worker_recovery_seconds_total", "Time from a failure to training again");
+  recomputed_steps_ = counter("segps_worker_recomputed_steps_total", "Steps computed again after a recovery");
   pull_bytes_ = counter("segps_worker_pull_bytes_total", "Parameter bytes pulled");
   push_bytes_ = counter("segps_worker_push_bytes_total", "Gradient bytes pushed");
   staleness_ = &BuildHistogram()
@@ -51,6 +54,12 @@ void WorkerMetrics::ObserveStep(double loss, double accuracy, uint64_t rows, uin
     accuracy_->Set(accuracy);
   }
   ObserveStep(rows, staleness, clock);
+}
+
+void WorkerMetrics::ObserveRecovery(double seconds, uint64_t recomputed_steps) {
+  recoveries_->Increment();
+  recovery_seconds_->Increment(seconds);
+  recomputed_steps_->Increment(static_cast<double>(recomputed_steps));
 }
 
 void WorkerMetrics::ObserveStep(uint64_t rows, uint64_t staleness, uint64_t clock) {

@@ -35,6 +35,10 @@ class WorkerMetrics final : public CallObserver {
   void SetShare(uint32_t samples) { share_->Set(samples); }
   void SetComputeSamplesPerSecond(double rate) { compute_samples_per_second_->Set(rate); }
   void ObserveBlocked(double seconds) { blocked_seconds_->Increment(seconds); }
+  // A recovery (a server restarted, paused past the lease, unreachable; a
+  // rollback): from the failure to training again, and the steps it
+  // computes again.
+  void ObserveRecovery(double seconds, uint64_t recomputed_steps);
   void ObservePull(double seconds, uint64_t bytes) override;
   void ObservePush(double seconds, uint64_t bytes) override;
 
@@ -49,6 +53,9 @@ class WorkerMetrics final : public CallObserver {
   prometheus::Counter* steps_;
   prometheus::Counter* samples_;
   prometheus::Counter* blocked_seconds_;
+  prometheus::Counter* recoveries_;
+  prometheus::Counter* recovery_seconds_;
+  prometheus::Counter* recomputed_steps_;
   prometheus::Counter* pull_bytes_;
   prometheus::Counter* push_bytes_;
   prometheus::Histogram* staleness_;
