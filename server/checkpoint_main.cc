@@ -6,8 +6,7 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
-#include "absl/flags/usage.h"
+#include "common/command_line.h"
 #include "common/config.h"
 #include "server/checkpoint.h"
 
@@ -20,11 +19,11 @@ ABSL_FLAG(std::string, config, "", "split: the job config.");
 ABSL_FLAG(int32_t, num_servers, 0, "split: the server count to cut for. Default: the config's.");
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage(
+  std::vector<char*> positional = segps::ParseCommandLine(
+      argc, argv,
       "segps checkpoint tool.\n"
       "  segps-checkpoint merge --dir DIR --out model.safetensors [--clock C] [--optimizer_slots]\n"
       "  segps-checkpoint split --in model.safetensors --config FILE [--num_servers N] --dir OUT");
-  std::vector<char*> positional = absl::ParseCommandLine(argc, argv);
   const std::string command = positional.size() == 2 ? positional[1] : "";
   absl::Status status;
   if (command == "merge") {

@@ -10,9 +10,8 @@
 #include <iostream>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
-#include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
+#include "common/command_line.h"
 #include "common/lock_checks.h"
 #include "common/malloc_tuning.h"
 #include "common/config.h"
@@ -159,9 +158,10 @@ int main(int argc, char** argv) {
   segps::TuneMallocForLargeBuffers();
   segps::RouteProtobufLogs();
   segps::SkipMutexDeadlockDetection();
-  absl::SetProgramUsageMessage(
-      "segps parameter server.\n  segps-server --config FILE --index I [--listen HOST:PORT] [--apply_threads N]");
-  std::vector<char*> positional = absl::ParseCommandLine(argc, argv);
+  std::vector<char*> positional = segps::ParseCommandLine(
+      argc, argv,
+      "segps parameter server.\n"
+      "  segps-server --config FILE --index I [--listen HOST:PORT] [--apply_threads N]");
   if (positional.size() > 1) {
     std::cerr << "segps-server: unexpected argument '" << positional[1] << "' (see --help)\n";
     return 2;

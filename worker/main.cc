@@ -10,12 +10,11 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
-#include "absl/flags/usage.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/time.h"
+#include "common/command_line.h"
 #include "common/lock_checks.h"
 #include "common/malloc_tuning.h"
 #include "common/config.h"
@@ -302,9 +301,8 @@ absl::Status StartMetrics(Worker* w) {
 int main(int argc, char** argv) {
   segps::TuneMallocForLargeBuffers();
   segps::SkipMutexDeadlockDetection();
-  absl::SetProgramUsageMessage(
-      "segps worker.\n  segps-worker --config FILE --segment K --rank R --servers HOST:PORT,...");
-  std::vector<char*> positional = absl::ParseCommandLine(argc, argv);
+  std::vector<char*> positional = segps::ParseCommandLine(
+      argc, argv, "segps worker.\n  segps-worker --config FILE --segment K --rank R --servers HOST:PORT,...");
   if (positional.size() > 1) return Fail(std::string("unexpected argument '") + positional[1] + "'");
   Worker w;
   if (absl::Status read = ReadPlace(&w); !read.ok()) return Fail(read);

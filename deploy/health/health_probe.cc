@@ -8,7 +8,7 @@
 #include <iostream>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
+#include "common/command_line.h"
 #include "common/security.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 
@@ -16,7 +16,8 @@ ABSL_FLAG(std::string, address, "127.0.0.1:7000", "host:port of the server to ch
 ABSL_FLAG(int32_t, timeout_ms, 2000, "Deadline of the check");
 
 int main(int argc, char** argv) {
-  absl::ParseCommandLine(argc, argv);
+  segps::ParseCommandLine(
+      argc, argv, "Checks that a segps server answers.\n  segps-health [--address HOST:PORT] [--timeout_ms MS]");
   segps::v1::SecurityConfig flags;
   segps::ApplySecurityFlags(&flags);
   absl::StatusOr<segps::Security> security = segps::LoadSecurity(flags);

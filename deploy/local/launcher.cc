@@ -31,13 +31,12 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
-#include "absl/flags/usage.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "common/command_line.h"
 #include "common/config.h"
 #include "worker/data/dataset.h"
 
@@ -655,8 +654,8 @@ class LocalJob {
 }  // namespace
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage("Runs a whole segps cluster on this machine.\n  segps-local --config FILE [--report FILE]");
-  std::vector<char*> positional = absl::ParseCommandLine(argc, argv);
+  std::vector<char*> positional = segps::ParseCommandLine(
+      argc, argv, "Runs a whole segps cluster on this machine.\n  segps-local --config FILE [--report FILE]");
   if (positional.size() > 1) return Fail(std::string("unexpected argument '") + positional[1] + "'");
   const std::string config_path = absl::GetFlag(FLAGS_config);
   if (config_path.empty()) return Fail("--config is required (see --help)");

@@ -5,8 +5,7 @@
 #include <iostream>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
-#include "absl/flags/usage.h"
+#include "common/command_line.h"
 #include "common/config.h"
 #include "worker/data/dataset.h"
 
@@ -14,8 +13,8 @@ ABSL_FLAG(std::string, config, "", "Job config file (*.pbtxt). Required.");
 ABSL_FLAG(std::string, out, ".", "Directory for train_x.npy, train_y.npy, test_x.npy, test_y.npy.");
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage("Exports a config's data as .npy.\n  segps-data --config FILE --out DIR");
-  absl::ParseCommandLine(argc, argv);
+  segps::ParseCommandLine(
+      argc, argv, "Exports a config's data as .npy.\n  segps-data --config FILE --out DIR");
   absl::StatusOr<segps::v1::JobConfig> config = segps::LoadConfig(absl::GetFlag(FLAGS_config));
   if (!config.ok()) {
     std::cerr << "segps-data: " << config.status().message() << "\n";

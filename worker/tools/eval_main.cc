@@ -8,11 +8,10 @@
 #include <iostream>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
-#include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
+#include "common/command_line.h"
 #include "common/lock_checks.h"
 #include "common/malloc_tuning.h"
 #include "common/config.h"
@@ -213,8 +212,8 @@ absl::Status Run(const segps::v1::JobConfig& config, segps::ParameterClient& cli
 int main(int argc, char** argv) {
   segps::TuneMallocForLargeBuffers();
   segps::SkipMutexDeadlockDetection();
-  absl::SetProgramUsageMessage("segps evaluator.\n  segps-eval --config FILE --servers HOST:PORT,... [--report FILE]");
-  std::vector<char*> positional = absl::ParseCommandLine(argc, argv);
+  std::vector<char*> positional = segps::ParseCommandLine(
+      argc, argv, "segps evaluator.\n  segps-eval --config FILE --servers HOST:PORT,... [--report FILE]");
   if (positional.size() > 1) return Fail(std::string("unexpected argument '") + positional[1] + "'");
   if (absl::GetFlag(FLAGS_config).empty()) return Fail("--config is required (see --help)");
   absl::StatusOr<segps::v1::JobConfig> config = segps::LoadConfig(absl::GetFlag(FLAGS_config));

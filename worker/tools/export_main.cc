@@ -7,8 +7,7 @@
 #include <iostream>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
-#include "absl/flags/usage.h"
+#include "common/command_line.h"
 #include "common/config.h"
 #include "common/security.h"
 #include "common/lock_checks.h"
@@ -30,10 +29,11 @@ int Fail(const std::string& message) {
 
 int main(int argc, char** argv) {
   segps::SkipMutexDeadlockDetection();
-  absl::SetProgramUsageMessage(
-      "Exports a trained model.\n  segps-export --config FILE --servers HOST:PORT,... --out model.safetensors "
+  std::vector<char*> positional = segps::ParseCommandLine(
+      argc, argv,
+      "Exports a trained model.\n"
+      "  segps-export --config FILE --servers HOST:PORT,... --out model.safetensors "
       "[--onnx model.onnx]");
-  std::vector<char*> positional = absl::ParseCommandLine(argc, argv);
   if (positional.size() > 1) return Fail(std::string("unexpected argument '") + positional[1] + "'");
   if (absl::GetFlag(FLAGS_config).empty()) return Fail("--config is required (see --help)");
   if (absl::GetFlag(FLAGS_out).empty() && absl::GetFlag(FLAGS_onnx).empty()) {

@@ -5,8 +5,7 @@
 #include <iostream>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
-#include "absl/flags/usage.h"
+#include "common/command_line.h"
 #include "common/config.h"
 #include "common/lock_checks.h"
 #include "worker/model/backend.h"
@@ -32,10 +31,11 @@ int Fail(const std::string& message) {
 
 int main(int argc, char** argv) {
   segps::SkipMutexDeadlockDetection();
-  absl::SetProgramUsageMessage(
-      "Runs an exported model.\n  segps-predict --model model.safetensors --input x.npy --out probs.npy "
+  std::vector<char*> positional = segps::ParseCommandLine(
+      argc, argv,
+      "Runs an exported model.\n"
+      "  segps-predict --model model.safetensors --input x.npy --out probs.npy "
       "[--segment NAME]");
-  std::vector<char*> positional = absl::ParseCommandLine(argc, argv);
   if (positional.size() > 1) return Fail(std::string("unexpected argument '") + positional[1] + "'");
   for (const auto* flag : {&FLAGS_model, &FLAGS_input, &FLAGS_out}) {
     if (absl::GetFlag(*flag).empty()) return Fail("--model, --input and --out are required (see --help)");
