@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/config_hints.h"
 #include "common/hash.h"
 #include "common/shard_map.h"
 #include "common/status_macros.h"
@@ -565,7 +566,8 @@ absl::StatusOr<v1::JobConfig> ParseConfig(absl::string_view text, absl::string_v
   parser.RecordErrorsTo(&errors);
   parser.WriteLocationsTo(&tree);
   if (!parser.ParseFromString(std::string(text), &config)) {
-    return absl::InvalidArgumentError(absl::StrCat(source_name, " ", errors.first()));
+    return absl::InvalidArgumentError(
+        absl::StrCat(source_name, " ", errors.first(), ParseErrorHint(*v1::JobConfig::descriptor(), errors.first())));
   }
   Locator at(&tree, std::string(source_name));
   absl::Status status = ValidateAndFill(config, at);

@@ -18,6 +18,7 @@
 #include "common/lock_checks.h"
 #include "common/malloc_tuning.h"
 #include "common/config.h"
+#include "common/config_hints.h"
 #include "common/security.h"
 #include "common/log.h"
 #include "common/metrics.h"
@@ -253,8 +254,11 @@ absl::Status ReadPlace(Worker* w) {
   const std::string segment_flag = absl::GetFlag(FLAGS_segment);
   w->segment = segps::SegmentIndex(w->config.model(), segment_flag);
   if (w->segment < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--segment '", segment_flag, "' names no segment of the config (give an index or a name)"));
+    std::vector<std::string> names;
+    for (const segps::v1::SegmentConfig& s : w->config.model().segments()) names.push_back(s.name());
+    return absl::InvalidArgumentError(absl::StrCat("--segment '", segment_flag,
+                                                   "' names no segment of the config (give an index or a name).",
+                                                   segps::Suggest(segment_flag, names)));
   }
   const std::string rank_flag = absl::GetFlag(FLAGS_rank);
   const uint32_t workers = segps::WorkersOf(w->config, w->segment);

@@ -79,7 +79,7 @@ TEST(Cluster, FashionMnistConfigReachesItsAccuracyBar) {
 }
 
 TEST(DataTool, ExportsWhatTheWorkersTrainOn) {
-  const std::string dir = MakeTempDir();
+  const std::string dir = MakeTempDir() + "/made/by/segps-data";  // folders it creates
   std::unique_ptr<Subprocess> p =
       Subprocess::Start({BinaryPath("segps-data"), "--config", Config("seed.pbtxt"), "--out", dir});
   std::optional<int> status = p->Wait(absl::Seconds(60));
@@ -126,6 +126,15 @@ TEST(WorkerFlags, ServersFromStdinNeedALine) {
   const std::string output =
       FailureOf({BinaryPath("segps-worker"), "--config", Config("seed.pbtxt"), "--segment", "0", "--servers=-"});
   EXPECT_NE(output.find("--servers -: stdin ended before a line of server addresses"), std::string::npos) << output;
+}
+
+TEST(WorkerFlags, AMisspelledSegmentIsNamedWithTheNearestName) {
+  const std::string output = FailureOf({BinaryPath("segps-worker"), "--config", Config("teacher.pbtxt"), "--segment",
+                                        "relu46", "--servers", "127.0.0.1:1"});
+  EXPECT_NE(output.find("--segment 'relu46' names no segment of the config (give an index or a name). Did you mean "
+                        "\"relu64\"? The names: relu64, tanh128."),
+            std::string::npos)
+      << output;
 }
 
 TEST(WorkerFlags, CpuThreadsOutOfRangeAreNamed) {

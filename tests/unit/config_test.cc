@@ -1,4 +1,5 @@
 #include "common/config.h"
+#include "common/config_hints.h"
 
 #include <gtest/gtest.h>
 
@@ -71,10 +72,40 @@ TEST(Config, SyntaxErrorNamesLineAndColumn) {
       << c.status();
 }
 
-TEST(Config, UnknownFieldIsRejected) {
+TEST(Config, UnknownFieldIsRejectedSuggestingTheNearestName) {
   absl::StatusOr<v1::JobConfig> c = ParseConfig(Replace(kMinimal, "num_servers: 2", "num_server: 2"), "x.pbtxt");
   ASSERT_FALSE(c.ok());
-  EXPECT_NE(std::string(c.status().message()).find("num_server"), std::string::npos) << c.status();
+  EXPECT_NE(std::string(c.status().message()).find("no field named \"num_server\". Did you mean \"num_servers\"?"),
+            std::string::npos)
+      << c.status();
+  // Nothing near: the message's fields are listed.
+  c = ParseConfig("optimizer { zzzzzz: 1 }", "x.pbtxt");
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(std::string(c.status().message()).find("Its fields: kind, learning_rate, beta1"), std::string::npos)
+      << c.status();
+}
+
+TEST(Config, UnknownEnumValueListsTheAllowedOnes) {
+  absl::StatusOr<v1::JobConfig> c = ParseConfig("optimizer { kind: ADAMM }", "x.pbtxt");
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(std::string(c.status().message()).find("\"ADAMM\" for field \"kind\". Did you mean ADAM? Allowed: SGD"),
+            std::string::npos)
+      << c.status();
+  EXPECT_EQ(std::string(c.status().message()).find("UNSPECIFIED"), std::string::npos) << c.status();
+  c = ParseConfig("model { segments { layers { activation: SWISH } } }", "x.pbtxt");
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(std::string(c.status().message()).find("Allowed: IDENTITY, RELU, TANH, SIGMOID, SOFTMAX."),
+            std::string::npos)
+      << c.status();
+  EXPECT_EQ(std::string(c.status().message()).find("Did you mean"), std::string::npos) << c.status();
+}
+
+TEST(Config, NearestNameIsOnlyANearOne) {
+  EXPECT_EQ(Nearest("relu64", {"relu64x", "tanh128"}), "relu64x");
+  EXPECT_EQ(Nearest("RELU64", {"relu64", "tanh128"}), "relu64");
+  EXPECT_EQ(Nearest("stage9", {"relu64", "tanh128"}), "");
+  EXPECT_EQ(Nearest("lable", {"a", "label"}), "label") << "a swap of neighbours is one slip";
+  EXPECT_EQ(Nearest("x", {}), "");
 }
 
 struct BadCase {

@@ -444,10 +444,13 @@ TEST(CsvData, EachMalformedRowNamesFileLineAndColumn) {
     absl::Status status = LoadAndCheck(absl::StrCat("source: CSV train_csv: \"", dir, "/bad.csv\""));
     EXPECT_NE(std::string(status.message()).find(message), std::string::npos) << text << ": " << status;
   }
-  Write(dir + "/bad.csv", "a,b,c,d\n1,2,3,0\n");
+  Write(dir + "/bad.csv", "a,b,c,label\n1,2,3,0\n");
   absl::Status status = LoadAndCheck(absl::StrCat("source: CSV train_csv: \"", dir, "/bad.csv\" label_column: \"y\""));
   EXPECT_NE(std::string(status.message()).find("data.label_column \"y\" is neither a column name"), std::string::npos)
       << status;
+  EXPECT_NE(std::string(status.message()).find("The names: a, b, c, label."), std::string::npos) << status;
+  status = LoadAndCheck(absl::StrCat("source: CSV train_csv: \"", dir, "/bad.csv\" label_column: \"lable\""));
+  EXPECT_NE(std::string(status.message()).find("Did you mean \"label\"?"), std::string::npos) << status;
 }
 
 TEST(Standardize, TakesTrainingStatisticsOnlyAndTreatsFilesAndTablesAlike) {

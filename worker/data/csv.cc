@@ -8,6 +8,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "common/config_hints.h"
 #include "common/status_macros.h"
 
 namespace segps {
@@ -77,7 +78,8 @@ class CsvReader {
       if (label_ < 0) {
         return Bad(absl::StrCat("line ", line_, ": data.label_column \"", wanted, "\" is ",
                                 data_.header() ? "neither a column name of the header nor" : "not",
-                                " a column index in [0, ", columns_, ")"));
+                                " a column index in [0, ", columns_, ")",
+                                data_.header() ? absl::StrCat(".", Suggest(wanted, names_)) : std::string()));
       }
     }
     if (columns_ - 1 != static_cast<size_t>(width_)) {

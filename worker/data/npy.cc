@@ -221,7 +221,10 @@ absl::Status WriteNpy(const std::string& path, const char* descr, const void* da
   header.append((64 - total % 64) % 64, ' ');
   header += '\n';
   std::FILE* f = std::fopen(path.c_str(), "wb");
-  if (f == nullptr) return absl::PermissionDeniedError(absl::StrCat(path, ": cannot write"));
+  if (f == nullptr) {
+    const int error = errno;
+    return absl::PermissionDeniedError(absl::StrCat(path, ": cannot write: ", std::strerror(error)));
+  }
   const char magic[8] = {'\x93', 'N', 'U', 'M', 'P', 'Y', 1, 0};
   const uint16_t len = static_cast<uint16_t>(header.size());
   const unsigned char len_le[2] = {static_cast<unsigned char>(len & 0xff), static_cast<unsigned char>(len >> 8)};

@@ -2,7 +2,9 @@
 // that a user can inspect exactly what the workers train on.
 //
 //   segps-data --config job.pbtxt --out DIR
+#include <filesystem>
 #include <iostream>
+#include <system_error>
 
 #include "absl/flags/flag.h"
 #include "common/command_line.h"
@@ -23,6 +25,12 @@ int main(int argc, char** argv) {
   absl::StatusOr<segps::TrainTest> data = segps::LoadData(*config);
   if (!data.ok()) {
     std::cerr << "segps-data: " << data.status().message() << "\n";
+    return 1;
+  }
+  std::error_code made;
+  std::filesystem::create_directories(absl::GetFlag(FLAGS_out), made);
+  if (made) {
+    std::cerr << "segps-data: cannot create --out " << absl::GetFlag(FLAGS_out) << ": " << made.message() << "\n";
     return 1;
   }
   for (auto [set, name] : {std::pair{&data->train, "train"}, std::pair{&data->test, "test"}}) {

@@ -7,6 +7,7 @@
 #include "absl/flags/flag.h"
 #include "common/command_line.h"
 #include "common/config.h"
+#include "common/config_hints.h"
 #include "common/lock_checks.h"
 #include "worker/model/backend.h"
 #include "worker/data/dataset.h"
@@ -44,7 +45,11 @@ int main(int argc, char** argv) {
   if (!model.ok()) return Fail(std::string(model.status().message()));
   const std::string wanted = absl::GetFlag(FLAGS_segment);
   const int segment = wanted.empty() ? -1 : segps::SegmentIndex(model->model, wanted);
-  if (!wanted.empty() && segment < 0) return Fail("--segment '" + wanted + "' names no segment of the model");
+  if (!wanted.empty() && segment < 0) {
+    std::vector<std::string> names;
+    for (const segps::v1::SegmentConfig& s : model->model.segments()) names.push_back(s.name());
+    return Fail("--segment '" + wanted + "' names no segment of the model." + segps::Suggest(wanted, names));
+  }
   // Raw rows, read as the training data was: the model's scale and standardisation.
   absl::StatusOr<segps::Dataset> input = segps::OpenNpyFeatures(
       absl::GetFlag(FLAGS_input), static_cast<int>(model->model.input_width()), model->input_scale);
