@@ -105,7 +105,15 @@ class DenseView {
     uint64_t at;
     float value;
   };
-  std::optional<Element> FirstNonFinite() const;
+  std::optional<Element> FirstNonFinite() const { return Scan().non_finite; }
+  // The same, and else the largest magnitude of an element (for FLOAT16,
+  // whose bits are not widened to read it, the largest it can hold), in
+  // one pass over the values.
+  struct Values {
+    std::optional<Element> non_finite;
+    float max_abs = 0;
+  };
+  Values Scan() const;
 
  private:
   const Payload& data_;

@@ -3,9 +3,13 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <initializer_list>
+#include <limits>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 
 namespace segps {
 namespace {
@@ -42,15 +46,47 @@ SEGPS_VECTOR_CLONES void AdamDriftKernel(const float* __restrict w, const float*
 // remaining terms are below float precision for any decay in [0, 0.99].
 constexpr uint64_t kMaxDriftUpdates = 4096;
 
+// Half of float32's largest value: what a bound may reach, leaving room for
+// the rounding of the float arithmetic it bounds.
+constexpr double kLimit = std::numeric_limits<float>::max() / 2.0;
+
+double MaxAbs(absl::Span<const float> values) {
+  float most = 0;
+  for (float v : values) most = std::max(most, std::fabs(v));
+  return most;
+}
+
+// The first of `bounds` (what, bound) beyond kLimit, as a refusal.
+absl::Status Within(float max_abs, std::initializer_list<std::pair<const char*, double>> bounds) {
+  for (const auto& [what, bound] : bounds) {
+    if (!(bound <= kLimit)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "Push gradient: its largest element, ", max_abs, ", could take ", what, " to ", bound,
+          ", beyond float32's range; refused, nothing was applied (a worker whose loss explodes: lower "
+          "optimizer.learning_rate)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 class Sgd final : public Optimizer {
  public:
   Sgd(float lr, float wd) : lr_(lr), wd_(wd) {}
   void Apply(uint64_t, uint64_t, absl::Span<float> params, absl::Span<const float> grad, float scale) override {
     SgdKernel(params.data(), grad.data(), params.size(), lr_ * scale, wd_);
   }
+  // w - lr (g + wd w)
+  absl::Status Grow(uint64_t, float max_abs, float scale) override {
+    const double g = max_abs + double{wd_} * w_, w = w_ + double{lr_} * scale * g;
+    SEGPS_RETURN_IF_ERROR(Within(max_abs, {{"the weight-decayed gradient", g}, {"the parameters", w}}));
+    w_ = w;
+    return absl::OkStatus();
+  }
+  void Bound(absl::Span<const float> params) override { w_ = MaxAbs(params); }
 
  private:
   const float lr_, wd_;
+  double w_ = 0;  // bound on |parameter|
 };
 
 class Momentum final : public Optimizer {
@@ -78,6 +114,20 @@ class Momentum final : public Optimizer {
     float* __restrict o = out.data();
     for (size_t i = 0; i < params.size(); ++i) o[i] = w[i] + c * v[i];
   }
+  // v = mu v - lr (g + wd w); w + v
+  absl::Status Grow(uint64_t, float max_abs, float scale) override {
+    const double g = max_abs + double{wd_} * w_;
+    const double v = double{momentum_} * v_ + double{lr_} * scale * g, w = w_ + v;
+    SEGPS_RETURN_IF_ERROR(Within(
+        max_abs, {{"the weight-decayed gradient", g}, {"the momentum", v}, {"the parameters", w}}));
+    v_ = v;
+    w_ = w;
+    return absl::OkStatus();
+  }
+  void Bound(absl::Span<const float> params) override {
+    w_ = MaxAbs(params);
+    v_ = MaxAbs(velocity_);
+  }
   std::vector<std::string> SlotNames() const override { return {"momentum"}; }
   void SaveState(std::vector<std::vector<float>>* slots) const override { *slots = {velocity_}; }
   void LoadState(const std::vector<std::vector<float>>& slots) override { velocity_ = slots[0]; }
@@ -85,6 +135,7 @@ class Momentum final : public Optimizer {
  private:
   const float lr_, momentum_, wd_;
   std::vector<float> velocity_;
+  double w_ = 0, v_ = 0;  // bounds on |parameter| and |velocity|
 };
 
 // Keras Adam: m += (g - m)(1 - b1); v += (g^2 - v)(1 - b2);
@@ -123,6 +174,33 @@ class Adam final : public Optimizer {
     AdamDriftKernel(params.data(), moments_.data() + 2 * first, out.data(), params.size(), static_cast<float>(c),
                     eps_);
   }
+  // g' = g + wd w; m + (g' - m)(1 - b1) and v + (g'^2 - v)(1 - b2), each
+  // between its old value and g' (g'^2); w - alpha m / (sqrt(v) + eps),
+  // the step at most alpha |m| / eps.
+  absl::Status Grow(uint64_t step, float max_abs, float scale) override {
+    const double g = max_abs + double{wd_} * w_, g2 = g * g;
+    const double m = std::max(m_, g), v = std::max(v_, g2);
+    const double t = static_cast<double>(std::max<uint64_t>(step, 1));
+    const double alpha = lr_ * std::sqrt(1.0 - std::pow(b2_, t)) / (1.0 - std::pow(b1_, t));
+    const double w = w_ + alpha * scale * m / eps_;
+    SEGPS_RETURN_IF_ERROR(Within(max_abs, {{"the weight-decayed gradient", g},
+                                           {"g - m in the first moment", g + m_},
+                                           {"the squared gradient", g2},
+                                           {"g^2 - v in the second moment", g2 + v_},
+                                           {"the parameters", w}}));
+    m_ = m;
+    v_ = v;
+    w_ = w;
+    return absl::OkStatus();
+  }
+  void Bound(absl::Span<const float> params) override {
+    w_ = MaxAbs(params);
+    m_ = v_ = 0;
+    for (size_t i = 0; i < moments_.size(); i += 2) {
+      m_ = std::max(m_, double{std::fabs(moments_[i])});
+      v_ = std::max(v_, double{std::fabs(moments_[i + 1])});
+    }
+  }
   std::vector<std::string> SlotNames() const override { return {"adam_m", "adam_v"}; }
   void SaveState(std::vector<std::vector<float>>* slots) const override {
     const size_t n = moments_.size() / 2;
@@ -147,6 +225,7 @@ class Adam final : public Optimizer {
   const double lr_, b1_, b2_;
   const float eps_, wd_;
   std::vector<float> moments_;  // m and v interleaved
+  double w_ = 0, m_ = 0, v_ = 0;  // bounds on |parameter|, |m| and v
 };
 
 class AdaGrad final : public Optimizer {
@@ -166,6 +245,23 @@ class AdaGrad final : public Optimizer {
       w[i] -= lr * gi / (std::sqrt(a[i]) + eps);
     }
   }
+  // g' = g + wd w; a + g'^2; w - lr g' / (sqrt(a) + eps), the step at
+  // most lr since a >= g'^2.
+  absl::Status Grow(uint64_t, float max_abs, float scale) override {
+    const double g = max_abs + double{wd_} * w_, g2 = g * g;
+    const double a = a_ + g2, w = w_ + double{lr_} * scale;
+    SEGPS_RETURN_IF_ERROR(Within(max_abs, {{"the weight-decayed gradient", g},
+                                           {"the squared gradient", g2},
+                                           {"the accumulator", a},
+                                           {"the parameters", w}}));
+    a_ = a;
+    w_ = w;
+    return absl::OkStatus();
+  }
+  void Bound(absl::Span<const float> params) override {
+    w_ = MaxAbs(params);
+    a_ = MaxAbs(accumulator_);
+  }
   std::vector<std::string> SlotNames() const override { return {"adagrad_accumulator"}; }
   void SaveState(std::vector<std::vector<float>>* slots) const override { *slots = {accumulator_}; }
   void LoadState(const std::vector<std::vector<float>>& slots) override { accumulator_ = slots[0]; }
@@ -173,9 +269,16 @@ class AdaGrad final : public Optimizer {
  private:
   const float lr_, eps_, wd_;
   std::vector<float> accumulator_;
+  double w_ = 0, a_ = 0;  // bounds on |parameter| and the accumulator
 };
 
 }  // namespace
+
+absl::Status Optimizer::Admit(uint64_t step, float max_abs, float scale, absl::Span<const float> params) {
+  if (Grow(step, max_abs, scale).ok()) return absl::OkStatus();
+  Bound(params);  // the bounds may have drifted far above the values
+  return Grow(step, max_abs, scale);
+}
 
 void Optimizer::Extrapolate(uint64_t, uint64_t, uint64_t, absl::Span<const float> params,
                             absl::Span<float> out) const {

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "segps/v1/config.pb.h"
@@ -40,6 +41,18 @@ class Optimizer {
   // over batch_size).
   virtual void Apply(uint64_t step, uint64_t first, absl::Span<float> params, absl::Span<const float> grad,
                      float scale) = 0;
+  // No push may make the parameters or the state infinite, so an update is
+  // admitted on bounds of the magnitudes it can reach: Admit says whether
+  // update number `step`, its gradient's elements at most `max_abs` in
+  // magnitude and its rate times `scale`, keeps every intermediate and
+  // result of Apply within float32's range (with a margin for rounding),
+  // and if so the bounds take the update. The bounds only grow from update
+  // to update; where they would refuse one, they are first set again from
+  // `params` (the whole range) and the state as they are, so that only an
+  // update that could really overflow is refused, naming what would.
+  absl::Status Admit(uint64_t step, float max_abs, float scale, absl::Span<const float> params);
+  // Sets the bounds from `params` and the state: at the start, after a restore.
+  virtual void Bound(absl::Span<const float> params) = 0;
   // Writes to `out` where `updates` more updates carrying no new gradient
   // would take `params` (elements [first, first + params.size()) of the
   // range) once `applied` updates have been made: the momentum's own drift.
@@ -55,6 +68,11 @@ class Optimizer {
   virtual std::vector<std::string> SlotNames() const { return {}; }
   virtual void SaveState(std::vector<std::vector<float>>* slots) const { slots->clear(); }
   virtual void LoadState(const std::vector<std::vector<float>>& slots) { (void)slots; }
+
+ protected:
+  // Admit on the bounds as they are: an error if they could overflow, else
+  // the bounds after the update.
+  virtual absl::Status Grow(uint64_t step, float max_abs, float scale) = 0;
 };
 
 // `config` must be a validated config (defaults filled in).

@@ -408,7 +408,8 @@ void ParameterServer::Push(const v1::PushRequest& request, Payload data, absl::T
   };
   auto grad = std::make_unique<Gradient>(gradient, std::move(data));
   // Checked before anything is applied, so that a bad push changes nothing.
-  if (std::optional<DenseView::Element> bad = grad->view.FirstNonFinite()) {
+  const DenseView::Values scanned = grad->view.Scan();
+  if (const std::optional<DenseView::Element>& bad = scanned.non_finite) {
     // float16 turns magnitudes beyond its range into infinity on the way.
     const bool overflow = gradient.dtype() == v1::FLOAT16 && std::isinf(bad->value);
     return std::move(done)(Reject(request.segment(), absl::InvalidArgumentError(absl::StrCat(
@@ -435,6 +436,7 @@ void ParameterServer::Push(const v1::PushRequest& request, Payload data, absl::T
         "); nothing was applied"))));
   }
   PushInfo info;
+  info.max_abs_gradient = scanned.max_abs;
   if (request.has_samples()) info.samples = request.samples();
   if (std::isfinite(request.samples_per_second())) info.samples_per_second = request.samples_per_second();
   (*shard)->Push(

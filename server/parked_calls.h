@@ -37,6 +37,7 @@ struct PullResult {
 struct PushInfo {
   std::optional<uint32_t> samples;  // behind the gradient; unset: batch_size
   double samples_per_second = 0;    // the worker's throughput; 0: unknown
+  float max_abs_gradient = 0;       // the gradient's largest magnitude (finite)
 };
 
 struct PushResult {

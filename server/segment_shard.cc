@@ -22,6 +22,7 @@ SegmentShard::SegmentShard(const ShardOptions& options, std::vector<float> initi
       parked_(options.segment, options.max_waiting_per_worker),
       cuts_(options.checkpoint_every, options.checkpoint_interval) {
   if (options_.balance.has_value()) planner_.emplace(options_.segment, *options_.balance);
+  optimizer_->Bound(values_);
 }
 
 bool SegmentShard::WaitsForPeers(const Waiter& push) const {
@@ -174,6 +175,7 @@ bool SegmentShard::Restore(const ShardState& state, std::optional<uint64_t> gene
     clocks_.Reset(state.clock);
     values_ = state.values;
     optimizer_->LoadState(state.slots);
+    optimizer_->Bound(values_);
     steps_begun_ = state.steps;
     pushes_ = state.updates;
     restored_clock_ = state.clock;

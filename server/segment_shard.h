@@ -227,8 +227,10 @@ class SegmentShard {
   // Reads the waiter's elements and completes it.
   void FinishPull(std::unique_ptr<Waiter> waiter, absl::Time now, Completions* ready)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Applies a push whose turn it is (the worker's next clock and element).
-  PushResult Apply(Worker* w, const Waiter& push) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Applies a push whose turn it is (the worker's next clock and element),
+  // or refuses one the optimizer does not admit (it could make the values
+  // or the state infinite), changing nothing.
+  absl::StatusOr<PushResult> Apply(Worker* w, const Waiter& push) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Resumes every parked call the current state allows, until none is left.
   void Resume(absl::Time now, Completions* ready) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Fails `waiter` with `status` into `ready`, taking it. A reference, so

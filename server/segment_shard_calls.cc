@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/log.h"
+#include "common/status_macros.h"
 #include "common/staleness.h"
 #include "server/segment_shard.h"
 
@@ -179,8 +180,9 @@ void SegmentShard::StartPush(std::unique_ptr<Waiter> waiter, absl::Time now, Com
     }
     return;
   }
-  const PushResult result = Apply(w, *waiter);
-  AfterPush(std::move(waiter), w, result, now, ready);
+  absl::StatusOr<PushResult> result = Apply(w, *waiter);
+  if (!result.ok()) return Fail(std::move(waiter), std::move(result).status(), ready);
+  AfterPush(std::move(waiter), w, *result, now, ready);
 }
 
 absl::Status SegmentShard::Late(const Worker& w, const Waiter& push) const {
@@ -218,19 +220,20 @@ void SegmentShard::AfterPush(std::unique_ptr<Waiter> waiter, Worker* w, const Pu
   StartPull(std::move(waiter), now, ready);
 }
 
-PushResult SegmentShard::Apply(Worker* w, const Waiter& push) {
+absl::StatusOr<PushResult> SegmentShard::Apply(Worker* w, const Waiter& push) {
   const DenseView& grad = *push.grad;
   const uint64_t count = push.count, first = push.first;
-  if (first == 0) w->step = ++steps_begun_;
-  const absl::Time apply_start = absl::Now();
-  Optimizer* const optimizer = optimizer_.get();
-  const absl::Span<float> values = absl::MakeSpan(values_);
-  const uint64_t step = w->step;
   // A balanced push weighs as the samples behind it.
   float scale = 1.0f;
   if (push.info.samples.has_value() && options_.batch_size > 0) {
     scale = static_cast<float>(*push.info.samples) / static_cast<float>(options_.batch_size);
   }
+  const uint64_t step = first == 0 ? steps_begun_ + 1 : w->step;
+  if (scale != 0.0f) SEGPS_RETURN_IF_ERROR(optimizer_->Admit(step, push.info.max_abs_gradient, scale, values_));
+  if (first == 0) w->step = ++steps_begun_;
+  const absl::Time apply_start = absl::Now();
+  Optimizer* const optimizer = optimizer_.get();
+  const absl::Span<float> values = absl::MakeSpan(values_);
   if (first == 0 && push.info.samples_per_second > 0 && planner_.has_value()) {
     planner_->Observe(w->rank, push.info.samples_per_second);
   }
@@ -289,8 +292,12 @@ void SegmentShard::Resume(absl::Time now, Completions* ready) {
                  absl::StrCat("Push: worker ", push->id, " was replaced or left while waiting")),
              ready);
       } else if (turn) {
-        const PushResult result = Apply(w, *push);
-        AfterPush(std::move(push), w, result, now, ready);
+        absl::StatusOr<PushResult> result = Apply(w, *push);
+        if (result.ok()) {
+          AfterPush(std::move(push), w, *result, now, ready);
+        } else {
+          Fail(std::move(push), std::move(result).status(), ready);
+        }
         progress = true;
       } else {
         AfterPush(std::move(push), w, Acknowledged(*w), now, ready);

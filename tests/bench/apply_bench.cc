@@ -22,11 +22,11 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "common/command_line.h"
 #include "server/optimizer.h"
 
 ABSL_FLAG(std::string, sizes_m, "1,4,16,64", "Shard sizes in millions of float32 elements");
@@ -188,7 +188,7 @@ Row MeasureApply(segps::v1::OptimizerKind kind, size_t n, unsigned cores, double
 }  // namespace
 
 int main(int argc, char** argv) {
-  absl::ParseCommandLine(argc, argv);
+  segps::ParseCommandLine(argc, argv, "Optimizer updates per second on server-sized shards.");
   const double budget = absl::GetFlag(FLAGS_seconds);
   std::vector<size_t> sizes;
   for (absl::string_view s : absl::StrSplit(absl::GetFlag(FLAGS_sizes_m), ',', absl::SkipEmpty())) {

@@ -20,11 +20,11 @@
 #include <thread>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "common/command_line.h"
 #include "common/config.h"
 #include "common/shard_map.h"
 #include "common/sync.h"
@@ -347,6 +347,6 @@ int Run() {
 }  // namespace segps
 
 int main(int argc, char** argv) {
-  absl::ParseCommandLine(argc, argv);
+  segps::ParseCommandLine(argc, argv, "How a segps server holds up as workers multiply.");
   return segps::Run();
 }

@@ -12,10 +12,10 @@
 #include <random>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "common/command_line.h"
 #include "worker/model/backend.h"
 #include "worker/model/segment_model.h"
 
@@ -110,6 +110,6 @@ int Run() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  absl::ParseCommandLine(argc, argv);
+  segps::ParseCommandLine(argc, argv, "The time of one worker step.");
   return Run();
 }

@@ -22,12 +22,12 @@
 #include <thread>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "common/command_line.h"
 #include "common/malloc_tuning.h"
 #include "common/config.h"
 #include "echo.grpc.pb.h"
@@ -372,7 +372,7 @@ int Run() {
 int main(int argc, char** argv) {
   segps::TuneMallocForLargeBuffers();
   setenv("MALLOC_ARENA_MAX", "2", /*overwrite=*/0);  // for the servers it starts, as segps-local does
-  absl::ParseCommandLine(argc, argv);
+  segps::ParseCommandLine(argc, argv, "Push+pull rounds against segps servers on loopback.");
   if (absl::GetFlag(FLAGS_echo_server)) return segps::ServeEcho();
   return segps::Run();
 }

@@ -42,10 +42,11 @@ data { source: SYNTHETIC_SEED }
 
 class ServerProcessTest : public ::testing::Test {
  protected:
+  virtual std::string Config() const { return kConfig; }
   void SetUp() override {
     dir_ = MakeTempDir();
     config_path_ = dir_ + "/job.pbtxt";
-    WriteFile(config_path_, kConfig);
+    WriteFile(config_path_, Config());
     config_ = *LoadConfig(config_path_);
     map_ = std::make_unique<ShardMap>(*ShardMap::Create(config_.model(), 2));
     ServerProcesses started = StartServers(config_path_, 2);
@@ -467,6 +468,41 @@ TEST_F(ServerProcessTest, ShutsDownCleanlyOnSigtermAndSigint) {
     ASSERT_TRUE(status.has_value()) << "server did not stop";
     EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 0) << s->output();
   }
+}
+
+// The same servers applying Adam.
+class AdamServerProcessTest : public ServerProcessTest {
+ protected:
+  std::string Config() const override {
+    std::string config = kConfig;
+    const std::string sgd = "optimizer { kind: SGD learning_rate: 1 }";
+    config.replace(config.find(sgd), sgd.size(), "optimizer { kind: ADAM }");
+    return config;
+  }
+};
+
+// 1e20 is finite, but its square is not a float32: applied, it would make
+// Adam's second moment infinite and the next ordinary push would turn the
+// whole segment into NaN. Refused, naming why, and nothing changes; the
+// worker's ordinary pushes go on.
+TEST_F(AdamServerProcessTest, AFiniteGradientThatWouldOverflowTheStateIsRefusedAndChangesNothing) {
+  const uint64_t a = Register(0, 0), b = Register(0, 1);
+  const std::vector<float> before = Read(0);
+  v1::PushResponse response;
+  const grpc::Status refused = Call(0, Push(0, a, 0, 1e20f), &response);
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(refused.error_message().find("its largest element, 1e+20, could take the squared gradient to 1e+40, "
+                                         "beyond float32's range; refused, nothing was applied"),
+            std::string::npos)
+      << refused.error_message();
+  EXPECT_EQ(Read(0), before);
+  for (const uint64_t clock : {0, 1}) {
+    ASSERT_TRUE(Call(0, Push(0, a, clock, 0.5f), &response).ok()) << "clock " << clock;
+    ASSERT_TRUE(Call(0, Push(0, b, clock, 0.5f), &response).ok()) << "clock " << clock;
+  }
+  const std::vector<float> after = Read(0);
+  EXPECT_NE(after, before);
+  for (float x : after) ASSERT_TRUE(std::isfinite(x));
 }
 
 TEST(ServerFlags, WrongFlagsGetClearErrors) {

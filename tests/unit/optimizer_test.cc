@@ -158,6 +158,66 @@ TEST_P(OptimizerTest, ExtrapolateIsUpdatesWithoutGradient) {
   }
 }
 
+// Every parameter and slot of the state finite.
+bool AllFinite(const Optimizer& opt, const std::vector<float>& w) {
+  std::vector<std::vector<float>> slots;
+  opt.SaveState(&slots);
+  slots.push_back(w);
+  for (const std::vector<float>& slot : slots) {
+    for (float x : slot) {
+      if (!std::isfinite(x)) return false;
+    }
+  }
+  return true;
+}
+
+// Gradients from ordinary to the largest float, each on a fresh optimizer:
+// one the optimizer admits leaves the parameters and the state finite, and
+// so does an ordinary update after it (a poisoned state turns the next
+// update into NaN); one it refuses changes nothing and names why.
+TEST_P(OptimizerTest, AdmitsNoUpdateThatMakesTheModelNonFinite) {
+  const size_t n = 64;
+  int refused = 0;
+  for (const float magnitude : {1.0f, 1e10f, 1e18f, 1e19f, 1e20f, 1e30f, 3e38f}) {
+    SCOPED_TRACE(magnitude);
+    Twins t(Config(GetParam()), n, 3);
+    t.opt->Bound(t.w);
+    std::vector<float> huge(n);
+    for (size_t i = 0; i < n; ++i) huge[i] = i % 2 == 0 ? magnitude : -magnitude;
+    const std::vector<float> before = t.w;
+    const absl::Status admitted = t.opt->Admit(1, magnitude, 1.0f, t.w);
+    if (!admitted.ok()) {
+      ++refused;
+      EXPECT_EQ(admitted.code(), absl::StatusCode::kInvalidArgument);
+      EXPECT_NE(admitted.message().find("beyond float32's range; refused, nothing was applied"), std::string::npos)
+          << admitted;
+      EXPECT_EQ(t.w, before);
+      continue;
+    }
+    t.opt->Apply(1, 0, absl::MakeSpan(t.w), huge, 1.0f);
+    EXPECT_TRUE(AllFinite(*t.opt, t.w)) << "admitted, then not finite";
+    std::vector<double> g;
+    const std::vector<float> ordinary = t.Gradient(&g);
+    ASSERT_TRUE(t.opt->Admit(2, 4.0f, 1.0f, t.w).ok());
+    t.opt->Apply(2, 0, absl::MakeSpan(t.w), ordinary, 1.0f);
+    EXPECT_TRUE(AllFinite(*t.opt, t.w)) << "the update after it is not finite";
+  }
+  EXPECT_GE(refused, 1) << "the largest float is refused by every optimizer";
+  if (GetParam() == v1::ADAM || GetParam() == v1::ADAGRAD) {
+    EXPECT_GE(refused, 3) << "1e20 squared overflows the second moment or the accumulator";
+  }
+}
+
+// Ordinary training is never refused: the bounds grow with every update
+// but stay far from float32's range over a long run.
+TEST_P(OptimizerTest, AdmitsALongRunOfOrdinaryUpdates) {
+  Twins t(Config(GetParam()), 16, 4);
+  t.opt->Bound(t.w);
+  for (uint64_t step = 1; step <= 100000; ++step) {
+    ASSERT_TRUE(t.opt->Admit(step, 100.0f, 1.0f, t.w).ok()) << "step " << step;
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(AllKinds, OptimizerTest,
                          ::testing::Values(v1::SGD, v1::MOMENTUM, v1::ADAM, v1::ADAGRAD),
                          [](const auto& info) { return v1::OptimizerKind_Name(info.param); });
