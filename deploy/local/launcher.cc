@@ -21,6 +21,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <system_error>
 #include <fstream>
 #include <functional>
 #include <iostream>
@@ -615,11 +616,19 @@ class LocalJob {
     return RunTool("export", args);
   }
 
+  // A plot that cannot be drawn is a warning: the job's result stands.
   std::string Plot() {
     if (absl::GetFlag(FLAGS_plot).empty()) return "";
-    std::filesystem::create_directories(absl::GetFlag(FLAGS_plot));
-    return RunTool("plot", {"/usr/bin/python3", std::string(SEGPS_PYTHON_DIR) + "/segps_plot.py", "learning-curves",
-                            "--out", absl::GetFlag(FLAGS_plot), absl::GetFlag(FLAGS_report)});
+    std::error_code made;
+    std::filesystem::create_directories(absl::GetFlag(FLAGS_plot), made);
+    const std::string failed =
+        made ? absl::StrCat("cannot create ", absl::GetFlag(FLAGS_plot), ": ", made.message())
+             : RunTool("plot", {"/usr/bin/python3", std::string(SEGPS_PYTHON_DIR) + "/segps_plot.py",
+                                "learning-curves", "--out", absl::GetFlag(FLAGS_plot), absl::GetFlag(FLAGS_report)});
+    if (!failed.empty()) {
+      std::cout << "segps-local: warning: --plot: " << failed << "; the job itself succeeded" << std::endl;
+    }
+    return "";
   }
 
   std::string ShutDown() {

@@ -261,5 +261,18 @@ TEST(Cluster, ReportKeepsHistoryAndPlotDrawsItsLearningCurves) {
   EXPECT_NE(check->output().find("OK"), std::string::npos) << check->output();
 }
 
+// A plot that cannot be drawn (here: its folder cannot be made) is a
+// warning; the job's trained and scored model stands, and it exits 0.
+TEST(Cluster, APlotThatCannotBeDrawnIsAWarningNotAFailedJob) {
+  const std::string dir = MakeTempDir();
+  std::unique_ptr<Subprocess> p = Subprocess::Start({BinaryPath("segps-local"), "--config", Config("seed.pbtxt"),
+                                                     "--report", dir + "/report.json", "--plot", "/proc/no/plots"});
+  std::optional<int> status = p->Wait(absl::Minutes(3));
+  ASSERT_TRUE(status.has_value() && ExitedOk(*status)) << p->output();
+  EXPECT_NE(p->output().find("segps-local: warning: --plot: cannot create /proc/no/plots"), std::string::npos)
+      << p->output();
+  EXPECT_NE(ReadFile(dir + "/report.json").find("\"ensemble\""), std::string::npos);
+}
+
 }  // namespace
 }  // namespace segps
