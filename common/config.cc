@@ -619,22 +619,50 @@ uint32_t MinShare(const v1::TrainingConfig& training) {
   return std::max<uint32_t>(1, static_cast<uint32_t>(share));
 }
 
-std::string ModelFingerprint(const v1::JobConfig& config) {
-  std::string bytes;
-  {
-    google::protobuf::io::StringOutputStream out(&bytes);
-    google::protobuf::io::CodedOutputStream coded(&out);
-    coded.SetSerializationDeterministic(true);
-    config.model().SerializeToCodedStream(&coded);
-    config.optimizer().SerializeToCodedStream(&coded);
-    coded.WriteVarint64(config.seed());
-    // Balanced pushes are weighted by their samples against batch_size.
-    if (config.training().has_balance()) {
+namespace {
+
+// Each part of the model fingerprint, serialised deterministically.
+std::map<std::string, std::string> FingerprintBytes(const v1::JobConfig& config) {
+  auto serialized = [](auto write) {
+    std::string bytes;
+    {
+      google::protobuf::io::StringOutputStream out(&bytes);
+      google::protobuf::io::CodedOutputStream coded(&out);
+      coded.SetSerializationDeterministic(true);
+      write(coded);
+    }
+    return bytes;
+  };
+  std::map<std::string, std::string> parts;
+  parts["model"] = serialized([&](auto& coded) { config.model().SerializeToCodedStream(&coded); });
+  parts["optimizer"] = serialized([&](auto& coded) { config.optimizer().SerializeToCodedStream(&coded); });
+  parts["seed"] = serialized([&](auto& coded) { coded.WriteVarint64(config.seed()); });
+  // Balanced pushes are weighted by their samples against batch_size.
+  if (config.training().has_balance()) {
+    parts["balance"] = serialized([&](auto& coded) {
       config.training().balance().SerializeToCodedStream(&coded);
       coded.WriteVarint32(config.training().batch_size());
-    }
+    });
+  }
+  return parts;
+}
+
+}  // namespace
+
+std::string ModelFingerprint(const v1::JobConfig& config) {
+  const std::map<std::string, std::string> parts = FingerprintBytes(config);
+  std::string bytes;
+  for (const char* name : {"model", "optimizer", "seed", "balance"}) {
+    auto it = parts.find(name);
+    if (it != parts.end()) bytes += it->second;
   }
   return HexFingerprint(bytes);
+}
+
+std::map<std::string, std::string> ModelFingerprintParts(const v1::JobConfig& config) {
+  std::map<std::string, std::string> parts = FingerprintBytes(config);
+  for (auto& [name, bytes] : parts) bytes = HexFingerprint(bytes);
+  return parts;
 }
 
 }  // namespace segps

@@ -7,6 +7,7 @@
 #define SEGPS_COMMON_CONFIG_H_
 
 #include <cstdint>
+#include <map>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -49,6 +50,9 @@ uint32_t MinShare(const v1::TrainingConfig& training);
 // the initialisation seed (and, for balanced training, the balance and the
 // batch size that pushes are weighted against).
 std::string ModelFingerprint(const v1::JobConfig& config);
+// The same parts fingerprinted one by one ("model", "optimizer", "seed",
+// "balance"), so that a mismatch can say which differ.
+std::map<std::string, std::string> ModelFingerprintParts(const v1::JobConfig& config);
 
 }  // namespace segps
 

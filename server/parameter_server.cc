@@ -221,10 +221,20 @@ absl::Status ParameterServer::Register(const v1::RegisterRequest& request, v1::R
   absl::StatusOr<SegmentShard*> shard = ShardFor(request.segment(), "Register");
   if (!shard.ok()) return Reject(request.segment(), shard.status());
   if (request.model_fingerprint() != model_fingerprint_) {
+    // Which parts differ, not the server's fingerprint: that says nothing
+    // a caller needs, and it is not the caller's to read.
+    std::vector<std::string> differ;
+    for (const auto& [name, fingerprint] : ModelFingerprintParts(config_)) {
+      auto theirs = request.fingerprint_parts().find(name);
+      if (theirs == request.fingerprint_parts().end() || theirs->second != fingerprint) differ.push_back(name);
+    }
     return Reject(request.segment(), absl::FailedPreconditionError(absl::StrCat(
         "Register: model fingerprint ", request.model_fingerprint(),
-        " does not match this server's ", model_fingerprint_,
-        ": worker and server were started with different model, optimizer or seed")));
+        " does not match this server's: worker and server were started with different configs (",
+        request.fingerprint_parts().empty() ? "model, optimizer, seed or balance"
+                                            : absl::StrCat(absl::StrJoin(differ, " and "),
+                                                           differ.size() == 1 ? " differs" : " differ"),
+        ")")));
   }
   if (request.shard_fingerprint() != map_.fingerprint()) {
     return Reject(request.segment(), absl::FailedPreconditionError(absl::StrCat(

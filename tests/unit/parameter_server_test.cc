@@ -317,7 +317,16 @@ TEST_F(ParameterServerTest, RejectsMismatchedFingerprints) {
   absl::Status status = server_->Register(r, &response);
   EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_NE(std::string(status.message()).find("0123456789abcdef"), std::string::npos);
-  EXPECT_NE(std::string(status.message()).find(ModelFingerprint(config_)), std::string::npos);
+  EXPECT_EQ(std::string(status.message()).find(ModelFingerprint(config_)), std::string::npos)
+      << "the server's own fingerprint is not the caller's to read: " << status;
+  EXPECT_NE(std::string(status.message()).find("(model, optimizer, seed or balance)"), std::string::npos) << status;
+  // A worker that sends the parts learns which differ.
+  v1::JobConfig other = config_;
+  other.mutable_optimizer()->set_learning_rate(other.optimizer().learning_rate() * 2);
+  r.set_model_fingerprint(ModelFingerprint(other));
+  for (const auto& [name, part] : ModelFingerprintParts(other)) (*r.mutable_fingerprint_parts())[name] = part;
+  status = server_->Register(r, &response);
+  EXPECT_NE(std::string(status.message()).find("different configs (optimizer differs)"), std::string::npos) << status;
   r = Registration(0, 1);
   r.set_shard_fingerprint("feedfeedfeedfeed");
   EXPECT_EQ(server_->Register(r, &response).code(), absl::StatusCode::kFailedPrecondition);

@@ -440,8 +440,10 @@ TEST(WorkerInProcess, WorkerWithAnotherModelIsRefused) {
   std::unique_ptr<ParameterClient> client = *ConnectGrpc(other, cluster.addresses());
   absl::StatusOr<Registration> registered = client->Register(0, 0);
   ASSERT_EQ(registered.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_NE(std::string(registered.status().message()).find(ModelFingerprint(other)), std::string::npos);
-  EXPECT_NE(std::string(registered.status().message()).find(ModelFingerprint(config)), std::string::npos);
+  const std::string message(registered.status().message());
+  EXPECT_NE(message.find(ModelFingerprint(other)), std::string::npos) << message;
+  EXPECT_NE(message.find("started with different configs (model differs)"), std::string::npos) << message;
+  EXPECT_EQ(message.find(ModelFingerprint(config)), std::string::npos) << "the server's own fingerprint: " << message;
 }
 
 TEST(WorkerInProcess, ServersListedOutOfOrderAreNamed) {

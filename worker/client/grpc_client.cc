@@ -146,7 +146,8 @@ class GrpcClient final : public ParameterClient {
           std::make_unique<GrpcMembershipStub>(stubs_[i].get(), i, addresses_[i], rpc_deadline_));
       servers.push_back(membership_stubs_.back().get());
     }
-    membership_ = std::make_unique<Membership>(std::move(servers), ModelFingerprint(config), map_.fingerprint());
+    membership_ = std::make_unique<Membership>(std::move(servers), ModelFingerprint(config), map_.fingerprint(),
+                                               ModelFingerprintParts(config));
   }
 
   // The streams first: their last replies may still land (plans_).

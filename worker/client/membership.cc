@@ -13,10 +13,11 @@
 namespace segps {
 
 Membership::Membership(std::vector<MembershipStub*> servers, std::string model_fingerprint,
-                       std::string shard_fingerprint)
+                       std::string shard_fingerprint, std::map<std::string, std::string> fingerprint_parts)
     : servers_(std::move(servers)),
       model_fingerprint_(std::move(model_fingerprint)),
       shard_fingerprint_(std::move(shard_fingerprint)),
+      fingerprint_parts_(std::move(fingerprint_parts)),
       worker_ids_(servers_.size(), 0),
       secrets_(servers_.size()),
       incarnations_(servers_.size(), 0) {}
@@ -31,6 +32,7 @@ absl::StatusOr<Registration> Membership::Register(int segment, std::optional<uin
   request.set_rank(rank.value_or(0));
   request.set_any_rank(!rank.has_value());
   request.set_model_fingerprint(model_fingerprint_);
+  request.mutable_fingerprint_parts()->insert(fingerprint_parts_.begin(), fingerprint_parts_.end());
   request.set_shard_fingerprint(shard_fingerprint_);
   // Each rollback moves a generation on; a few in a row mean servers that
   // keep failing, which the caller's recovery retries.

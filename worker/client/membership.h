@@ -9,6 +9,7 @@
 #define SEGPS_WORKER_CLIENT_MEMBERSHIP_H_
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -48,8 +49,11 @@ class MembershipStub {
 // secret are constant between registrations.
 class Membership {
  public:
-  // `servers` (in index order) outlive this.
-  Membership(std::vector<MembershipStub*> servers, std::string model_fingerprint, std::string shard_fingerprint);
+  // `servers` (in index order) outlive this. `fingerprint_parts`: the
+  // model fingerprint's parts (ModelFingerprintParts), for a server to say
+  // which differ.
+  Membership(std::vector<MembershipStub*> servers, std::string model_fingerprint, std::string shard_fingerprint,
+             std::map<std::string, std::string> fingerprint_parts = {});
 
   // Registers as `rank` of `segment` with every server (without a rank,
   // server 0 assigns the lowest free one). `plan`, if not null, gets server
@@ -70,6 +74,7 @@ class Membership {
 
   const std::vector<MembershipStub*> servers_;
   const std::string model_fingerprint_, shard_fingerprint_;
+  const std::map<std::string, std::string> fingerprint_parts_;
   std::vector<uint64_t> worker_ids_;    // per server; 0 until registered
   std::vector<std::string> secrets_;    // per server: each registration's secret
   std::vector<uint64_t> incarnations_;  // per server: as of the last registration (0: none yet)
