@@ -397,6 +397,30 @@ absl::Status ParameterServer::Pull(const v1::PullRequest& request, absl::Time de
   return status;
 }
 
+absl::StatusOr<PushInfo> ParameterServer::CheckPush(const v1::PushRequest& request,
+                                                    const DenseView::Values& scanned) const {
+  const v1::TensorSlice& gradient = request.gradient();
+  if (const std::optional<DenseView::Element>& bad = scanned.non_finite) {
+    // float16 turns magnitudes beyond its range into infinity on the way.
+    const bool overflow = gradient.dtype() == v1::FLOAT16 && std::isinf(bad->value);
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Push gradient: element ", gradient.offset() + bad->at, " of segment ", request.segment(), " is ",
+        bad->value, overflow ? " (beyond float16's 65504: use wire_dtype FLOAT32 or BFLOAT16)" : "",
+        "; gradients must be finite (nothing was applied)"));
+  }
+  const uint64_t most = uint64_t{config_.training().batch_size()} * WorkersOf(config_, request.segment());
+  if (request.has_samples() && request.samples() > most) {
+    return absl::InvalidArgumentError(absl::StrCat("Push samples: ", request.samples(),
+                                                   " is more than a clock's batch_size x workers (", most,
+                                                   "); nothing was applied"));
+  }
+  PushInfo info;
+  info.max_abs_gradient = scanned.max_abs;
+  if (request.has_samples()) info.samples = request.samples();
+  if (std::isfinite(request.samples_per_second())) info.samples_per_second = request.samples_per_second();
+  return info;
+}
+
 void ParameterServer::Push(const v1::PushRequest& request, Payload data, absl::Time deadline, ReadValues read,
                            v1::PushResponse* response, Done done, const std::string& caller) {
   absl::StatusOr<SegmentShard*> shard = ShardFor(request.segment(), "Push");
@@ -418,15 +442,8 @@ void ParameterServer::Push(const v1::PushRequest& request, Payload data, absl::T
   };
   auto grad = std::make_unique<Gradient>(gradient, std::move(data));
   // Checked before anything is applied, so that a bad push changes nothing.
-  const DenseView::Values scanned = grad->view.Scan();
-  if (const std::optional<DenseView::Element>& bad = scanned.non_finite) {
-    // float16 turns magnitudes beyond its range into infinity on the way.
-    const bool overflow = gradient.dtype() == v1::FLOAT16 && std::isinf(bad->value);
-    return std::move(done)(Reject(request.segment(), absl::InvalidArgumentError(absl::StrCat(
-        "Push gradient: element ", gradient.offset() + bad->at, " of segment ", request.segment(), " is ",
-        bad->value, overflow ? " (beyond float16's 65504: use wire_dtype FLOAT32 or BFLOAT16)" : "",
-        "; gradients must be finite (nothing was applied)"))));
-  }
+  absl::StatusOr<PushInfo> info = CheckPush(request, grad->view.Scan());
+  if (!info.ok()) return std::move(done)(Reject(request.segment(), info.status()));
   const absl::Time start = absl::Now();
   const uint32_t segment = request.segment();
   const uint64_t clock = request.clock();
@@ -439,16 +456,6 @@ void ParameterServer::Push(const v1::PushRequest& request, Payload data, absl::T
     pull_read = [read = std::move(read), dtype](absl::Span<const float> values) mutable { read(values, dtype); };
   }
   const DenseView* view = &grad->view;
-  const uint64_t most = uint64_t{config_.training().batch_size()} * WorkersOf(config_, segment);
-  if (request.has_samples() && request.samples() > most) {
-    return std::move(done)(Reject(segment, absl::InvalidArgumentError(absl::StrCat(
-        "Push samples: ", request.samples(), " is more than a clock's batch_size x workers (", most,
-        "); nothing was applied"))));
-  }
-  PushInfo info;
-  info.max_abs_gradient = scanned.max_abs;
-  if (request.has_samples()) info.samples = request.samples();
-  if (std::isfinite(request.samples_per_second())) info.samples_per_second = request.samples_per_second();
   (*shard)->Push(
       request.worker_id(), clock, chunk.offset - range.offset, view, deadline, std::move(pull_read),
       [this, response, done = std::move(done), grad = std::move(grad), start, segment, clock, chunk, dtype,
@@ -479,7 +486,7 @@ void ParameterServer::Push(const v1::PushRequest& request, Payload data, absl::T
                       clock + 1 <= pulled.clock ? 0 : clock + 1 - pulled.clock, pulled.blocked);
         }
         std::move(done)(absl::OkStatus());
-      }, info);
+      }, *info);
 }
 
 absl::Status ParameterServer::Push(const v1::PushRequest& request, absl::Time deadline, v1::PushResponse* response,

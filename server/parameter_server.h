@@ -121,6 +121,9 @@ class ParameterServer {
   void StartThreads(absl::Duration tick);
   absl::StatusOr<SegmentShard*> ShardFor(uint32_t segment, const char* call);
   absl::Status Reject(uint32_t segment, absl::Status status);
+  // What a push says beside its gradient, once its values (`scanned`) and
+  // its sample count are checked: an error that names what is wrong.
+  absl::StatusOr<PushInfo> CheckPush(const v1::PushRequest& request, const DenseView::Values& scanned) const;
   static void FillValues(Range chunk, v1::DType dtype, v1::TensorSlice* values);
   void ObservePull(uint32_t segment, absl::Time start, size_t bytes, uint64_t staleness, absl::Duration blocked);
 

@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <ostream>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -17,6 +18,8 @@ struct Binary {
   const char* name;
   const char* own_flag;  // a flag the binary itself defines
 };
+// How the test's name shows its parameter (not its bytes).
+void PrintTo(const Binary& binary, std::ostream* os) { *os << binary.name; }
 
 class HelpTest : public ::testing::TestWithParam<Binary> {};
 
