@@ -1,7 +1,6 @@
 #include "common/config_hints.h"
 
 #include <algorithm>
-#include <regex>
 #include <set>
 
 #include "absl/strings/ascii.h"
@@ -95,13 +94,25 @@ std::string Suggest(absl::string_view typo, const std::vector<std::string>& name
 }
 
 std::string ParseErrorHint(const Descriptor& root, absl::string_view message) {
-  static const std::regex kEnum(R"re(Unknown enumeration value of "?([^" ]+)"? for field "([^"]+)")re");
-  static const std::regex kField(R"re(Message type "([^"]+)" has no field named "([^"]+)")re");
-  const std::string text(message);
-  std::smatch m;
-  if (std::regex_search(text, m, kEnum)) return EnumHint(root, m[1], m[2]);
-  if (std::regex_search(text, m, kField)) return FieldHint(m[1], m[2]);
-  return "";
+  // protobuf's wording: Unknown enumeration value of "TANHH" for field "activation".
+  //                     Message type "segps.v1.OptimizerConfig" has no field named "learing_rate".
+  constexpr absl::string_view kEnum = "Unknown enumeration value of ", kField = "Message type ";
+  const size_t enum_at = message.find(kEnum), field_at = message.find(kField);
+  const bool is_enum = enum_at != absl::string_view::npos;
+  if (!is_enum && (field_at == absl::string_view::npos || !absl::StrContains(message, "has no field named"))) {
+    return "";
+  }
+  // The first two quoted names after the wording.
+  absl::string_view rest = message.substr(is_enum ? enum_at : field_at);
+  std::vector<std::string> quoted;
+  while (quoted.size() < 2) {
+    const size_t open = rest.find('"');
+    const size_t close = open == absl::string_view::npos ? open : rest.find('"', open + 1);
+    if (close == absl::string_view::npos) return "";
+    quoted.emplace_back(rest.substr(open + 1, close - open - 1));
+    rest.remove_prefix(close + 1);
+  }
+  return is_enum ? EnumHint(root, quoted[0], quoted[1]) : FieldHint(quoted[0], quoted[1]);
 }
 
 }  // namespace segps
