@@ -289,6 +289,8 @@ Magnitudes ScanMagnitudes(absl::Span<const float> values) {
 
 }  // namespace
 
+float MaxMagnitude(absl::Span<const float> values) { return ScanMagnitudes(values).max_abs; }
+
 std::optional<size_t> FirstNonFinite(absl::Span<const float> values) {
   if (ScanMagnitudes(values).finite) return std::nullopt;
   return std::find_if(values.begin(), values.end(), [](float x) { return !std::isfinite(x); }) - values.begin();

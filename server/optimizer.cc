@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "common/tensor_wire.h"
 
 namespace segps {
 namespace {
@@ -50,12 +51,6 @@ constexpr uint64_t kMaxDriftUpdates = 4096;
 // the rounding of the float arithmetic it bounds.
 constexpr double kLimit = std::numeric_limits<float>::max() / 2.0;
 
-double MaxAbs(absl::Span<const float> values) {
-  float most = 0;
-  for (float v : values) most = std::max(most, std::fabs(v));
-  return most;
-}
-
 // The first of `bounds` (what, bound) beyond kLimit, as a refusal.
 absl::Status Within(float max_abs, std::initializer_list<std::pair<const char*, double>> bounds) {
   for (const auto& [what, bound] : bounds) {
@@ -82,7 +77,7 @@ class Sgd final : public Optimizer {
     w_ = w;
     return absl::OkStatus();
   }
-  void Bound(absl::Span<const float> params) override { w_ = MaxAbs(params); }
+  void Bound(absl::Span<const float> params) override { w_ = MaxMagnitude(params); }
 
  private:
   const float lr_, wd_;
@@ -125,8 +120,8 @@ class Momentum final : public Optimizer {
     return absl::OkStatus();
   }
   void Bound(absl::Span<const float> params) override {
-    w_ = MaxAbs(params);
-    v_ = MaxAbs(velocity_);
+    w_ = MaxMagnitude(params);
+    v_ = MaxMagnitude(velocity_);
   }
   std::vector<std::string> SlotNames() const override { return {"momentum"}; }
   void SaveState(std::vector<std::vector<float>>* slots) const override { *slots = {velocity_}; }
@@ -155,7 +150,7 @@ class Adam final : public Optimizer {
     } cache;
     if (cache.optimizer != id_ || cache.step != step) {
       const double t = static_cast<double>(step);
-      cache = {id_, step, static_cast<float>(lr_ * std::sqrt(1.0 - std::pow(b2_, t)) / (1.0 - std::pow(b1_, t)))};
+      cache = {id_, step, static_cast<float>(Alpha(t))};
     }
     AdamKernel(params.data(), grad.data(), moments_.data() + 2 * first, params.size(), cache.alpha * scale, 1.0f - b1_,
                1.0f - b2_, eps_, wd_);
@@ -169,7 +164,7 @@ class Adam final : public Optimizer {
     for (uint64_t j = 1; j <= std::min(updates, kMaxDriftUpdates); ++j) {
       const double t = static_cast<double>(applied + j);
       b1_power *= b1_;
-      c += b1_power * lr_ * std::sqrt(1.0 - std::pow(b2_, t)) / (1.0 - std::pow(b1_, t));
+      c += b1_power * Alpha(t);
     }
     AdamDriftKernel(params.data(), moments_.data() + 2 * first, out.data(), params.size(), static_cast<float>(c),
                     eps_);
@@ -181,8 +176,7 @@ class Adam final : public Optimizer {
     const double g = max_abs + double{wd_} * w_, g2 = g * g;
     const double m = std::max(m_, g), v = std::max(v_, g2);
     const double t = static_cast<double>(std::max<uint64_t>(step, 1));
-    const double alpha = lr_ * std::sqrt(1.0 - std::pow(b2_, t)) / (1.0 - std::pow(b1_, t));
-    const double w = w_ + alpha * scale * m / eps_;
+    const double w = w_ + Alpha(t) * scale * m / eps_;
     SEGPS_RETURN_IF_ERROR(Within(max_abs, {{"the weight-decayed gradient", g},
                                            {"g - m in the first moment", g + m_},
                                            {"the squared gradient", g2},
@@ -194,7 +188,7 @@ class Adam final : public Optimizer {
     return absl::OkStatus();
   }
   void Bound(absl::Span<const float> params) override {
-    w_ = MaxAbs(params);
+    w_ = MaxMagnitude(params);
     m_ = v_ = 0;
     for (size_t i = 0; i < moments_.size(); i += 2) {
       m_ = std::max(m_, double{std::fabs(moments_[i])});
@@ -220,6 +214,9 @@ class Adam final : public Optimizer {
   }
 
  private:
+  // The step size of update number t, bias corrections included.
+  double Alpha(double t) const { return lr_ * std::sqrt(1.0 - std::pow(b2_, t)) / (1.0 - std::pow(b1_, t)); }
+
   static inline std::atomic<uint64_t> next_id_{1};
   const uint64_t id_ = next_id_++;  // names this optimizer in the per-thread cache
   const double lr_, b1_, b2_;
@@ -259,8 +256,8 @@ class AdaGrad final : public Optimizer {
     return absl::OkStatus();
   }
   void Bound(absl::Span<const float> params) override {
-    w_ = MaxAbs(params);
-    a_ = MaxAbs(accumulator_);
+    w_ = MaxMagnitude(params);
+    a_ = MaxMagnitude(accumulator_);
   }
   std::vector<std::string> SlotNames() const override { return {"adagrad_accumulator"}; }
   void SaveState(std::vector<std::vector<float>>* slots) const override { *slots = {accumulator_}; }

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
 #include <cstring>
 #include <random>
 #include <string>
@@ -418,6 +419,20 @@ TEST_P(HalfPayload, SplitAnywhereWidens) {
 
 INSTANTIATE_TEST_SUITE_P(Dtypes, HalfPayload, ::testing::Values(v1::BFLOAT16, v1::FLOAT16),
                          [](const auto& info) { return v1::DType_Name(info.param); });
+
+// The largest magnitude, whatever the sign; infinity and NaN above every
+// finite value (the optimizer's bounds then refuse rather than overflow).
+TEST(TensorWire, MaxMagnitudeIsTheLargestAbsoluteValue) {
+  EXPECT_EQ(MaxMagnitude({}), 0.0f);
+  EXPECT_EQ(MaxMagnitude(std::vector<float>{0.5f, -3.0f, 2.0f, -0.0f}), 3.0f);
+  std::vector<float> many(1000, 1.0f);
+  many[777] = -1e30f;
+  EXPECT_EQ(MaxMagnitude(many), 1e30f);
+  many[3] = -INFINITY;
+  EXPECT_TRUE(std::isinf(MaxMagnitude(many)));
+  many[5] = NAN;
+  EXPECT_FALSE(MaxMagnitude(many) <= std::numeric_limits<float>::max());
+}
 
 }  // namespace
 }  // namespace segps

@@ -55,12 +55,11 @@ absl::StatusOr<Registration> Membership::Register(int segment, std::optional<uin
       // A server that knew the rank keeps it at its own clock until told.
       const uint64_t held = responses[i].has_rank_clock() ? responses[i].rank_clock() : responses[i].start_clock();
       if (held != start) {
-        const v1::RegisterResponse agreed = responses[i];
+        const uint64_t incarnation = responses[i].incarnation(), generation = responses[i].generation();
         SEGPS_RETURN_IF_ERROR(RegisterWith(i, request, &responses[i]));
         // Restarted, or rolled back by another worker, since it answered:
         // what was agreed may not hold there; agree again.
-        changed = responses[i].incarnation() != agreed.incarnation() ||
-                  responses[i].generation() != agreed.generation();
+        changed = responses[i].incarnation() != incarnation || responses[i].generation() != generation;
         if (changed) break;
       }
       incarnations_[i] = responses[i].incarnation();
