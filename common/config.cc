@@ -212,6 +212,10 @@ absl::Status ValidateLayers(const v1::ModelConfig* model, int k, bool chain, con
                                    ": units must be in [1, ", kMaxLayerUnits, "], got ",
                                    layer.units()));
     }
+    if (!v1::Activation_IsValid(layer.activation())) {
+      return at.Error({{"model", -1}, {"segments", k}, {"layers", l}, {"activation", -1}},
+                      absl::StrCat(layer.activation(), " is no activation: IDENTITY, RELU, TANH, SIGMOID, or SOFTMAX"));
+    }
     if (layer.activation() == v1::ACTIVATION_UNSPECIFIED) {
       return at.Error({{"model", -1}, {"segments", k}, {"layers", l}, {"activation", -1}},
                       "is required: IDENTITY, RELU, TANH, SIGMOID, or SOFTMAX on the last layer");

@@ -1,11 +1,14 @@
-// One GPU worker and one CPU worker training the same segment against the
-// same servers reach the teacher config's bar. Skips without a usable GPU.
+// Jobs with workers on the GPU reach their CPU runs' accuracy bars: GPU and
+// CPU workers training the same segments, a chain of stages, and the
+// Fashion-MNIST job. Skips without a usable GPU, or fails under
+// SEGPS_REQUIRE_GPU=1 (tests/gpu/check.sh).
 #include <sys/wait.h>
 
 #include <gtest/gtest.h>
 
 #include <regex>
 
+#include "tests/support/gpu.h"
 #include "tests/support/subprocess.h"
 #include "worker/model/backend.h"
 
@@ -13,9 +16,7 @@ namespace segps {
 namespace {
 
 TEST(GpuCluster, MixedGpuAndCpuWorkersReachTheTeacherBar) {
-  absl::StatusOr<std::unique_ptr<Backend>> gpu = CreateBackend("cuda:0");
-  if (!gpu.ok()) GTEST_SKIP() << "no usable GPU: " << gpu.status().message();
-  gpu->reset();
+  SEGPS_REQUIRE_GPU_OR_SKIP(CreateBackend("cuda:0").status());
   const std::string config = std::string(SEGPS_SOURCE_DIR) + "/deploy/configs/teacher.pbtxt";
   ServerProcesses servers = StartServers(config, 2);
   ASSERT_TRUE(servers.ok()) << servers.Output();
@@ -43,6 +44,28 @@ TEST(GpuCluster, MixedGpuAndCpuWorkersReachTheTeacherBar) {
   const std::string json = ReadFile(report);
   ASSERT_TRUE(std::regex_search(json, m, std::regex("\"ensemble\": \\{\"name\": \"ensemble\", \"accuracy\": ([0-9.]+)")));
   EXPECT_GT(std::stod(m[1]), 0.90) << json;
+}
+
+// segps-local with every worker on the GPU: the job's exit, its workers'
+// device and the report's ensemble accuracy.
+void ExpectLocalJobOnTheGpuReaches(const std::string& config_name, double bar, absl::Duration timeout) {
+  SEGPS_REQUIRE_GPU_OR_SKIP(CreateBackend("cuda:0").status());
+  const std::string dir = MakeTempDir();
+  std::unique_ptr<Subprocess> job =
+      Subprocess::Start({BinaryPath("segps-local"), "--config", std::string(SEGPS_SOURCE_DIR) + "/deploy/configs/" + config_name,
+                         "--device", "cuda:0", "--report", dir + "/report.json"});
+  std::optional<int> status = job->Wait(timeout);
+  ASSERT_TRUE(status.has_value() && WIFEXITED(*status) && WEXITSTATUS(*status) == 0) << job->output();
+  EXPECT_NE(job->output().find("on cuda:0"), std::string::npos) << job->output();
+  EXPECT_GT(EnsembleAccuracy(ReadFile(dir + "/report.json")), bar) << job->output();
+}
+
+TEST(GpuCluster, ATeacherChainOfThreeStagesOnTheGpuReachesItsBar) {
+  ExpectLocalJobOnTheGpuReaches("teacher_chain.pbtxt", 0.90, absl::Minutes(5));
+}
+
+TEST(GpuCluster, TheFashionMnistJobOnTheGpuReachesItsBar) {
+  ExpectLocalJobOnTheGpuReaches("fashion_mnist.pbtxt", 0.88, absl::Minutes(10));
 }
 
 }  // namespace

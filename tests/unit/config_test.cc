@@ -122,6 +122,7 @@ TEST(Config, RejectsEachBrokenField) {
       {"units: 10 activation: SOFTMAX", "units: 9 activation: SOFTMAX", "last layer must be SOFTMAX"},
       {"units: 64 activation: RELU", "units: 64 activation: SOFTMAX", "only allowed on a segment's last layer"},
       {"units: 64 activation: RELU", "units: 64", "activation: is required"},
+      {"units: 64 activation: RELU", "units: 64 activation: 9", "layers[0].activation: 9 is no activation"},
       {"kind: ADAM", "kind: ADAM learning_rate: -1", "optimizer.learning_rate: must be > 0"},
       {"kind: ADAM", "kind: ADAM beta1: 1", "optimizer.beta1: must be in [0, 1)"},
       {"kind: ADAM", "", "optimizer.kind: is required"},

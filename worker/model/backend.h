@@ -21,6 +21,8 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
 #include "segps/v1/config.pb.h"
 
 namespace segps {
@@ -103,7 +105,26 @@ class Backend {
   virtual absl::Status SoftmaxCrossEntropy(const float* logits, const int32_t* labels, int rows,
                                            int cols, float grad_scale, float* probs,
                                            float* dlogits, float* stats) = 0;
+
+  // The time the ops enqueued between StartTiming() and StopTiming() took
+  // to run on the device; StopTiming waits for them. On the CPU, where an op
+  // completes as it is called, the wall time between the two calls.
+  virtual absl::Status StartTiming() = 0;
+  virtual absl::StatusOr<absl::Duration> StopTiming() = 0;
 };
+
+// OK for an activation a hidden layer may apply (IDENTITY, RELU, TANH,
+// SIGMOID); otherwise INVALID_ARGUMENT naming `op` and the value, which may
+// be one no enum name has (a config that is not text). Written without
+// protobuf's reflection, so the CUDA plugin can use it.
+inline absl::Status CheckHiddenActivation(const char* op, v1::Activation f) {
+  static constexpr const char* kNames[] = {"ACTIVATION_UNSPECIFIED", "IDENTITY", "RELU", "TANH", "SIGMOID", "SOFTMAX"};
+  const int code = static_cast<int>(f);
+  if (f == v1::IDENTITY || f == v1::RELU || f == v1::TANH || f == v1::SIGMOID) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat(op, ": activation ", code >= 0 && code <= 5 ? kNames[code] : absl::StrCat(code),
+                   " is not one a hidden layer applies (IDENTITY, RELU, TANH, SIGMOID)"));
+}
 
 // The OpenBLAS backend. Sets OpenBLAS (one pool per process) to `threads`
 // threads.

@@ -70,8 +70,7 @@ class CpuBackend final : public Backend {
         for (size_t i = 0; i < n; ++i) y[i] = 1.0f / (1.0f + std::exp(-y[i]));
         break;
       default:
-        return absl::InvalidArgumentError(
-            absl::StrCat("cpu: Activate: ", v1::Activation_Name(f), " is not a hidden activation"));
+        return CheckHiddenActivation("cpu: Activate", f);
     }
     return absl::OkStatus();
   }
@@ -90,8 +89,7 @@ class CpuBackend final : public Backend {
         for (size_t i = 0; i < n; ++i) dy[i] *= y[i] * (1.0f - y[i]);
         break;
       default:
-        return absl::InvalidArgumentError(absl::StrCat(
-            "cpu: ActivationGrad: ", v1::Activation_Name(f), " is not a hidden activation"));
+        return CheckHiddenActivation("cpu: ActivationGrad", f);
     }
     return absl::OkStatus();
   }
@@ -133,12 +131,21 @@ class CpuBackend final : public Backend {
         for (int c = 0; c < cols; ++c) d[c] = (p[c] - (c == y ? 1.0f : 0.0f)) * grad_scale;
       }
     }
-    if (stats != nullptr) {
+    if (labels != nullptr && stats != nullptr) {
       stats[0] = static_cast<float>(loss);
       stats[1] = static_cast<float>(correct);
     }
     return absl::OkStatus();
   }
+
+  absl::Status StartTiming() override {
+    timing_since_ = absl::Now();
+    return absl::OkStatus();
+  }
+  absl::StatusOr<absl::Duration> StopTiming() override { return absl::Now() - timing_since_; }
+
+ private:
+  absl::Time timing_since_ = absl::Now();
 };
 
 }  // namespace

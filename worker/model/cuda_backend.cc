@@ -9,14 +9,33 @@
 namespace segps {
 namespace {
 
+// Out of device memory is RESOURCE_EXHAUSTED, as on the CPU; a machine
+// whose driver or devices cannot run us FAILED_PRECONDITION; anything else
+// is a fault of ours or of the device: INTERNAL.
 absl::Status Check(cudaError_t error, const char* call) {
   if (error == cudaSuccess) return absl::OkStatus();
-  return absl::InternalError(absl::StrCat(call, ": ", cudaGetErrorName(error), ": ", cudaGetErrorString(error)));
+  const std::string message = absl::StrCat(call, ": ", cudaGetErrorName(error), ": ", cudaGetErrorString(error));
+  switch (error) {
+    case cudaErrorMemoryAllocation:
+      return absl::ResourceExhaustedError(message);
+    case cudaErrorInsufficientDriver:
+    case cudaErrorNoDevice:
+    case cudaErrorNoKernelImageForDevice:
+      return absl::FailedPreconditionError(message);
+    default:
+      return absl::InternalError(message);
+  }
 }
 
 absl::Status Check(cublasStatus_t status, const char* call) {
   if (status == CUBLAS_STATUS_SUCCESS) return absl::OkStatus();
-  return absl::InternalError(absl::StrCat(call, ": ", cublasGetStatusName(status), ": ", cublasGetStatusString(status)));
+  const std::string message =
+      absl::StrCat(call, ": ", cublasGetStatusName(status), ": ", cublasGetStatusString(status));
+  if (status == CUBLAS_STATUS_ALLOC_FAILED) return absl::ResourceExhaustedError(message);
+  if (status == CUBLAS_STATUS_ARCH_MISMATCH || status == CUBLAS_STATUS_NOT_SUPPORTED) {
+    return absl::FailedPreconditionError(message);
+  }
+  return absl::InternalError(message);
 }
 
 #define SEGPS_CUDA(call) Check((call), #call)
@@ -24,6 +43,9 @@ absl::Status Check(cublasStatus_t status, const char* call) {
 class CudaBackend final : public Backend {
  public:
   ~CudaBackend() override {
+    partials_ = Buffer();
+    if (timing_[0] != nullptr) cudaEventDestroy(timing_[0]);
+    if (timing_[1] != nullptr) cudaEventDestroy(timing_[1]);
     if (handle_ != nullptr) cublasDestroy(handle_);
     if (stream_ != nullptr) cudaStreamDestroy(stream_);
   }
@@ -34,9 +56,14 @@ class CudaBackend final : public Backend {
     if (s.ok()) s = SEGPS_CUDA(cudaStreamCreateWithFlags(&backend->stream_, cudaStreamNonBlocking));
     if (s.ok()) s = SEGPS_CUDA(cublasCreate(&backend->handle_));
     if (s.ok()) s = SEGPS_CUDA(cublasSetStream(backend->handle_, backend->stream_));
+    // float32 products in float32 unless TF32 is asked for (the default
+    // math mode uses no TF32; the pedantic one is for testing, and slower).
     if (s.ok()) {
       s = SEGPS_CUDA(cublasSetMathMode(backend->handle_, allow_tf32 ? CUBLAS_TF32_TENSOR_OP_MATH
-                                                                     : CUBLAS_PEDANTIC_MATH));
+                                                                     : CUBLAS_DEFAULT_MATH));
+    }
+    for (cudaEvent_t& event : backend->timing_) {
+      if (s.ok()) s = SEGPS_CUDA(cudaEventCreate(&event));
     }
     if (!s.ok()) return s;
     return std::unique_ptr<Backend>(std::move(backend));
@@ -48,13 +75,13 @@ class CudaBackend final : public Backend {
   absl::StatusOr<Buffer> Allocate(size_t bytes) override {
     void* p = nullptr;
     absl::Status s = SEGPS_CUDA(cudaMalloc(&p, std::max<size_t>(bytes, 4)));
-    if (!s.ok()) return s;
+    if (!s.ok()) return absl::Status(s.code(), absl::StrCat("cuda: allocating ", bytes, " bytes: ", s.message()));
     return Buffer(p, bytes, [](void* q) { cudaFree(q); });
   }
   absl::StatusOr<Buffer> AllocateHost(size_t bytes) override {
     void* p = nullptr;
     absl::Status s = SEGPS_CUDA(cudaMallocHost(&p, std::max<size_t>(bytes, 4)));
-    if (!s.ok()) return s;
+    if (!s.ok()) return absl::Status(s.code(), absl::StrCat("cuda: allocating ", bytes, " pinned host bytes: ", s.message()));
     return Buffer(p, bytes, [](void* q) { cudaFreeHost(q); });
   }
 
@@ -81,15 +108,13 @@ class CudaBackend final : public Backend {
     return SEGPS_CUDA(cuda::AddBias(y, bias, rows, cols, stream_));
   }
   absl::Status Activate(v1::Activation f, float* y, size_t n) override {
-    if (f == v1::SOFTMAX || f == v1::ACTIVATION_UNSPECIFIED) {
-      return absl::InvalidArgumentError(absl::StrCat("cuda: Activate: activation ", static_cast<int>(f), " is not a hidden activation"));
-    }
+    absl::Status s = CheckHiddenActivation("cuda: Activate", f);
+    if (!s.ok()) return s;
     return SEGPS_CUDA(cuda::Activate(static_cast<int>(f), y, n, stream_));
   }
   absl::Status ActivationGrad(v1::Activation f, const float* y, float* dy, size_t n) override {
-    if (f == v1::SOFTMAX || f == v1::ACTIVATION_UNSPECIFIED) {
-      return absl::InvalidArgumentError(absl::StrCat("cuda: ActivationGrad: activation ", static_cast<int>(f), " is not a hidden activation"));
-    }
+    absl::Status s = CheckHiddenActivation("cuda: ActivationGrad", f);
+    if (!s.ok()) return s;
     return SEGPS_CUDA(cuda::ActivationGrad(static_cast<int>(f), y, dy, n, stream_));
   }
   absl::Status ColumnSum(const float* x, int rows, int cols, float* out) override {
@@ -97,11 +122,27 @@ class CudaBackend final : public Backend {
   }
   absl::Status SoftmaxCrossEntropy(const float* logits, const int32_t* labels, int rows, int cols,
                                    float grad_scale, float* probs, float* dlogits, float* stats) override {
-    if (stats != nullptr) {
-      absl::Status s = SEGPS_CUDA(cudaMemsetAsync(stats, 0, 2 * sizeof(float), stream_));
-      if (!s.ok()) return s;
+    const size_t partials = 2 * static_cast<size_t>(cuda::SoftmaxBlocks(rows)) * sizeof(double);
+    if (labels != nullptr && stats != nullptr && partials > partials_.bytes()) {
+      // Grown to the largest batch seen; the old scratch may still be read by enqueued work.
+      absl::Status s = Synchronize();
+      if (s.ok()) partials_ = Buffer();
+      absl::StatusOr<Buffer> grown = s.ok() ? Allocate(partials) : absl::StatusOr<Buffer>(s);
+      if (!grown.ok()) return grown.status();
+      partials_ = *std::move(grown);
     }
-    return SEGPS_CUDA(cuda::SoftmaxCrossEntropy(logits, labels, rows, cols, grad_scale, probs, dlogits, stats, stream_));
+    return SEGPS_CUDA(cuda::SoftmaxCrossEntropy(logits, labels, rows, cols, grad_scale, probs, dlogits, stats,
+                                                partials_.data<double>(), stream_));
+  }
+
+  absl::Status StartTiming() override { return SEGPS_CUDA(cudaEventRecord(timing_[0], stream_)); }
+  absl::StatusOr<absl::Duration> StopTiming() override {
+    absl::Status s = SEGPS_CUDA(cudaEventRecord(timing_[1], stream_));
+    if (s.ok()) s = SEGPS_CUDA(cudaEventSynchronize(timing_[1]));
+    float ms = 0;
+    if (s.ok()) s = SEGPS_CUDA(cudaEventElapsedTime(&ms, timing_[0], timing_[1]));
+    if (!s.ok()) return s;
+    return absl::Microseconds(static_cast<int64_t>(ms * 1000.0f));
   }
 
  private:
@@ -109,6 +150,8 @@ class CudaBackend final : public Backend {
   const int device_;
   cudaStream_t stream_ = nullptr;
   cublasHandle_t handle_ = nullptr;
+  cudaEvent_t timing_[2] = {nullptr, nullptr};  // StartTiming's and StopTiming's marks
+  Buffer partials_;                             // SoftmaxCrossEntropy's per-block sums
 };
 
 int CudaDeviceCount() {

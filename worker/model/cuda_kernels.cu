@@ -54,34 +54,77 @@ __global__ void ColumnSumKernel(const float* x, int rows, int cols, float* out) 
   out[c] = sum;
 }
 
-// One thread per row: class counts are small.
+// Sums v over the block in a fixed order (a tree over thread indices), so
+// that the result does not depend on how the threads were scheduled.
+// Every thread of the block must call it; thread 0 gets the sum.
+__device__ double BlockSum(double v, double* shared) {
+  shared[threadIdx.x] = v;
+  __syncthreads();
+  for (unsigned s = blockDim.x / 2; s > 0; s /= 2) {
+    if (threadIdx.x < s) shared[threadIdx.x] += shared[threadIdx.x + s];
+    __syncthreads();
+  }
+  const double sum = shared[0];
+  __syncthreads();  // `shared` may be written again by the next call
+  return sum;
+}
+
+// One thread per row: class counts are small. With labels and `partials`,
+// each block leaves its rows' summed cross-entropy and correct predictions,
+// in double, at partials[2 * block], partials[2 * block + 1].
 __global__ void SoftmaxXentKernel(const float* logits, const int32_t* labels, int rows, int cols,
-                                  float grad_scale, float* probs, float* dlogits, float* stats) {
+                                  float grad_scale, float* probs, float* dlogits, double* partials) {
+  __shared__ double shared[kThreads];
   const int r = blockIdx.x * blockDim.x + threadIdx.x;
-  if (r >= rows) return;
-  const float* z = logits + static_cast<size_t>(r) * cols;
-  float* p = probs + static_cast<size_t>(r) * cols;
-  float max = z[0];
-  int argmax = 0;
-  for (int c = 1; c < cols; ++c) {
-    if (z[c] > max) max = z[c], argmax = c;
+  double loss = 0.0, correct = 0.0;
+  if (r < rows) {
+    const float* z = logits + static_cast<size_t>(r) * cols;
+    float* p = probs + static_cast<size_t>(r) * cols;
+    float max = z[0];
+    int argmax = 0;
+    for (int c = 1; c < cols; ++c) {
+      if (z[c] > max) max = z[c], argmax = c;
+    }
+    float sum = 0.0f;
+    for (int c = 0; c < cols; ++c) {
+      p[c] = expf(z[c] - max);
+      sum += p[c];
+    }
+    const float inv = 1.0f / sum;
+    for (int c = 0; c < cols; ++c) p[c] *= inv;
+    if (labels != nullptr) {
+      const int y = labels[r];
+      if (dlogits != nullptr) {
+        float* d = dlogits + static_cast<size_t>(r) * cols;
+        for (int c = 0; c < cols; ++c) d[c] = (p[c] - (c == y ? 1.0f : 0.0f)) * grad_scale;
+      }
+      // log softmax from the logits directly, as the CPU: exact when p[y] underflows.
+      loss = static_cast<double>(max) + log(static_cast<double>(sum)) - z[y];
+      correct = argmax == y ? 1.0 : 0.0;
+    }
   }
-  float sum = 0.0f;
-  for (int c = 0; c < cols; ++c) {
-    p[c] = expf(z[c] - max);
-    sum += p[c];
+  if (labels == nullptr || partials == nullptr) return;  // uniform over the block: no thread waits alone
+  loss = BlockSum(loss, shared);
+  correct = BlockSum(correct, shared);
+  if (threadIdx.x == 0) {
+    partials[2 * blockIdx.x] = loss;
+    partials[2 * blockIdx.x + 1] = correct;
   }
-  const float inv = 1.0f / sum;
-  for (int c = 0; c < cols; ++c) p[c] *= inv;
-  if (labels == nullptr) return;
-  const int y = labels[r];
-  if (dlogits != nullptr) {
-    float* d = dlogits + static_cast<size_t>(r) * cols;
-    for (int c = 0; c < cols; ++c) d[c] = (p[c] - (c == y ? 1.0f : 0.0f)) * grad_scale;
+}
+
+// One block: the blocks' partial sums in a fixed order, into stats[0..1].
+__global__ void ReduceStatsKernel(const double* partials, int blocks, float* stats) {
+  __shared__ double shared[kThreads];
+  double loss = 0.0, correct = 0.0;
+  for (int b = threadIdx.x; b < blocks; b += blockDim.x) {
+    loss += partials[2 * b];
+    correct += partials[2 * b + 1];
   }
-  if (stats != nullptr) {
-    atomicAdd(&stats[0], max + logf(sum) - z[y]);
-    atomicAdd(&stats[1], argmax == y ? 1.0f : 0.0f);
+  loss = BlockSum(loss, shared);
+  correct = BlockSum(correct, shared);
+  if (threadIdx.x == 0) {
+    stats[0] = static_cast<float>(loss);
+    stats[1] = static_cast<float>(correct);
   }
 }
 
@@ -112,12 +155,18 @@ cudaError_t ColumnSum(const float* x, int rows, int cols, float* out, cudaStream
   return cudaGetLastError();
 }
 
+int SoftmaxBlocks(int rows) { return (rows + kThreads - 1) / kThreads; }
+
 cudaError_t SoftmaxCrossEntropy(const float* logits, const int32_t* labels, int rows, int cols,
                                 float grad_scale, float* probs, float* dlogits, float* stats,
-                                cudaStream_t stream) {
+                                double* partials, cudaStream_t stream) {
   if (rows == 0) return cudaSuccess;
-  SoftmaxXentKernel<<<(rows + kThreads - 1) / kThreads, kThreads, 0, stream>>>(
-      logits, labels, rows, cols, grad_scale, probs, dlogits, stats);
+  const int blocks = SoftmaxBlocks(rows);
+  const bool sums = labels != nullptr && stats != nullptr;
+  SoftmaxXentKernel<<<blocks, kThreads, 0, stream>>>(logits, labels, rows, cols, grad_scale, probs, dlogits,
+                                                     sums ? partials : nullptr);
+  if (!sums) return cudaGetLastError();
+  ReduceStatsKernel<<<1, kThreads, 0, stream>>>(partials, blocks, stats);
   return cudaGetLastError();
 }
 

@@ -19,10 +19,14 @@ cudaError_t AddBias(float* y, const float* bias, int rows, int cols, cudaStream_
 cudaError_t Activate(int activation, float* y, size_t n, cudaStream_t stream);
 cudaError_t ActivationGrad(int activation, const float* y, float* dy, size_t n, cudaStream_t stream);
 cudaError_t ColumnSum(const float* x, int rows, int cols, float* out, cudaStream_t stream);
-// stats (2 floats) must be zeroed before; labels/dlogits/stats may be null.
+// labels, dlogits and stats may be null. With labels and stats, the loss
+// and correct count are summed in double, per block and then over blocks in
+// a fixed order (the same sums on every run), in `partials`: scratch of
+// 2 * SoftmaxBlocks(rows) doubles.
+int SoftmaxBlocks(int rows);
 cudaError_t SoftmaxCrossEntropy(const float* logits, const int32_t* labels, int rows, int cols,
                                 float grad_scale, float* probs, float* dlogits, float* stats,
-                                cudaStream_t stream);
+                                double* partials, cudaStream_t stream);
 
 }  // namespace cuda
 }  // namespace segps

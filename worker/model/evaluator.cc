@@ -106,20 +106,25 @@ absl::StatusOr<std::vector<double>> Chain(const v1::ModelConfig& config, const D
   for (size_t i = 0; i < n; ++i) order[i] = static_cast<uint32_t>(i);
   std::vector<int32_t> labels(batch);
   std::vector<float> x(static_cast<size_t>(batch) * data.width), probs(static_cast<size_t>(batch) * classes);
-  // Device to device through the host; kept until the batch's final
-  // Synchronize, since an upload may still read it.
-  std::vector<float> carried;
+  // Stage to stage through host buffers, one per link: each download into
+  // one and upload from it are enqueued in order, and the buffer outlives
+  // them, so the host neither waits between stages nor frees what a copy reads.
+  std::vector<Buffer> carried;
+  for (int k = 1; k < stages; ++k) {
+    absl::StatusOr<Buffer> b =
+        backend->AllocateHost(static_cast<size_t>(batch) * models[k].input_width() * sizeof(float));
+    if (!b.ok()) return b.status();
+    carried.push_back(*std::move(b));
+  }
   for (size_t begin = 0; begin < n; begin += batch) {
     const size_t rows = std::min<size_t>(batch, n - begin);
     GatherBatch(data, order, begin, rows, x.data(), labels.data());
     SEGPS_RETURN_IF_ERROR(backend->Upload(x.data(), models[0].input(), rows * data.width * sizeof(float)));
     for (int k = 0; k < stages; ++k) {
       if (k > 0) {
-        const size_t width = static_cast<size_t>(models[k].input_width());
-        carried.resize(rows * width);
-        SEGPS_RETURN_IF_ERROR(backend->Download(models[k - 1].output(0), carried.data(), carried.size() * sizeof(float)));
-        SEGPS_RETURN_IF_ERROR(backend->Synchronize());
-        SEGPS_RETURN_IF_ERROR(backend->Upload(carried.data(), models[k].input(), carried.size() * sizeof(float)));
+        const size_t bytes = rows * static_cast<size_t>(models[k].input_width()) * sizeof(float);
+        SEGPS_RETURN_IF_ERROR(backend->Download(models[k - 1].output(0), carried[k - 1].data(), bytes));
+        SEGPS_RETURN_IF_ERROR(backend->Upload(carried[k - 1].data(), models[k].input(), bytes));
       }
       SEGPS_RETURN_IF_ERROR(k + 1 == stages ? models[k].Predict(static_cast<int>(rows))
                                             : models[k].StageForward(0, static_cast<int>(rows), 0.0f));

@@ -184,6 +184,7 @@ absl::Status StageCompute::Forward(uint64_t clock, uint32_t m, uint32_t rows, in
   }
   int32_t* slot_labels = labels_.data() + first;
   if (last_stage_) SEGPS_RETURN_IF_ERROR(Upload(slot_labels, model_.labels() + first, rows * sizeof(int32_t)));
+  SEGPS_RETURN_IF_ERROR(backend_->StartTiming());
   const absl::Time compute = absl::Now();
   SEGPS_RETURN_IF_ERROR(model_.StageForward(first, static_cast<int>(rows), 1.0f / static_cast<float>(batch_rows_)));
   SEGPS_RETURN_IF_ERROR(EndPass(compute, 1));
@@ -211,6 +212,7 @@ absl::Status StageCompute::Backward(uint64_t clock, uint32_t m, uint32_t rows, i
     Crossed(&StageMetrics::ObserveGradientsReceived, grad->size());
     SEGPS_RETURN_IF_ERROR(Upload(grad->data(), model_.output_grad(first), grad->size() * sizeof(float)));
   }
+  SEGPS_RETURN_IF_ERROR(backend_->StartTiming());
   const absl::Time compute = absl::Now();
   SEGPS_RETURN_IF_ERROR(model_.StageBackward(first, static_cast<int>(rows), accumulate_, !first_stage_));
   SEGPS_RETURN_IF_ERROR(EndPass(compute, 2));
@@ -279,12 +281,16 @@ absl::StatusOr<absl::Span<const float>> StageCompute::ToHost(const float* from, 
 }
 
 absl::Status StageCompute::EndPass(absl::Time start, int weight) {
+  // The pass's time on the device (a GPU runs it after the calls return).
+  absl::StatusOr<absl::Duration> busy = backend_->StopTiming();
+  if (!busy.ok()) return busy.status();
   if (options_.slowdown_factor > 1 || options_.pass_time > absl::ZeroDuration()) {
-    SEGPS_RETURN_IF_ERROR(backend_->Synchronize());
-    absl::SleepFor((absl::Now() - start) * (options_.slowdown_factor - 1));
+    // A device of another speed: the pass lasts as long as it is made to.
+    absl::SleepFor(*busy * (options_.slowdown_factor - 1));
     absl::SleepFor(start + options_.pass_time * weight - absl::Now());
+    *busy = absl::Now() - start;
   }
-  if (options_.stage_metrics != nullptr) options_.stage_metrics->ObserveBusy(absl::ToDoubleSeconds(absl::Now() - start));
+  if (options_.stage_metrics != nullptr) options_.stage_metrics->ObserveBusy(absl::ToDoubleSeconds(*busy));
   return absl::OkStatus();
 }
 
