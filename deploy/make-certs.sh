@@ -6,21 +6,30 @@
 #   DIR/tokens                 `worker TOKEN` and `reader TOKEN` (the servers' token_file)
 #   DIR/worker.token, reader.token   one line each (a client's token_file)
 #
-#   bash deploy/make-certs.sh [--container] DIR [NAME ...]
+#   bash deploy/make-certs.sh [--container | --k8s] DIR [NAME ...]
 # NAMEs are the servers' host names and IP addresses (compose service names,
 # pod DNS names, hosts); localhost and 127.0.0.1 are always included. Files
 # are made readable by their owner only. --container (for the compose
 # file's secrets, which Docker bind-mounts with the files' own owner and
 # mode) lets the containers' user read every file but ca.key, and keeps
-# other host users out by the directory's mode (0700) instead.
+# other host users out by the directory's mode (0700) instead. --k8s also
+# writes DIR/secrets.yaml: the Secrets the Kubernetes manifests mount at
+# /certs, one a role, each with only what that role's pods read:
+#   segps-server-tls  ca.pem server.pem server.key tokens, and client.pem
+#                     client.key reader.token for its health probe
+#   segps-worker-tls  ca.pem client.pem client.key worker.token, and
+#                     server.pem server.key for a chain stage's link
+#   segps-reader-tls  ca.pem client.pem client.key reader.token (evaluation)
+# (`kubectl apply -f DIR/secrets.yaml`; segps-k8s prints the NAMEs a job needs).
 set -euo pipefail
 container=0
-if [ "${1:-}" = "--container" ]; then
-  container=1
-  shift
-fi
+k8s=0
+case "${1:-}" in
+  --container) container=1; shift ;;
+  --k8s) k8s=1; shift ;;
+esac
 if [ $# -lt 1 ]; then
-  echo "usage: $0 [--container] DIR [NAME ...]" >&2
+  echo "usage: $0 [--container | --k8s] DIR [NAME ...]" >&2
   exit 2
 fi
 dir=$1
@@ -61,4 +70,19 @@ if [ $container -eq 1 ]; then
   chmod 700 "$dir"
   chmod 644 "$dir"/*.pem "$dir"/server.key "$dir"/client.key "$dir"/tokens "$dir"/*.token
 fi
-echo "made $dir: ca.pem, server.pem/key ($san), client.pem/key, tokens, worker.token, reader.token"
+secret() {  # secret NAME FILE...: a Secret with each file as a key
+  printf -- '---\napiVersion: v1\nkind: Secret\nmetadata:\n  name: %s\n  labels: {app.kubernetes.io/part-of: segps}\ntype: Opaque\ndata:\n' "$1"
+  shift
+  for file in "$@"; do printf '  %s: %s\n' "$file" "$(base64 -w0 < "$dir/$file")"; done
+}
+if [ $k8s -eq 1 ]; then
+  {
+    echo "# Made by deploy/make-certs.sh --k8s: kubectl apply -f secrets.yaml (it holds private keys and tokens: keep it off shared disks)."
+    secret segps-server-tls ca.pem server.pem server.key tokens client.pem client.key reader.token
+    secret segps-worker-tls ca.pem client.pem client.key worker.token server.pem server.key
+    secret segps-reader-tls ca.pem client.pem client.key reader.token
+  } > "$dir/secrets.yaml"
+fi
+made="ca.pem, server.pem/key ($san), client.pem/key, tokens, worker.token, reader.token"
+[ $k8s -eq 1 ] && made="$made, secrets.yaml"
+echo "made $dir: $made"

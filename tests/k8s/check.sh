@@ -1,10 +1,24 @@
 #!/usr/bin/env bash
-# The Kubernetes manifests checked without a cluster (check.mjs): installs the
-# pinned schema and type-check packages (package-lock.json) and runs it.
-# Exit 77 (skipped, with the reason) where kubectl or the npm registry is
-# out of reach; any other failure fails.
+# The Kubernetes manifests checked without a cluster: the example overlays
+# must be what segps-k8s makes of their configs (deploy/k8s/examples.sh,
+# into a scratch folder, no difference), then check.mjs checks them
+# against the API schemas, their configs and the Secrets make-certs.sh
+# --k8s makes; it installs the pinned schema and type-check packages
+# (package-lock.json). Exit 77 (skipped, with the reason) where kubectl or
+# the npm registry is out of reach; any other failure fails.
+#   bash tests/k8s/check.sh PATH/TO/segps-k8s
 set -uo pipefail
 cd "$(dirname "$0")"
+segps_k8s=$1
+# Made beside the committed ones, so that their path to the base is the same.
+scratch=$(mktemp -d ../../deploy/k8s/.overlays-check.XXXXXX)
+trap 'rm -rf "$scratch"' EXIT
+bash ../../deploy/k8s/examples.sh "$segps_k8s" "$scratch" || exit 1
+if ! diff -ru ../../deploy/k8s/overlays "$scratch"; then
+  echo "FAIL: deploy/k8s/overlays differ from what segps-k8s makes (bash deploy/k8s/examples.sh build/bin/segps-k8s)"
+  exit 1
+fi
+echo "ok   the example overlays are what segps-k8s makes of their configs"
 command -v kubectl > /dev/null || { echo "SKIPPED: no kubectl (with kustomize) on this machine"; exit 77; }
 command -v npm > /dev/null || { echo "SKIPPED: no node and npm on this machine"; exit 77; }
 if ! npm ci --no-audit --no-fund --loglevel=error > npm.log 2>&1; then
@@ -13,4 +27,7 @@ if ! npm ci --no-audit --no-fund --loglevel=error > npm.log 2>&1; then
   exit 1
 fi
 rm -f npm.log
-exec node check.mjs
+certs=$(mktemp -d)
+trap 'rm -rf "$scratch" "$certs"' EXIT
+bash ../../deploy/make-certs.sh --k8s "$certs" segps-server-0.segps-server > /dev/null || exit 1
+node check.mjs "$certs/secrets.yaml"
