@@ -39,7 +39,7 @@ INSTANTIATE_TEST_SUITE_P(Binaries, HelpTest,
                                            Binary{"segps-eval", "config"}, Binary{"segps-local", "config"},
                                            Binary{"segps-checkpoint", "dir"}, Binary{"segps-data", "out"},
                                            Binary{"segps-export", "onnx"}, Binary{"segps-predict", "model"},
-                                           Binary{"segps-health", "address"}),
+                                           Binary{"segps-health", "address"}, Binary{"segps-k8s", "data_pvc"}),
                          [](const ::testing::TestParamInfo<Binary>& info) {
                            std::string name = info.param.name;
                            for (char& c : name) {
