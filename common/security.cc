@@ -17,9 +17,6 @@ ABSL_FLAG(bool, require_client_cert, false, "Servers: mutual TLS (security.requi
 namespace segps {
 namespace {
 
-constexpr char kRoleProperty[] = "segps-role";
-constexpr char kTokenProperty[] = "segps-token";  // the matching token's line in the token file
-
 absl::StatusOr<std::string> ReadWhole(const std::string& path, const char* field) {
   std::ifstream in(path, std::ios::binary);
   if (!in) return absl::NotFoundError(absl::StrCat("security.", field, ": ", path, ": cannot be opened"));
@@ -29,34 +26,36 @@ absl::StatusOr<std::string> ReadWhole(const std::string& path, const char* field
   return text.str();
 }
 
+// The line of `tokens` whose secret a call's `authorization` value
+// ("Bearer SECRET") carries; every line compared, in constant time each.
+std::optional<size_t> MatchToken(const std::string& value, const std::vector<Token>& tokens) {
+  const std::string presented(absl::StripPrefix(value, "Bearer "));
+  if (presented.size() == value.size()) return std::nullopt;
+  std::optional<size_t> match;
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    if (ConstantTimeEqual(presented, tokens[i].secret) && !match.has_value()) match = i;
+  }
+  return match;
+}
+
+// Refuses a call without a token the server takes before it reaches the
+// service. The token stays in the call's metadata: the service reads the
+// role from there, call by call (CallerOf).
 class TokenProcessor final : public grpc::AuthMetadataProcessor {
  public:
   explicit TokenProcessor(std::vector<Token> tokens) : tokens_(std::move(tokens)) {}
   bool IsBlocking() const override { return false; }  // a few comparisons: inline
 
-  grpc::Status Process(const InputMetadata& metadata, grpc::AuthContext* context, OutputMetadata* consumed,
+  grpc::Status Process(const InputMetadata& metadata, grpc::AuthContext*, OutputMetadata*,
                        OutputMetadata*) override {
     auto it = metadata.find("authorization");
     if (it == metadata.end()) {
       return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
                           "no bearer token: this server requires `authorization: Bearer TOKEN` (security.token_file)");
     }
-    const std::string value(it->second.data(), it->second.size());
-    const std::string presented(absl::StripPrefix(value, "Bearer "));
-    const Token* match = nullptr;
-    size_t line = 0;
-    for (size_t i = 0; i < tokens_.size(); ++i) {  // every token compared, whichever matches
-      if (ConstantTimeEqual(presented, tokens_[i].secret) && match == nullptr) {
-        match = &tokens_[i];
-        line = i;
-      }
-    }
-    if (match == nullptr || presented.size() == value.size()) {
+    if (!MatchToken(std::string(it->second.data(), it->second.size()), tokens_).has_value()) {
       return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "the bearer token is not one this server accepts");
     }
-    context->AddProperty(kRoleProperty, match->role == Role::kWorker ? "worker" : "reader");
-    context->AddProperty(kTokenProperty, std::to_string(line));
-    consumed->insert(std::make_pair(std::string(it->first.data(), it->first.size()), value));
     return grpc::Status::OK;
   }
 
@@ -178,26 +177,38 @@ absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> ChannelCredentials(con
   return grpc::CompositeChannelCredentials(credentials, grpc::AccessTokenCredentials(security.tokens[0].secret));
 }
 
-absl::Status AuthorizeCall(const grpc::AuthContext& context, bool worker_call, const char* method) {
-  const std::vector<grpc::string_ref> roles = context.FindPropertyValues(kRoleProperty);
-  if (roles.empty() || !worker_call) return absl::OkStatus();  // not authenticated here, or a read
-  if (std::string(roles[0].data(), roles[0].size()) == "worker") return absl::OkStatus();
-  return absl::PermissionDeniedError(
-      absl::StrCat(method, ": a reader token may only read (Stats, reader pulls, health); this call needs a worker token"));
-}
-
-std::string CallerIdentity(const grpc::AuthContext& context) {
-  // The first token property: a call's context may list the processor's
-  // properties more than once (a stream's context accumulates them).
-  std::string identity;
-  const std::vector<grpc::string_ref> tokens = context.FindPropertyValues(kTokenProperty);
-  if (!tokens.empty()) identity.append("token ").append(tokens[0].data(), tokens[0].size());
-  if (context.IsPeerAuthenticated()) {
-    for (const grpc::string_ref& name : context.GetPeerIdentity()) {
-      identity.append(" cert ").append(name.data(), name.size());
+Caller CallerOf(const grpc::ServerContextBase& context, const std::vector<Token>& tokens) {
+  Caller caller;
+  caller.tokens_on = !tokens.empty();
+  if (caller.tokens_on) {
+    // The call's own header (one per call: a second would be a client's
+    // doing, and only the first is read, as the token check reads it).
+    const auto& metadata = context.client_metadata();
+    auto it = metadata.find("authorization");
+    const std::optional<size_t> line =
+        it == metadata.end() ? std::nullopt : MatchToken(std::string(it->second.data(), it->second.size()), tokens);
+    if (line.has_value()) {
+      caller.role = tokens[*line].role;
+      caller.identity = absl::StrCat("token ", *line);
     }
   }
-  return identity;
+  const std::shared_ptr<const grpc::AuthContext> auth = context.auth_context();
+  if (auth != nullptr && auth->IsPeerAuthenticated()) {
+    for (const grpc::string_ref& name : auth->GetPeerIdentity()) {
+      caller.identity.append(" cert ").append(name.data(), name.size());
+    }
+  }
+  return caller;
+}
+
+absl::Status AuthorizeCall(const Caller& caller, bool worker_call, const char* method) {
+  if (!caller.tokens_on) return absl::OkStatus();
+  if (!caller.role.has_value()) {
+    return absl::UnauthenticatedError(absl::StrCat(method, ": the bearer token is not one this server accepts"));
+  }
+  if (*caller.role == Role::kWorker || !worker_call) return absl::OkStatus();
+  return absl::PermissionDeniedError(
+      absl::StrCat(method, ": a reader token may only read (Stats, reader pulls, health); this call needs a worker token"));
 }
 
 }  // namespace segps

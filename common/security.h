@@ -5,7 +5,8 @@
 // clients whose certificate chains to the CA (mutual TLS); with a token
 // file, every call must carry `authorization: Bearer TOKEN` for one of its
 // lines, checked in constant time by an auth metadata processor, and the
-// token's role decides what the call may do (AuthorizeCall). Clients:
+// role of the token on each call decides what that call may do (CallerOf,
+// AuthorizeCall). Clients:
 // verify the server against the CA, present their certificate if given,
 // and send the first token of their token file with every call.
 #ifndef SEGPS_COMMON_SECURITY_H_
@@ -63,16 +64,24 @@ absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> ChannelCredentials(con
 // (lengths are not secret).
 bool ConstantTimeEqual(const std::string& a, const std::string& b);
 
-// Whether the caller of a server call may make it: OK where calls are not
-// authenticated; PERMISSION_DENIED for a reader token on a worker call.
-// (A call without a valid token never reaches the service: UNAUTHENTICATED.)
-absl::Status AuthorizeCall(const grpc::AuthContext& context, bool worker_call, const char* method);
+// Who a server call comes from, decided for that call alone: the role of
+// the bearer token the call itself carries (its `authorization` metadata),
+// not a property of its connection, which other calls with other tokens may
+// share; and the names its client certificate gives.
+struct Caller {
+  bool tokens_on = false;    // the server takes tokens
+  std::optional<Role> role;  // the call's token's role; none without a token the server takes
+  // Which token line and certificate, "token N cert NAME"; empty where
+  // neither. A registration is bound to the identity that made it: no
+  // other caller can act on it, even with its secret.
+  std::string identity;
+};
+Caller CallerOf(const grpc::ServerContextBase& context, const std::vector<Token>& tokens);
 
-// Who a call comes from, as far as the server can tell: which of its tokens
-// it carried and the identity its client certificate names. Empty for calls
-// that are not authenticated. A registration is bound to the identity that
-// made it: no other caller can act on it, even with its secret.
-std::string CallerIdentity(const grpc::AuthContext& context);
+// Whether the caller may make a call: OK where calls are not
+// authenticated; UNAUTHENTICATED without a token the server takes;
+// PERMISSION_DENIED for a reader token on a worker call.
+absl::Status AuthorizeCall(const Caller& caller, bool worker_call, const char* method);
 
 }  // namespace segps
 

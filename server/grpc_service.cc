@@ -97,13 +97,13 @@ void Pull(ParameterServer* server, absl::Time deadline, const v1::PullRequest& r
 // Tensor bytes from which a request is served on the handler pool.
 constexpr size_t kHeavyBytes = 256 << 10;
 
-void ServePull(ParameterServer* server, HandlerPool* pool, const grpc::AuthContext& auth, absl::Time deadline,
+void ServePull(ParameterServer* server, HandlerPool* pool, const Caller& caller, absl::Time deadline,
                const char* name, const grpc::ByteBuffer& bytes, Reply finish) {
   v1::PullRequest request;
   if (grpc::Status parsed = Parse(name, bytes, &request); !parsed.ok()) {
     return std::move(finish)(parsed, grpc::ByteBuffer());
   }
-  if (absl::Status allowed = AuthorizeCall(auth, request.worker_id() != 0 || !request.reader(), name);
+  if (absl::Status allowed = AuthorizeCall(caller, request.worker_id() != 0 || !request.reader(), name);
       !allowed.ok()) {
     return std::move(finish)(ToGrpcStatus(allowed), grpc::ByteBuffer());
   }
@@ -112,12 +112,12 @@ void ServePull(ParameterServer* server, HandlerPool* pool, const grpc::AuthConte
   if (pool != nullptr && request.segment() < static_cast<uint32_t>(map.num_segments())) {
     const uint64_t count = request.count() != 0 ? request.count() : map.range(request.segment(), server->index()).count;
     if (count * sizeof(float) >= kHeavyBytes) {
-      return pool->Post([server, deadline, request, caller = CallerIdentity(auth), finish = std::move(finish)]() mutable {
-        Pull(server, deadline, request, std::move(caller), std::move(finish));
+      return pool->Post([server, deadline, request, identity = caller.identity, finish = std::move(finish)]() mutable {
+        Pull(server, deadline, request, std::move(identity), std::move(finish));
       });
     }
   }
-  Pull(server, deadline, request, CallerIdentity(auth), std::move(finish));
+  Pull(server, deadline, request, caller.identity, std::move(finish));
 }
 
 void Pull(ParameterServer* server, absl::Time deadline, const v1::PullRequest& request, std::string caller,
@@ -133,15 +133,15 @@ void Pull(ParameterServer* server, absl::Time deadline, const v1::PullRequest& r
                caller);
 }
 
-void ServePush(ParameterServer* server, HandlerPool* pool, const grpc::AuthContext& auth, absl::Time deadline,
+void ServePush(ParameterServer* server, HandlerPool* pool, const Caller& caller, absl::Time deadline,
                const grpc::ByteBuffer& bytes, Reply finish) {
-  if (absl::Status allowed = AuthorizeCall(auth, true, "Push"); !allowed.ok()) {
+  if (absl::Status allowed = AuthorizeCall(caller, true, "Push"); !allowed.ok()) {
     return std::move(finish)(ToGrpcStatus(allowed), grpc::ByteBuffer());
   }
   // `bytes` stays valid until `finish` runs.
   if (pool != nullptr && bytes.Length() >= kHeavyBytes) {
-    return pool->Post([server, &auth, deadline, &bytes, finish = std::move(finish)]() mutable {
-      ServePush(server, nullptr, auth, deadline, bytes, std::move(finish));
+    return pool->Post([server, caller, deadline, &bytes, finish = std::move(finish)]() mutable {
+      ServePush(server, nullptr, caller, deadline, bytes, std::move(finish));
     });
   }
   v1::PushRequest header;
@@ -161,7 +161,7 @@ void ServePush(ParameterServer* server, HandlerPool* pool, const grpc::AuthConte
                  std::move(finish)(grpc::Status::OK,
                                    call->values.Encode(&call->response, v1::PushResponse::kValuesFieldNumber));
                },
-               CallerIdentity(auth));
+               caller.identity);
 }
 
 // Open PushStream and PullStream calls per connection (its peer address),
@@ -257,8 +257,11 @@ using RawService = v1::ParameterServer::WithRawCallbackMethod_Register<
 
 class Service final : public RawService {
  public:
-  Service(ParameterServer* server, int handler_threads)
-      : server_(server), pool_(handler_threads), streams_(server->config().cluster().max_streams_per_connection()) {}
+  Service(ParameterServer* server, int handler_threads, std::vector<Token> tokens)
+      : server_(server),
+        tokens_(std::move(tokens)),
+        pool_(handler_threads),
+        streams_(server->config().cluster().max_streams_per_connection()) {}
 
   grpc::ServerUnaryReactor* Register(grpc::CallbackServerContext* context, const grpc::ByteBuffer* bytes,
                                      grpc::ByteBuffer* reply) override {
@@ -306,7 +309,7 @@ class Service final : public RawService {
   grpc::ServerUnaryReactor* Pull(grpc::CallbackServerContext* context, const grpc::ByteBuffer* bytes,
                                  grpc::ByteBuffer* reply) override {
     grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-    ServePull(server_, &pool_, *context->auth_context(), WaitDeadline(context, *server_), "Pull", *bytes,
+    ServePull(server_, &pool_, CallerOf(*context, tokens_), WaitDeadline(context, *server_), "Pull", *bytes,
               [reactor, reply](grpc::Status status, grpc::ByteBuffer out) {
                 reply->Swap(&out);
                 reactor->Finish(status);
@@ -316,7 +319,7 @@ class Service final : public RawService {
   grpc::ServerUnaryReactor* Push(grpc::CallbackServerContext* context, const grpc::ByteBuffer* bytes,
                                  grpc::ByteBuffer* reply) override {
     grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-    ServePush(server_, &pool_, *context->auth_context(), WaitDeadline(context, *server_), *bytes,
+    ServePush(server_, &pool_, CallerOf(*context, tokens_), WaitDeadline(context, *server_), *bytes,
               [reactor, reply](grpc::Status status, grpc::ByteBuffer out) {
                 reply->Swap(&out);
                 reactor->Finish(status);
@@ -327,16 +330,16 @@ class Service final : public RawService {
   grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* PushStream(grpc::CallbackServerContext* context) override {
     return new StreamReactor(
         "PushStream", context->peer(),
-        [this, auth = context->auth_context()](const grpc::ByteBuffer& bytes, Reply finish) {
-          ServePush(server_, &pool_, *auth, server_->clock()->Now() + server_->max_wait(), bytes, std::move(finish));
+        [this, caller = CallerOf(*context, tokens_)](const grpc::ByteBuffer& bytes, Reply finish) {
+          ServePush(server_, &pool_, caller, server_->clock()->Now() + server_->max_wait(), bytes, std::move(finish));
         },
         &streams_);
   }
   grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* PullStream(grpc::CallbackServerContext* context) override {
     return new StreamReactor(
         "PullStream", context->peer(),
-        [this, auth = context->auth_context()](const grpc::ByteBuffer& bytes, Reply finish) {
-          ServePull(server_, &pool_, *auth, server_->clock()->Now() + server_->max_wait(), "PullStream", bytes,
+        [this, caller = CallerOf(*context, tokens_)](const grpc::ByteBuffer& bytes, Reply finish) {
+          ServePull(server_, &pool_, caller, server_->clock()->Now() + server_->max_wait(), "PullStream", bytes,
                     std::move(finish));
         },
         &streams_);
@@ -350,15 +353,17 @@ class Service final : public RawService {
     grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
     Request request;
     Response response;
-    grpc::Status status = ToGrpcStatus(AuthorizeCall(*context->auth_context(), worker_call, name));
+    const Caller caller = CallerOf(*context, tokens_);
+    grpc::Status status = ToGrpcStatus(AuthorizeCall(caller, worker_call, name));
     if (status.ok()) status = Parse(name, *bytes, &request);
-    if (status.ok()) status = ToGrpcStatus(run(request, &response, CallerIdentity(*context->auth_context())));
+    if (status.ok()) status = ToGrpcStatus(run(request, &response, caller.identity));
     if (status.ok()) *reply = Serialize(response);
     reactor->Finish(status);
     return reactor;
   }
 
   ParameterServer* const server_;
+  const std::vector<Token> tokens_;  // the token file's: each call's role comes from its own
   HandlerPool pool_;
   StreamCounts streams_;
 };
@@ -391,13 +396,13 @@ class GrpcRunningServer final : public RunningServer {
 
 absl::StatusOr<std::unique_ptr<RunningServer>> StartGrpcServer(ParameterServer* server,
                                                                const std::string& listen, int handler_threads) {
-  auto service = std::make_unique<Service>(server, handler_threads);
+  absl::StatusOr<Security> security = LoadSecurity(server->config().security());
+  if (!security.ok()) return security.status();
+  auto service = std::make_unique<Service>(server, handler_threads, security->tokens);
   // The standard grpc.health.v1.Health service, for orchestrators' health checks.
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
   int port = 0;
-  absl::StatusOr<Security> security = LoadSecurity(server->config().security());
-  if (!security.ok()) return security.status();
   absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials = ServerCredentials(*security);
   if (!credentials.ok()) return credentials.status();
   builder.AddListeningPort(listen, *credentials, &port);

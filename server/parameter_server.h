@@ -56,7 +56,7 @@ class ParameterServer {
   ~ParameterServer();
 
   // Each call validates its request; a rejected call changes nothing.
-  // `caller` is who the transport says the call came from (CallerIdentity:
+  // `caller` is who the transport says the call came from (Caller::identity:
   // empty when calls are not authenticated): a registration is bound to the
   // caller that made it, and calls on it from another get NOT_FOUND.
   absl::Status Register(const v1::RegisterRequest& request, v1::RegisterResponse* response,

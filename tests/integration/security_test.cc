@@ -214,6 +214,56 @@ TEST_F(SecurityMatrix, EveryWrongCallerGetsItsStatusAndTheServerKeepsServing) {
   }
 }
 
+// Calls on one connection with different tokens: each call's own token
+// decides its role, whichever token the connection's earlier calls carried
+// (a role read from the connection let a reader register and roll back
+// after a worker's call).
+TEST_F(SecurityMatrix, TheTokenOnEachCallDecidesItsRoleWhateverTheConnectionCarriedBefore) {
+  auto token = [&](const char* file) {
+    std::string line = ReadFile(certs_ + "/" + file);
+    return "Bearer " + line.substr(line.find(' ') + 1, line.find('\n') - line.find(' ') - 1);
+  };
+  const std::string worker = token("worker.token"), reader = token("reader.token");
+  auto as = [](const std::string& bearer) {
+    std::unique_ptr<grpc::ClientContext> context = Context();
+    context->AddMetadata("authorization", bearer);
+    return context;
+  };
+  for (bool reader_first : {false, true}) {
+    SCOPED_TRACE(reader_first ? "the reader's call first" : "the worker's call first");
+    // One channel, so one connection: TLS with the client certificate and no token of its own.
+    std::unique_ptr<v1::ParameterServer::Stub> stub = Stub(certs_ + "/ca.pem", certs_, "");
+    v1::StatsResponse stats;
+    if (reader_first) {
+      ASSERT_TRUE(stub->Stats(as(reader).get(), v1::StatsRequest(), &stats).ok());
+    }
+    v1::RegisterRequest reg;
+    reg.set_segment(1);
+    reg.set_rank(reader_first ? 0 : 1);
+    reg.set_model_fingerprint(ModelFingerprint(config_));
+    reg.set_shard_fingerprint(ShardMap::Create(config_.model(), 2)->fingerprint());
+    v1::RegisterResponse registered;
+    ASSERT_TRUE(stub->Register(as(worker).get(), reg, &registered).ok());
+    // The reader token, after the worker's call on the same connection: reads only.
+    v1::RegisterResponse again;
+    EXPECT_EQ(stub->Register(as(reader).get(), reg, &again).error_code(), grpc::StatusCode::PERMISSION_DENIED);
+    v1::HeartbeatRequest beat;
+    beat.set_worker_id(registered.worker_id());
+    beat.set_registration_secret(registered.registration_secret());
+    v1::HeartbeatResponse alive;
+    EXPECT_EQ(stub->Heartbeat(as(reader).get(), beat, &alive).error_code(), grpc::StatusCode::PERMISSION_DENIED);
+    v1::RollbackRequest back;
+    back.set_segment(1);
+    back.set_worker_id(registered.worker_id());
+    back.set_registration_secret(registered.registration_secret());
+    v1::RollbackResponse rolled;
+    EXPECT_EQ(stub->Rollback(as(reader).get(), back, &rolled).error_code(), grpc::StatusCode::PERMISSION_DENIED);
+    EXPECT_TRUE(stub->Stats(as(reader).get(), v1::StatsRequest(), &stats).ok());
+    // And the worker's token on the same connection still acts as a worker.
+    EXPECT_TRUE(stub->Heartbeat(as(worker).get(), beat, &alive).ok());
+  }
+}
+
 TEST(SecurityConfig, TokenFileErrorsNameTheFileAndLine) {
   EXPECT_TRUE(ParseTokens("# comment\nworker 0123456789abcdef0123\n\nreader 0123456789abcdef9999\n", "t").ok());
   for (const auto& [text, says] : std::vector<std::pair<std::string, std::string>>{

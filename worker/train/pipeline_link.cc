@@ -114,6 +114,7 @@ class UpstreamImpl final : public Upstream, public v1::PipelineStage::Service {
   absl::Status Start(const v1::JobConfig& config, const std::string& listen) {
     absl::StatusOr<Security> security = LoadSecurity(config.security());
     if (!security.ok()) return security.status();
+    tokens_ = security->tokens;
     absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials = ServerCredentials(*security);
     if (!credentials.ok()) return credentials.status();
     grpc::ServerBuilder builder;
@@ -133,7 +134,7 @@ class UpstreamImpl final : public Upstream, public v1::PipelineStage::Service {
 
   grpc::Status Exchange(grpc::ServerContext* context,
                         grpc::ServerReaderWriter<v1::Gradients, v1::Activations>* stream) override {
-    if (absl::Status allowed = AuthorizeCall(*context->auth_context(), true, "Exchange"); !allowed.ok()) {
+    if (absl::Status allowed = AuthorizeCall(CallerOf(*context, tokens_), true, "Exchange"); !allowed.ok()) {
       return grpc::Status(static_cast<grpc::StatusCode>(allowed.code()), std::string(allowed.message()));
     }
     {
@@ -241,6 +242,7 @@ class UpstreamImpl final : public Upstream, public v1::PipelineStage::Service {
   const uint64_t width_;
   const uint32_t classes_;
   const std::string peer_;
+  std::vector<Token> tokens_;  // set by Start, before the server serves
   std::string address_;
   std::unique_ptr<grpc::Server> server_;
   Inbox<MicroBatch> inbox_;
