@@ -59,6 +59,8 @@ class ClockTable {
 
   // The least live worker's clock; with none live, the highest any reached.
   uint64_t SegmentClock() const;
+  // The highest clock any worker reached.
+  uint64_t Highest() const { return highest_; }
   // The clock elements [0, end) of a range of `count` reflect: a step
   // partly applied counts for the elements its chunks already cover.
   uint64_t ClockOf(uint64_t end, uint64_t count) const;

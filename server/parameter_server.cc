@@ -216,10 +216,8 @@ absl::Status ParameterServer::Reject(uint32_t segment, absl::Status status) {
   return status;
 }
 
-absl::Status ParameterServer::Register(const v1::RegisterRequest& request, v1::RegisterResponse* response,
-                                       const std::string& caller) {
-  absl::StatusOr<SegmentShard*> shard = ShardFor(request.segment(), "Register");
-  if (!shard.ok()) return Reject(request.segment(), shard.status());
+// Whether a registering worker's model and shard map are this server's.
+absl::Status ParameterServer::CheckFingerprints(const v1::RegisterRequest& request) const {
   if (request.model_fingerprint() != model_fingerprint_) {
     // Which parts differ, not the server's fingerprint: that says nothing
     // a caller needs, and it is not the caller's to read.
@@ -228,21 +226,29 @@ absl::Status ParameterServer::Register(const v1::RegisterRequest& request, v1::R
       auto theirs = request.fingerprint_parts().find(name);
       if (theirs == request.fingerprint_parts().end() || theirs->second != fingerprint) differ.push_back(name);
     }
-    return Reject(request.segment(), absl::FailedPreconditionError(absl::StrCat(
+    return absl::FailedPreconditionError(absl::StrCat(
         "Register: model fingerprint ", request.model_fingerprint(),
         " does not match this server's: worker and server were started with different configs (",
         request.fingerprint_parts().empty() ? "model, optimizer, seed or balance"
                                             : absl::StrCat(absl::StrJoin(differ, " and "),
                                                            differ.size() == 1 ? " differs" : " differ"),
-        ")")));
+        ")"));
   }
   if (request.shard_fingerprint() != map_.fingerprint()) {
-    return Reject(request.segment(), absl::FailedPreconditionError(absl::StrCat(
+    return absl::FailedPreconditionError(absl::StrCat(
         "Register: shard-map fingerprint ", request.shard_fingerprint(),
         " does not match this server's ", map_.fingerprint(),
         ": the worker assumes a different number of servers (this cluster has ",
-        map_.num_servers(), ")")));
+        map_.num_servers(), ")"));
   }
+  return absl::OkStatus();
+}
+
+absl::Status ParameterServer::Register(const v1::RegisterRequest& request, v1::RegisterResponse* response,
+                                       const std::string& caller) {
+  absl::StatusOr<SegmentShard*> shard = ShardFor(request.segment(), "Register");
+  if (!shard.ok()) return Reject(request.segment(), shard.status());
+  if (absl::Status agree = CheckFingerprints(request); !agree.ok()) return Reject(request.segment(), agree);
   const uint32_t workers = WorkersOf(config_, request.segment());
   uint32_t rank = request.rank();
   if (request.any_rank()) {
@@ -265,9 +271,17 @@ absl::Status ParameterServer::Register(const v1::RegisterRequest& request, v1::R
   if (getrandom(secret.data(), secret.size(), 0) != static_cast<ssize_t>(secret.size())) {
     return absl::UnavailableError("Register: the system's random source failed; try again");
   }
-  const uint64_t id = next_worker_id_.fetch_add(1);
   std::optional<uint64_t> join;
-  if (request.has_join_clock()) join = request.join_clock();
+  if (request.has_join_clock()) {
+    join = request.join_clock();
+    if (const uint64_t furthest = (*shard)->FurthestJoin(); *join > furthest) {
+      return Reject(request.segment(), absl::InvalidArgumentError(absl::StrCat(
+          "Register: join_clock ", *join, " is beyond every rank of segment ", request.segment(),
+          " on this server (at most ", furthest, "): joining there would skip steps no worker computed (a server "
+          "restarted without a checkpoint starts its segments over)")));
+    }
+  }
+  const uint64_t id = next_worker_id_.fetch_add(1);
   std::vector<uint64_t> replaced;
   const Registered registered = (*shard)->Register(id, rank, join, &replaced);
   ForgetRegistrations(replaced);

@@ -121,6 +121,7 @@ class ParameterServer {
   void StartThreads(absl::Duration tick);
   absl::StatusOr<SegmentShard*> ShardFor(uint32_t segment, const char* call);
   absl::Status Reject(uint32_t segment, absl::Status status);
+  absl::Status CheckFingerprints(const v1::RegisterRequest& request) const;
   // What a push says beside its gradient, once its values (`scanned`) and
   // its sample count are checked: an error that names what is wrong.
   absl::StatusOr<PushInfo> CheckPush(const v1::PushRequest& request, const DenseView::Values& scanned) const;

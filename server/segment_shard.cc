@@ -159,6 +159,11 @@ Registered SegmentShard::Register(uint64_t id, uint32_t rank, std::optional<uint
   return out;
 }
 
+uint64_t SegmentShard::FurthestJoin() {
+  MutexLock lock(&mu_);
+  return clocks_.Highest() + options_.max_clock_ahead;
+}
+
 bool SegmentShard::Restore(const ShardState& state, std::optional<uint64_t> generation,
                            std::vector<uint64_t>* dropped) {
   Completions ready;

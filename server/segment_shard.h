@@ -152,6 +152,11 @@ class SegmentShard {
   // acknowledged, not applied again.
   Registered Register(uint64_t id, uint32_t rank, std::optional<uint64_t> join_clock,
                       std::vector<uint64_t>* replaced = nullptr);
+  // The furthest clock a join_clock may name: the highest any rank reached
+  // here, plus how far a push may run ahead (another server may have taken
+  // that many more of a rank's pushes). Beyond it, joining would skip steps
+  // no worker computed.
+  uint64_t FurthestJoin();
 
   // Replaces values, optimizer state and clocks with `state`, as described
   // above, if the segment is still at `generation` (nullopt: whatever it

@@ -264,6 +264,30 @@ TEST_F(SecurityMatrix, TheTokenOnEachCallDecidesItsRoleWhateverTheConnectionCarr
   }
 }
 
+// A worker token cannot move a live rank far ahead: the registration is
+// refused, the rank's worker keeps its registration, and training goes on.
+TEST_F(SecurityMatrix, AJoinClockBeyondEveryRankIsRefusedAndTrainingGoesOn) {
+  ASSERT_TRUE(TrainsPast(5)) << workers_[0]->output() << workers_[1]->output();
+  v1::RegisterRequest reg;
+  reg.set_segment(0);
+  reg.set_rank(0);
+  reg.set_join_clock(uint64_t{1} << 40);
+  reg.set_model_fingerprint(ModelFingerprint(config_));
+  reg.set_shard_fingerprint(ShardMap::Create(config_.model(), 2)->fingerprint());
+  v1::RegisterResponse registered;
+  const grpc::Status refused =
+      Stub(certs_ + "/ca.pem", certs_, certs_ + "/worker.token")->Register(Context().get(), reg, &registered);
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << refused.error_message();
+  EXPECT_NE(refused.error_message().find("join_clock 1099511627776 is beyond every rank"), std::string::npos)
+      << refused.error_message();
+  const uint64_t after = TrainingClock();
+  EXPECT_TRUE(TrainsPast(after + 10)) << workers_[0]->output() << workers_[1]->output();
+  EXPECT_LT(TrainingClock(), after + 1000) << "the segment jumped ahead";
+  for (auto& worker : workers_) {
+    EXPECT_FALSE(worker->Wait(absl::Milliseconds(100)).has_value()) << "a worker exited:\n" << worker->output();
+  }
+}
+
 TEST(SecurityConfig, TokenFileErrorsNameTheFileAndLine) {
   EXPECT_TRUE(ParseTokens("# comment\nworker 0123456789abcdef0123\n\nreader 0123456789abcdef9999\n", "t").ok());
   for (const auto& [text, says] : std::vector<std::pair<std::string, std::string>>{

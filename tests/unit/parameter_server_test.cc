@@ -335,6 +335,29 @@ TEST_F(ParameterServerTest, RejectsMismatchedFingerprints) {
   EXPECT_EQ(before, State());
 }
 
+// A join_clock moves a rank on only as far as some rank got (plus what a
+// push may run ahead): beyond, the worker would skip steps nobody computed
+// and still finish "done" (2^40 once turned 4,700 steps into 3,706).
+TEST_F(ParameterServerTest, AJoinClockBeyondEveryRankIsRefusedAndChangesNothing) {
+  v1::PushResponse pushed;
+  for (uint64_t clock = 0; clock < 3; ++clock) ASSERT_TRUE(server_->Push(GoodPush(clock), clock_.Now(), &pushed).ok());
+  const std::string before = State();
+  v1::RegisterRequest far = Registration(0, 0);
+  far.set_join_clock(uint64_t{1} << 40);
+  v1::RegisterResponse response;
+  absl::Status refused = server_->Register(far, &response);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument) << refused;
+  EXPECT_NE(refused.message().find("join_clock 1099511627776 is beyond every rank of segment 0 on this server (at most 5)"),
+            std::string::npos) << refused.message();
+  EXPECT_EQ(before, State());
+  // The old registration still works; a join within reach is taken.
+  ASSERT_TRUE(server_->Push(GoodPush(3), clock_.Now(), &pushed).ok());
+  v1::RegisterRequest near = Registration(0, 0);
+  near.set_join_clock(4);
+  ASSERT_TRUE(server_->Register(near, &response).ok());
+  EXPECT_EQ(response.start_clock(), 4u);
+}
+
 TEST_F(ParameterServerTest, RejectsMalformedPulls) {
   const std::string before = State();
   v1::PullRequest pull;
