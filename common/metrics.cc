@@ -4,23 +4,32 @@
 #include <netdb.h>
 #include <poll.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <thread>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "prometheus/text_serializer.h"
 
 namespace segps {
 namespace {
 
-// A deliberately small HTTP/1.0 server: one thread, one connection at a
-// time, every request answered with the registry in the text exposition
-// format. Scrapes are rare and small; this keeps segps free of an embedded
-// web server and its interactions with the GPU libraries.
+// A deliberately small HTTP/1.0 server: one thread, every request
+// answered with the registry in the text exposition format. Scrapes are
+// rare and small; this keeps segps free of an embedded web server and its
+// interactions with the GPU libraries. It holds up to kMaxClients
+// connections at once, each given kReadDeadline from its accept to send
+// its request head: a client that trickles bytes, or sends none, delays
+// no other scrape and is dropped at its deadline (the oldest first when
+// more arrive).
 class Endpoint final : public MetricsEndpoint {
  public:
   Endpoint(int fd, std::string address) : fd_(fd), address_(std::move(address)) {
@@ -38,28 +47,68 @@ class Endpoint final : public MetricsEndpoint {
   std::string address() const override { return address_; }
 
  private:
+  static constexpr size_t kMaxClients = 16;
+  static constexpr absl::Duration kReadDeadline = absl::Seconds(2);
+  struct Client {
+    int fd;
+    std::string request;
+    absl::Time deadline;
+  };
+
   void Serve() {
+    std::vector<Client> clients;
     while (!stop_) {
-      pollfd fds[2] = {{fd_, POLLIN, 0}, {wake_[0], POLLIN, 0}};
-      if (poll(fds, wake_[0] >= 0 ? 2 : 1, -1) <= 0 || stop_) continue;
-      const int client = accept(fd_, nullptr, nullptr);
-      if (client < 0) continue;
-      Answer(client);
-      close(client);
+      std::vector<pollfd> fds = {{fd_, POLLIN, 0}, {wake_[0], POLLIN, 0}};
+      int timeout = -1;  // until the nearest deadline
+      const absl::Time now = absl::Now();
+      for (const Client& c : clients) {
+        fds.push_back({c.fd, POLLIN, 0});
+        const int left = static_cast<int>(std::max<int64_t>(0, absl::ToInt64Milliseconds(c.deadline - now) + 1));
+        timeout = timeout < 0 ? left : std::min(timeout, left);
+      }
+      // (poll skips a negative descriptor: the wake pipe, if it could not be made.)
+      if (poll(fds.data(), fds.size(), timeout) < 0 || stop_) continue;
+      for (size_t i = clients.size(); i-- > 0;) {
+        const bool done = (fds[i + 2].revents != 0 && Read(&clients[i])) || absl::Now() >= clients[i].deadline;
+        if (done) {
+          close(clients[i].fd);
+          clients.erase(clients.begin() + static_cast<ptrdiff_t>(i));
+        }
+      }
+      if ((fds[0].revents & POLLIN) != 0) Accept(&clients);
     }
+    for (const Client& c : clients) close(c.fd);
   }
 
-  void Answer(int client) {
-    // Read the request head (bounded, with a short deadline for slow peers).
-    std::string request;
-    char buf[1024];
-    while (request.find("\r\n\r\n") == std::string::npos && request.size() < 8192) {
-      pollfd p{client, POLLIN, 0};
-      if (poll(&p, 1, 2000) <= 0) return;
-      const ssize_t n = read(client, buf, sizeof(buf));
-      if (n <= 0) return;
-      request.append(buf, n);
+  void Accept(std::vector<Client>* clients) {
+    const int client = accept4(fd_, nullptr, nullptr, SOCK_CLOEXEC);
+    if (client < 0) {
+      // Out of descriptors: the listener stays readable; wait for some to be freed.
+      if (errno == EMFILE || errno == ENFILE) poll(nullptr, 0, 100);
+      return;
     }
+    const timeval send_limit{2, 0};  // a reply the client does not read ends the answer
+    setsockopt(client, SOL_SOCKET, SO_SNDTIMEO, &send_limit, sizeof(send_limit));
+    if (clients->size() >= kMaxClients) {
+      close(clients->front().fd);  // the oldest: deadlines are in accept order
+      clients->erase(clients->begin());
+    }
+    clients->push_back({client, "", absl::Now() + kReadDeadline});
+  }
+
+  // Reads what a client sent and answers once its request head is in (or
+  // 8 KiB of it). True when the client is done with: answered, or gone.
+  bool Read(Client* c) {
+    char buf[1024];
+    const ssize_t n = read(c->fd, buf, sizeof(buf));
+    if (n <= 0) return true;
+    c->request.append(buf, static_cast<size_t>(n));
+    if (c->request.find("\r\n\r\n") == std::string::npos && c->request.size() < 8192) return false;
+    Answer(c->fd, c->request);
+    return true;
+  }
+
+  void Answer(int client, const std::string& request) {
     const bool metrics = request.rfind("GET /metrics", 0) == 0 || request.rfind("GET / ", 0) == 0;
     const std::string body = metrics ? prometheus::TextSerializer().Serialize(registry_.Collect())
                                      : "not found; try /metrics\n";
