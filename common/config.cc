@@ -11,7 +11,6 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/config_hints.h"
-#include "common/hash.h"
 #include "common/shard_map.h"
 #include "common/status_macros.h"
 #include "google/protobuf/io/tokenizer.h"
@@ -621,52 +620,6 @@ uint32_t PushesInFlight(const v1::JobConfig& config, int segment) {
 uint32_t MinShare(const v1::TrainingConfig& training) {
   const double share = std::ceil(double{training.balance().min_share()} * training.batch_size() - 1e-9);
   return std::max<uint32_t>(1, static_cast<uint32_t>(share));
-}
-
-namespace {
-
-// Each part of the model fingerprint, serialised deterministically.
-std::map<std::string, std::string> FingerprintBytes(const v1::JobConfig& config) {
-  auto serialized = [](auto write) {
-    std::string bytes;
-    {
-      google::protobuf::io::StringOutputStream out(&bytes);
-      google::protobuf::io::CodedOutputStream coded(&out);
-      coded.SetSerializationDeterministic(true);
-      write(coded);
-    }
-    return bytes;
-  };
-  std::map<std::string, std::string> parts;
-  parts["model"] = serialized([&](auto& coded) { config.model().SerializeToCodedStream(&coded); });
-  parts["optimizer"] = serialized([&](auto& coded) { config.optimizer().SerializeToCodedStream(&coded); });
-  parts["seed"] = serialized([&](auto& coded) { coded.WriteVarint64(config.seed()); });
-  // Balanced pushes are weighted by their samples against batch_size.
-  if (config.training().has_balance()) {
-    parts["balance"] = serialized([&](auto& coded) {
-      config.training().balance().SerializeToCodedStream(&coded);
-      coded.WriteVarint32(config.training().batch_size());
-    });
-  }
-  return parts;
-}
-
-}  // namespace
-
-std::string ModelFingerprint(const v1::JobConfig& config) {
-  const std::map<std::string, std::string> parts = FingerprintBytes(config);
-  std::string bytes;
-  for (const char* name : {"model", "optimizer", "seed", "balance"}) {
-    auto it = parts.find(name);
-    if (it != parts.end()) bytes += it->second;
-  }
-  return HexFingerprint(bytes);
-}
-
-std::map<std::string, std::string> ModelFingerprintParts(const v1::JobConfig& config) {
-  std::map<std::string, std::string> parts = FingerprintBytes(config);
-  for (auto& [name, bytes] : parts) bytes = HexFingerprint(bytes);
-  return parts;
 }
 
 }  // namespace segps

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -53,6 +54,13 @@ std::string ModelFingerprint(const v1::JobConfig& config);
 // The same parts fingerprinted one by one ("model", "optimizer", "seed",
 // "balance"), so that a mismatch can say which differ.
 std::map<std::string, std::string> ModelFingerprintParts(const v1::JobConfig& config);
+// The fingerprinted parts as one line of protobuf text, which a checkpoint
+// records beside the fingerprint; and, given such a record, each field in
+// which it differs from `config`'s: "optimizer.learning_rate: 0.003 here,
+// 0.001 in <where>" (none when the record is empty or unreadable).
+std::string FingerprintedConfig(const v1::JobConfig& config);
+std::vector<std::string> FingerprintDifferences(const v1::JobConfig& config, const std::string& recorded,
+                                                const std::string& where);
 
 }  // namespace segps
 

@@ -124,6 +124,7 @@ absl::Status CheckpointStore::Write(int segment, const ShardState& state) {
       {"format", kFormat},
       {"segps.job", config_.name()},
       {"segps.model_fingerprint", model_fingerprint_},
+      {"segps.config", FingerprintedConfig(config_)},
       {"segps.shard_fingerprint", map_.fingerprint()},
       {"segps.optimizer", v1::OptimizerKind_Name(config_.optimizer().kind())},
       {"segps.server", absl::StrCat(index_)},
@@ -212,6 +213,14 @@ absl::StatusOr<ShardState> CheckpointStore::Read(int segment, uint64_t clock) co
   absl::StatusOr<CheckpointFile> file = ReadCheckpointFile(path);
   if (!file.ok()) return file.status();
   auto corrupt = [&](const std::string& what) { return absl::DataLossError(absl::StrCat(path, ": ", what)); };
+  if (file->Field("segps.model_fingerprint") != model_fingerprint_) {
+    const std::vector<std::string> differ = FingerprintDifferences(config_, file->Field("segps.config"), "the checkpoint");
+    if (!differ.empty()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          path, ": a checkpoint of another model or optimizer: ", absl::StrJoin(differ, "; "),
+          ". Resume with the checkpoint's settings, or move the directory away or use another --checkpoint_dir"));
+    }
+  }
   if (file->Field("segps.model_fingerprint") != model_fingerprint_ ||
       file->Field("segps.shard_fingerprint") != map_.fingerprint()) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -427,7 +436,7 @@ class Merger {
       return false;
     }
     const std::string name = read[0].Field("segps.segment");
-    for (const char* key : {"segps.job", "segps.model_fingerprint", "segps.optimizer", "segps.model"}) {
+    for (const char* key : {"segps.job", "segps.model_fingerprint", "segps.config", "segps.optimizer", "segps.model"}) {
       if (!metadata_.count(key)) metadata_[key] = read[0].Field(key);
       if (metadata_[key] != read[0].Field(key)) {
         return absl::FailedPreconditionError(absl::StrCat("merge: ", files[0].string(), " has ", key, " ",
@@ -497,9 +506,12 @@ absl::Status SplitCheckpoint(const std::string& merged, const v1::JobConfig& con
     return absl::InvalidArgumentError(absl::StrCat(merged, ": not a merged checkpoint (segps-checkpoint merge)"));
   }
   if (field("segps.model_fingerprint") != ModelFingerprint(config)) {
-    return absl::FailedPreconditionError(absl::StrCat(merged, ": model fingerprint ",
-                                                      field("segps.model_fingerprint"), ", the config's ",
-                                                      ModelFingerprint(config)));
+    const std::vector<std::string> differ = FingerprintDifferences(config, field("segps.config"), "the checkpoint");
+    return absl::FailedPreconditionError(absl::StrCat(
+        merged, ": a checkpoint of another model or optimizer",
+        differ.empty() ? absl::StrCat(" (model fingerprint ", field("segps.model_fingerprint"), ", the config's ",
+                                      ModelFingerprint(config), ")")
+                       : absl::StrCat(": ", absl::StrJoin(differ, "; "))));
   }
   absl::StatusOr<ShardMap> map = ShardMap::Create(config.model(), config.cluster().num_servers());
   if (!map.ok()) return map.status();
