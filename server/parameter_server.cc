@@ -75,9 +75,11 @@ void ParameterServer::WriteCheckpoints() {
     const absl::Time start = absl::Now();
     absl::Status written = store_->Write(segment, *state);
     if (written.ok()) {
-      SEGPS_LOG_INFO << "server " << index_ << ": checkpoint of " << config_.model().segments(segment).name()
-                     << " at clock " << state->clock << " written to " << store_->Path(segment, state->clock)
-                     << " in " << absl::FormatDuration(absl::Now() - start);
+      if (std::optional<std::string> line =
+              checkpoint_report_.Written(config_.model().segments(segment).name(), state->clock,
+                                         store_->Path(segment, state->clock), absl::Now() - start, clock_->Now())) {
+        SEGPS_LOG_INFO << *line;
+      }
     } else {
       SEGPS_LOG_ERROR << "server " << index_ << ": checkpoint of " << config_.model().segments(segment).name()
                       << " at clock " << state->clock << " failed: " << written.message()
@@ -160,8 +162,10 @@ ShardOptions ParameterServer::ShardOptionsFor(int k) {
       MutexLock lock(&writer_mu_);
       auto& pending = cuts_[k];
       if (pending != nullptr) {
-        SEGPS_LOG_WARNING << "server " << index_ << ": checkpoint of segment " << k << " at clock "
-                          << pending->clock << " skipped: the disk is slower than every_clocks";
+        if (std::optional<std::string> line =
+                checkpoint_report_.Skipped(config_.model().segments(k).name(), pending->clock, clock_->Now())) {
+          SEGPS_LOG_WARNING << *line;
+        }
       }
       pending = std::move(state);
       writer_wake_.SignalAll();

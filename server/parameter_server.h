@@ -27,6 +27,7 @@
 #include "segps/v1/parameter_server.pb.h"
 #include "server/apply_pool.h"
 #include "server/checkpoint.h"
+#include "server/checkpoint_report.h"
 #include "server/segment_shard.h"
 #include "server/server_metrics.h"
 
@@ -166,6 +167,7 @@ class ParameterServer {
   bool writing_ ABSL_GUARDED_BY(writer_mu_) = false;
   bool writer_stop_ ABSL_GUARDED_BY(writer_mu_) = false;
   std::thread writer_;  // joinable with a checkpoint dir
+  CheckpointReport checkpoint_report_{static_cast<int>(index_), absl::Seconds(30)};
 
   Mutex ticker_mu_;
   CondVar ticker_wake_;
