@@ -205,6 +205,10 @@ int RunStage(Worker& w) {
 int RunEnsemble(Worker& w) {
   absl::StatusOr<segps::TrainTest> data = segps::LoadData(w.config);
   if (!data.ok()) return Fail(data.status());
+  if (std::optional<std::string> warning = segps::MissingClassesWarning(w.config, data->train, w.segment);
+      warning.has_value() && w.rank == 0) {
+    SEGPS_LOG_WARNING << *warning;
+  }
   if (w.servers_from_stdin) {
     if (absl::Status read = ReadServersFromStdin(&w.servers); !read.ok()) return Fail(read);
   }

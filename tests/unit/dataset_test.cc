@@ -114,6 +114,27 @@ TEST(Split, BySegmentAndWorkerCoversEverySampleOnce) {
   EXPECT_EQ(WorkerSlice(config, 10000, 1, 0).offset, 5000u);
 }
 
+// A file sorted by class, cut by segment: each half misses the other's
+// classes, and says so; with split SAME, or classes spread, nothing to say.
+TEST(Split, ASegmentWhoseRowsLackClassesIsWarnedAbout) {
+  v1::JobConfig config = SeedConfig();
+  Dataset sorted;
+  sorted.classes = 10;
+  for (int32_t c = 0; c < 10; ++c) sorted.y.insert(sorted.y.end(), 100, c);
+  const std::optional<std::string> first = MissingClassesWarning(config, sorted, 0);
+  ASSERT_TRUE(first.has_value());
+  EXPECT_NE(first->find("segment1: its training rows [0, 500) of 1000 have no sample of classes 5, 6, 7, 8, 9"),
+            std::string::npos)
+      << *first;
+  EXPECT_NE(first->find("data.split: SAME"), std::string::npos) << *first;
+  EXPECT_NE(MissingClassesWarning(config, sorted, 1)->find("classes 0, 1, 2, 3, 4,"), std::string::npos);
+  Dataset spread = sorted;
+  for (size_t i = 0; i < spread.y.size(); ++i) spread.y[i] = static_cast<int32_t>(i % 10);
+  EXPECT_FALSE(MissingClassesWarning(config, spread, 0).has_value());
+  config.mutable_data()->set_split(v1::SAME);
+  EXPECT_FALSE(MissingClassesWarning(config, sorted, 0).has_value());
+}
+
 TEST(Split, SameGivesEverySegmentTheWholeSet) {
   v1::JobConfig config = SeedConfig();
   config.mutable_data()->set_split(v1::SAME);

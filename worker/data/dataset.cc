@@ -530,6 +530,29 @@ Range SegmentRows(const v1::JobConfig& config, size_t train_size, int segment) {
   return {0, train_size};
 }
 
+std::optional<std::string> MissingClassesWarning(const v1::JobConfig& config, const Dataset& train, int segment) {
+  const Range rows = SegmentRows(config, train.size(), segment);
+  if (rows.count == train.size() || train.classes <= 0) return std::nullopt;
+  std::vector<bool> anywhere(train.classes, false), mine(train.classes, false);
+  for (size_t i = 0; i < train.size(); ++i) {
+    const int32_t c = train.y[i];
+    if (c < 0 || c >= train.classes) continue;
+    anywhere[c] = true;
+    if (i >= rows.offset && i < rows.end()) mine[c] = true;
+  }
+  std::vector<int> missing;
+  for (int c = 0; c < train.classes; ++c) {
+    if (anywhere[c] && !mine[c]) missing.push_back(c);
+  }
+  if (missing.empty()) return std::nullopt;
+  return absl::StrCat(config.model().segments(segment).name(), ": its training rows [", rows.offset, ", ", rows.end(),
+                      ") of ", train.size(), " have no sample of class", missing.size() == 1 ? " " : "es ",
+                      absl::StrJoin(missing, ", "),
+                      ", which other rows have: with data.split BY_SEGMENT each segment trains on a contiguous part "
+                      "of the file, and a file sorted by class leaves some classes out. Use data.split: SAME (every "
+                      "segment trains on every row), or shuffle the file's rows");
+}
+
 Range WorkerSlice(const v1::JobConfig& config, size_t train_size, int segment, uint32_t rank) {
   const Range seg = SegmentRows(config, train_size, segment);
   Range mine = BalancedRange(seg.count, WorkersOf(config, segment), rank);

@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -75,6 +76,12 @@ absl::StatusOr<TrainTest> LoadFashionMnist(const std::string& dir);
 
 // The rows of the training set that `segment` trains on (by data.split).
 Range SegmentRows(const v1::JobConfig& config, size_t train_size, int segment);
+
+// A warning for a segment whose training rows (data.split BY_SEGMENT: a
+// contiguous part of the file) lack classes the training set has, as a
+// file sorted by class gives; it names the segment, its rows and the
+// classes, and says what to do. None otherwise.
+std::optional<std::string> MissingClassesWarning(const v1::JobConfig& config, const Dataset& train, int segment);
 
 // The rows of the training set that worker `rank` of `segment` trains on:
 // the segment's rows, cut evenly over its workers. (Balanced training
