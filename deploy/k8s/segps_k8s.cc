@@ -9,6 +9,7 @@
 //             [--data-pvc NAME | --data-host-path PATH] [--model-pvc NAME]
 #include <google/protobuf/text_format.h>
 
+#include <cctype>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -167,7 +168,8 @@ std::string WorkerJob(const Job& job, int k) {
     << "    metadata:\n      labels:\n        app.kubernetes.io/name: segps-worker\n        segps/segment: \"" << k
     << "\"\n    spec:\n      restartPolicy: " << (job.chain ? "Never" : "OnFailure") << "\n"
     << (job.chain ? "      subdomain: segps-stages\n" : "") << "      securityContext: {fsGroup: 10001}\n"
-    << "      containers:\n        - name: worker\n          image: " << (gpu ? job.gpu_image : job.image) << "\n"
+    << "      containers:\n        - name: worker\n          image: " << (gpu ? "segps-cuda:latest" : "segps:latest")
+    << "\n"
     << "          imagePullPolicy: IfNotPresent\n          command: [\"segps-worker\"]\n"
     << ArgsLine("          ", WorkerArgs(job, k)) << Indented("          ", kServersEnv)
     << "          ports:\n            - {name: metrics, containerPort: " << kMetricsPort << "}\n"
@@ -198,7 +200,7 @@ std::string EvalJob(const Job& job) {
   auto container = [&](const char* name, const char* binary, const std::vector<std::string>& args, bool data) {
     Job mounts = job;
     if (!data) mounts.data_pvc.clear(), mounts.data_host_path.clear();
-    return absl::StrCat("        - name: ", name, "\n          image: ", job.image,
+    return absl::StrCat("        - name: ", name, "\n          image: segps:latest",
                         "\n          imagePullPolicy: IfNotPresent\n          command: [\"", binary, "\"]\n",
                         ArgsLine("          ", args), Indented("          ", kServersEnv),
                         "          resources:\n            requests: {cpu: 500m, memory: 256Mi}\n",
@@ -235,6 +237,24 @@ std::vector<std::string> CertificateNames(const Job& job) {
   return names;
 }
 
+// kustomize's image override for the placeholder `name` (segps,
+// segps-cuda) when `image` ("[REGISTRY/]NAME[:TAG|@DIGEST]") is another.
+std::string ImageOverride(const std::string& name, const std::string& image) {
+  if (image == name + ":latest") return "";
+  std::string out = absl::StrCat("  - name: ", name, "\n");
+  const size_t at = image.find('@'), slash = image.rfind('/');
+  const size_t colon = image.rfind(':');
+  if (at != std::string::npos) {
+    absl::StrAppend(&out, "    newName: ", Quote(image.substr(0, at)), "\n    digest: ", Quote(image.substr(at + 1)), "\n");
+  } else if (colon != std::string::npos && (slash == std::string::npos || colon > slash)) {
+    absl::StrAppend(&out, "    newName: ", Quote(image.substr(0, colon)), "\n    newTag: ", Quote(image.substr(colon + 1)),
+                    "\n");
+  } else {
+    absl::StrAppend(&out, "    newName: ", Quote(image), "\n");
+  }
+  return out;
+}
+
 std::string Kustomization(const Job& job, const std::string& base, bool own_model_volume) {
   const auto& model = job.config.model();
   std::ostringstream o;
@@ -249,6 +269,9 @@ std::string Kustomization(const Job& job, const std::string& base, bool own_mode
     << (own_model_volume ? "  - model-volume.yaml\n" : "") << "configMapGenerator:\n  - name: segps-job\n"
     << "    files: [job.pbtxt]\n    literals: [" << Quote("servers=" + job.Servers()) << "]\n"
     << "replicas:\n  - name: segps-server\n    count: " << job.config.cluster().num_servers() << "\n";
+  // Every manifest names the images segps:latest and segps-cuda:latest; --image and --gpu_image replace them.
+  const std::string images = ImageOverride("segps", job.image) + ImageOverride("segps-cuda", job.gpu_image);
+  if (!images.empty()) o << "images:\n" << images;
   return o.str();
 }
 
@@ -293,6 +316,24 @@ absl::StatusOr<std::set<int>> GpuSegments(const v1::JobConfig& config, const std
   return segments;
 }
 
+// A claim's name as Kubernetes takes it (a DNS subdomain: lowercase
+// letters, digits, '-' and '.', at most 253, alphanumeric at both ends).
+absl::Status CheckNames(const Job& job) {
+  for (const auto& [flag, name] : {std::pair{"--data_pvc", job.data_pvc}, std::pair{"--model_pvc", job.model_pvc}}) {
+    bool ok = !name.empty() && name.size() <= 253 && std::isalnum(static_cast<unsigned char>(name.front())) &&
+              std::isalnum(static_cast<unsigned char>(name.back()));
+    for (char c : name) ok = ok && ((c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '-' || c == '.');
+    if (!name.empty() && !ok) {
+      return absl::InvalidArgumentError(absl::StrCat(flag, " '", name, "' is no claim name Kubernetes takes: lowercase "
+                                                     "letters, digits, '-' and '.', starting and ending alphanumeric"));
+    }
+  }
+  if (!job.data_host_path.empty() && job.data_host_path.front() != '/') {
+    return absl::InvalidArgumentError(absl::StrCat("--data_host_path '", job.data_host_path, "' must be absolute"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Write(const std::filesystem::path& file, const std::string& text) {
   std::ofstream out(file, std::ios::trunc);
   out << text;
@@ -320,6 +361,7 @@ absl::Status Generate() {
   job.model_pvc = absl::GetFlag(FLAGS_model_pvc);
   const bool own_model_volume = job.model_pvc.empty();
   if (own_model_volume) job.model_pvc = "segps-model";
+  if (absl::Status names = CheckNames(job); !names.ok()) return names;
   absl::StatusOr<std::set<int>> gpu = GpuSegments(job.config, absl::GetFlag(FLAGS_gpu_segments));
   if (!gpu.ok()) return gpu.status();
   job.gpu_segments = *gpu;

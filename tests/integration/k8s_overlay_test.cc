@@ -34,11 +34,15 @@ TEST(SegpsK8s, RefusesDataBesideTheConfigWithoutADataVolumeNamingTheFieldAndWrit
   EXPECT_FALSE(std::filesystem::exists(out)) << "it wrote " << out;
 }
 
-TEST(SegpsK8s, RefusesTwoDataVolumesAndAnUnknownGpuSegment) {
+TEST(SegpsK8s, RefusesTwoDataVolumesABadClaimNameAndAnUnknownGpuSegment) {
   Outcome both = SegpsK8s({"--config", kConfigs + "teacher_npy.pbtxt", "--out", MakeTempDir(), "--data-pvc", "a",
                        "--data-host-path", "/srv/data"});
   EXPECT_FALSE(both.ok);
   EXPECT_NE(both.output.find("give --data_pvc or --data_host_path, not both"), std::string::npos) << both.output;
+  Outcome claim = SegpsK8s({"--config", kConfigs + "teacher_npy.pbtxt", "--out", MakeTempDir(), "--data-pvc", "My_Data"});
+  EXPECT_FALSE(claim.ok);
+  EXPECT_NE(claim.output.find("--data_pvc 'My_Data' is no claim name Kubernetes takes"), std::string::npos)
+      << claim.output;
   Outcome gpu = SegpsK8s({"--config", kConfigs + "teacher.pbtxt", "--out", MakeTempDir(), "--gpu-segments", "relu64,nope"});
   EXPECT_FALSE(gpu.ok);
   EXPECT_NE(gpu.output.find("--gpu_segments: no segment nope"), std::string::npos) << gpu.output;
@@ -59,6 +63,25 @@ TEST(SegpsK8s, FlagsWithDashesOrUnderscoresWriteTheSameOverlay) {
   EXPECT_NE(ReadFile(a + "/eval.yaml").find("claimName: \"my-models\""), std::string::npos);
   EXPECT_NE(ReadFile(a + "/workers.yaml").find("hostPath: {path: \"/srv/data\", type: Directory}"), std::string::npos);
   EXPECT_NE(ReadFile(a + "/job.pbtxt").find("train_x: \"/data/train_x.npy\""), std::string::npos);
+}
+
+// --image and --gpu-image replace the manifests' images everywhere, the
+// base's servers included, through kustomize's image override.
+TEST(SegpsK8s, ImagesAreReplacedEverywhereByKustomize) {
+  const std::string out = MakeTempDir();
+  ASSERT_TRUE(SegpsK8s({"--config", kConfigs + "teacher.pbtxt", "--out", out, "--gpu-segments", "0", "--image",
+                        "registry.example:5000/segps:v2", "--gpu-image", "registry.example:5000/segps-cuda@sha256:ab12"})
+                  .ok);
+  const std::string kustomization = ReadFile(out + "/kustomization.yaml");
+  EXPECT_NE(kustomization.find("images:\n  - name: segps\n    newName: \"registry.example:5000/segps\"\n"
+                               "    newTag: \"v2\"\n  - name: segps-cuda\n"
+                               "    newName: \"registry.example:5000/segps-cuda\"\n    digest: \"sha256:ab12\"\n"),
+            std::string::npos)
+      << kustomization;
+  const std::string workers = ReadFile(out + "/workers.yaml");
+  EXPECT_NE(workers.find("image: segps-cuda:latest"), std::string::npos) << "the placeholder kustomize replaces";
+  Outcome plain = SegpsK8s({"--config", kConfigs + "teacher.pbtxt", "--out", MakeTempDir()});
+  ASSERT_TRUE(plain.ok) << plain.output;
 }
 
 }  // namespace

@@ -142,7 +142,7 @@ class CudaBackend final : public Backend {
     float ms = 0;
     if (s.ok()) s = SEGPS_CUDA(cudaEventElapsedTime(&ms, timing_[0], timing_[1]));
     if (!s.ok()) return s;
-    return absl::Microseconds(static_cast<int64_t>(ms * 1000.0f));
+    return absl::Nanoseconds(static_cast<int64_t>(double{ms} * 1e6));
   }
 
  private:
