@@ -8,6 +8,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -15,6 +16,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "common/config.h"
 #include "common/hash.h"
 #include "tests/support/subprocess.h"
@@ -141,11 +144,54 @@ TEST(OwnData, CsvTablesTrainToTheSameBar) {
   NpyToCsv(dir + "/test_x.npy", dir + "/test_y.npy", dir + "/test.csv");
   const std::string config =
       TeacherWith(dir, "source: CSV train_csv: \"train.csv\" test_csv: \"test.csv\" label_column: \"label\"");
-  Finished run = RunToEnd({BinaryPath("segps-local"), "--config", config, "--report", dir + "/report.json"},
-                     absl::Minutes(5));
+  Finished run = RunToEnd({BinaryPath("segps-local"), "--config", config, "--report", dir + "/report.json",
+                           "--export", dir + "/model.safetensors"},
+                          absl::Minutes(5));
   ASSERT_TRUE(run.ok) << run.output;
   EXPECT_NE(run.output.find("data: 30000 training and 5000 test samples of 50 features"), std::string::npos);
-  EXPECT_GT(EnsembleAccuracy(ReadFile(dir + "/report.json")), 0.90);
+  const double accuracy = EnsembleAccuracy(ReadFile(dir + "/report.json"));
+  EXPECT_GT(accuracy, 0.90);
+
+  // segps-predict on the test table, label column and all: one class a
+  // line, scoring what segps-eval scored; the same table with its columns
+  // in another order (found by name) gives the same classes.
+  auto predict = [&](const std::string& table, const std::string& classes) {
+    return RunToEnd({BinaryPath("segps-predict"), "--model", dir + "/model.safetensors", "--input", table, "--out",
+                     classes, "--probabilities", classes + ".npy"},
+                    absl::Minutes(1));
+  };
+  Finished predicted = predict(dir + "/test.csv", dir + "/classes.txt");
+  ASSERT_TRUE(predicted.ok) << predicted.output;
+  const std::vector<std::string> classes = absl::StrSplit(ReadFile(dir + "/classes.txt"), '\n', absl::SkipEmpty());
+  ASSERT_EQ(classes.size(), 5000u);
+  const std::vector<float> probs = ReadNpyFloats(dir + "/classes.txt.npy");
+  ASSERT_EQ(probs.size(), 5000u * 10);
+  std::vector<std::string> lines = absl::StrSplit(ReadFile(dir + "/test.csv"), '\n', absl::SkipEmpty());
+  int correct = 0;
+  for (size_t i = 0; i < classes.size(); ++i) {
+    const auto argmax = std::max_element(&probs[i * 10], &probs[i * 10] + 10) - &probs[i * 10];
+    ASSERT_EQ(classes[i], std::to_string(argmax)) << "row " << i;
+    correct += classes[i] == lines[i + 1].substr(lines[i + 1].rfind(',') + 1);
+  }
+  EXPECT_NEAR(correct / 5000.0, accuracy, 2e-4) << "segps-eval and segps-predict score differently";
+  // Columns reversed, label first: found by name.
+  std::string reversed;
+  for (const std::string& line : lines) {
+    std::vector<std::string> fields = absl::StrSplit(line, ',');
+    std::reverse(fields.begin(), fields.end());
+    absl::StrAppend(&reversed, absl::StrJoin(fields, ","), "\n");
+  }
+  WriteFile(dir + "/reversed.csv", reversed);
+  Finished again = predict(dir + "/reversed.csv", dir + "/again.txt");
+  ASSERT_TRUE(again.ok) << again.output;
+  EXPECT_EQ(ReadFile(dir + "/again.txt"), ReadFile(dir + "/classes.txt"));
+  // A table without one of the features: refused naming it.
+  WriteFile(dir + "/short.csv", "f0,f1,label\n1,2,3\n");
+  Finished missing = predict(dir + "/short.csv", dir + "/none.txt");
+  EXPECT_FALSE(missing.ok);
+  EXPECT_NE(missing.output.find("short.csv: line 1: no column \"f2\", a feature the model was trained on"),
+            std::string::npos)
+      << missing.output;
 }
 
 TEST(OwnData, BadDataStopsTheJobBeforeAnythingStarts) {

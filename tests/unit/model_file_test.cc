@@ -45,6 +45,8 @@ TEST(ModelFile, SafetensorsRoundTripsParametersArchitectureAndPreprocessing) {
   TrainTest data = *LoadData(config);
   TrainedModel model = Model(config, data.train);
   ASSERT_EQ(model.mean.size(), 5u);
+  model.input_columns = {"age", "height", "weight", "pulse", "temperature"};  // as a CSV header names them
+  model.csv_delimiter = ";";
   const std::string path = MakeTempDir() + "/m.safetensors";
   ASSERT_TRUE(WriteModelSafetensors(model, path).ok());
   // Named as a user would name them, kernels [in, out].
@@ -62,6 +64,8 @@ TEST(ModelFile, SafetensorsRoundTripsParametersArchitectureAndPreprocessing) {
   EXPECT_EQ(read->mean, model.mean);
   EXPECT_EQ(read->std, model.std);
   EXPECT_EQ(read->input_scale, model.input_scale);
+  EXPECT_EQ(read->input_columns, model.input_columns);
+  EXPECT_EQ(read->csv_delimiter, ";");
   EXPECT_EQ(read->job, "exported");
   EXPECT_EQ(read->model.SerializeAsString(), config.model().SerializeAsString());
 

@@ -1,5 +1,6 @@
 #include "worker/data/csv.h"
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <vector>
@@ -13,6 +14,16 @@
 
 namespace segps {
 namespace {
+
+// A line's fields, trimmed, quotes around a field removed.
+std::vector<absl::string_view> Fields(const std::string& line, char delimiter) {
+  std::vector<absl::string_view> fields = absl::StrSplit(line, delimiter);
+  for (absl::string_view& f : fields) {
+    f = absl::StripAsciiWhitespace(f);
+    if (f.size() >= 2 && f.front() == '"' && f.back() == '"') f = f.substr(1, f.size() - 2);
+  }
+  return fields;
+}
 
 class CsvReader {
  public:
@@ -35,11 +46,7 @@ class CsvReader {
       ++line_;
       if (!line.empty() && line.back() == '\r') line.pop_back();
       if (absl::StripAsciiWhitespace(line).empty()) continue;
-      std::vector<absl::string_view> fields = absl::StrSplit(line, delimiter);
-      for (absl::string_view& f : fields) {
-        f = absl::StripAsciiWhitespace(f);
-        if (f.size() >= 2 && f.front() == '"' && f.back() == '"') f = f.substr(1, f.size() - 2);
-      }
+      std::vector<absl::string_view> fields = Fields(line, delimiter);
       if (columns_ == 0) {  // the first line fixes the columns and the label
         SEGPS_RETURN_IF_ERROR(FirstLine(fields));
         if (data_.header()) continue;
@@ -85,6 +92,9 @@ class CsvReader {
     if (columns_ - 1 != static_cast<size_t>(width_)) {
       return Bad(absl::StrCat("line ", line_, ": ", columns_ - 1, " feature columns (", columns_,
                               " columns, one the label), but model.input_width is ", width_));
+    }
+    for (size_t c = 0; c < names_.size(); ++c) {
+      if (static_cast<int>(c) != label_) out_.columns.push_back(names_[c]);
     }
     return absl::OkStatus();
   }
@@ -135,6 +145,83 @@ class CsvReader {
 
 absl::StatusOr<Dataset> ReadCsv(const std::string& path, const v1::JobConfig& config) {
   return CsvReader(path, config).Read();
+}
+
+namespace {
+
+// Where each of a model's `width` features is in a table whose first line
+// is `first`: by name in a header (`names`, the training's feature
+// columns; other columns, the label among them, are skipped), or, for a
+// model trained without names, the table's columns in order. Whether the
+// first line is a header goes to `header`.
+absl::StatusOr<std::vector<size_t>> FeatureColumns(const std::string& path, const std::vector<absl::string_view>& first,
+                                                  const std::vector<std::string>& names, int width, bool* header) {
+  double number = 0;
+  *header = !names.empty() || !absl::SimpleAtod(first[0], &number);
+  std::vector<size_t> at;
+  if (names.empty()) {
+    if (first.size() != static_cast<size_t>(width)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          path, ": line 1: ", first.size(), " columns, but the model takes ", width,
+          " features and was trained without column names: give exactly its features, in order"));
+    }
+    for (size_t c = 0; c < first.size(); ++c) at.push_back(c);
+    return at;
+  }
+  std::vector<std::string> given(first.begin(), first.end());
+  for (const std::string& name : names) {
+    auto it = std::find(given.begin(), given.end(), name);
+    if (it == given.end()) {
+      return absl::InvalidArgumentError(absl::StrCat(path, ": line 1: no column \"", name,
+                                                     "\", a feature the model was trained on.", Suggest(name, given)));
+    }
+    at.push_back(static_cast<size_t>(it - given.begin()));
+  }
+  return at;
+}
+
+}  // namespace
+
+absl::StatusOr<Dataset> ReadCsvFeatures(const std::string& path, char delimiter,
+                                        const std::vector<std::string>& names, int width, float scale) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot open"));
+  Dataset out;
+  out.width = width;
+  out.columns = names;
+  std::vector<size_t> at;
+  size_t columns = 0;
+  uint64_t number = 0;
+  for (std::string line; std::getline(in, line);) {
+    ++number;
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (absl::StripAsciiWhitespace(line).empty()) continue;
+    const std::vector<absl::string_view> fields = Fields(line, delimiter);
+    if (columns == 0) {
+      bool header = false;
+      absl::StatusOr<std::vector<size_t>> found = FeatureColumns(path, fields, names, width, &header);
+      if (!found.ok()) return found.status();
+      at = *std::move(found);
+      columns = fields.size();
+      if (header) continue;
+    }
+    if (fields.size() != columns) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(path, ": line ", number, ": ", fields.size(), " fields, but the first line has ", columns));
+    }
+    for (size_t c : at) {
+      double v = 0;
+      if (!absl::SimpleAtod(fields[c], &v) || !std::isfinite(static_cast<float>(v))) {
+        return absl::InvalidArgumentError(absl::StrCat(path, ": line ", number, " column ", c + 1, ": '", fields[c],
+                                                       "' is not a finite number"));
+      }
+      out.x.push_back(static_cast<float>(v) * scale);
+    }
+    out.y.push_back(0);
+  }
+  if (in.bad()) return absl::DataLossError(absl::StrCat(path, ": read failed"));
+  if (out.y.empty()) return absl::InvalidArgumentError(absl::StrCat(path, ": holds no data rows"));
+  return out;
 }
 
 }  // namespace segps

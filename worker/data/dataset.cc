@@ -393,6 +393,7 @@ Dataset SelectRows(const Dataset& from, const std::vector<uint64_t>& rows) {
   Dataset out;
   out.width = from.width;
   out.classes = from.classes;
+  out.columns = from.columns;
   out.x.resize(rows.size() * from.width);
   out.y.resize(rows.size());
   for (size_t i = 0; i < rows.size(); ++i) {

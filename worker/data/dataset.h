@@ -41,6 +41,9 @@ struct Dataset {
   std::vector<float> mean, std;
   // The multiplier raw file values get as they are read (data.scale).
   float scale = 1;
+  // A CSV table with a header: its feature columns' names, in order (what
+  // an export records, so that segps-predict finds them by name).
+  std::vector<std::string> columns;
 
   size_t size() const { return y.size(); }
   // Makes rows [rows.offset, rows.end()) readable, after which rows outside

@@ -1,8 +1,12 @@
 #include "worker/model/model_file.h"
 
+#include <map>
+
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "common/config.h"
 #include "common/safetensors.h"
 #include "common/shard_map.h"
@@ -28,6 +32,8 @@ TrainedModel ModelOfJob(const v1::JobConfig& config, std::vector<std::vector<flo
   out.mean = train.mean;
   out.std = train.std;
   out.config_fingerprint = ModelFingerprint(config);
+  out.input_columns = train.columns;
+  if (config.data().source() == v1::CSV) out.csv_delimiter = config.data().delimiter();
   return out;
 }
 
@@ -52,14 +58,17 @@ absl::Status WriteModelSafetensors(const TrainedModel& model, const std::string&
     tensors.push_back({"preprocess/std", {width}, model.std});
   }
   const std::string architecture = ToJson(model.model);
-  return WriteSafetensors(path, tensors,
-                          {{"format", kFormat},
-                           {"segps.job", model.job},
-                           {"segps.model", architecture},
-                           {"segps.combine", v1::Combine_Name(model.model.combine())},
-                           {"segps.input_scale", absl::StrFormat("%.9g", model.input_scale)},
-                           {"segps.normalize", model.mean.empty() ? "NONE" : "STANDARDIZE"},
-                           {"segps.config_fingerprint", model.config_fingerprint}});
+  std::map<std::string, std::string> metadata = {{"format", kFormat},
+                                                 {"segps.job", model.job},
+                                                 {"segps.model", architecture},
+                                                 {"segps.combine", v1::Combine_Name(model.model.combine())},
+                                                 {"segps.input_scale", absl::StrFormat("%.9g", model.input_scale)},
+                                                 {"segps.normalize", model.mean.empty() ? "NONE" : "STANDARDIZE"},
+                                                 {"segps.config_fingerprint", model.config_fingerprint},
+                                                 {"segps.csv_delimiter", model.csv_delimiter}};
+  // One name a line: a CSV header's names hold no line breaks.
+  if (!model.input_columns.empty()) metadata["segps.input_columns"] = absl::StrJoin(model.input_columns, "\n");
+  return WriteSafetensors(path, tensors, metadata);
 }
 
 absl::StatusOr<TrainedModel> ReadModelSafetensors(const std::string& path) {
@@ -104,6 +113,15 @@ absl::StatusOr<TrainedModel> ReadModelSafetensors(const std::string& path) {
       std::copy(values->begin(), values->end(), out.params[k].begin() + t.offset);
     }
   }
+  if (!field("segps.input_columns").empty()) {
+    out.input_columns = absl::StrSplit(field("segps.input_columns"), '\n');
+    if (out.input_columns.size() != out.model.input_width()) {
+      return absl::InvalidArgumentError(absl::StrCat(path, ": metadata segps.input_columns names ",
+                                                     out.input_columns.size(), " columns for ",
+                                                     out.model.input_width(), " inputs"));
+    }
+  }
+  out.csv_delimiter = field("segps.csv_delimiter").empty() ? "," : field("segps.csv_delimiter");
   if (field("segps.normalize") == "STANDARDIZE") {
     const uint64_t width = out.model.input_width();
     absl::StatusOr<std::vector<float>> mean = file->Float32("preprocess/mean", {width});

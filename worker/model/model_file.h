@@ -30,6 +30,10 @@ struct TrainedModel {
   float input_scale = 1;
   std::vector<float> mean, std;  // standardisation; empty: none
   std::string config_fingerprint;  // ModelFingerprint of the job that trained it
+  // Trained from a CSV table with a header: its feature columns' names, in
+  // order, and its delimiter (segps-predict reads CSV by these names).
+  std::vector<std::string> input_columns;
+  std::string csv_delimiter = ",";
 };
 
 // The model of a job: `params` from the servers, preprocessing from the
