@@ -30,6 +30,8 @@ const fail = (why) => {
   for (const c of children) c.kill("SIGKILL");
   process.exit(1);
 };
+// A job that should take seconds: a hang fails instead of holding the suite.
+setTimeout(() => fail("the pods did not finish within 5 minutes"), 5 * 60 * 1000).unref();
 
 async function freePort() {
   return new Promise((resolve) => {
