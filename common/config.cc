@@ -453,6 +453,12 @@ absl::Status ValidateOptimizer(v1::JobConfig& c, const Locator& at) {
   if (!(opt->initial_accumulator() >= 0)) {
     return at.Error({{"optimizer", -1}, {"initial_accumulator", -1}}, "must be >= 0");
   }
+  for (const auto& [name, value] : {std::pair{"clip_value", opt->clip_value()},
+                                    std::pair{"clip_gradient_norm", opt->clip_gradient_norm()}}) {
+    if (!(value >= 0) || !std::isfinite(value)) {
+      return at.Error({{"optimizer", -1}, {name, -1}}, absl::StrCat("must be finite and >= 0 (0: no clipping), got ", value));
+    }
+  }
   if (opt->momentum_lookahead() && opt->kind() != v1::MOMENTUM && opt->kind() != v1::ADAM) {
     return at.Error({{"optimizer", -1}, {"momentum_lookahead", -1}},
                     absl::StrCat("needs an optimizer with momentum (MOMENTUM or ADAM); ",

@@ -125,6 +125,8 @@ TEST(Config, RejectsEachBrokenField) {
       {"units: 64 activation: RELU", "units: 64 activation: 9", "layers[0].activation: 9 is no activation"},
       {"kind: ADAM", "kind: ADAM learning_rate: -1", "optimizer.learning_rate: must be > 0"},
       {"kind: ADAM", "kind: ADAM beta1: 1", "optimizer.beta1: must be in [0, 1)"},
+      {"kind: ADAM", "kind: ADAM clip_gradient_norm: -1", "optimizer.clip_gradient_norm: must be finite and >= 0"},
+      {"kind: ADAM", "kind: ADAM clip_value: inf", "optimizer.clip_value: must be finite and >= 0"},
       {"kind: ADAM", "", "optimizer.kind: is required"},
       {"source: SYNTHETIC_SEED", "", "data.source: is required"},
       {"name: \"a\"", "name: \"a\" staleness: -2", "staleness: must be >= 0, or -1"},

@@ -393,6 +393,40 @@ TEST(WorkerInProcess, TopKPushesLearnTheTeacherTask) {
   EXPECT_NE(cluster.Parameters(0), dense) << "top-k left no trace: are the pushes really sparse?";
 }
 
+// optimizer.clip_gradient_norm: with SGD every step moves the parameters
+// by at most learning_rate x the bound, so an epoch of 63 steps moves them
+// by at most 63 x 0.1 x 0.01 in L2 norm; unclipped, the same epoch moves
+// them much further. clip_value bounds each element the same way.
+TEST(WorkerInProcess, ClippedGradientsMoveTheParametersAtMostTheirBoundAStep) {
+  auto moved = [](float clip_norm, float clip_value) {
+    v1::JobConfig config = SmallTeacher();
+    config.mutable_training()->set_epochs(1);
+    config.mutable_optimizer()->Clear();
+    config.mutable_optimizer()->set_kind(v1::SGD);
+    config.mutable_optimizer()->set_learning_rate(0.1f);
+    config.mutable_optimizer()->set_clip_gradient_norm(clip_norm);
+    config.mutable_optimizer()->set_clip_value(clip_value);
+    InProcessCluster cluster(config);
+    const std::vector<float> before = cluster.Parameters(0);
+    const TrainTest data = *LoadData(config);
+    absl::StatusOr<TrainReport> report = TrainScoringEachEpoch(config, cluster, data);
+    EXPECT_TRUE(report.ok()) << report.status();
+    EXPECT_EQ(report.ok() ? report->steps : 0, 63u);
+    const std::vector<float> after = cluster.Parameters(0);
+    double squares = 0, largest = 0;
+    for (size_t i = 0; i < after.size(); ++i) {
+      const double d = static_cast<double>(after[i]) - before[i];
+      squares += d * d;
+      largest = std::max(largest, std::abs(d));
+    }
+    return std::pair{std::sqrt(squares), largest};
+  };
+  const double bound = 63 * 0.1 * 0.01;
+  EXPECT_LE(moved(0.01f, 0).first, bound * (1 + 1e-4));
+  EXPECT_LE(moved(0, 0.001f).second, 63 * 0.1 * 0.001 * (1 + 1e-4));
+  EXPECT_GT(moved(0, 0).first, 10 * bound) << "unclipped training moves as little: the test shows nothing";
+}
+
 // Staleness 1 with momentum lookahead, over real gRPC: the task is learnt
 // about as well as synchronously (the drift itself is tested in the server's
 // and the shard's tests).

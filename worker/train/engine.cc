@@ -10,6 +10,7 @@
 #include "common/status_macros.h"
 #include "common/tensor_wire.h"
 #include "worker/client/membership.h"
+#include "worker/train/gradient_clip.h"
 
 namespace segps {
 
@@ -68,12 +69,18 @@ void TrainingEngine::CountBlocked(absl::Duration waited) {
 
 std::unique_ptr<EncodedPush> TrainingEngine::Encode(uint64_t clock, const StepResult& result) {
   const size_t n = compute_->model()->num_params();
+  absl::Span<const float> grad(result.grad, n);
+  if (ClipsGradient(config_.optimizer())) {  // on a copy: the model's gradient buffer stays as computed
+    clipped_.assign(grad.begin(), grad.end());
+    ClipGradient(config_.optimizer(), absl::MakeSpan(clipped_));
+    grad = clipped_;
+  }
   std::unique_ptr<EncodedPush> push;
   if (topk_) {
-    topk_->Select(absl::MakeConstSpan(result.grad, n));
+    topk_->Select(grad);
     push = client_->EncodeSparse(options_.segment, clock, topk_->indices(), topk_->values());
   } else {
-    push = client_->Encode(options_.segment, clock, absl::MakeConstSpan(result.grad, n));
+    push = client_->Encode(options_.segment, clock, grad);
   }
   if (result.samples_per_second.has_value()) {
     push->samples = result.rows;

@@ -19,6 +19,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -94,6 +95,7 @@ class TrainingEngine {
   // Two pinned host buffers a pull fills (one while the other uploads).
   Buffer pulled_[2];
   std::optional<TopK> topk_;  // top-k pushes (training.gradient_topk)
+  std::vector<float> clipped_;  // the gradient clipped (optimizer.clip_value, clip_gradient_norm)
   uint64_t pull_bytes_ = 0, push_bytes_ = 0;
   StepContext step_context_;
   // The calls in flight and how steps make them; made again after a recovery.
