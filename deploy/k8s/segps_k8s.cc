@@ -88,12 +88,13 @@ struct Job {
   }
 };
 
-// The volumes a worker or evaluation pod mounts, and their mounts.
-std::string Mounts(const Job& job, const std::string& indent, bool model) {
+// The volumes a worker or evaluation container mounts: the config, the
+// certificates, the data volume where it reads data, the model volume.
+std::string Mounts(const std::string& indent, bool data, bool model) {
   std::string out = indent + "volumeMounts:\n";
   absl::StrAppend(&out, indent, "  - {name: config, mountPath: /config, readOnly: true}\n");
   absl::StrAppend(&out, indent, "  - {name: certs, mountPath: /certs, readOnly: true}\n");
-  if (job.data()) absl::StrAppend(&out, indent, "  - {name: data, mountPath: ", kDataMount, ", readOnly: true}\n");
+  if (data) absl::StrAppend(&out, indent, "  - {name: data, mountPath: ", kDataMount, ", readOnly: true}\n");
   if (model) absl::StrAppend(&out, indent, "  - {name: model, mountPath: /model}\n");
   return out;
 }
@@ -176,7 +177,7 @@ std::string WorkerJob(const Job& job, int k) {
     << (job.chain && k > 0 ? absl::StrCat("            - {name: stage-link, containerPort: ", kStagePort, "}\n") : "")
     << "          resources:\n            requests: {cpu: \"1\", memory: 512Mi}\n"
     << "            limits: {memory: 4Gi" << (gpu ? ", nvidia.com/gpu: 1" : "") << "}\n"
-    << Mounts(job, "          ", false) << Volumes(job, "segps-worker-tls", false);
+    << Mounts("          ", job.data(), false) << Volumes(job, "segps-worker-tls", false);
   return o.str();
 }
 
@@ -198,13 +199,11 @@ std::string EvalJob(const Job& job) {
                                        "--out", "/model/model.safetensors", "--onnx", "/model/model.onnx"};
   for (const std::string& a : ClientTls("reader.token")) eval.push_back(a), exporter.push_back(a);
   auto container = [&](const char* name, const char* binary, const std::vector<std::string>& args, bool data) {
-    Job mounts = job;
-    if (!data) mounts.data_pvc.clear(), mounts.data_host_path.clear();
     return absl::StrCat("        - name: ", name, "\n          image: segps:latest",
                         "\n          imagePullPolicy: IfNotPresent\n          command: [\"", binary, "\"]\n",
                         ArgsLine("          ", args), Indented("          ", kServersEnv),
                         "          resources:\n            requests: {cpu: 500m, memory: 256Mi}\n",
-                        Mounts(mounts, "          ", true));
+                        Mounts("          ", data && job.data(), true));
   };
   return absl::StrCat(
       "# Waits until every segment is trained and no worker is left, scores each segment and the\n"

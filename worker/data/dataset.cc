@@ -108,6 +108,15 @@ absl::Status Dataset::MapRows(Range rows) const {
   return absl::OkStatus();
 }
 
+void Dataset::Standardize(std::vector<float> with_mean, std::vector<float> with_std) {
+  for (size_t i = 0; i < x.size(); ++i) {  // in memory: standardised as held; a file, as read
+    const size_t j = i % static_cast<size_t>(width);
+    x[i] = (x[i] - with_mean[j]) / with_std[j];
+  }
+  mean = std::move(with_mean);
+  std = std::move(with_std);
+}
+
 void Dataset::CopyRow(size_t i, float* out) const {
   if (file == nullptr) {
     std::copy_n(&x[i * static_cast<size_t>(width)], width, out);
@@ -459,14 +468,7 @@ absl::Status Standardize(TrainTest& data) {
     mean[j] = static_cast<float>(shift[j] + m);
     std[j] = var > 0 ? static_cast<float>(std::sqrt(var)) : 1.0f;
   }
-  for (Dataset* set : {&data.train, &data.test}) {
-    for (size_t i = 0; i < set->x.size(); ++i) {
-      const size_t j = i % width;
-      set->x[i] = (set->x[i] - mean[j]) / std[j];
-    }
-    set->mean = mean;
-    set->std = std;
-  }
+  for (Dataset* set : {&data.train, &data.test}) set->Standardize(mean, std);
   return absl::OkStatus();
 }
 

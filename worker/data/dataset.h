@@ -51,6 +51,8 @@ struct Dataset {
   // rows (only them) and checks that every value is finite, naming the file,
   // row and column of one that is not. In-memory sets: nothing to do.
   absl::Status MapRows(Range rows) const;
+  // Standardises the features with these statistics (data.normalize).
+  void Standardize(std::vector<float> mean, std::vector<float> std);
   // Row i's features, as the model sees them, into out[width].
   void CopyRow(size_t i, float* out) const;
 };

@@ -56,13 +56,7 @@ absl::StatusOr<segps::Dataset> ReadInput(const segps::TrainedModel& model) {
                                                       model.input_scale)
                              : segps::OpenNpyFeatures(path, width, model.input_scale);
   if (!input.ok()) return input.status();
-  input->mean = model.mean;
-  input->std = model.std;
-  if (input->file == nullptr && !model.mean.empty()) {  // in memory: standardised as it is held
-    for (size_t i = 0; i < input->x.size(); ++i) {
-      input->x[i] = (input->x[i] - model.mean[i % width]) / model.std[i % width];
-    }
-  }
+  if (!model.mean.empty()) input->Standardize(model.mean, model.std);
   return input;
 }
 
