@@ -132,8 +132,9 @@ for (const job of objects.filter((o) => o.kind === "Job" && o.metadata.name.star
   const pod = job.spec.template.spec;
   for (let index = 0; index < job.spec.completions; index++) {
     const name = `${job.metadata.name} index ${index}`;
+    // Each pod its own folders: a shared config file rewritten for the next pod could be read half written.
     workers.push(finish(name, start(name, command(pod, pod.containers[0], { JOB_COMPLETION_INDEX: String(index) },
-                                                 volumeFolders(pod, job.metadata.name), serverNames))));
+                                                 volumeFolders(pod, `${job.metadata.name}-${index}`), serverNames))));
   }
 }
 const evaluation = objects.find((o) => o.kind === "Job" && o.metadata.name === "segps-eval").spec.template.spec;
