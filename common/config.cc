@@ -240,6 +240,36 @@ absl::Status ValidateLayers(const v1::ModelConfig* model, int k, bool chain, con
   return absl::OkStatus();
 }
 
+// Segment k's embedding tables: named uniquely, shaped, each field an id column.
+absl::Status ValidateEmbeddings(const v1::ModelConfig& model, int k, const Locator& at) {
+  const v1::SegmentConfig& seg = model.segments(k);
+  if (seg.embeddings_size() > 0 && model.combine() == v1::CHAIN) {
+    return at.Error({{"model", -1}, {"segments", k}, {"embeddings", 0}}, "tables are not supported in a CHAIN's stages");
+  }
+  for (int t = 0; t < seg.embeddings_size(); ++t) {
+    const v1::EmbeddingConfig& table = seg.embeddings(t);
+    auto error = [&](const char* field, const std::string& message) {
+      return at.Error({{"model", -1}, {"segments", k}, {"embeddings", t}, {field, -1}},
+                      absl::StrCat("table \"", table.name(), "\" of segment \"", seg.name(), "\": ", message));
+    };
+    if (table.name().empty()) return error("name", "is required");
+    for (int u = 0; u < t; ++u) {
+      if (seg.embeddings(u).name() == table.name()) return error("name", "is used by another table of the segment");
+    }
+    if (table.vocab() == 0) return error("vocab", "must be > 0");
+    if (table.dim() == 0 || table.dim() > kMaxLayerUnits) return error("dim", absl::StrCat("must be in [1, ", kMaxLayerUnits, "]"));
+    if (table.field_size() == 0) return error("field", "needs at least one id column");
+    for (uint32_t field : table.field()) {
+      if (field >= model.categorical_fields()) {
+        return error("field", absl::StrCat(field, " is out of range: model.categorical_fields is ",
+                                           model.categorical_fields(), " (ids columns 0 to ",
+                                           static_cast<int64_t>(model.categorical_fields()) - 1, ")"));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
 // model.segments: names, input widths, layers, staleness and workers.
 absl::Status ValidateSegments(v1::JobConfig& c, const Locator& at) {
   auto* model = c.mutable_model();
@@ -277,6 +307,7 @@ absl::Status ValidateSegments(v1::JobConfig& c, const Locator& at) {
                       absl::StrCat("segment \"", seg->name(), "\" needs at least one layer"));
     }
     SEGPS_RETURN_IF_ERROR(ValidateLayers(model, k, chain, at));
+    SEGPS_RETURN_IF_ERROR(ValidateEmbeddings(*model, k, at));
     if (!seg->has_staleness()) seg->set_staleness(training->staleness());
     if (seg->staleness() < -1) {
       return at.Error({{"model", -1}, {"segments", k}, {"staleness", -1}},
@@ -474,7 +505,23 @@ absl::Status ValidateDataSource(v1::JobConfig& c, const Locator& at) {
   auto* data = c.mutable_data();
   if (data->source() == v1::DATA_SOURCE_UNSPECIFIED) {
     return at.Error({{"data", -1}, {"source", -1}},
-                    "is required: SYNTHETIC_SEED, SYNTHETIC_TEACHER, FASHION_MNIST, NPY or CSV");
+                    "is required: SYNTHETIC_SEED, SYNTHETIC_TEACHER, FASHION_MNIST, NPY, CSV or SYNTHETIC_CTR");
+  }
+  const bool ids = data->source() == v1::NPY || data->source() == v1::SYNTHETIC_CTR;
+  if (model->categorical_fields() > 0 && !ids) {
+    return at.Error({{"model", -1}, {"categorical_fields", -1}},
+                    absl::StrCat("needs ids: data.source NPY (data.train_ids) or SYNTHETIC_CTR, not ",
+                                 v1::DataSource_Name(data->source())));
+  }
+  if (data->source() == v1::SYNTHETIC_CTR && (model->categorical_fields() == 0 || model->num_classes() != 2)) {
+    return at.Error({{"model", -1}, {"categorical_fields", -1}},
+                    "SYNTHETIC_CTR needs model.categorical_fields > 0 and model.num_classes 2");
+  }
+  if (data->source() == v1::NPY && model->categorical_fields() > 0 && data->train_ids().empty()) {
+    return at.Error({{"data", -1}, {"train_ids", -1}}, "is required for NPY with model.categorical_fields > 0");
+  }
+  if (data->test_ids().empty() != data->test_x().empty() && model->categorical_fields() > 0) {
+    return at.Error({{"data", -1}, {"test_ids", -1}}, "goes with test_x: give both or neither");
   }
   if (data->split() == v1::SPLIT_UNSPECIFIED) data->set_split(v1::BY_SEGMENT);
   if (data->train_samples() == 0) data->set_train_samples(10000);
@@ -508,6 +555,7 @@ absl::Status ValidateDataFiles(v1::JobConfig& c, const Locator& at) {
   };
   for (const FileField& f : {FileField{"train_x", data->train_x(), npy}, FileField{"train_y", data->train_y(), npy},
                              FileField{"test_x", data->test_x(), npy}, FileField{"test_y", data->test_y(), npy},
+                             FileField{"train_ids", data->train_ids(), npy}, FileField{"test_ids", data->test_ids(), npy},
                              FileField{"train_csv", data->train_csv(), csv},
                              FileField{"test_csv", data->test_csv(), csv},
                              FileField{"label_column", data->label_column(), csv},

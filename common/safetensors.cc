@@ -257,13 +257,17 @@ absl::Status WriteSafetensors(const std::string& path, const std::vector<TensorT
   for (const TensorToWrite& t : tensors) {
     uint64_t n = 1;
     for (uint64_t d : t.shape) n *= d;
-    if (n != t.values.size()) {
-      return absl::InvalidArgumentError(absl::StrCat("safetensors: tensor ", t.name, " has ", t.values.size(),
+    const bool u64 = t.values.empty() && !t.ids.empty();
+    const size_t have = u64 ? t.ids.size() : t.values.size();
+    if (n != have) {
+      return absl::InvalidArgumentError(absl::StrCat("safetensors: tensor ", t.name, " has ", have,
                                                      " values for shape [", absl::StrJoin(t.shape, ", "), "]"));
     }
-    entries.push_back(absl::StrCat(JsonQuote(t.name), ":{\"dtype\":\"F32\",\"shape\":[", absl::StrJoin(t.shape, ","),
-                                   "],\"data_offsets\":[", offset, ",", offset + n * sizeof(float), "]}"));
-    offset += n * sizeof(float);
+    const size_t item = u64 ? sizeof(uint64_t) : sizeof(float);
+    entries.push_back(absl::StrCat(JsonQuote(t.name), ":{\"dtype\":\"", u64 ? "U64" : "F32", "\",\"shape\":[",
+                                   absl::StrJoin(t.shape, ","), "],\"data_offsets\":[", offset, ",", offset + n * item,
+                                   "]}"));
+    offset += n * item;
   }
   std::string header = absl::StrCat("{", absl::StrJoin(entries, ","), "}");
   header.append((8 - header.size() % 8) % 8, ' ');  // keeps the data 8-byte aligned
@@ -273,6 +277,7 @@ absl::Status WriteSafetensors(const std::string& path, const std::vector<TensorT
   bytes.reserve(bytes.size() + offset);
   for (const TensorToWrite& t : tensors) {
     bytes.append(reinterpret_cast<const char*>(t.values.data()), t.values.size() * sizeof(float));
+    if (t.values.empty()) bytes.append(reinterpret_cast<const char*>(t.ids.data()), t.ids.size() * sizeof(uint64_t));
   }
   return WriteFileAtomically(path, bytes);
 }

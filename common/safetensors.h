@@ -26,7 +26,8 @@ namespace segps {
 struct TensorToWrite {
   std::string name;
   std::vector<uint64_t> shape;
-  absl::Span<const float> values;
+  absl::Span<const float> values;  // F32
+  absl::Span<const uint64_t> ids;  // U64, when values is empty and this is not
 };
 
 // Writes `tensors` (data in that order) and string `metadata` (the header's
@@ -46,6 +47,7 @@ class SafetensorsFile {
 
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
   const std::map<std::string, Tensor>& tensors() const { return tensors_; }
+  const std::string& path() const { return path_; }
   // The float32 values of tensor `name` of shape `shape`; an error naming
   // the file and the tensor if it is missing or has another dtype or shape.
   absl::StatusOr<std::vector<float>> Float32(const std::string& name, const std::vector<uint64_t>& shape) const;

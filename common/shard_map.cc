@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "common/embedding.h"
 #include "common/hash.h"
 
 namespace segps {
@@ -25,7 +26,7 @@ Range BalancedRange(uint64_t n, uint32_t parts, uint32_t index) {
 }
 
 uint32_t SegmentInputWidth(const v1::ModelConfig& model, int k) {
-  if (model.combine() != v1::CHAIN || k == 0) return model.input_width();
+  if (model.combine() != v1::CHAIN || k == 0) return model.input_width() + EmbeddingWidth(model.segments(k));
   const v1::SegmentConfig& previous = model.segments(k - 1);
   return previous.layers(previous.layers_size() - 1).units();
 }

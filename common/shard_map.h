@@ -38,7 +38,8 @@ struct TensorLayout {
 };
 
 // The width of segment k's input: model.input_width, or for stage k > 0 of
-// a CHAIN the previous stage's output width.
+// a CHAIN the previous stage's output width; plus what its embedding
+// tables add (common/embedding.h).
 uint32_t SegmentInputWidth(const v1::ModelConfig& model, int k);
 
 class ShardMap {

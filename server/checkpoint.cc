@@ -19,6 +19,7 @@
 #include "common/log.h"
 #include "common/proto_json.h"
 #include "common/safetensors.h"
+#include "server/checkpoint_tables.h"
 #include "common/status_macros.h"
 #include "server/optimizer.h"
 
@@ -144,7 +145,7 @@ absl::Status CheckpointStore::Write(int segment, const ShardState& state) {
       for (uint64_t d : part.shape) n *= d;
       return n;
     }();
-    tensors.push_back({name, whole ? part.shape : std::vector<uint64_t>{part.count}, values});
+    tensors.push_back({name, whole ? part.shape : std::vector<uint64_t>{part.count}, values, {}});
     by_name[name] = AsBytes(values);
     metadata["segps.part." + name] = absl::StrCat(part.tensor_offset, " of ", ShapeText(part.shape));
   };
@@ -152,6 +153,7 @@ absl::Status CheckpointStore::Write(int segment, const ShardState& state) {
     add(part.name, part, state.values);
     for (size_t s = 0; s < slot_names_.size(); ++s) add(part.name + "/" + slot_names_[s], part, state.slots[s]);
   }
+  AddTableTensors(config_.model(), segment, state.tables, &tensors, &metadata, &by_name);
   metadata["segps.checksum"] = absl::StrFormat("%016x", DataChecksum(by_name));
   const std::string path = Path(segment, state.clock);
   std::error_code error;
@@ -264,6 +266,7 @@ absl::StatusOr<ShardState> CheckpointStore::Read(int segment, uint64_t clock) co
     }
     if (!status.ok()) return status;
   }
+  SEGPS_RETURN_IF_ERROR(ReadTables(file->file, file->metadata, config_, segment, index_, map_.num_servers(), &state.tables));
   return state;
 }
 
@@ -289,6 +292,7 @@ absl::StatusOr<CheckpointFile> ReadCheckpointFile(const std::string& path) {
                                 "): the file is damaged"));
   }
   for (const auto& [name, tensor] : file.file.tensors()) {
+    if (IsTableTensor(name)) continue;  // read by ReadTables
     // "OFFSET of AxB": where the stored part starts within the whole tensor.
     const std::vector<std::string> words = absl::StrSplit(file.Field("segps.part." + name), ' ');
     CheckpointFile::Part part;
@@ -408,7 +412,7 @@ class Merger {
         return absl::DataLossError(absl::StrCat("merge: tensor ", name, ": the servers' parts cover ", whole.covered,
                                                 " of its ", whole.values.size(), " elements"));
       }
-      out_tensors.push_back({name, whole.shape, whole.values});
+      out_tensors.push_back({name, whole.shape, whole.values, {}});
     }
     return WriteSafetensors(out, out_tensors, metadata_);
   }

@@ -35,6 +35,7 @@
 #include "common/shard_map.h"
 #include "common/sync.h"
 #include "segps/v1/config.pb.h"
+#include "server/embedding_table.h"
 
 namespace segps {
 
@@ -46,6 +47,7 @@ struct ShardState {
   std::vector<uint32_t> ranks;  // the ranks live at the cut: each resumes at `clock`
   std::vector<float> values;    // the server's range of the segment
   std::vector<std::vector<float>> slots;  // optimizer state, in Optimizer::SlotNames order
+  std::vector<TableState> tables;         // the segment's embedding tables' rows held here
 };
 
 class CheckpointStore {

@@ -14,6 +14,7 @@
 #include "common/status_macros.h"
 #include "common/tensor_wire.h"
 #include "server/optimizer.h"
+#include "server/row_requests.h"
 
 namespace segps {
 namespace {
@@ -136,6 +137,7 @@ ShardOptions ParameterServer::ShardOptionsFor(int k) {
   options.lease = absl::Milliseconds(config.cluster().lease_ms());
   options.momentum_lookahead = config.optimizer().momentum_lookahead();
   options.apply_pool = apply_pool_.get();
+  options.row_budget = &row_budget_;
   options.clock = clock_;
   options.max_waiting_per_worker = config.cluster().max_waiting_calls();
   options.ranks = WorkersOf(config, k);
@@ -180,7 +182,14 @@ absl::Status ParameterServer::AddShard(int k) {
   InitializeRange(map_, k, options.range.offset, config_.seed(), values.data(), values.size());
   absl::StatusOr<std::unique_ptr<Optimizer>> optimizer = CreateOptimizer(config_.optimizer(), options.range.count);
   if (!optimizer.ok()) return optimizer.status();
-  shards_.push_back(std::make_unique<SegmentShard>(options, std::move(values), *std::move(optimizer)));
+  EmbeddingTables tables;
+  const v1::SegmentConfig& segment = config_.model().segments(k);
+  for (int t = 0; t < segment.embeddings_size(); ++t) {
+    tables.push_back(std::make_unique<EmbeddingTable>(segment.embeddings(t), config_.optimizer(), config_.seed(), k,
+                                                      static_cast<uint32_t>(t), &row_budget_));
+  }
+  shards_.push_back(
+      std::make_unique<SegmentShard>(options, std::move(values), *std::move(optimizer), std::move(tables)));
   if (store_ == nullptr) return absl::OkStatus();
   const absl::Time read_start = absl::Now();
   absl::StatusOr<std::optional<ShardState>> latest = store_->Latest(k);
@@ -349,7 +358,9 @@ void ParameterServer::Pull(const v1::PullRequest& request, absl::Time deadline, 
   }
   const Range range = map_.range(request.segment(), index_);
   Range chunk = range;
-  if (request.count() != 0) {
+  if (request.rows_only()) {
+    chunk.count = 0;
+  } else if (request.count() != 0) {
     chunk = {request.offset(), request.count()};
     if (chunk.offset < range.offset || chunk.count > range.count || chunk.offset - range.offset > range.count - chunk.count) {
       return std::move(done)(Reject(request.segment(), absl::InvalidArgumentError(absl::StrCat(
@@ -362,6 +373,20 @@ void ParameterServer::Pull(const v1::PullRequest& request, absl::Time deadline, 
     return std::move(done)(Reject(request.segment(), absl::InvalidArgumentError(absl::StrCat(
         "Pull: dtype ", static_cast<int>(dtype), " (", v1::DType_Name(dtype),
         ") is not supported; ask for FLOAT32, BFLOAT16 or FLOAT16"))));
+  }
+  ReadRows read_rows;
+  if (request.rows_size() > 0) {
+    if (chunk.offset != range.offset) {
+      return std::move(done)(Reject(request.segment(), absl::InvalidArgumentError(
+          "Pull rows: rows go with the pull of the range's first chunk (or rows_only)")));
+    }
+    absl::StatusOr<std::vector<RowGradients>> asked =
+        ParseRows(config_.model().segments(static_cast<int>(request.segment())), static_cast<int>(request.segment()),
+                  index_, map_.num_servers(), request.rows(), false, "Pull");
+    if (!asked.ok()) return std::move(done)(Reject(request.segment(), asked.status()));
+    read_rows = [asked = *std::move(asked), out = response->mutable_rows()](const EmbeddingTables& tables) {
+      ReadTableRows(tables, asked, out);
+    };
   }
   const absl::Time start = absl::Now();
   const uint32_t segment = request.segment();
@@ -386,7 +411,8 @@ void ParameterServer::Pull(const v1::PullRequest& request, absl::Time deadline, 
         ObservePull(segment, start, chunk.count * DTypeBytes(dtype),
                     reader || clock <= result->clock ? 0 : clock - result->clock, result->blocked);
         std::move(done)(absl::OkStatus());
-      });
+      },
+      std::move(read_rows));
 }
 
 void ParameterServer::FillValues(Range chunk, v1::DType dtype, v1::TensorSlice* values) {
@@ -457,8 +483,20 @@ void ParameterServer::Push(const v1::PushRequest& request, Payload data, absl::T
     Gradient(const v1::TensorSlice& slice, Payload bytes) : data(std::move(bytes)), view(slice, data) {}
     Payload data;
     DenseView view;
+    std::vector<RowGradients> rows;
   };
   auto grad = std::make_unique<Gradient>(gradient, std::move(data));
+  if (request.rows_size() > 0) {
+    if (gradient.offset() != range.offset) {
+      return std::move(done)(Reject(request.segment(), absl::InvalidArgumentError(
+          "Push rows: rows go with the step's first chunk (offset at the range's start)")));
+    }
+    absl::StatusOr<std::vector<RowGradients>> rows =
+        ParseRows(config_.model().segments(static_cast<int>(request.segment())), static_cast<int>(request.segment()),
+                  index_, map_.num_servers(), request.rows(), true, "Push");
+    if (!rows.ok()) return std::move(done)(Reject(request.segment(), rows.status()));
+    grad->rows = *std::move(rows);
+  }
   // Checked before anything is applied, so that a bad push changes nothing.
   absl::StatusOr<PushInfo> info = CheckPush(request, grad->view.Scan());
   if (!info.ok()) return std::move(done)(Reject(request.segment(), info.status()));
@@ -474,6 +512,7 @@ void ParameterServer::Push(const v1::PushRequest& request, Payload data, absl::T
     pull_read = [read = std::move(read), dtype](absl::Span<const float> values) mutable { read(values, dtype); };
   }
   const DenseView* view = &grad->view;
+  const std::vector<RowGradients>* rows = grad->rows.empty() ? nullptr : &grad->rows;
   (*shard)->Push(
       request.worker_id(), clock, chunk.offset - range.offset, view, deadline, std::move(pull_read),
       [this, response, done = std::move(done), grad = std::move(grad), start, segment, clock, chunk, dtype,
@@ -504,7 +543,7 @@ void ParameterServer::Push(const v1::PushRequest& request, Payload data, absl::T
                       clock + 1 <= pulled.clock ? 0 : clock + 1 - pulled.clock, pulled.blocked);
         }
         std::move(done)(absl::OkStatus());
-      }, *info);
+      }, *info, rows);
 }
 
 absl::Status ParameterServer::Push(const v1::PushRequest& request, absl::Time deadline, v1::PushResponse* response,

@@ -139,6 +139,7 @@ class ParameterServer {
   uint64_t incarnation_ = 0;  // random, drawn at Create
   std::unique_ptr<CheckpointStore> store_;  // null without a checkpoint dir
   std::unique_ptr<ApplyPool> apply_pool_;  // null with one apply thread; outlives the shards
+  RowBudget row_budget_{config_.cluster().embedding_rows_budget()};  // outlives the shards
   std::vector<std::unique_ptr<SegmentShard>> shards_;
   // Per segment (rejected_: one more, for unknown segments).
   std::unique_ptr<std::atomic<uint64_t>[]> rejected_, push_bytes_, pull_bytes_;

@@ -21,6 +21,7 @@
 #include "absl/types/span.h"
 #include "common/tensor_wire.h"
 #include "segps/v1/parameter_server.pb.h"
+#include "server/embedding_table.h"
 
 namespace segps {
 
@@ -54,6 +55,18 @@ using ReadRange = absl::AnyInvocable<void(absl::Span<const float>)>;
 using PullDone = absl::AnyInvocable<void(absl::StatusOr<PullResult>) &&>;
 using PushDone = absl::AnyInvocable<void(absl::StatusOr<PushResult>) &&>;
 
+// A segment's embedding tables on this server, in the config's order.
+using EmbeddingTables = std::vector<std::unique_ptr<EmbeddingTable>>;
+// A push's summed gradients of one table's rows (checked: distinct ids in
+// range, held here, finite values).
+struct RowGradients {
+  uint32_t table = 0;
+  std::vector<uint64_t> ids;
+  std::vector<float> values;  // ids x dim
+};
+// Reads a pull's rows from the tables, under the shard's lock.
+using ReadRows = absl::AnyInvocable<void(const EmbeddingTables&)>;
+
 // A parked call: a pull behind the bound, a push (grad set) waiting for
 // its predecessor, or a push with a pull whose push is applied (pushed set).
 struct Waiter {
@@ -63,6 +76,8 @@ struct Waiter {
   absl::Time deadline, since;
   ReadRange read;           // the pull's (or a push's follow-up pull's)
   const DenseView* grad = nullptr;  // a push not yet applied
+  const std::vector<RowGradients>* rows = nullptr;  // a push's rows (its first message)
+  ReadRows read_rows;                               // a pull's rows
   PushInfo info;                     // a push's
   PullDone pull_done;        // a pull
   PushDone push_done;        // a push, with or without a pull

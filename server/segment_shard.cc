@@ -15,10 +15,11 @@
 namespace segps {
 
 SegmentShard::SegmentShard(const ShardOptions& options, std::vector<float> initial,
-                           std::unique_ptr<Optimizer> optimizer)
+                           std::unique_ptr<Optimizer> optimizer, EmbeddingTables tables)
     : options_(options),
       values_(std::move(initial)),
       optimizer_(std::move(optimizer)),
+      tables_(std::move(tables)),
       parked_(options.segment, options.max_waiting_per_worker),
       cuts_(options.checkpoint_every, options.checkpoint_interval) {
   if (options_.balance.has_value()) planner_.emplace(options_.segment, *options_.balance);
@@ -181,6 +182,7 @@ bool SegmentShard::Restore(const ShardState& state, std::optional<uint64_t> gene
     values_ = state.values;
     optimizer_->LoadState(state.slots);
     optimizer_->Bound(values_);
+    for (size_t t = 0; t < tables_.size() && t < state.tables.size(); ++t) tables_[t]->Load(state.tables[t]);
     steps_begun_ = state.steps;
     pushes_ = state.updates;
     restored_clock_ = state.clock;
@@ -234,6 +236,7 @@ void SegmentShard::Cut(absl::Time now) {
   std::sort(state->ranks.begin(), state->ranks.end());
   state->values = values_;
   optimizer_->SaveState(&state->slots);
+  for (const auto& table : tables_) state->tables.push_back(table->Save());
   cuts_.Taken(state->clock, pushes_, now);
   if (options_.on_checkpoint) options_.on_checkpoint(std::move(state));
 }
@@ -339,6 +342,9 @@ void SegmentShard::FillStats(v1::SegmentStats* stats,
   stats->set_blocked_us(absl::ToInt64Microseconds(blocked_));
   stats->set_generation(generation_);
   stats->set_restored_clock(restored_clock_);
+  uint64_t rows = 0;
+  for (const auto& table : tables_) rows += table->stored();
+  stats->set_embedding_rows(rows);
   for (const auto& [id, w] : clocks_.workers()) {
     v1::WorkerStats* ws = workers->Add();
     ws->set_worker_id(id < kPlaceholder ? id : 0);

@@ -122,6 +122,9 @@ struct ShardOptions {
   uint32_t batch_size = 0;
   using Balance = SharePlanner::Options;
   std::optional<Balance> balance;
+  // The server's embedding rows budget, shared by its shards; must outlive
+  // the shard (null: no tables).
+  RowBudget* row_budget = nullptr;
   // Takes each cut, under the shard's lock: it must only hand it on.
   std::function<void(std::shared_ptr<const ShardState>)> on_checkpoint;
 };
@@ -136,9 +139,10 @@ struct Registered {
 
 class SegmentShard {
  public:
-  // `initial` holds range.count values.
-  SegmentShard(const ShardOptions& options, std::vector<float> initial,
-               std::unique_ptr<Optimizer> optimizer);
+  // `initial` holds range.count values; `tables` are the segment's
+  // embedding tables (server/embedding_table.h).
+  SegmentShard(const ShardOptions& options, std::vector<float> initial, std::unique_ptr<Optimizer> optimizer,
+               EmbeddingTables tables = {});
 
   // Registers worker `id` as `rank`, replacing any earlier registration of
   // that rank (their ids go to `replaced`). Returns the clock the worker
@@ -172,8 +176,10 @@ class SegmentShard {
   // worker gets the values the optimizer's drift would reach after the
   // updates expected before its gradient for `clock` lands: its own steps
   // not yet applied, times the live workers (peers step at about its pace).
+  // With `read_rows`, the pull also reads embedding rows from the tables
+  // (count may then be 0: rows only, at the segment clock's bound).
   void Pull(uint64_t id, uint64_t clock, uint64_t first, uint64_t count, absl::Time deadline, ReadRange read,
-            PullDone done);
+            PullDone done, ReadRows read_rows = nullptr);
 
   // Applies `grad` (finite values, checked by the caller; it must stay valid
   // until `done` runs) to the elements from `first` of the range, as the
@@ -183,8 +189,13 @@ class SegmentShard {
   // the result's `pulled`): a synchronous step's round trip.
   // `info.samples` scales the update's learning rate by samples /
   // batch_size (0 samples: the step counts, the values stay).
+  // `rows` (a step's first message only; kept valid until `done`): the
+  // step's embedding row gradients, applied with it or not at all (a row
+  // that would turn non-finite, or more rows than the server's budget,
+  // refuses the whole push).
   void Push(uint64_t id, uint64_t clock, uint64_t first, const DenseView* grad, absl::Time deadline,
-            ReadRange read, PushDone done, const PushInfo& info = {});
+            ReadRange read, PushDone done, const PushInfo& info = {},
+            const std::vector<RowGradients>* rows = nullptr);
 
   // The deciding server of a balanced segment: the shares from `clock` on
   // (a registration's start clock). Nullopt elsewhere.
@@ -236,6 +247,10 @@ class SegmentShard {
   // or refuses one the optimizer does not admit (it could make the values
   // or the state infinite), changing nothing.
   absl::StatusOr<PushResult> Apply(Worker* w, const Waiter& push) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Computes a push's embedding rows as update `step` (nothing stored yet):
+  // an error if one would not be finite or the budget cannot take the new ones.
+  absl::Status UpdateRows(const std::vector<RowGradients>& rows, uint64_t step, float scale)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Resumes every parked call the current state allows, until none is left.
   void Resume(absl::Time now, Completions* ready) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Fails `waiter` with `status` into `ready`, taking it. A reference, so
@@ -288,6 +303,7 @@ class SegmentShard {
   std::vector<float> values_ ABSL_GUARDED_BY(mu_);
   std::vector<float> drifted_ ABSL_GUARDED_BY(mu_);  // a lookahead pull's values
   std::unique_ptr<Optimizer> optimizer_ ABSL_GUARDED_BY(mu_);
+  EmbeddingTables tables_ ABSL_GUARDED_BY(mu_);
   // The workers, their clocks and which are live.
   ClockTable clocks_ ABSL_GUARDED_BY(mu_);
   uint64_t steps_begun_ ABSL_GUARDED_BY(mu_) = 0;

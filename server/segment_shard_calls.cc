@@ -32,19 +32,23 @@ uint64_t PartStart(uint64_t count, size_t parts, size_t part) { return count * p
 bool SegmentShard::WaitsForCut(const Waiter& push) const { return cuts_.Holds(push.clock); }
 
 void SegmentShard::Pull(uint64_t id, uint64_t clock, uint64_t first, uint64_t count, absl::Time deadline,
-                        ReadRange read, PullDone done) {
+                        ReadRange read, PullDone done, ReadRows read_rows) {
   Completions ready;
   {
     MutexLock lock(&mu_);
     const absl::Time now = options_.clock->Now();
     auto waiter = std::make_unique<Waiter>(id, clock, first, count, deadline, std::move(read));
     waiter->pull_done = std::move(done);
+    waiter->read_rows = std::move(read_rows);
     absl::Status valid;
+    // A pull of rows alone comes beside the step's parameter pull, which
+    // may be ahead of it (prefetched): it neither goes backwards nor counts as the step's pull.
+    const bool rows_only = count == 0 && waiter->read_rows;
     if (id != 0) {
       absl::StatusOr<Worker*> w = FindLive(id, now, "Pull");
       if (!w.ok()) {
         valid = w.status();
-      } else if (clock < (*w)->last_pull_clock) {
+      } else if (clock < (*w)->last_pull_clock && !rows_only) {
         valid = absl::InvalidArgumentError(absl::StrCat("Pull: clock ", clock, " of worker ", id,
                                                         " goes backwards (last pull was for clock ",
                                                         (*w)->last_pull_clock, ")"));
@@ -52,7 +56,7 @@ void SegmentShard::Pull(uint64_t id, uint64_t clock, uint64_t first, uint64_t co
         valid = absl::InvalidArgumentError(absl::StrCat(
             "Pull: clock ", clock, " of worker ", id, " skips ahead of its pushes (next push is clock ",
             (*w)->next_clock, ", at most ", options_.max_clock_ahead, " may be in flight)"));
-      } else {
+      } else if (!rows_only) {
         (*w)->last_pull_clock = clock;
         clocks_.MarkPulled(*w);
       }
@@ -87,6 +91,7 @@ void SegmentShard::FinishPull(std::unique_ptr<Waiter> waiter, absl::Time now, Co
   const absl::Span<const float> values = absl::MakeConstSpan(values_).subspan(waiter->first, waiter->count);
   const uint64_t ahead =
       waiter->id != 0 && options_.momentum_lookahead ? UpdatesAhead(waiter->id, waiter->clock) : 0;
+  if (waiter->read_rows) waiter->read_rows(tables_);
   if (ahead == 0) {
     waiter->read(values);
   } else {
@@ -112,7 +117,8 @@ uint64_t SegmentShard::UpdatesAhead(uint64_t id, uint64_t clock) const {
 }
 
 void SegmentShard::Push(uint64_t id, uint64_t clock, uint64_t first, const DenseView* grad, absl::Time deadline,
-                        ReadRange read, PushDone done, const PushInfo& info) {
+                        ReadRange read, PushDone done, const PushInfo& info,
+                        const std::vector<RowGradients>* rows) {
   Completions ready;
   {
     MutexLock lock(&mu_);
@@ -120,6 +126,7 @@ void SegmentShard::Push(uint64_t id, uint64_t clock, uint64_t first, const Dense
     auto waiter = std::make_unique<Waiter>(id, clock, first, grad->count(), deadline, std::move(read));
     waiter->since = now;
     waiter->grad = grad;
+    waiter->rows = rows;
     waiter->info = info;
     waiter->push_done = std::move(done);
     StartPush(std::move(waiter), now, &ready);
@@ -230,6 +237,8 @@ absl::StatusOr<PushResult> SegmentShard::Apply(Worker* w, const Waiter& push) {
   }
   const uint64_t step = first == 0 ? steps_begun_ + 1 : w->step;
   if (scale != 0.0f) SEGPS_RETURN_IF_ERROR(optimizer_->Admit(step, push.info.max_abs_gradient, scale, values_));
+  const bool rows = push.rows != nullptr && first == 0 && scale != 0.0f;
+  if (rows) SEGPS_RETURN_IF_ERROR(UpdateRows(*push.rows, step, scale));
   if (first == 0) w->step = ++steps_begun_;
   const absl::Time apply_start = absl::Now();
   Optimizer* const optimizer = optimizer_.get();
@@ -254,6 +263,9 @@ absl::StatusOr<PushResult> SegmentShard::Apply(Worker* w, const Waiter& push) {
       apply_part(PartStart(count, parts, part), PartStart(count, parts, part + 1));
     });
   }
+  if (rows) {
+    for (const RowGradients& table_rows : *push.rows) tables_[table_rows.table]->Commit();
+  }
   const absl::Duration apply = absl::Now() - apply_start;
   w->applied += count;
   if (w->applied == options_.range.count) {
@@ -267,6 +279,21 @@ absl::StatusOr<PushResult> SegmentShard::Apply(Worker* w, const Waiter& push) {
   result.rank = w->rank;
   result.apply = apply;
   return result;
+}
+
+absl::Status SegmentShard::UpdateRows(const std::vector<RowGradients>& rows, uint64_t step, float scale) {
+  uint64_t added = 0;
+  for (const RowGradients& table_rows : rows) {
+    EmbeddingTable& table = *tables_[table_rows.table];
+    SEGPS_RETURN_IF_ERROR(table.Update(step, scale, table_rows.ids, table_rows.values));
+    added += table.pending_new();
+  }
+  if (added > 0 && (options_.row_budget == nullptr || !options_.row_budget->Take(added))) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "Push rows: storing ", added, " more embedding rows of segment ", options_.segment,
+        " would pass this server's cluster.embedding_rows_budget; refused, nothing was applied"));
+  }
+  return absl::OkStatus();
 }
 
 void SegmentShard::Resume(absl::Time now, Completions* ready) {

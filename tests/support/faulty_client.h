@@ -78,6 +78,10 @@ class FaultyClient final : public ParameterClient {
     return Run<absl::Status>("Heartbeat", [=] { return Completion<absl::Status>::Done(inner_->Heartbeat()); })
         .Wait();
   }
+  absl::Status PullRows(int segment, uint64_t clock, const std::vector<std::vector<uint64_t>>& ids,
+                        std::vector<std::vector<float>>* values) override {
+    return inner_->PullRows(segment, clock, ids, values);
+  }
   absl::Status Leave() override { return inner_->Leave(); }
   absl::StatusOr<std::vector<v1::StatsResponse>> Stats() override { return inner_->Stats(); }
 

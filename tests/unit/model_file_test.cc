@@ -78,7 +78,7 @@ TEST(ModelFile, SafetensorsRoundTripsParametersArchitectureAndPreprocessing) {
 TEST(ModelFile, RefusesAFileThatIsNotACompleteExport) {
   const std::string dir = MakeTempDir();
   const std::vector<float> v = {1};
-  ASSERT_TRUE(WriteSafetensors(dir + "/other.safetensors", {{"w", {1}, v}}, {}).ok());
+  ASSERT_TRUE(WriteSafetensors(dir + "/other.safetensors", {{"w", {1}, v, {}}}, {}).ok());
   absl::StatusOr<TrainedModel> other = ReadModelSafetensors(dir + "/other.safetensors");
   EXPECT_NE(std::string(other.status().message()).find("not a segps model export"), std::string::npos)
       << other.status();

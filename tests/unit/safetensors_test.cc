@@ -11,7 +11,7 @@ namespace {
 
 std::string Written(const std::string& dir) {
   const std::vector<float> a = {1, 2, 3, 4, 5, 6}, b = {-1.5f};
-  EXPECT_TRUE(WriteSafetensors(dir + "/t.safetensors", {{"seg/dense_0/kernel", {2, 3}, a}, {"seg/dense_0/bias", {1}, b}},
+  EXPECT_TRUE(WriteSafetensors(dir + "/t.safetensors", {{"seg/dense_0/kernel", {2, 3}, a, {}}, {"seg/dense_0/bias", {1}, b, {}}},
                                {{"note", "a \"quoted\"\nline"}})
                   .ok());
   return ReadFile(dir + "/t.safetensors");

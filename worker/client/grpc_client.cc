@@ -23,6 +23,7 @@
 #include "absl/time/clock.h"
 #include "common/balance.h"
 #include "common/config.h"
+#include "common/embedding.h"
 #include "common/grpc_status.h"
 #include "common/log.h"
 #include "common/security.h"
@@ -115,7 +116,7 @@ class GrpcClient final : public ParameterClient {
  public:
   GrpcClient(const v1::JobConfig& config, ShardMap map, std::vector<std::string> addresses,
              const std::shared_ptr<grpc::ChannelCredentials>& credentials)
-      : map_(std::move(map)), addresses_(std::move(addresses)),
+      : map_(std::move(map)), model_(config.model()), addresses_(std::move(addresses)),
         rpc_deadline_(absl::Milliseconds(config.cluster().rpc_deadline_ms())),
         pull_wait_(absl::Milliseconds(config.cluster().pull_wait_ms())),
         dtype_(config.cluster().wire_dtype()),
@@ -214,6 +215,65 @@ class GrpcClient final : public ParameterClient {
     exchange->budget = pull_wait_ * 6 + rpc_deadline_;
     return Run<v1::PullResponse>(pull_streams_.get(), std::move(exchange), landing,
                                  v1::PullResponse::kValuesFieldNumber);
+  }
+
+  absl::Status PullRows(int segment, uint64_t clock, const std::vector<std::vector<uint64_t>>& ids,
+                        std::vector<std::vector<float>>* values) override {
+    if (segment < 0 || segment >= map_.num_segments() ||
+        ids.size() != static_cast<size_t>(model_.segments(segment).embeddings_size())) {
+      return absl::InvalidArgumentError("PullRows: no such segment, or not one list of ids per table");
+    }
+    const v1::SegmentConfig& config = model_.segments(segment);
+    const uint32_t servers = map_.num_servers();
+    // Where each server's rows land: per server and table, positions in ids[t].
+    auto landing = std::make_shared<std::vector<std::vector<std::vector<size_t>>>>(
+        servers, std::vector<std::vector<size_t>>(ids.size()));
+    values->resize(ids.size());
+    for (size_t t = 0; t < ids.size(); ++t) {
+      (*values)[t].assign(ids[t].size() * config.embeddings(static_cast<int>(t)).dim(), 0.0f);
+      for (size_t r = 0; r < ids[t].size(); ++r) {
+        (*landing)[RowServer(segment, static_cast<uint32_t>(t), ids[t][r], servers)][t].push_back(r);
+      }
+    }
+    const std::vector<std::vector<v1::Rows>> asked = RowsByServer(config, segment, servers, ids, nullptr);
+    auto exchange = std::make_unique<RequestStreams::Exchange>();
+    for (size_t i = 0; i < servers; ++i) {
+      if (asked[i].empty()) continue;
+      v1::PullRequest request;
+      request.set_segment(segment);
+      request.set_worker_id(membership_->worker_id(i));
+      request.set_registration_secret(membership_->secret(i));
+      request.set_reader(membership_->worker_id(i) == 0);
+      request.set_clock(clock);
+      request.set_rows_only(true);
+      for (const v1::Rows& rows : asked[i]) *request.add_rows() = rows;
+      grpc::Slice bytes(request.SerializeAsString());
+      exchange->requests.emplace_back(&bytes, 1);
+      exchange->servers.push_back(i);
+    }
+    if (exchange->requests.empty()) return absl::OkStatus();
+    const std::vector<size_t> to = exchange->servers;
+    exchange->take = [landing, to, values, &config, &ids](size_t j, grpc::ByteBuffer* reply) {
+      std::vector<grpc::Slice> slices;
+      v1::PullResponse response;
+      std::string bytes;
+      if (reply->Dump(&slices).ok()) {
+        for (const grpc::Slice& slice : slices) bytes.append(reinterpret_cast<const char*>(slice.begin()), slice.size());
+      }
+      if (!response.ParseFromString(bytes)) return absl::DataLossError("PullRows reply: not a PullResponse");
+      return LandRows(response, config, ids, (*landing)[to[j]], values);
+    };
+    Completion<PulledAt> done;
+    exchange->done = [done](absl::Status status) {
+      if (status.ok()) return done.Set(uint64_t{0});
+      done.Set(std::move(status));
+    };
+    exchange->call = "PullRows";
+    exchange->caller_drives = true;
+    exchange->patience = pull_wait_ + rpc_deadline_;
+    exchange->budget = pull_wait_ * 6 + rpc_deadline_;
+    pull_streams_->Start(std::move(exchange));
+    return Driven(done).status();
   }
 
   std::unique_ptr<EncodedPush> Encode(int segment, uint64_t clock, absl::Span<const float> grad) override {
@@ -419,6 +479,9 @@ class GrpcClient final : public ParameterClient {
     header.set_pull(pull);
     if (push.samples.has_value()) header.set_samples(*push.samples);
     header.set_samples_per_second(push.samples_per_second);
+    if (i < push.rows.size() && chunk.offset == map_.range(push.segment, static_cast<uint32_t>(i)).offset) {
+      for (const v1::Rows& rows : push.rows[i]) *header.add_rows() = rows;
+    }
     v1::TensorSlice tensor;
     tensor.set_offset(chunk.offset);
     tensor.set_count(chunk.count);
@@ -543,6 +606,7 @@ class GrpcClient final : public ParameterClient {
   }
 
   const ShardMap map_;
+  const v1::ModelConfig model_;  // the embedding tables rows are pulled for
   const std::vector<std::string> addresses_;
   const absl::Duration rpc_deadline_, pull_wait_;
   const v1::DType dtype_;        // of tensors on the wire

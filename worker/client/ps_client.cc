@@ -2,8 +2,11 @@
 #include "worker/client/ps_client.h"
 
 #include <algorithm>
+#include <cstring>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "common/embedding.h"
 #include "common/tensor_wire.h"
 
 namespace segps {
@@ -23,6 +26,60 @@ void EncodeInto(EncodedPush* push, absl::Span<const float> values, const std::ve
 }
 
 }  // namespace
+
+absl::Status LandRows(const v1::PullResponse& reply, const v1::SegmentConfig& config,
+                      const std::vector<std::vector<uint64_t>>& ids,
+                      const std::vector<std::vector<size_t>>& positions, std::vector<std::vector<float>>* values) {
+  size_t tables = 0;
+  for (const std::vector<size_t>& p : positions) tables += p.empty() ? 0 : 1;
+  if (static_cast<size_t>(reply.rows_size()) != tables) {
+    return absl::DataLossError(absl::StrCat("PullRows reply: ", reply.rows_size(), " tables for ", tables, " asked"));
+  }
+  for (const v1::Rows& rows : reply.rows()) {
+    const uint32_t t = rows.table();
+    if (t >= positions.size() || positions[t].empty()) {
+      return absl::DataLossError(absl::StrCat("PullRows reply: table ", t, " was not asked for"));
+    }
+    const size_t n = positions[t].size(), dim = config.embeddings(static_cast<int>(t)).dim();
+    if (rows.ids().size() != n * sizeof(uint64_t) || rows.values().size() != n * dim * sizeof(float)) {
+      return absl::DataLossError(absl::StrCat("PullRows reply: table ", t, " has ", rows.ids().size() / 8, " ids and ",
+                                              rows.values().size(), " bytes of values for ", n, " rows asked"));
+    }
+    for (size_t k = 0; k < n; ++k) {
+      uint64_t id = 0;
+      std::memcpy(&id, rows.ids().data() + k * sizeof(uint64_t), sizeof(id));
+      const size_t at = positions[t][k];
+      if (id != ids[t][at]) {
+        return absl::DataLossError(absl::StrCat("PullRows reply: table ", t, " row ", k, " is id ", id, ", not ", ids[t][at]));
+      }
+      std::memcpy((*values)[t].data() + at * dim, rows.values().data() + k * dim * sizeof(float), dim * sizeof(float));
+    }
+  }
+  return absl::OkStatus();
+}
+
+std::vector<std::vector<v1::Rows>> RowsByServer(const v1::SegmentConfig& config, int segment, uint32_t num_servers,
+                                                const std::vector<std::vector<uint64_t>>& ids,
+                                                const std::vector<std::vector<float>>* values) {
+  std::vector<std::vector<v1::Rows>> by_server(num_servers);
+  for (size_t t = 0; t < ids.size(); ++t) {
+    const size_t dim = config.embeddings(static_cast<int>(t)).dim();
+    std::vector<v1::Rows*> rows(num_servers, nullptr);
+    for (size_t r = 0; r < ids[t].size(); ++r) {
+      const uint32_t server = RowServer(segment, static_cast<uint32_t>(t), ids[t][r], num_servers);
+      if (rows[server] == nullptr) {
+        rows[server] = &by_server[server].emplace_back();
+        rows[server]->set_table(static_cast<uint32_t>(t));
+      }
+      rows[server]->mutable_ids()->append(reinterpret_cast<const char*>(&ids[t][r]), sizeof(uint64_t));
+      if (values != nullptr) {
+        rows[server]->mutable_values()->append(reinterpret_cast<const char*>((*values)[t].data() + r * dim),
+                                               dim * sizeof(float));
+      }
+    }
+  }
+  return by_server;
+}
 
 std::unique_ptr<EncodedPush> EncodeDense(const ShardMap& map, v1::DType dtype, int segment, uint64_t clock,
                                          absl::Span<const float> grad) {

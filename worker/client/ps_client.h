@@ -51,7 +51,23 @@ struct EncodedPush {
   // it by them) and the worker's compute throughput (server 0 balances by it).
   std::optional<uint32_t> samples;
   float samples_per_second = 0;
+  // Per server: the step's embedding row gradients it holds, sent with the
+  // step's first message to it (AttachRows).
+  std::vector<std::vector<v1::Rows>> rows;
 };
+
+// Per table of segment `segment`, distinct ids (and, with `values`, ids x
+// dim floats each), split by the server that holds each row (RowServer):
+// what Pull and Push requests carry.
+std::vector<std::vector<v1::Rows>> RowsByServer(const v1::SegmentConfig& config, int segment, uint32_t num_servers,
+                                                const std::vector<std::vector<uint64_t>>& ids,
+                                                const std::vector<std::vector<float>>* values);
+// Copies the rows of one server's reply into `values` (per table, ids x
+// dim), row k of its table t to position positions[t][k] of ids[t]; the
+// reply must hold exactly the rows asked (bytes from a server are checked).
+absl::Status LandRows(const v1::PullResponse& reply, const v1::SegmentConfig& config,
+                      const std::vector<std::vector<uint64_t>>& ids,
+                      const std::vector<std::vector<size_t>>& positions, std::vector<std::vector<float>>* values);
 
 // The gradient `grad` of a segment (segment_size floats) encoded as `dtype`
 // for the servers of `map`; and a sparse one: `values` at the ascending
@@ -110,6 +126,16 @@ class ParameterClient {
   virtual std::unique_ptr<EncodedPush> Encode(int segment, uint64_t clock, absl::Span<const float> grad) = 0;
   virtual std::unique_ptr<EncodedPush> EncodeSparse(int segment, uint64_t clock, absl::Span<const uint64_t> indices,
                                                     absl::Span<const float> values) = 0;
+
+  // Reads rows of the segment's embedding tables once the staleness bound
+  // allows computing `clock` (as StartPull; an observer without a
+  // registration): per table, the distinct `ids`, into `values` (per
+  // table, ids x dim floats in the same order).
+  virtual absl::Status PullRows(int segment, uint64_t clock, const std::vector<std::vector<uint64_t>>& ids,
+                                std::vector<std::vector<float>>* values) {
+    (void)segment, (void)clock, (void)ids, (void)values;
+    return absl::UnimplementedError("PullRows: this client has no embedding rows");
+  }
 
   // Renews the lease on every server; FAILED_PRECONDITION if one dropped us.
   virtual absl::Status Heartbeat() = 0;

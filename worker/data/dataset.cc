@@ -1,4 +1,5 @@
 #include "worker/data/dataset.h"
+#include "worker/data/synthetic_ctr.h"
 
 #include <zlib.h>
 
@@ -499,6 +500,9 @@ absl::StatusOr<TrainTest> LoadData(const v1::JobConfig& config) {
     case v1::CSV:
       data = LoadCsv(config);
       break;
+    case v1::SYNTHETIC_CTR:
+      data = SyntheticCtr(config);
+      break;
     default:
       return absl::InvalidArgumentError("data.source is not set");
   }
@@ -584,6 +588,13 @@ void GatherBatch(const Dataset& data, const std::vector<uint32_t>& order, size_t
     const uint32_t row = order[begin + r];
     data.CopyRow(row, x + r * width);
     y[r] = data.y[row];
+  }
+}
+
+void GatherIds(const Dataset& data, const std::vector<uint32_t>& order, size_t begin, size_t rows, uint64_t* ids) {
+  const size_t fields = static_cast<size_t>(data.fields);
+  for (size_t r = 0; r < rows; ++r) {
+    std::copy_n(data.ids.data() + order[begin + r] * fields, fields, ids + r * fields);
   }
 }
 

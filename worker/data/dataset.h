@@ -44,6 +44,9 @@ struct Dataset {
   // A CSV table with a header: its feature columns' names, in order (what
   // an export records, so that segps-predict finds them by name).
   std::vector<std::string> columns;
+  // Categorical ids [size x fields] (model.categorical_fields), in memory.
+  int fields = 0;
+  std::vector<uint64_t> ids;
 
   size_t size() const { return y.size(); }
   // Makes rows [rows.offset, rows.end()) readable, after which rows outside
@@ -110,6 +113,8 @@ inline uint64_t StepsPerEpoch(uint64_t slice_size, uint32_t batch) {
 // Copies rows order[begin, begin + rows) of `data` into x [rows x width] and y [rows].
 void GatherBatch(const Dataset& data, const std::vector<uint32_t>& order, size_t begin, size_t rows,
                  float* x, int32_t* y);
+// Their ids, [rows x fields], into `ids`.
+void GatherIds(const Dataset& data, const std::vector<uint32_t>& order, size_t begin, size_t rows, uint64_t* ids);
 
 // Writes a dataset as NAME_x.npy (float32 [n, width]) and NAME_y.npy (int32 [n]) in `dir`.
 absl::Status ExportNpy(const Dataset& data, const std::string& dir, const std::string& name);

@@ -9,6 +9,8 @@
 #include "common/proto_json.h"
 #include "common/shard_map.h"
 #include "common/status_macros.h"
+#include "worker/data/synthetic_ctr.h"
+#include "worker/model/embedding_lookup.h"
 #include "worker/model/segment_model.h"
 
 namespace segps {
@@ -17,7 +19,8 @@ namespace {
 
 // Runs segment k with `params` over `test`, calling fn(row, probabilities).
 absl::Status ForEachPrediction(const v1::ModelConfig& config, int k, const Dataset& test, absl::Span<const float> params,
-                               Backend* backend, absl::FunctionRef<void(size_t, const float*)> fn) {
+                               Backend* backend, const RowSource& source,
+                               absl::FunctionRef<void(size_t, const float*)> fn) {
   const int classes = static_cast<int>(config.num_classes());
   const size_t n = test.size();
   const int batch = 1024;
@@ -33,11 +36,28 @@ absl::Status ForEachPrediction(const v1::ModelConfig& config, int k, const Datas
   std::vector<uint32_t> order(n);
   for (size_t i = 0; i < n; ++i) order[i] = static_cast<uint32_t>(i);
   std::vector<int32_t> labels(batch);
-  std::vector<float> x(static_cast<size_t>(batch) * test.width);
+  std::vector<float> x(static_cast<size_t>(batch) * test.width), input;
+  const bool tables = config.segments(k).embeddings_size() > 0;
+  if (tables && (source == nullptr || test.fields != static_cast<int>(config.categorical_fields()))) {
+    return absl::FailedPreconditionError(absl::StrCat("evaluation: segment \"", config.segments(k).name(),
+                                                      "\" has embedding tables, whose rows only the servers hold"));
+  }
+  std::optional<BatchRows> lookup;
+  if (tables) lookup.emplace(config.segments(k), config.input_width(), test.fields);
+  std::vector<uint64_t> ids(tables ? static_cast<size_t>(batch) * test.fields : 0);
   for (size_t begin = 0; begin < n; begin += batch) {
     const size_t rows = std::min<size_t>(batch, n - begin);
     GatherBatch(test, order, begin, rows, x.data(), labels.data());
-    SEGPS_RETURN_IF_ERROR(backend->Upload(x.data(), model->input(), rows * test.width * sizeof(float)));
+    if (tables) {
+      GatherIds(test, order, begin, rows, ids.data());
+      lookup->Collect(ids.data(), rows);
+      SEGPS_RETURN_IF_ERROR(source(k, lookup->ids(), lookup->mutable_values()));
+      input.resize(rows * static_cast<size_t>(model->input_width()));
+      lookup->FillInput(x.data(), input.data());
+      SEGPS_RETURN_IF_ERROR(backend->Upload(input.data(), model->input(), input.size() * sizeof(float)));
+    } else {
+      SEGPS_RETURN_IF_ERROR(backend->Upload(x.data(), model->input(), rows * test.width * sizeof(float)));
+    }
     SEGPS_RETURN_IF_ERROR(model->Predict(static_cast<int>(rows)));
     SEGPS_RETURN_IF_ERROR(backend->Download(model->probabilities(), probs.data(), rows * classes * sizeof(float)));
     SEGPS_RETURN_IF_ERROR(backend->Synchronize());
@@ -57,7 +77,7 @@ class Scorer {
     ++samples_;
   }
   Score score(std::string name) const {
-    return {std::move(name), static_cast<double>(correct_) / samples_, loss_ / samples_};
+    return {std::move(name), static_cast<double>(correct_) / samples_, loss_ / samples_, std::nullopt};
   }
 
  private:
@@ -140,6 +160,7 @@ absl::StatusOr<std::vector<double>> Chain(const v1::ModelConfig& config, const D
 // softmax outputs, summed in double; `each(k, row, p)` sees segment k's.
 absl::StatusOr<std::vector<double>> Ensemble(const v1::ModelConfig& model, const Dataset& data,
                                              const std::vector<std::vector<float>>& params, Backend* backend,
+                                             const RowSource& rows,
                                              absl::FunctionRef<void(int, size_t, const float*)> each) {
   const int segments = model.segments_size();
   const int classes = static_cast<int>(model.num_classes());
@@ -149,7 +170,7 @@ absl::StatusOr<std::vector<double>> Ensemble(const v1::ModelConfig& model, const
   if (model.combine() == v1::CHAIN) return Chain(model, data, params, backend);
   std::vector<double> ensemble(data.size() * classes, 0.0);
   for (int k = 0; k < segments; ++k) {
-    SEGPS_RETURN_IF_ERROR(ForEachPrediction(model, k, data, params[k], backend, [&](size_t row, const float* p) {
+    SEGPS_RETURN_IF_ERROR(ForEachPrediction(model, k, data, params[k], backend, rows, [&](size_t row, const float* p) {
       each(k, row, p);
       for (int c = 0; c < classes; ++c) ensemble[row * classes + c] += p[c] / segments;
     }));
@@ -161,7 +182,7 @@ absl::StatusOr<std::vector<double>> Ensemble(const v1::ModelConfig& model, const
 
 absl::StatusOr<std::vector<float>> Predict(const v1::ModelConfig& model, const Dataset& data,
                                            const std::vector<std::vector<float>>& params, int segment,
-                                           Backend* backend) {
+                                           Backend* backend, const RowSource& rows) {
   const int classes = static_cast<int>(model.num_classes());
   std::vector<float> out(data.size() * classes);
   if (segment >= 0) {
@@ -173,28 +194,34 @@ absl::StatusOr<std::vector<float>> Predict(const v1::ModelConfig& model, const D
                                                      " is a stage of one network (combine: CHAIN), which predicts "
                                                      "only as a whole"));
     }
-    SEGPS_RETURN_IF_ERROR(ForEachPrediction(model, segment, data, params[segment], backend,
+    SEGPS_RETURN_IF_ERROR(ForEachPrediction(model, segment, data, params[segment], backend, rows,
                                             [&](size_t row, const float* p) {
                                               std::copy_n(p, classes, &out[row * classes]);
                                             }));
     return out;
   }
-  absl::StatusOr<std::vector<double>> ensemble = Ensemble(model, data, params, backend, [](int, size_t, const float*) {});
+  absl::StatusOr<std::vector<double>> ensemble =
+      Ensemble(model, data, params, backend, rows, [](int, size_t, const float*) {});
   if (!ensemble.ok()) return ensemble.status();
   for (size_t i = 0; i < out.size(); ++i) out[i] = static_cast<float>((*ensemble)[i]);
   return out;
 }
 
 absl::StatusOr<EvalReport> Evaluate(const v1::JobConfig& config, const Dataset& test,
-                                    const std::vector<std::vector<float>>& params, Backend* backend) {
+                                    const std::vector<std::vector<float>>& params, Backend* backend,
+                                    const RowSource& rows) {
   const int segments = config.model().segments_size();
   const int classes = static_cast<int>(config.model().num_classes());
   const size_t n = test.size();
   if (n == 0) return absl::InvalidArgumentError("evaluation: the test set is empty");
   std::vector<Scorer> scorers(segments, Scorer(classes));
+  // Two classes: class 1's probability per segment, for the ROC AUC.
+  std::vector<std::vector<float>> positive(classes == 2 ? segments : 0, std::vector<float>(n));
   absl::StatusOr<std::vector<double>> ensemble =
-      Ensemble(config.model(), test, params, backend,
-               [&](int k, size_t row, const float* p) { scorers[k].Add(p, test.y[row]); });
+      Ensemble(config.model(), test, params, backend, rows, [&](int k, size_t row, const float* p) {
+        scorers[k].Add(p, test.y[row]);
+        if (classes == 2) positive[k][row] = p[1];
+      });
   if (!ensemble.ok()) return ensemble.status();
   EvalReport report;
   report.samples = n;
@@ -202,6 +229,7 @@ absl::StatusOr<EvalReport> Evaluate(const v1::JobConfig& config, const Dataset& 
   const bool chain = config.model().combine() == v1::CHAIN;
   for (int k = 0; k < segments && !chain; ++k) {
     report.segments.push_back(scorers[k].score(config.model().segments(k).name()));
+    if (classes == 2) report.segments.back().auc = RocAuc(positive[k], test.y);
   }
   Scorer scorer(classes);
   std::vector<uint64_t> counts(classes, 0);
@@ -214,13 +242,19 @@ absl::StatusOr<EvalReport> Evaluate(const v1::JobConfig& config, const Dataset& 
     report.probabilities[i] = static_cast<float>((*ensemble)[i]);
   }
   report.ensemble = scorer.score(chain ? "chain" : "ensemble");
+  if (classes == 2) {
+    std::vector<float> p1(n);
+    for (size_t i = 0; i < n; ++i) p1[i] = static_cast<float>((*ensemble)[i * 2 + 1]);
+    report.ensemble.auc = RocAuc(p1, test.y);
+  }
   report.chance = static_cast<double>(*std::max_element(counts.begin(), counts.end())) / n;
   return report;
 }
 
 std::string ToJson(const v1::JobConfig& config, const EvalReport& report) {
   auto score = [](const Score& s) {
-    return absl::StrFormat("{\"name\": \"%s\", \"accuracy\": %.6f, \"loss\": %.6f}", s.name, s.accuracy, s.loss);
+    return absl::StrFormat("{\"name\": \"%s\", \"accuracy\": %.6f, \"loss\": %.6f%s}", s.name, s.accuracy, s.loss,
+                           s.auc.has_value() ? absl::StrFormat(", \"auc\": %.6f", *s.auc) : "");
   };
   std::string out = absl::StrFormat(
       "{\n  \"job\": \"%s\",\n  \"data_source\": \"%s\",\n  \"epochs\": %d,\n  \"test_samples\": %d,\n", config.name(),

@@ -3,6 +3,8 @@
 #ifndef SEGPS_WORKER_MODEL_EVALUATOR_H_
 #define SEGPS_WORKER_MODEL_EVALUATOR_H_
 
+#include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -19,7 +21,14 @@ struct Score {
   std::string name;
   double accuracy = 0;
   double loss = 0;  // mean cross-entropy
+  std::optional<double> auc;  // two classes: ROC AUC of class 1's probability
 };
+
+// A segment's embedding rows for scoring: per table of segment `segment`,
+// the rows of the distinct `ids` into `values` (ids x dim each), as
+// ParameterClient::PullRows reads them. Null: no segment has tables.
+using RowSource = std::function<absl::Status(int segment, const std::vector<std::vector<uint64_t>>& ids,
+                                             std::vector<std::vector<float>>* values)>;
 
 struct EvalReport {
   std::vector<Score> segments;
@@ -32,7 +41,8 @@ struct EvalReport {
 
 // `params[k]` holds segment k's flat parameters.
 absl::StatusOr<EvalReport> Evaluate(const v1::JobConfig& config, const Dataset& test,
-                                    const std::vector<std::vector<float>>& params, Backend* backend);
+                                    const std::vector<std::vector<float>>& params, Backend* backend,
+                                    const RowSource& rows = nullptr);
 
 // The share of rows whose most probable class (the first, on ties) is
 // their label; `probs` holds labels.size() rows.
@@ -43,7 +53,7 @@ double Accuracy(absl::Span<const float> probs, absl::Span<const int32_t> labels)
 // segment's softmax outputs, summed in double, exactly as Evaluate scores it.
 absl::StatusOr<std::vector<float>> Predict(const v1::ModelConfig& model, const Dataset& data,
                                            const std::vector<std::vector<float>>& params, int segment,
-                                           Backend* backend);
+                                           Backend* backend, const RowSource& rows = nullptr);
 
 // The report as JSON (for files and tools).
 std::string ToJson(const v1::JobConfig& config, const EvalReport& report);

@@ -49,13 +49,13 @@ absl::Status WriteModelSafetensors(const TrainedModel& model, const std::string&
     }
     for (const TensorLayout& t : map->tensors(k)) {
       tensors.push_back({TensorName(model.model, k, t), TensorShape(t),
-                         absl::MakeConstSpan(model.params[k]).subspan(t.offset, t.size())});
+                         absl::MakeConstSpan(model.params[k]).subspan(t.offset, t.size()), {}});
     }
   }
   const uint64_t width = model.model.input_width();
   if (!model.mean.empty()) {
-    tensors.push_back({"preprocess/mean", {width}, model.mean});
-    tensors.push_back({"preprocess/std", {width}, model.std});
+    tensors.push_back({"preprocess/mean", {width}, model.mean, {}});
+    tensors.push_back({"preprocess/std", {width}, model.std, {}});
   }
   const std::string architecture = ToJson(model.model);
   std::map<std::string, std::string> metadata = {{"format", kFormat},

@@ -51,7 +51,9 @@ absl::StatusOr<SegmentModel> SegmentModel::Create(Backend* backend, const v1::Mo
   SEGPS_RETURN_IF_ERROR(alloc(&m.logits_, static_cast<size_t>(max_batch) * m.widths_.back() * fb));
   SEGPS_RETURN_IF_ERROR(alloc(&m.delta_a_, static_cast<size_t>(max_batch) * widest * fb));
   SEGPS_RETURN_IF_ERROR(alloc(&m.delta_b_, static_cast<size_t>(max_batch) * widest * fb));
-  if (chain) {
+  // A stage's, or a segment with embedding tables (its rows' gradients
+  // come from the input gradient): the micro-batch interface.
+  if (chain || model.segments(segment).embeddings_size() > 0) {
     const size_t rows = static_cast<size_t>(max_batch);
     SEGPS_RETURN_IF_ERROR(alloc(&m.input_grad_, rows * m.widths_.front() * fb));
     if (m.final_stage_) {

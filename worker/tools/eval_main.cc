@@ -150,14 +150,16 @@ absl::StatusOr<std::vector<std::vector<float>>> PullAgreed(segps::ParameterClien
 void PrintReport(const segps::v1::JobConfig& config, const segps::EvalReport& report) {
   std::cout << absl::StrFormat("== segps evaluation: %s, %d test samples ==\n", config.name(), report.samples);
   for (const segps::Score& s : report.segments) {
-    std::cout << absl::StrFormat("segment %-12s accuracy %6.2f%%  loss %.4f\n", s.name, 100 * s.accuracy, s.loss);
+    std::cout << absl::StrFormat("segment %-12s accuracy %6.2f%%  loss %.4f%s\n", s.name, 100 * s.accuracy, s.loss,
+                                 s.auc.has_value() ? absl::StrFormat("  auc %.4f", *s.auc) : "");
   }
   std::cout << absl::StrFormat(
-      "ENSEMBLE (%s) accuracy %6.2f%%  loss %.4f\n",
+      "ENSEMBLE (%s) accuracy %6.2f%%  loss %.4f%s\n",
       config.model().combine() == segps::v1::CHAIN
           ? absl::StrCat("one network: a chain of ", config.model().segments_size(), " stages")
           : std::string("average of softmax outputs"),
-      100 * report.ensemble.accuracy, report.ensemble.loss);
+      100 * report.ensemble.accuracy, report.ensemble.loss,
+      report.ensemble.auc.has_value() ? absl::StrFormat("  auc %.4f", *report.ensemble.auc) : "");
   std::cout << absl::StrFormat("chance level (most frequent label) %.2f%%\n", 100 * report.chance);
   if (config.data().source() == segps::v1::SYNTHETIC_SEED) {
     std::cout << "note: SYNTHETIC_SEED labels are drawn at random, independently of the inputs, so no model can\n"
@@ -195,7 +197,12 @@ absl::Status Run(const segps::v1::JobConfig& config, segps::ParameterClient& cli
   absl::StatusOr<segps::TrainTest> data = segps::LoadData(config);
   if (!data.ok()) return data.status();
   std::unique_ptr<segps::Backend> backend = segps::CreateCpuBackend(1);
-  absl::StatusOr<segps::EvalReport> report = segps::Evaluate(config, data->test, *params, backend.get());
+  // Embedding rows are read as an observer, as the parameters were.
+  const segps::RowSource rows = [&client](int segment, const std::vector<std::vector<uint64_t>>& ids,
+                                          std::vector<std::vector<float>>* values) {
+    return client.PullRows(segment, 0, ids, values);
+  };
+  absl::StatusOr<segps::EvalReport> report = segps::Evaluate(config, data->test, *params, backend.get(), rows);
   if (!report.ok()) return report.status();
   if (!absl::GetFlag(FLAGS_history_dir).empty()) {
     absl::StatusOr<segps::v1::RunHistory> history =

@@ -30,6 +30,15 @@ absl::StatusOr<std::unique_ptr<BatchCompute>> BatchCompute::Create(const v1::Job
   const uint32_t workers = WorkersOf(config, options.segment);
   const uint32_t capacity =
       config.training().has_balance() ? batch * workers - (workers - 1) * MinShare(config.training()) : batch;
+  const v1::SegmentConfig& segment = config.model().segments(options.segment);
+  if (segment.embeddings_size() > 0 && config.training().has_balance()) {
+    return absl::InvalidArgumentError(absl::StrCat("segment \"", segment.name(),
+                                                   "\" has embedding tables: training.balance is not supported with them"));
+  }
+  if (segment.embeddings_size() > 0 && train.fields != static_cast<int>(config.model().categorical_fields())) {
+    return absl::InvalidArgumentError(absl::StrCat("data has ", train.fields, " id columns, model.categorical_fields ",
+                                                   config.model().categorical_fields()));
+  }
   absl::StatusOr<SegmentModel> model =
       SegmentModel::Create(backend, config.model(), options.segment, static_cast<int>(capacity));
   if (!model.ok()) return model.status();
@@ -52,7 +61,10 @@ BatchCompute::BatchCompute(const v1::JobConfig& config, const TrainerOptions& op
       workers_(WorkersOf(config, options.segment)),
       clock_samples_(balanced_ ? config.training().batch_size() * workers_ : config.training().batch_size()),
       capacity_(capacity),
-      progress_(config, options, backend, &model_) {}
+      progress_(config, options, backend, &model_) {
+  const v1::SegmentConfig& segment = config.model().segments(options.segment);
+  if (segment.embeddings_size() > 0) rows_.emplace(segment, config.model().input_width(), train.fields);
+}
 
 absl::Status BatchCompute::Allocate() {
   // A CPU model is read and filled in place: only a device stages.
@@ -152,7 +164,58 @@ absl::StatusOr<const float*> BatchCompute::HostGradient() {
   return grad_host_.data();
 }
 
+absl::Status BatchCompute::Fetch(uint64_t clock) {
+  if (!rows_.has_value()) return absl::OkStatus();
+  const Range mine = *RowsOf(clock);
+  const std::vector<uint32_t>& order = OrderOf(static_cast<uint32_t>(clock / schedule_.steps_per_epoch));
+  batch_ids_.resize(mine.count * static_cast<size_t>(train_.fields));
+  GatherIds(train_, order, mine.offset, mine.count, batch_ids_.data());
+  rows_->Collect(batch_ids_.data(), mine.count);
+  return client_->PullRows(options_.segment, clock, rows_->ids(), rows_->mutable_values());
+}
+
+absl::Status BatchCompute::ComputeWithRows(uint64_t clock, StepResult* result) {
+  const Range mine = *RowsOf(clock);
+  const size_t n = mine.count, total = static_cast<size_t>(model_.input_width());
+  const std::vector<uint32_t>& order = OrderOf(static_cast<uint32_t>(clock / schedule_.steps_per_epoch));
+  dense_.resize(n * static_cast<size_t>(train_.width));
+  labels_host_.resize(n);
+  input_host_.resize(n * total);
+  input_grad_host_.resize(n * total);
+  GatherBatch(train_, order, mine.offset, n, dense_.data(), labels_host_.data());
+  rows_->FillInput(dense_.data(), input_host_.data());
+  SEGPS_RETURN_IF_ERROR(backend_->Upload(input_host_.data(), model_.input(0), input_host_.size() * sizeof(float)));
+  SEGPS_RETURN_IF_ERROR(backend_->Upload(labels_host_.data(), model_.labels(0), n * sizeof(int32_t)));
+  const int rows = static_cast<int>(n);
+  SEGPS_RETURN_IF_ERROR(model_.StageForward(0, rows, 1.0f / static_cast<float>(rows)));
+  SEGPS_RETURN_IF_ERROR(model_.StageBackward(0, rows, false, true));
+  absl::StatusOr<const float*> grad = HostGradient();
+  if (!grad.ok()) return grad.status();
+  SEGPS_RETURN_IF_ERROR(model_.DownloadStats());
+  SEGPS_RETURN_IF_ERROR(
+      backend_->Download(model_.input_grad(0), input_grad_host_.data(), input_grad_host_.size() * sizeof(float)));
+  SEGPS_RETURN_IF_ERROR(backend_->Synchronize());
+  rows_->SumGradients(input_grad_host_.data());
+  result->rows = static_cast<uint32_t>(n);
+  result->grad = *grad;
+  result->rows_pulled = &*rows_;
+  return absl::OkStatus();
+}
+
 absl::StatusOr<StepResult> BatchCompute::Compute(uint64_t clock) {
+  if (rows_.has_value()) {
+    StepResult result;
+    const absl::Time compute_start = absl::Now();
+    SEGPS_RETURN_IF_ERROR(ComputeWithRows(clock, &result));
+    result.stats = model_.stats();
+    if (!std::isfinite(result.stats->loss_sum)) {
+      return absl::InternalError(absl::StrCat(tag_, ": loss became ", result.stats->loss_sum, " at clock ", clock,
+                                              "; lower optimizer.learning_rate"));
+    }
+    result.compute = absl::Now() - compute_start;
+    throughput_.Observe(result.rows, result.compute);
+    return result;
+  }
   // Staged after the pull: a balanced clock's shares are final by then.
   if (staged_clock_ != clock) {
     const std::optional<Range> mine = RowsOf(clock);

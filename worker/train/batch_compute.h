@@ -40,6 +40,7 @@ class BatchCompute final : public StepCompute {
   absl::Status Start(const Registration& registration, const std::string& tag) override;
   absl::StatusOr<bool> HasStep(uint64_t clock) override { return clock < schedule_.total_steps; }
   bool IsLast(uint64_t clock) const override { return clock + 1 == schedule_.total_steps; }
+  absl::Status Fetch(uint64_t clock) override;
   absl::StatusOr<StepResult> Compute(uint64_t clock) override;
   absl::Status Record(const StepRecord& record, TrainReport* report) override;
   bool Replays() const override { return true; }
@@ -58,6 +59,9 @@ class BatchCompute final : public StepCompute {
   const std::vector<uint32_t>& OrderOf(uint32_t epoch);
   // The step's gradient, on the host: a device's through pinned memory.
   absl::StatusOr<const float*> HostGradient();
+  // A segment with embedding tables: the batch's dense features and its
+  // rows (fetched) make the input; the input gradient gives the rows'.
+  absl::Status ComputeWithRows(uint64_t clock, StepResult* result);
 
   const v1::JobConfig& config_;
   const TrainerOptions& options_;
@@ -85,6 +89,12 @@ class BatchCompute final : public StepCompute {
   std::optional<uint64_t> staged_clock_;  // the clock whose batch is in slot_
   size_t staged_rows_ = 0;                // its rows
   std::vector<float> no_gradient_;        // a share of no rows pushes zeros
+  // Embedding tables: the batch's rows, and the host copies of its ids,
+  // features, labels, whole input and input gradient.
+  std::optional<BatchRows> rows_;
+  std::vector<uint64_t> batch_ids_;
+  std::vector<float> dense_, input_host_, input_grad_host_;
+  std::vector<int32_t> labels_host_;
   Throughput throughput_;
   Progress progress_;
 };

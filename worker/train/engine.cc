@@ -82,6 +82,11 @@ std::unique_ptr<EncodedPush> TrainingEngine::Encode(uint64_t clock, const StepRe
   } else {
     push = client_->Encode(options_.segment, clock, grad);
   }
+  if (result.rows_pulled != nullptr) {
+    push->rows = RowsByServer(config_.model().segments(options_.segment), options_.segment,
+                              config_.cluster().num_servers(), result.rows_pulled->ids(),
+                              &result.rows_pulled->gradients());
+  }
   if (result.samples_per_second.has_value()) {
     push->samples = result.rows;
     push->samples_per_second = *result.samples_per_second;
@@ -102,6 +107,10 @@ absl::Status TrainingEngine::Step(uint64_t clock, Failure* failure) {
   // sent again as it was (a pipeline stage cannot compute it again).
   if (!unsent_.has_value() || unsent_->clock != clock) {
     unsent_.reset();
+    if (absl::Status fetched = compute_->Fetch(clock); !fetched.ok()) {
+      failure->servers = true;
+      return fetched;
+    }
     absl::StatusOr<StepResult> result = compute_->Compute(clock);
     if (!result.ok()) return result.status();
     unsent_ = Unsent{clock, *std::move(result), clock - std::min(clock, *have)};

@@ -15,6 +15,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "worker/client/ps_client.h"
+#include "worker/model/embedding_lookup.h"
 #include "worker/model/segment_model.h"
 #include "worker/train/trainer.h"
 
@@ -27,6 +28,8 @@ struct StepResult {
   // Loss and correct predictions, where this worker computes the loss.
   std::optional<BatchStats> stats;
   absl::Duration compute;  // the worker's own computing
+  // A segment with embedding tables: the step's rows and their gradients.
+  const BatchRows* rows_pulled = nullptr;
   // Balanced training (training.balance): the worker's smoothed compute
   // throughput, which server 0 cuts the next clocks' shares by.
   std::optional<float> samples_per_second;
@@ -52,6 +55,13 @@ class StepCompute {
   virtual absl::StatusOr<bool> HasStep(uint64_t clock) = 0;
   // Whether step `clock` is the last; false when not yet known.
   virtual bool IsLast(uint64_t clock) const = 0;
+  // Brings what step `clock` needs from the servers besides the
+  // parameters (a batch's embedding rows), once the parameters are there.
+  // Its failures are the servers' (the engine recovers from them).
+  virtual absl::Status Fetch(uint64_t clock) {
+    (void)clock;
+    return absl::OkStatus();
+  }
   // Computes step `clock` with the model's current parameters.
   virtual absl::StatusOr<StepResult> Compute(uint64_t clock) = 0;
   // After the step's push was sent: progress, logs, per-epoch work.

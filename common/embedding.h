@@ -1,0 +1,37 @@
+// Embedding tables (SegmentConfig.embeddings): where each row lives, what
+// it starts as, and how a segment's input is laid out. Pure functions:
+// every process computes the same answers, so a row never stored (never
+// touched by a gradient) reads alike everywhere.
+#ifndef SEGPS_COMMON_EMBEDDING_H_
+#define SEGPS_COMMON_EMBEDDING_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/types/span.h"
+#include "segps/v1/config.pb.h"
+
+namespace segps {
+
+// Largest half-width of a row's initial values: uniform in [-kEmbeddingInit, kEmbeddingInit).
+inline constexpr float kEmbeddingInit = 0.05f;
+
+// The inputs a segment's tables add to its first layer: sum of dim x fields.
+uint32_t EmbeddingWidth(const v1::SegmentConfig& segment);
+
+// The server that holds row `id` of table `table` of segment `segment`:
+// Mix64-based, so neighbouring ids spread evenly.
+uint32_t RowServer(int segment, uint32_t table, uint64_t id, uint32_t num_servers);
+
+// Row `id`'s initial values (dim floats into `out`): element j is
+// (Mix64(key ^ Mix64(j)) >> 40) / 2^24 x 0.1 - 0.05 with key =
+// Mix64(seed ^ Mix64(segment ^ Mix64(table ^ Mix64(id)))) (common/hash.h).
+void InitialRow(uint64_t seed, int segment, uint32_t table, uint64_t id, absl::Span<float> out);
+
+// The smallest vocab of the tables of any segment that look up `field`
+// (0 when none does): ids of that field must lie below it.
+uint64_t FieldVocab(const v1::ModelConfig& model, uint32_t field);
+
+}  // namespace segps
+
+#endif  // SEGPS_COMMON_EMBEDDING_H_

@@ -1,0 +1,169 @@
+#include "server/embedding_table.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "common/embedding.h"
+
+namespace segps {
+namespace {
+
+// Optimizer slots a row carries beside its values.
+size_t SlotsOf(v1::OptimizerKind kind) {
+  switch (kind) {
+    case v1::MOMENTUM:
+    case v1::ADAGRAD:
+      return 1;
+    case v1::ADAM:
+      return 2;
+    default:
+      return 0;
+  }
+}
+
+// One row's update in place: w (dim values) then its slots, as the dense
+// optimizers do it element by element (server/optimizer.cc).
+void UpdateRow(const v1::OptimizerConfig& c, uint64_t step, float scale, size_t dim, float* row, const float* g) {
+  float* w = row;
+  const float lr = c.learning_rate() * scale, wd = c.weight_decay();
+  switch (c.kind()) {
+    case v1::MOMENTUM: {
+      float* v = row + dim;
+      for (size_t i = 0; i < dim; ++i) {
+        v[i] = c.momentum() * v[i] - lr * (g[i] + wd * w[i]);
+        w[i] += v[i];
+      }
+      return;
+    }
+    case v1::ADAGRAD: {
+      float* a = row + dim;
+      for (size_t i = 0; i < dim; ++i) {
+        const float gi = g[i] + wd * w[i];
+        a[i] += gi * gi;
+        w[i] -= lr * gi / (std::sqrt(a[i]) + c.epsilon());
+      }
+      return;
+    }
+    case v1::ADAM: {
+      const double t = static_cast<double>(std::max<uint64_t>(step, 1));
+      const float alpha = static_cast<float>(double{c.learning_rate()} * std::sqrt(1.0 - std::pow(c.beta2(), t)) /
+                                             (1.0 - std::pow(c.beta1(), t))) *
+                          scale;
+      float* m = row + dim;
+      float* v = row + 2 * dim;
+      for (size_t i = 0; i < dim; ++i) {
+        const float gi = g[i] + wd * w[i];
+        m[i] += (gi - m[i]) * (1.0f - c.beta1());
+        v[i] += (gi * gi - v[i]) * (1.0f - c.beta2());
+        w[i] -= alpha * m[i] / (std::sqrt(v[i]) + c.epsilon());
+      }
+      return;
+    }
+    default:
+      for (size_t i = 0; i < dim; ++i) w[i] -= lr * (g[i] + wd * w[i]);
+  }
+}
+
+}  // namespace
+
+bool RowBudget::Take(uint64_t rows) {
+  uint64_t used = used_.load();
+  do {
+    if (limit_ > 0 && used + rows > limit_) return false;
+  } while (!used_.compare_exchange_weak(used, used + rows));
+  return true;
+}
+
+EmbeddingTable::EmbeddingTable(const v1::EmbeddingConfig& config, const v1::OptimizerConfig& optimizer,
+                               uint64_t seed, int segment, uint32_t table, RowBudget* budget)
+    : config_(config),
+      optimizer_(optimizer),
+      seed_(seed),
+      segment_(segment),
+      table_(table),
+      slots_(SlotsOf(optimizer.kind())),
+      stride_(config.dim() * (1 + slots_)),
+      budget_(budget) {}
+
+EmbeddingTable::~EmbeddingTable() { budget_->Give(index_.size()); }
+
+void EmbeddingTable::Fetch(uint64_t id, float* row) const {
+  const size_t dim = config_.dim();
+  if (auto it = index_.find(id); it != index_.end()) {
+    std::copy_n(rows_.data() + it->second * stride_, stride_, row);
+    return;
+  }
+  InitialRow(seed_, segment_, table_, id, absl::MakeSpan(row, dim));
+  const float state = optimizer_.kind() == v1::ADAGRAD ? optimizer_.initial_accumulator() : 0.0f;
+  std::fill(row + dim, row + stride_, state);
+}
+
+void EmbeddingTable::Read(absl::Span<const uint64_t> ids, absl::Span<float> out) const {
+  const size_t dim = config_.dim();
+  for (size_t r = 0; r < ids.size(); ++r) {
+    if (auto it = index_.find(ids[r]); it != index_.end()) {
+      std::copy_n(rows_.data() + it->second * stride_, dim, out.data() + r * dim);
+    } else {
+      InitialRow(seed_, segment_, table_, ids[r], out.subspan(r * dim, dim));
+    }
+  }
+}
+
+absl::Status EmbeddingTable::Update(uint64_t step, float scale, absl::Span<const uint64_t> ids,
+                                    absl::Span<const float> grads) {
+  const size_t dim = config_.dim();
+  pending_ids_.assign(ids.begin(), ids.end());
+  pending_.resize(ids.size() * stride_);
+  pending_new_ = 0;
+  for (size_t r = 0; r < ids.size(); ++r) {
+    float* row = pending_.data() + r * stride_;
+    Fetch(ids[r], row);
+    if (!index_.contains(ids[r])) ++pending_new_;
+    UpdateRow(optimizer_, step, scale, dim, row, grads.data() + r * dim);
+    for (size_t i = 0; i < stride_; ++i) {
+      if (!std::isfinite(row[i])) {
+        pending_ids_.clear();
+        pending_new_ = 0;
+        return absl::InvalidArgumentError(absl::StrCat(
+            "Push rows: the gradient of row ", ids[r], " of table \"", config_.name(),
+            "\" would make its values or optimizer state non-finite; refused, nothing was applied (lower "
+            "optimizer.learning_rate)"));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+void EmbeddingTable::Commit() {
+  for (size_t r = 0; r < pending_ids_.size(); ++r) {
+    const float* row = pending_.data() + r * stride_;
+    auto [it, added] = index_.try_emplace(pending_ids_[r], static_cast<uint32_t>(index_.size()));
+    if (added) rows_.resize(rows_.size() + stride_);
+    std::copy_n(row, stride_, rows_.data() + it->second * stride_);
+  }
+  pending_ids_.clear();
+  pending_new_ = 0;
+}
+
+TableState EmbeddingTable::Save() const {
+  TableState state;
+  state.ids.reserve(index_.size());
+  for (const auto& [id, row] : index_) state.ids.push_back(id);
+  std::sort(state.ids.begin(), state.ids.end());
+  state.rows.resize(state.ids.size() * stride_);
+  for (size_t r = 0; r < state.ids.size(); ++r) {
+    std::copy_n(rows_.data() + index_.at(state.ids[r]) * stride_, stride_, state.rows.data() + r * stride_);
+  }
+  return state;
+}
+
+void EmbeddingTable::Load(const TableState& state) {
+  budget_->Give(index_.size());
+  budget_->Force(state.ids.size());
+  index_.clear();
+  rows_.assign(state.rows.begin(), state.rows.end());
+  for (size_t r = 0; r < state.ids.size(); ++r) index_.emplace(state.ids[r], static_cast<uint32_t>(r));
+}
+
+}  // namespace segps
