@@ -644,7 +644,8 @@ absl::StatusOr<v1::JobConfig> LoadConfig(const std::string& path) {
   const std::string dir = slash == std::string::npos ? "" : path.substr(0, slash + 1);
   auto* data = config->mutable_data();
   for (std::string* file : {data->mutable_train_x(), data->mutable_train_y(), data->mutable_test_x(),
-                            data->mutable_test_y(), data->mutable_train_csv(), data->mutable_test_csv()}) {
+                            data->mutable_test_y(), data->mutable_train_csv(), data->mutable_test_csv(),
+                            data->mutable_train_ids(), data->mutable_test_ids()}) {
     if (!file->empty() && (*file)[0] != '/') *file = dir + *file;
   }
   auto* security = config->mutable_security();

@@ -375,18 +375,13 @@ void ParameterServer::Pull(const v1::PullRequest& request, absl::Time deadline, 
         ") is not supported; ask for FLOAT32, BFLOAT16 or FLOAT16"))));
   }
   ReadRows read_rows;
+  size_t row_bytes = 0;  // ids and values of the rows read
   if (request.rows_size() > 0) {
-    if (chunk.offset != range.offset) {
-      return std::move(done)(Reject(request.segment(), absl::InvalidArgumentError(
-          "Pull rows: rows go with the pull of the range's first chunk (or rows_only)")));
-    }
-    absl::StatusOr<std::vector<RowGradients>> asked =
-        ParseRows(config_.model().segments(static_cast<int>(request.segment())), static_cast<int>(request.segment()),
-                  index_, map_.num_servers(), request.rows(), false, "Pull");
-    if (!asked.ok()) return std::move(done)(Reject(request.segment(), asked.status()));
-    read_rows = [asked = *std::move(asked), out = response->mutable_rows()](const EmbeddingTables& tables) {
-      ReadTableRows(tables, asked, out);
-    };
+    absl::Status rows = chunk.offset == range.offset ? RowReader(request, response, &read_rows, &row_bytes)
+                                                     : absl::InvalidArgumentError(
+                                                           "Pull rows: rows go with the pull of the range's first "
+                                                           "chunk (or rows_only)");
+    if (!rows.ok()) return std::move(done)(Reject(request.segment(), std::move(rows)));
   }
   const absl::Time start = absl::Now();
   const uint32_t segment = request.segment();
@@ -395,8 +390,8 @@ void ParameterServer::Pull(const v1::PullRequest& request, absl::Time deadline, 
   (*shard)->Pull(
       request.worker_id(), clock, chunk.offset - range.offset, chunk.count, deadline,
       [read = std::move(read), dtype](absl::Span<const float> values) mutable { read(values, dtype); },
-      [this, response, done = std::move(done), start, segment, clock, reader, chunk,
-       dtype](absl::StatusOr<PullResult> result) mutable {
+      [this, response, done = std::move(done), start, segment, clock, reader, chunk, dtype,
+       row_bytes](absl::StatusOr<PullResult> result) mutable {
         if (!result.ok()) {
           // Moved, not copied: the status's text is read by the caller's thread.
           absl::Status failed = std::move(result).status();
@@ -408,11 +403,27 @@ void ParameterServer::Pull(const v1::PullRequest& request, absl::Time deadline, 
         response->set_incarnation(incarnation_);
         if (result->plan.has_value()) *response->mutable_plan() = *std::move(result->plan);
         FillValues(chunk, dtype, response->mutable_values());
-        ObservePull(segment, start, chunk.count * DTypeBytes(dtype),
+        ObservePull(segment, start, chunk.count * DTypeBytes(dtype) + row_bytes,
                     reader || clock <= result->clock ? 0 : clock - result->clock, result->blocked);
         std::move(done)(absl::OkStatus());
       },
       std::move(read_rows));
+}
+
+absl::Status ParameterServer::RowReader(const v1::PullRequest& request, v1::PullResponse* response, ReadRows* read,
+                                        size_t* bytes) const {
+  const int segment = static_cast<int>(request.segment());
+  const v1::SegmentConfig& config = config_.model().segments(segment);
+  absl::StatusOr<std::vector<RowGradients>> asked =
+      ParseRows(config, segment, index_, map_.num_servers(), request.rows(), false, "Pull");
+  if (!asked.ok()) return asked.status();
+  for (const RowGradients& r : *asked) {
+    *bytes += r.ids.size() * (sizeof(uint64_t) + sizeof(float) * config.embeddings(static_cast<int>(r.table)).dim());
+  }
+  *read = [asked = *std::move(asked), out = response->mutable_rows()](const EmbeddingTables& tables) {
+    ReadTableRows(tables, asked, out);
+  };
+  return absl::OkStatus();
 }
 
 void ParameterServer::FillValues(Range chunk, v1::DType dtype, v1::TensorSlice* values) {
@@ -506,7 +517,8 @@ void ParameterServer::Push(const v1::PushRequest& request, Payload data, absl::T
   const Range chunk{gradient.offset(), gradient.count()};
   const v1::DType dtype = gradient.dtype();
   // A sparse push's positions count too.
-  const size_t bytes = grad->data.size() + gradient.indices().size();
+  size_t bytes = grad->data.size() + gradient.indices().size();
+  for (const RowGradients& r : grad->rows) bytes += r.ids.size() * sizeof(uint64_t) + r.values.size() * sizeof(float);
   ReadRange pull_read;
   if (request.pull()) {
     pull_read = [read = std::move(read), dtype](absl::Span<const float> values) mutable { read(values, dtype); };

@@ -127,6 +127,10 @@ class ParameterServer {
   // its sample count are checked: an error that names what is wrong.
   absl::StatusOr<PushInfo> CheckPush(const v1::PushRequest& request, const DenseView::Values& scanned) const;
   static void FillValues(Range chunk, v1::DType dtype, v1::TensorSlice* values);
+  // A pull's embedding rows, checked: what reads them into `response`
+  // under the shard's lock, and their bytes on the wire.
+  absl::Status RowReader(const v1::PullRequest& request, v1::PullResponse* response, ReadRows* read,
+                         size_t* bytes) const;
   void ObservePull(uint32_t segment, absl::Time start, size_t bytes, uint64_t staleness, absl::Duration blocked);
 
   const v1::JobConfig config_;

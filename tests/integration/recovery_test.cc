@@ -18,6 +18,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
+#include "tests/support/process_cluster.h"
 #include "tests/support/subprocess.h"
 
 namespace segps {
@@ -43,98 +44,10 @@ std::string Job(const std::string& dir, const std::string& training, int epochs 
   return path;
 }
 
-// A cluster whose servers keep their addresses and checkpoint directories,
-// so that a killed one is started again exactly as before.
-class Cluster {
- public:
-  Cluster(std::string config, std::string dir, int servers, bool checkpoints = true)
-      : config_(std::move(config)), dir_(std::move(dir)), checkpoints_(checkpoints) {
-    for (int i = 0; i < servers; ++i) {
-      addresses_.push_back("127.0.0.1:0");
-      servers_.emplace_back();
-      StartServer(i);
-    }
-  }
-
-  // Starts server i (again) on its address; false if it does not listen.
-  bool StartServer(int i) {
-    std::vector<std::string> command = {BinaryPath("segps-server"), "--config", config_, "--index",
-                                        std::to_string(i), "--listen", addresses_[i]};
-    if (checkpoints_) {
-      command.push_back("--checkpoint_dir");
-      command.push_back(absl::StrCat(dir_, "/ckpt", i));
-    }
-    servers_[i] = Subprocess::Start(command);
-    std::optional<std::string> line = servers_[i]->WaitForLine("listening on", absl::Seconds(60));
-    if (!line.has_value()) return false;
-    addresses_[i] = line->substr(line->rfind(' ') + 1);
-    return true;
-  }
-  // Stops server i for `duration` (a long pause, a VM migration), then lets it run.
-  void Pause(int i, absl::Duration duration) {
-    servers_[i]->Signal(SIGSTOP);
-    absl::SleepFor(duration);
-    servers_[i]->Signal(SIGCONT);
-  }
-  void KillServer(int i) {
-    servers_[i]->Signal(SIGKILL);
-    servers_[i]->Wait(absl::Seconds(30));
-  }
-
-  std::unique_ptr<Subprocess> StartWorker(const std::string& segment, int rank) const {
-    return Subprocess::Start({BinaryPath("segps-worker"), "--config", config_, "--segment", segment, "--rank",
-                              std::to_string(rank), "--servers", Joined()});
-  }
-
-  // The trained parameters of segment `name`, as segps-eval dumps them.
-  std::string Parameters(const std::string& name) const {
-    const std::string& out = dir_;
-    std::unique_ptr<Subprocess> eval = Subprocess::Start(
-        {BinaryPath("segps-eval"), "--config", config_, "--servers", Joined(), "--dump_params", out});
-    std::optional<int> status = eval->Wait(absl::Seconds(120));
-    EXPECT_TRUE(status.has_value() && ExitedOk(*status)) << eval->output();
-    return ReadFile(out + "/" + name + ".npy");
-  }
-
-  // segps-eval's output; it scores only servers that agree.
-  std::string Evaluation() const {
-    std::unique_ptr<Subprocess> eval =
-        Subprocess::Start({BinaryPath("segps-eval"), "--config", config_, "--servers", Joined()});
-    std::optional<int> status = eval->Wait(absl::Seconds(120));
-    EXPECT_TRUE(status.has_value() && ExitedOk(*status)) << eval->output();
-    return eval->output();
-  }
-
-  double EnsembleAccuracy() const {
-    const std::string output = Evaluation();
-    std::smatch m;
-    const std::regex re("ENSEMBLE.* accuracy *([0-9.]+)%");
-    return std::regex_search(output, m, re) ? std::stod(m[1]) / 100 : -1;
-  }
-
-  std::string Output() const {
-    std::string all;
-    for (const auto& s : servers_) all += s->output();
-    return all;
-  }
-
- private:
-  std::string Joined() const {
-    std::string joined;
-    for (const std::string& a : addresses_) joined += (joined.empty() ? "" : ",") + a;
-    return joined;
-  }
-
-  const std::string config_, dir_;
-  const bool checkpoints_;
-  std::vector<std::string> addresses_;
-  std::vector<std::unique_ptr<Subprocess>> servers_;
-};
-
 // The parameters of the job run once without interruption.
 std::string Uninterrupted(const std::string& training) {
   const std::string dir = MakeTempDir();
-  Cluster cluster(Job(dir, training), dir, 2);
+  ProcessCluster cluster(Job(dir, training), dir, 2);
   std::unique_ptr<Subprocess> worker = cluster.StartWorker("s", 0);
   std::optional<int> status = worker->Wait(absl::Seconds(120));
   EXPECT_TRUE(status.has_value() && ExitedOk(*status)) << worker->output();
@@ -156,7 +69,7 @@ struct Failure {
 // SIGKILL and started again with the same command; returns the parameters.
 std::string Interrupted(const std::vector<Failure>& failures) {
   const std::string dir = MakeTempDir();
-  Cluster cluster(Job(dir, "staleness: 0"), dir, 2);
+  ProcessCluster cluster(Job(dir, "staleness: 0"), dir, 2);
   std::unique_ptr<Subprocess> worker = cluster.StartWorker("s", 0);
   for (const Failure& f : failures) {
     const std::string step = absl::StrCat(" step ", f.step, "/375 ");
@@ -206,7 +119,7 @@ TEST(Recovery, EachServerKilledInTurnAtStaleness2TheJobCompletesAndReachesItsBar
   // A lease long enough that a peer slow to notice a restart (a loaded
   // machine) still holds the segment: it rejoins at its own clock rather
   // than at the clock its peer reached alone, skipping its steps.
-  Cluster cluster(Job(dir, "staleness: 2 workers_per_segment: 2", 8, 5000), dir, 2);
+  ProcessCluster cluster(Job(dir, "staleness: 2 workers_per_segment: 2", 8, 5000), dir, 2);
   std::vector<std::unique_ptr<Subprocess>> workers;
   for (int r = 0; r < 2; ++r) workers.push_back(cluster.StartWorker("s", r));
   // 8 epochs of 63 steps per worker (2000 samples each). A worker that
@@ -247,7 +160,7 @@ TEST(Recovery, EachServerKilledInTurnAtStaleness2TheJobCompletesAndReachesItsBar
 // job completes.
 TEST(Recovery, ServerPausedPastTheLeaseAndResumedTheJobCompletes) {
   const std::string dir = MakeTempDir();
-  Cluster cluster(Job(dir, "staleness: 1", 4, 1000, "rpc_deadline_ms: 500 pull_wait_ms: 500"), dir, 2);
+  ProcessCluster cluster(Job(dir, "staleness: 1", 4, 1000, "rpc_deadline_ms: 500 pull_wait_ms: 500"), dir, 2);
   std::unique_ptr<Subprocess> worker = cluster.StartWorker("s", 0);
   ASSERT_TRUE(worker->WaitForLine(" step 100/", absl::Seconds(120)).has_value()) << worker->output();
   cluster.Pause(1, absl::Seconds(6));
@@ -267,7 +180,7 @@ TEST(Recovery, ServerPausedPastTheLeaseAndResumedTheJobCompletes) {
 // peer went on; it says so: "rejoined at clock R ... (at clock A < R").
 TEST(Recovery, ServerPausedPastTheLeaseWithoutCheckpointsTheServersEndAgreeing) {
   const std::string dir = MakeTempDir();
-  Cluster cluster(Job(dir, "staleness: 2 workers_per_segment: 2", 4, 1000, "rpc_deadline_ms: 500 pull_wait_ms: 500"),
+  ProcessCluster cluster(Job(dir, "staleness: 2 workers_per_segment: 2", 4, 1000, "rpc_deadline_ms: 500 pull_wait_ms: 500"),
                   dir, 2, /*checkpoints=*/false);
   std::unique_ptr<Subprocess> a = cluster.StartWorker("s", 0), b = cluster.StartWorker("s", 1);
   ASSERT_TRUE(a->WaitForLine(" step 60/", absl::Seconds(120)).has_value()) << a->output();

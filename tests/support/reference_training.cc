@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "common/config.h"
+#include "common/embedding.h"
 #include "common/shard_map.h"
 #include "server/optimizer.h"
 #include "worker/model/backend.h"
@@ -119,6 +120,98 @@ std::vector<std::vector<float>> TrainChainReference(const v1::JobConfig& config,
     at += map.segment_size(k);
   }
   return stages;
+}
+
+namespace {
+
+// Sample r's input: its features, then each table's row per field.
+void ReferenceInput(const v1::SegmentConfig& seg, const Dataset& train, uint32_t row,
+                    std::vector<std::map<uint64_t, std::vector<float>>>& tables, uint64_t seed, int k, float* out) {
+  train.CopyRow(row, out);
+  out += train.width;
+  for (int t = 0; t < seg.embeddings_size(); ++t) {
+    for (uint32_t field : seg.embeddings(t).field()) {
+      const uint64_t id = train.ids[static_cast<size_t>(row) * train.fields + field];
+      std::vector<float>& values = tables[t][id];
+      if (values.empty()) {
+        values.resize(seg.embeddings(t).dim());
+        InitialRow(seed, k, static_cast<uint32_t>(t), id, absl::MakeSpan(values));
+      }
+      out = std::copy(values.begin(), values.end(), out);
+    }
+  }
+}
+
+}  // namespace
+
+EmbeddingReference TrainEmbeddingReference(const v1::JobConfig& config, const Dataset& train, int k) {
+  std::unique_ptr<Backend> backend = CreateCpuBackend(1);
+  const ShardMap map = *ShardMap::Create(config.model(), 1);
+  const v1::SegmentConfig& seg = config.model().segments(k);
+  const v1::OptimizerConfig& opt = config.optimizer();
+  const uint32_t batch = config.training().batch_size();
+  EmbeddingReference ref;
+  ref.params.resize(map.segment_size(k));
+  ref.tables.resize(seg.embeddings_size());
+  std::vector<std::map<uint64_t, std::vector<float>>> accumulators(seg.embeddings_size());
+  InitializeRange(map, k, 0, config.seed(), ref.params.data(), ref.params.size());
+  std::vector<float> grad(ref.params.size());
+  std::unique_ptr<Optimizer> optimizer = *CreateOptimizer(opt, ref.params.size());
+  SegmentModel model = *SegmentModel::Create(backend.get(), config.model(), k, static_cast<int>(batch));
+  const size_t width = static_cast<size_t>(model.input_width());
+  const Range slice = WorkerSlice(config, train.size(), k, 0);
+  uint64_t step = 0;
+  for (uint32_t epoch = 0; epoch < config.training().epochs(); ++epoch) {
+    const std::vector<uint32_t> order = EpochOrder(slice, config.seed(), k, 0, epoch);
+    for (uint64_t begin = 0; begin < slice.count; begin += batch) {
+      const size_t rows = std::min<size_t>(batch, slice.count - begin);
+      std::vector<float> x(rows * width), input_grad(rows * width);
+      std::vector<int32_t> y(rows);
+      for (size_t r = 0; r < rows; ++r) {
+        ReferenceInput(seg, train, order[begin + r], ref.tables, config.seed(), k, &x[r * width]);
+        y[r] = train.y[order[begin + r]];
+      }
+      EXPECT_TRUE(backend->Upload(ref.params.data(), model.params(), ref.params.size() * sizeof(float)).ok());
+      EXPECT_TRUE(backend->Upload(x.data(), model.input(), x.size() * sizeof(float)).ok());
+      EXPECT_TRUE(backend->Upload(y.data(), model.labels(), y.size() * sizeof(int32_t)).ok());
+      EXPECT_TRUE(model.StageForward(0, static_cast<int>(rows), 1.0f / static_cast<float>(rows)).ok());
+      EXPECT_TRUE(model.StageBackward(0, static_cast<int>(rows), false, true).ok());
+      EXPECT_TRUE(backend->Download(model.grad(), grad.data(), grad.size() * sizeof(float)).ok());
+      EXPECT_TRUE(backend->Download(model.input_grad(0), input_grad.data(), input_grad.size() * sizeof(float)).ok());
+      // Each touched row's gradient: the sum over the columns that used it.
+      std::vector<std::map<uint64_t, std::vector<double>>> row_grads(seg.embeddings_size());
+      for (size_t r = 0; r < rows; ++r) {
+        size_t column = static_cast<size_t>(train.width);
+        for (int t = 0; t < seg.embeddings_size(); ++t) {
+          for (uint32_t field : seg.embeddings(t).field()) {
+            const uint64_t id = train.ids[static_cast<size_t>(order[begin + r]) * train.fields + field];
+            std::vector<double>& g = row_grads[t][id];
+            g.resize(seg.embeddings(t).dim(), 0.0);
+            for (double& gj : g) gj += input_grad[r * width + column++];
+          }
+        }
+      }
+      ++step;
+      optimizer->Apply(step, 0, absl::MakeSpan(ref.params), grad, 1.0f);
+      for (int t = 0; t < seg.embeddings_size(); ++t) {
+        for (const auto& [id, g] : row_grads[t]) {
+          std::vector<float>& w = ref.tables[t][id];
+          std::vector<float>& a = accumulators[t][id];
+          a.resize(w.size(), opt.initial_accumulator());
+          for (size_t j = 0; j < w.size(); ++j) {
+            const float gj = static_cast<float>(g[j]);
+            if (opt.kind() == v1::ADAGRAD) {
+              a[j] += gj * gj;
+              w[j] -= opt.learning_rate() * gj / (std::sqrt(a[j]) + opt.epsilon());
+            } else {
+              w[j] -= opt.learning_rate() * gj;
+            }
+          }
+        }
+      }
+    }
+  }
+  return ref;
 }
 
 double MaxRelativeError(const std::vector<float>& a, const std::vector<float>& b) {

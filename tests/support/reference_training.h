@@ -4,6 +4,8 @@
 #ifndef SEGPS_TESTS_SUPPORT_REFERENCE_TRAINING_H_
 #define SEGPS_TESTS_SUPPORT_REFERENCE_TRAINING_H_
 
+#include <cstdint>
+#include <map>
 #include <vector>
 
 #include "segps/v1/config.pb.h"
@@ -25,6 +27,17 @@ std::vector<std::vector<float>> TrainBalancedReference(const v1::JobConfig& conf
 // stages' initial parameters on stage 0's mini-batches, each step on a
 // whole mini-batch; returned cut back into the stages' flat parameters.
 std::vector<std::vector<float>> TrainChainReference(const v1::JobConfig& config, const Dataset& train);
+
+// Segment k with embedding tables, one worker at staleness 0, optimizer
+// SGD or ADAGRAD: its dense parameters and every row a step touched (per
+// table, by id), computed here with a map of rows per table: the batch's
+// input assembled sample by sample, the rows' gradients summed from the
+// input gradient, each touched row updated by the optimizer's formula.
+struct EmbeddingReference {
+  std::vector<float> params;
+  std::vector<std::map<uint64_t, std::vector<float>>> tables;
+};
+EmbeddingReference TrainEmbeddingReference(const v1::JobConfig& config, const Dataset& train, int k);
 
 // Largest |a - b| / max(1, |b|) over two parameter vectors.
 double MaxRelativeError(const std::vector<float>& a, const std::vector<float>& b);

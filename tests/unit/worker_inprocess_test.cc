@@ -13,6 +13,7 @@
 #include "server/grpc_service.h"
 #include "server/parameter_server.h"
 #include "tests/support/faulty_client.h"
+#include "tests/support/inprocess_cluster.h"
 #include "tests/support/reference_training.h"
 #include "tests/support/subprocess.h"
 #include "worker/model/backend.h"
@@ -25,40 +26,6 @@
 
 namespace segps {
 namespace {
-
-class InProcessCluster {
- public:
-  explicit InProcessCluster(const v1::JobConfig& config) {
-    for (uint32_t i = 0; i < config.cluster().num_servers(); ++i) {
-      servers_.push_back(*ParameterServer::Create(config, i));
-      running_.push_back(*StartGrpcServer(servers_.back().get(), "127.0.0.1:0"));
-      addresses_.push_back(running_.back()->address());
-    }
-  }
-  const std::vector<std::string>& addresses() const { return addresses_; }
-  // Stops server i's gRPC service at once (its open streams are cancelled).
-  void StopServing(size_t i) { running_[i]->Shutdown(absl::ZeroDuration()); }
-  // Pull calls server i served for segment k (each chunk counts).
-  uint64_t Pulls(size_t i, int k) {
-    v1::StatsResponse stats;
-    servers_[i]->Stats(&stats);
-    return stats.segments(k).pulls();
-  }
-  // Segment k's parameters, stitched from every server's range.
-  std::vector<float> Parameters(int k) {
-    std::vector<float> all;
-    for (auto& s : servers_) {
-      std::vector<float> part = s->shard(k).Snapshot();
-      all.insert(all.end(), part.begin(), part.end());
-    }
-    return all;
-  }
-
- private:
-  std::vector<std::unique_ptr<ParameterServer>> servers_;
-  std::vector<std::unique_ptr<RunningServer>> running_;
-  std::vector<std::string> addresses_;
-};
 
 v1::JobConfig SeedConfig(uint32_t epochs) {
   v1::JobConfig config = *LoadConfig(std::string(SEGPS_SOURCE_DIR) + "/deploy/configs/seed.pbtxt");

@@ -1,5 +1,4 @@
 #include "worker/data/dataset.h"
-#include "worker/data/synthetic_ctr.h"
 
 #include <zlib.h>
 
@@ -18,9 +17,11 @@
 #include "common/config.h"
 #include "common/hash.h"
 #include "common/status_macros.h"
+#include "worker/data/categorical.h"
 #include "worker/data/csv.h"
 #include "worker/data/npy.h"
 #include "worker/data/numpy_random.h"
+#include "worker/data/synthetic_ctr.h"
 
 namespace segps {
 
@@ -354,16 +355,25 @@ absl::StatusOr<TrainTest> LoadNpy(const v1::JobConfig& config) {
   const auto& data = config.data();
   const int width = static_cast<int>(config.model().input_width());
   const int classes = static_cast<int>(config.model().num_classes());
+  const int fields = static_cast<int>(config.model().categorical_fields());
   struct Arrays {
     NpyHeader x;
     std::vector<int32_t> y;
+    std::vector<uint64_t> ids;
   };
-  auto read = [&](const std::string& x_path, const std::string& y_path) -> absl::StatusOr<Arrays> {
+  auto read = [&](const std::string& x_path, const std::string& y_path,
+                  const std::string& ids_path) -> absl::StatusOr<Arrays> {
     absl::StatusOr<NpyHeader> h = FeatureHeader(x_path, width);
     if (!h.ok()) return h.status();
     absl::StatusOr<std::vector<int32_t>> labels = ReadLabels(y_path, h->shape[0], classes, x_path);
     if (!labels.ok()) return labels.status();
-    return Arrays{*std::move(h), *std::move(labels)};
+    Arrays arrays{*std::move(h), *std::move(labels), {}};
+    if (fields > 0) {
+      absl::StatusOr<std::vector<uint64_t>> ids = ReadIds(ids_path, arrays.x.shape[0], config.model(), x_path);
+      if (!ids.ok()) return ids.status();
+      arrays.ids = *std::move(ids);
+    }
+    return arrays;
   };
   // The set of file rows `rows` (all of them when empty).
   auto set = [&](const std::string& x_path, const Arrays& arrays, std::vector<uint64_t> rows) {
@@ -371,20 +381,26 @@ absl::StatusOr<TrainTest> LoadNpy(const v1::JobConfig& config) {
     out.width = width;
     out.classes = classes;
     out.scale = data.has_scale() ? data.scale() : (arrays.x.kind == 'u' ? 1.0f / 255.0f : 1.0f);
+    out.fields = fields;
     if (rows.empty()) {
       out.y = arrays.y;
+      out.ids = arrays.ids;
     } else {
       out.y.resize(rows.size());
-      for (size_t i = 0; i < rows.size(); ++i) out.y[i] = arrays.y[rows[i]];
+      out.ids.resize(arrays.ids.empty() ? 0 : rows.size() * fields);
+      for (size_t i = 0; i < rows.size(); ++i) {
+        out.y[i] = arrays.y[rows[i]];
+        if (!out.ids.empty()) std::copy_n(&arrays.ids[rows[i] * fields], fields, &out.ids[i * fields]);
+      }
     }
     out.file = std::make_shared<FeatureFile>(x_path, arrays.x, std::move(rows));
     return out;
   };
-  absl::StatusOr<Arrays> train = read(data.train_x(), data.train_y());
+  absl::StatusOr<Arrays> train = read(data.train_x(), data.train_y(), data.train_ids());
   if (!train.ok()) return train.status();
   TrainTest out;
   if (!data.test_x().empty()) {
-    absl::StatusOr<Arrays> test = read(data.test_x(), data.test_y());
+    absl::StatusOr<Arrays> test = read(data.test_x(), data.test_y(), data.test_ids());
     if (!test.ok()) return test.status();
     out.train = set(data.train_x(), *train, {});
     out.test = set(data.test_x(), *test, {});

@@ -10,6 +10,7 @@
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "common/command_line.h"
 #include "common/lock_checks.h"
@@ -47,17 +48,22 @@ int Fail(const std::string& message) {
 // is one update on every server).
 void PrintTraffic(const std::vector<segps::v1::StatsResponse>& servers) {
   for (int k = 0; k < servers[0].segments_size(); ++k) {
-    uint64_t steps = 0, push = 0, pull = 0;
+    uint64_t steps = 0, push = 0, pull = 0, rows = 0;
+    std::vector<std::string> held;
     for (const auto& server : servers) {
       const segps::v1::SegmentStats& seg = server.segments(k);
       steps = std::max(steps, seg.updates());
       push += seg.push_bytes();
       pull += seg.pull_bytes();
+      rows += seg.embedding_rows();
+      held.push_back(absl::StrCat(seg.embedding_rows()));
     }
-    std::cout << absl::StrFormat("traffic %s: %d steps, push bytes/step %.0f, pull bytes/step %.0f (server counters)\n",
+    std::cout << absl::StrFormat("traffic %s: %d steps, push bytes/step %.0f, pull bytes/step %.0f (server counters)%s\n",
                                  servers[0].segments(k).name(), steps,
                                  static_cast<double>(push) / std::max<uint64_t>(steps, 1),
-                                 static_cast<double>(pull) / std::max<uint64_t>(steps, 1));
+                                 static_cast<double>(pull) / std::max<uint64_t>(steps, 1),
+                                 rows == 0 ? "" : absl::StrCat("; embedding rows held ", rows, " (by server: ",
+                                                              absl::StrJoin(held, ", "), ")"));
   }
 }
 

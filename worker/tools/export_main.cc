@@ -42,6 +42,13 @@ int main(int argc, char** argv) {
   absl::StatusOr<segps::v1::JobConfig> config = segps::LoadConfig(absl::GetFlag(FLAGS_config));
   if (!config.ok()) return Fail(std::string(config.status().message()));
   segps::ApplySecurityFlags(config->mutable_security());
+  for (const segps::v1::SegmentConfig& segment : config->model().segments()) {
+    if (segment.embeddings_size() > 0) {
+      return Fail("segment \"" + segment.name() +
+                  "\" has embedding tables, which segps-export does not write yet (their rows stay on the servers; "
+                  "segps-eval scores the model, docs/embeddings.md)");
+    }
+  }
   absl::StatusOr<std::unique_ptr<segps::ParameterClient>> client =
       segps::ConnectGrpc(*config, segps::ServerAddresses(absl::GetFlag(FLAGS_servers), *config));
   if (!client.ok()) return Fail(std::string(client.status().message()));

@@ -63,7 +63,11 @@ BatchCompute::BatchCompute(const v1::JobConfig& config, const TrainerOptions& op
       capacity_(capacity),
       progress_(config, options, backend, &model_) {
   const v1::SegmentConfig& segment = config.model().segments(options.segment);
-  if (segment.embeddings_size() > 0) rows_.emplace(segment, config.model().input_width(), train.fields);
+  if (segment.embeddings_size() > 0) {
+    rows_.emplace(segment, config.model().input_width(), train.fields);
+    progress_.set_rows([client](int k, const std::vector<std::vector<uint64_t>>& ids,
+                                std::vector<std::vector<float>>* values) { return client->PullRows(k, 0, ids, values); });
+  }
 }
 
 absl::Status BatchCompute::Allocate() {

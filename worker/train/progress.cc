@@ -129,7 +129,7 @@ absl::Status Progress::Score(uint32_t epoch, v1::EpochRecord* record) {
   std::vector<std::vector<float>> segments(config_.model().segments_size());
   segments[options_.segment] = std::move(params);
   absl::StatusOr<std::vector<float>> probs =
-      Predict(config_.model(), *options_.test, segments, options_.segment, backend_);
+      Predict(config_.model(), *options_.test, segments, options_.segment, backend_, rows_);
   if (!probs.ok()) return probs.status();
   const double accuracy = Accuracy(*probs, options_.test->y);
   record->set_test_accuracy(accuracy);

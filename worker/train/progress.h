@@ -16,6 +16,7 @@
 #include "absl/time/time.h"
 #include "segps/v1/config.pb.h"
 #include "worker/model/backend.h"
+#include "worker/model/evaluator.h"
 #include "worker/model/segment_model.h"
 #include "worker/train/step_compute.h"
 #include "worker/train/trainer.h"
@@ -46,6 +47,8 @@ class Progress {
   // Everything passed outlives this.
   Progress(const v1::JobConfig& config, const TrainerOptions& options, Backend* backend, SegmentModel* model);
 
+  // Where scoring gets a segment's embedding rows (the servers' current ones).
+  void set_rows(RowSource rows) { rows_ = std::move(rows); }
   // Starts counting for worker `tag` on `schedule`; `balanced`: log the share.
   void Start(const std::string& tag, const Schedule& schedule, bool balanced);
   // A step done; `throughput` as of it.
@@ -56,6 +59,7 @@ class Progress {
   void Finish();
 
  private:
+  RowSource rows_;
   // Progress between two log lines, or over an epoch.
   struct Window {
     double loss = 0;

@@ -1,0 +1,116 @@
+// Parameter servers as separate processes on loopback for integration
+// tests, each keeping its address and checkpoint directory, so that a
+// killed one is started again exactly as before; workers and the evaluator
+// started against them.
+#ifndef SEGPS_TESTS_SUPPORT_PROCESS_CLUSTER_H_
+#define SEGPS_TESTS_SUPPORT_PROCESS_CLUSTER_H_
+
+#include <signal.h>
+
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <optional>
+#include <regex>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "tests/support/subprocess.h"
+
+namespace segps {
+
+// A cluster whose servers keep their addresses and checkpoint directories,
+// so that a killed one is started again exactly as before.
+class ProcessCluster {
+ public:
+  ProcessCluster(std::string config, std::string dir, int servers, bool checkpoints = true)
+      : config_(std::move(config)), dir_(std::move(dir)), checkpoints_(checkpoints) {
+    for (int i = 0; i < servers; ++i) {
+      addresses_.push_back("127.0.0.1:0");
+      servers_.emplace_back();
+      StartServer(i);
+    }
+  }
+
+  // Starts server i (again) on its address; false if it does not listen.
+  bool StartServer(int i) {
+    std::vector<std::string> command = {BinaryPath("segps-server"), "--config", config_, "--index",
+                                        std::to_string(i), "--listen", addresses_[i]};
+    if (checkpoints_) {
+      command.push_back("--checkpoint_dir");
+      command.push_back(absl::StrCat(dir_, "/ckpt", i));
+    }
+    servers_[i] = Subprocess::Start(command);
+    std::optional<std::string> line = servers_[i]->WaitForLine("listening on", absl::Seconds(60));
+    if (!line.has_value()) return false;
+    addresses_[i] = line->substr(line->rfind(' ') + 1);
+    return true;
+  }
+  // Stops server i for `duration` (a long pause, a VM migration), then lets it run.
+  void Pause(int i, absl::Duration duration) {
+    servers_[i]->Signal(SIGSTOP);
+    absl::SleepFor(duration);
+    servers_[i]->Signal(SIGCONT);
+  }
+  void KillServer(int i) {
+    servers_[i]->Signal(SIGKILL);
+    servers_[i]->Wait(absl::Seconds(30));
+  }
+
+  std::unique_ptr<Subprocess> StartWorker(const std::string& segment, int rank) const {
+    return Subprocess::Start({BinaryPath("segps-worker"), "--config", config_, "--segment", segment, "--rank",
+                              std::to_string(rank), "--servers", Joined()});
+  }
+
+  // segps-eval's output with `extra` flags (its exit checked).
+  std::string Evaluate(const std::vector<std::string>& extra) const {
+    std::vector<std::string> command = {BinaryPath("segps-eval"), "--config", config_, "--servers", Joined()};
+    command.insert(command.end(), extra.begin(), extra.end());
+    std::unique_ptr<Subprocess> eval = Subprocess::Start(command);
+    std::optional<int> status = eval->Wait(absl::Seconds(120));
+    EXPECT_TRUE(status.has_value() && ExitedOk(*status)) << eval->output();
+    return eval->output();
+  }
+  pid_t ServerPid(int i) const { return servers_[i]->pid(); }
+  const std::vector<std::string>& addresses() const { return addresses_; }
+
+  // The trained parameters of segment `name`, as segps-eval dumps them.
+  std::string Parameters(const std::string& name) const {
+    Evaluate({"--dump_params", dir_});
+    return ReadFile(dir_ + "/" + name + ".npy");
+  }
+
+  // segps-eval's output; it scores only servers that agree.
+  std::string Evaluation() const { return Evaluate({}); }
+
+  double EnsembleAccuracy() const {
+    const std::string output = Evaluation();
+    std::smatch m;
+    const std::regex re("ENSEMBLE.* accuracy *([0-9.]+)%");
+    return std::regex_search(output, m, re) ? std::stod(m[1]) / 100 : -1;
+  }
+
+  std::string Output() const {
+    std::string all;
+    for (const auto& s : servers_) all += s->output();
+    return all;
+  }
+
+ private:
+  std::string Joined() const {
+    std::string joined;
+    for (const std::string& a : addresses_) joined += (joined.empty() ? "" : ",") + a;
+    return joined;
+  }
+
+  const std::string config_, dir_;
+  const bool checkpoints_;
+  std::vector<std::string> addresses_;
+  std::vector<std::unique_ptr<Subprocess>> servers_;
+};
+
+}  // namespace segps
+
+#endif  // SEGPS_TESTS_SUPPORT_PROCESS_CLUSTER_H_

@@ -1,0 +1,289 @@
+// Embedding tables: the server's rows (initial values, lazy optimizer
+// updates, the budget, checkpoints), the checks on rows from the wire, the
+// worker's batch of rows, and one worker training against servers over
+// loopback gRPC, step for step against a single-process reference.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <thread>
+
+#include "absl/strings/str_format.h"
+#include "common/config.h"
+#include "common/embedding.h"
+#include "server/checkpoint.h"
+#include "server/row_requests.h"
+#include "tests/support/inprocess_cluster.h"
+#include "tests/support/reference_training.h"
+#include "tests/support/subprocess.h"
+#include "worker/client/ps_client.h"
+#include "worker/data/synthetic_ctr.h"
+#include "worker/model/embedding_lookup.h"
+#include "worker/train/trainer.h"
+
+namespace segps {
+namespace {
+
+// One segment "ctr" with a table "user" (field 0) and a table "item"
+// looked up by fields 1 and 2, before 16 -> 2 dense layers.
+v1::JobConfig CtrJob(v1::OptimizerKind kind, uint32_t servers = 2, const std::string& extra = "") {
+  absl::StatusOr<v1::JobConfig> config = ParseConfig(absl::StrFormat(R"pb(
+    name: "ctr-test"
+    seed: 11
+    cluster { num_servers: %u lease_ms: 60000 %s }
+    model {
+      input_width: 4
+      num_classes: 2
+      categorical_fields: 3
+      segments {
+        name: "ctr"
+        embeddings { name: "user" vocab: 1000000 dim: 4 field: 0 }
+        embeddings { name: "item" vocab: 500 dim: 3 field: 1 field: 2 }
+        layers { units: 16 activation: RELU }
+        layers { units: 2 activation: SOFTMAX }
+      }
+    }
+    optimizer { kind: %s learning_rate: 0.1 }
+    training { batch_size: 32 epochs: 2 }
+    data { source: SYNTHETIC_CTR train_samples: 640 test_samples: 200 }
+  )pb", servers, extra, v1::OptimizerKind_Name(kind)), "ctr-test.pbtxt");
+  EXPECT_TRUE(config.ok()) << config.status();
+  return *config;
+}
+
+v1::EmbeddingConfig Table(uint32_t dim) {
+  v1::EmbeddingConfig table;
+  table.set_name("t");
+  table.set_vocab(100);
+  table.set_dim(dim);
+  table.add_field(0);
+  return table;
+}
+
+TEST(EmbeddingTable, UntouchedRowsReadAsTheirInitialValuesAndAreNotStored) {
+  const v1::JobConfig config = CtrJob(v1::SGD);
+  RowBudget budget(0);
+  EmbeddingTable table(Table(4), config.optimizer(), 11, 0, 1, &budget);
+  std::vector<float> got(8), want(4);
+  table.Read({7, 9}, absl::MakeSpan(got));
+  InitialRow(11, 0, 1, 9, absl::MakeSpan(want));
+  EXPECT_EQ(std::vector<float>(got.begin() + 4, got.end()), want);
+  for (float v : got) EXPECT_TRUE(v >= -kEmbeddingInit && v < kEmbeddingInit) << v;
+  EXPECT_NE(got[0], got[4]);  // rows differ
+  EXPECT_EQ(table.stored(), 0u);
+  EXPECT_EQ(budget.used(), 0u);
+}
+
+TEST(EmbeddingTable, AdaGradUpdatesOnlyThePushedRowsAndTheirAccumulators) {
+  v1::JobConfig config = CtrJob(v1::ADAGRAD);
+  RowBudget budget(0);
+  EmbeddingTable table(Table(2), config.optimizer(), 11, 0, 0, &budget);
+  std::vector<float> before(4);
+  table.Read({3, 5}, absl::MakeSpan(before));
+  const std::vector<float> g = {1.0f, -2.0f};
+  ASSERT_TRUE(table.Update(1, 1.0f, {3}, g).ok());
+  EXPECT_EQ(table.pending_new(), 1u);
+  table.Commit();
+  ASSERT_TRUE(table.Update(2, 1.0f, {3}, g).ok());
+  table.Commit();
+  std::vector<float> after(4);
+  table.Read({3, 5}, absl::MakeSpan(after));
+  const v1::OptimizerConfig& o = config.optimizer();
+  for (int j = 0; j < 2; ++j) {
+    float w = before[j], a = o.initial_accumulator();
+    for (int step = 0; step < 2; ++step) {
+      a += g[j] * g[j];
+      w -= o.learning_rate() * g[j] / (std::sqrt(a) + o.epsilon());
+    }
+    EXPECT_FLOAT_EQ(after[j], w);
+  }
+  EXPECT_EQ(after[2], before[2]);  // row 5 was never pushed
+  EXPECT_EQ(after[3], before[3]);
+  EXPECT_EQ(table.stored(), 1u);
+  const TableState saved = table.Save();
+  ASSERT_EQ(saved.ids, std::vector<uint64_t>{3});
+  ASSERT_EQ(saved.rows.size(), 4u);  // the values, then the accumulator
+  EXPECT_FLOAT_EQ(saved.rows[2], o.initial_accumulator() + 2 * g[0] * g[0]);
+}
+
+TEST(EmbeddingTable, ANonFiniteResultOrAFullBudgetChangesNothing) {
+  v1::JobConfig config = CtrJob(v1::SGD);
+  config.mutable_optimizer()->set_learning_rate(1e30f);
+  RowBudget budget(1);
+  EmbeddingTable table(Table(2), config.optimizer(), 11, 0, 0, &budget);
+  const absl::Status refused = table.Update(1, 1.0f, {4}, std::vector<float>{1e30f, 0});
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.message().find("row 4 of table \"t\""), std::string::npos) << refused;
+  EXPECT_EQ(table.stored(), 0u);
+  EXPECT_TRUE(budget.Take(1));
+  EXPECT_FALSE(budget.Take(1));
+  budget.Give(1);
+  EXPECT_EQ(budget.used(), 0u);
+}
+
+// A checkpoint holds the stored rows as ids plus rows, and refuses a file
+// whose ids are out of order.
+TEST(EmbeddingTable, CheckpointsRoundTripTheStoredRows) {
+  const std::string dir = MakeTempDir();
+  v1::JobConfig config = CtrJob(v1::ADAGRAD, 1);
+  config.mutable_checkpoint()->set_dir(dir);
+  config.mutable_checkpoint()->set_keep(2);
+  std::unique_ptr<CheckpointStore> store = *CheckpointStore::Open(config, 0, dir);
+  const ShardMap map = *ShardMap::Create(config.model(), 1);
+  ShardState state;
+  state.clock = 5;
+  state.values.assign(map.segment_size(0), 0.5f);
+  state.slots.assign(1, std::vector<float>(map.segment_size(0), 0.1f));
+  state.tables.resize(2);
+  state.tables[0].ids = {2, 90000};
+  state.tables[0].rows.assign(2 * 8, 0.25f);  // dim 4: values and accumulator
+  ASSERT_TRUE(store->Write(0, state).ok());
+  absl::StatusOr<ShardState> back = store->Read(0, 5);
+  ASSERT_TRUE(back.ok()) << back.status();
+  ASSERT_EQ(back->tables.size(), 2u);
+  EXPECT_EQ(back->tables[0].ids, state.tables[0].ids);
+  EXPECT_EQ(back->tables[0].rows, state.tables[0].rows);
+  EXPECT_TRUE(back->tables[1].ids.empty());
+  state.clock = 10;
+  state.tables[0].ids = {90000, 2};
+  ASSERT_TRUE(store->Write(0, state).ok());
+  const absl::StatusOr<ShardState> bad = store->Read(0, 10);
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_NE(bad.status().message().find("embedding table \"user\""), std::string::npos) << bad.status();
+}
+
+// Rows from the wire: each mistake is named, and nothing is parsed.
+TEST(RowRequests, RefusesWhatNoServerShouldApply) {
+  const v1::JobConfig config = CtrJob(v1::SGD, 2);
+  const v1::SegmentConfig& seg = config.model().segments(0);
+  uint64_t mine = 0;
+  while (RowServer(0, 1, mine, 2) != 0) ++mine;
+  uint64_t other = 0;
+  while (RowServer(0, 1, other, 2) != 1) ++other;
+  auto rows = [](uint32_t table, std::vector<uint64_t> ids, size_t floats, float value = 0.5f) {
+    google::protobuf::RepeatedPtrField<v1::Rows> out;
+    v1::Rows* r = out.Add();
+    r->set_table(table);
+    r->set_ids(std::string(reinterpret_cast<const char*>(ids.data()), ids.size() * 8));
+    std::vector<float> values(floats, value);
+    r->set_values(std::string(reinterpret_cast<const char*>(values.data()), floats * 4));
+    return out;
+  };
+  auto refusal = [&](const google::protobuf::RepeatedPtrField<v1::Rows>& r) {
+    absl::StatusOr<std::vector<RowGradients>> parsed = ParseRows(seg, 0, 0, 2, r, true, "Push");
+    EXPECT_FALSE(parsed.ok());
+    return std::string(parsed.status().message());
+  };
+  EXPECT_TRUE(ParseRows(seg, 0, 0, 2, rows(1, {mine}, 3), true, "Push").ok());
+  EXPECT_NE(refusal(rows(2, {mine}, 3)).find("table 2 does not exist"), std::string::npos);
+  EXPECT_NE(refusal(rows(1, {500}, 3)).find("rows of table \"item\": id 500 (row 0) is not below vocab 500"),
+            std::string::npos);
+  EXPECT_NE(refusal(rows(1, {other}, 3)).find("held by server 1"), std::string::npos);
+  EXPECT_NE(refusal(rows(1, {mine, mine}, 6)).find("appears twice"), std::string::npos);
+  EXPECT_NE(refusal(rows(1, {mine}, 2)).find("values has 8 bytes"), std::string::npos);
+  EXPECT_NE(refusal(rows(1, {mine}, 3, NAN)).find("must be finite"), std::string::npos);
+}
+
+TEST(BatchRows, LooksUpEachDistinctIdOnceAndSumsItsGradients) {
+  const v1::JobConfig config = CtrJob(v1::SGD);
+  BatchRows batch(config.model().segments(0), 1, 3);
+  // Two samples; item id 7 appears in both item fields of sample 0 and once in sample 1.
+  const std::vector<uint64_t> ids = {100, 7, 7, 200, 7, 8};
+  batch.Collect(ids.data(), 2);
+  EXPECT_EQ(batch.ids()[0], (std::vector<uint64_t>{100, 200}));
+  EXPECT_EQ(batch.ids()[1], (std::vector<uint64_t>{7, 8}));
+  (*batch.mutable_values())[0] = {1, 1, 1, 1, 2, 2, 2, 2};
+  (*batch.mutable_values())[1] = {7, 7, 7, 8, 8, 8};
+  const std::vector<float> dense = {0.5f, -0.5f};
+  std::vector<float> input(2 * 11);  // 1 + 4 + 3 + 3
+  batch.FillInput(dense.data(), input.data());
+  EXPECT_EQ(input, (std::vector<float>{0.5f, 1, 1, 1, 1, 7, 7, 7, 7, 7, 7, -0.5f, 2, 2, 2, 2, 7, 7, 7, 8, 8, 8}));
+  std::vector<float> grad(22);
+  for (size_t i = 0; i < grad.size(); ++i) grad[i] = static_cast<float>(i);
+  batch.SumGradients(grad.data());
+  EXPECT_EQ(batch.gradients()[0], (std::vector<float>{1, 2, 3, 4, 12, 13, 14, 15}));
+  // id 7: columns 5-7 and 8-10 of sample 0, 16-18 of sample 1.
+  EXPECT_EQ(batch.gradients()[1], (std::vector<float>{5 + 8 + 16, 6 + 9 + 17, 7 + 10 + 18, 19, 20, 21}));
+}
+
+TEST(RocAuc, CountsOrderedPairsAndTiesHalf) {
+  EXPECT_DOUBLE_EQ(RocAuc({0.1f, 0.4f, 0.35f, 0.8f}, {0, 0, 1, 1}), 0.75);
+  EXPECT_DOUBLE_EQ(RocAuc({0.5f, 0.5f}, {0, 1}), 0.5);
+  EXPECT_DOUBLE_EQ(RocAuc({0.9f, 0.1f}, {1, 0}), 1.0);
+  EXPECT_DOUBLE_EQ(RocAuc({0.9f, 0.1f}, {1, 1}), 0.5);
+}
+
+TEST(SyntheticCtr, IdsLieBelowTheirFieldsVocabAndLabelsDependOnThem) {
+  const v1::JobConfig config = CtrJob(v1::SGD);
+  const TrainTest data = *LoadData(config);
+  ASSERT_EQ(data.train.fields, 3);
+  ASSERT_EQ(data.train.ids.size(), 640u * 3);
+  uint64_t head = 0;
+  for (size_t i = 0; i < data.train.size(); ++i) {
+    EXPECT_LT(data.train.ids[i * 3], 1000000u);
+    EXPECT_LT(data.train.ids[i * 3 + 1], 500u);
+    head += data.train.ids[i * 3 + 1] < 10;
+  }
+  // floor(501^u) - 1 < 10 for u < log(11) / log(501): about 39% of draws.
+  EXPECT_GT(head, 640u * 30 / 100);
+  EXPECT_LT(head, 640u * 48 / 100);
+  EXPECT_EQ(LoadData(config)->train.ids, data.train.ids);  // deterministic
+}
+
+// One worker at staleness 0 over two servers: the dense parameters and
+// every touched row equal the single-process reference's, for SGD and AdaGrad.
+class EmbeddingTraining : public ::testing::TestWithParam<v1::OptimizerKind> {};
+
+TEST_P(EmbeddingTraining, OneWorkerEqualsTheSingleProcessReference) {
+  const v1::JobConfig config = CtrJob(GetParam());
+  const TrainTest data = *LoadData(config);
+  InProcessCluster cluster(config);
+  std::unique_ptr<Backend> backend = CreateCpuBackend(1);
+  std::unique_ptr<ParameterClient> client = *ConnectGrpc(config, cluster.addresses());
+  absl::StatusOr<TrainReport> report = Train(config, TrainerOptions(), data.train, backend.get(), client.get());
+  ASSERT_TRUE(report.ok()) << report.status();
+  EXPECT_EQ(report->steps, 40u);  // 2 epochs of 640 / 32
+  const EmbeddingReference reference = TrainEmbeddingReference(config, data.train, 0);
+  EXPECT_LT(MaxRelativeError(cluster.Parameters(0), reference.params), 1e-5);
+  std::unique_ptr<ParameterClient> reader = *ConnectGrpc(config, cluster.addresses());
+  std::vector<std::vector<uint64_t>> ids(2);
+  std::vector<float> want;
+  for (size_t t = 0; t < 2; ++t) {
+    for (const auto& [id, values] : reference.tables[t]) ids[t].push_back(id);
+  }
+  std::vector<std::vector<float>> got;
+  ASSERT_TRUE(reader->PullRows(0, 0, ids, &got).ok());
+  uint64_t touched = 0;
+  for (size_t t = 0; t < 2; ++t) {
+    std::vector<float> expected;
+    for (const auto& [id, values] : reference.tables[t]) expected.insert(expected.end(), values.begin(), values.end());
+    EXPECT_LT(MaxRelativeError(got[t], expected), 1e-5) << "table " << t;
+    touched += ids[t].size();
+  }
+  // Every touched row is stored, each on one server, both servers holding some.
+  EXPECT_EQ(cluster.StoredRows(0, 0) + cluster.StoredRows(1, 0), touched);
+  EXPECT_GT(cluster.StoredRows(0, 0), 0u);
+  EXPECT_GT(cluster.StoredRows(1, 0), 0u);
+}
+
+INSTANTIATE_TEST_SUITE_P(Optimizers, EmbeddingTraining, ::testing::Values(v1::SGD, v1::ADAGRAD),
+                         [](const ::testing::TestParamInfo<v1::OptimizerKind>& info) {
+                           return v1::OptimizerKind_Name(info.param);
+                         });
+
+// A budget smaller than the rows a step touches refuses the push with the
+// reason, and the servers store nothing.
+TEST(EmbeddingTraining, ARowBudgetRefusesInsteadOfGrowing) {
+  const v1::JobConfig config = CtrJob(v1::SGD, 1, "embedding_rows_budget: 10");
+  const TrainTest data = *LoadData(config);
+  InProcessCluster cluster(config);
+  std::unique_ptr<Backend> backend = CreateCpuBackend(1);
+  std::unique_ptr<ParameterClient> client = *ConnectGrpc(config, cluster.addresses());
+  absl::StatusOr<TrainReport> report = Train(config, TrainerOptions(), data.train, backend.get(), client.get());
+  ASSERT_FALSE(report.ok());
+  EXPECT_NE(report.status().message().find("cluster.embedding_rows_budget"), std::string::npos) << report.status();
+  EXPECT_EQ(cluster.StoredRows(0, 0), 0u);
+}
+
+}  // namespace
+}  // namespace segps
