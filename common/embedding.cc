@@ -21,9 +21,13 @@ uint32_t RowServer(int segment, uint32_t table, uint64_t id, uint32_t num_server
 
 void InitialRow(uint64_t seed, int segment, uint32_t table, uint64_t id, absl::Span<float> out) {
   const uint64_t key = Mix64(seed ^ Mix64(static_cast<uint64_t>(segment) ^ Mix64(table ^ Mix64(id))));
-  for (size_t j = 0; j < out.size(); ++j) {
-    const uint64_t bits = Mix64(key ^ Mix64(j)) >> 40;
-    out[j] = static_cast<float>(bits) * (1.0f / 16777216.0f) * (2 * kEmbeddingInit) - kEmbeddingInit;
+  auto uniform = [](uint64_t bits24) {
+    return static_cast<float>(bits24) * (1.0f / 16777216.0f) * (2 * kEmbeddingInit) - kEmbeddingInit;
+  };
+  for (size_t j = 0; j < out.size(); j += 2) {
+    const uint64_t bits = Mix64(key + (j / 2) * 0x9e3779b97f4a7c15ull);
+    out[j] = uniform(bits >> 40);
+    if (j + 1 < out.size()) out[j + 1] = uniform((bits >> 16) & 0xFFFFFF);
   }
 }
 

@@ -23,9 +23,11 @@ uint32_t EmbeddingWidth(const v1::SegmentConfig& segment);
 // Mix64-based, so neighbouring ids spread evenly.
 uint32_t RowServer(int segment, uint32_t table, uint64_t id, uint32_t num_servers);
 
-// Row `id`'s initial values (dim floats into `out`): element j is
-// (Mix64(key ^ Mix64(j)) >> 40) / 2^24 x 0.1 - 0.05 with key =
-// Mix64(seed ^ Mix64(segment ^ Mix64(table ^ Mix64(id)))) (common/hash.h).
+// Row `id`'s initial values (dim floats into `out`): with key =
+// Mix64(seed ^ Mix64(segment ^ Mix64(table ^ Mix64(id)))) and, for each
+// pair of elements p, bits = Mix64(key + p x 0x9e3779b97f4a7c15) (common/hash.h),
+// element 2p is u(bits >> 40) and element 2p + 1 is u((bits >> 16) & 0xffffff),
+// where u(b) = b / 2^24 x 0.1 - 0.05.
 void InitialRow(uint64_t seed, int segment, uint32_t table, uint64_t id, absl::Span<float> out);
 
 // The smallest vocab of the tables of any segment that look up `field`

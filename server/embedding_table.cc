@@ -88,12 +88,8 @@ EmbeddingTable::EmbeddingTable(const v1::EmbeddingConfig& config, const v1::Opti
 
 EmbeddingTable::~EmbeddingTable() { budget_->Give(index_.size()); }
 
-void EmbeddingTable::Fetch(uint64_t id, float* row) const {
+void EmbeddingTable::Initial(uint64_t id, float* row) const {
   const size_t dim = config_.dim();
-  if (auto it = index_.find(id); it != index_.end()) {
-    std::copy_n(rows_.data() + it->second * stride_, stride_, row);
-    return;
-  }
   InitialRow(seed_, segment_, table_, id, absl::MakeSpan(row, dim));
   const float state = optimizer_.kind() == v1::ADAGRAD ? optimizer_.initial_accumulator() : 0.0f;
   std::fill(row + dim, row + stride_, state);
@@ -114,12 +110,19 @@ absl::Status EmbeddingTable::Update(uint64_t step, float scale, absl::Span<const
                                     absl::Span<const float> grads) {
   const size_t dim = config_.dim();
   pending_ids_.assign(ids.begin(), ids.end());
+  pending_slots_.resize(ids.size());
   pending_.resize(ids.size() * stride_);
   pending_new_ = 0;
   for (size_t r = 0; r < ids.size(); ++r) {
     float* row = pending_.data() + r * stride_;
-    Fetch(ids[r], row);
-    if (!index_.contains(ids[r])) ++pending_new_;
+    const auto it = index_.find(ids[r]);
+    pending_slots_[r] = it == index_.end() ? kNew : it->second;
+    if (it == index_.end()) {
+      Initial(ids[r], row);
+      ++pending_new_;
+    } else {
+      std::copy_n(rows_.data() + it->second * stride_, stride_, row);
+    }
     UpdateRow(optimizer_, step, scale, dim, row, grads.data() + r * dim);
     for (size_t i = 0; i < stride_; ++i) {
       if (!std::isfinite(row[i])) {
@@ -138,9 +141,12 @@ absl::Status EmbeddingTable::Update(uint64_t step, float scale, absl::Span<const
 void EmbeddingTable::Commit() {
   for (size_t r = 0; r < pending_ids_.size(); ++r) {
     const float* row = pending_.data() + r * stride_;
-    auto [it, added] = index_.try_emplace(pending_ids_[r], static_cast<uint32_t>(index_.size()));
-    if (added) rows_.resize(rows_.size() + stride_);
-    std::copy_n(row, stride_, rows_.data() + it->second * stride_);
+    if (pending_slots_[r] == kNew) {
+      index_.emplace(pending_ids_[r], static_cast<uint32_t>(index_.size()));
+      rows_.insert(rows_.end(), row, row + stride_);
+    } else {
+      std::copy_n(row, stride_, rows_.data() + pending_slots_[r] * stride_);
+    }
   }
   pending_ids_.clear();
   pending_new_ = 0;

@@ -89,8 +89,8 @@ class EmbeddingTable {
   void Load(const TableState& state);
 
  private:
-  // A row's values and state as stored, or as initialised.
-  void Fetch(uint64_t id, float* row) const;
+  // A row's values and state as initialised.
+  void Initial(uint64_t id, float* row) const;
 
   const v1::EmbeddingConfig config_;
   const v1::OptimizerConfig optimizer_;
@@ -101,8 +101,10 @@ class EmbeddingTable {
   RowBudget* const budget_;
   absl::flat_hash_map<uint64_t, uint32_t> index_;  // id -> its row in rows_
   std::vector<float> rows_;
-  // The last Update's rows, and how many of them are new.
+  // The last Update's rows: ids, where each is stored (kNew: not yet), values.
+  static constexpr uint32_t kNew = ~0u;
   std::vector<uint64_t> pending_ids_;
+  std::vector<uint32_t> pending_slots_;
   std::vector<float> pending_;
   size_t pending_new_ = 0;
 };

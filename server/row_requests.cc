@@ -63,15 +63,15 @@ absl::StatusOr<std::vector<RowGradients>> ParseRows(const v1::SegmentConfig& con
 
 void ReadTableRows(const EmbeddingTables& tables, const std::vector<RowGradients>& asked,
               google::protobuf::RepeatedPtrField<v1::Rows>* out) {
-  std::vector<float> values;
   for (const RowGradients& a : asked) {
     const EmbeddingTable& table = *tables[a.table];
-    values.resize(a.ids.size() * table.dim());
-    table.Read(a.ids, absl::MakeSpan(values));
     v1::Rows* rows = out->Add();
     rows->set_table(a.table);
     rows->mutable_ids()->assign(reinterpret_cast<const char*>(a.ids.data()), a.ids.size() * sizeof(uint64_t));
-    rows->mutable_values()->assign(reinterpret_cast<const char*>(values.data()), values.size() * sizeof(float));
+    // Read straight into the reply (whole floats: a string's buffer is aligned for them).
+    std::string* values = rows->mutable_values();
+    values->resize(a.ids.size() * table.dim() * sizeof(float));
+    table.Read(a.ids, absl::MakeSpan(reinterpret_cast<float*>(values->data()), a.ids.size() * table.dim()));
   }
 }
 

@@ -388,6 +388,35 @@ act_bytes=$(sed -n 's/.*a\/0: idle share .*; \([0-9]*\) bytes of activations.*/\
 echo "20 steps of batch 256 through 256-2048-2048-10, medians of 3 alternating runs: one worker $(median_file "$out/tp_whole.txt") s, 2 stages x 4 micro-batches $(median_file "$out/tp_chain.txt") s; activation bytes a step between the stages: ${act_bytes:-n/a} (forward and back, as stage a counted them)"
 echo "chain_2_stages_vs_one_worker (throughput ratio): $(div "$(median_file "$out/tp_whole.txt")" "$(median_file "$out/tp_chain.txt")")"
 
+echo "== 12. embedding tables: rows pulled and pushed a round (1M rows of 64 floats, 4096 distinct rows a round, SGD), beside ps-lite's sparse peer, alternating"
+pslite=$peers/ps-lite/bench.sh
+[ $quick = 1 ] && sparse_secs=1 || sparse_secs=3
+for shape in "1 1" "2 2"; do
+  set -- $shape
+  tag="${1}x${2}"
+  for i in 1 2 3; do
+    $bin/segps-bench-sparse --rows 1000000 --dim 64 --batch 4096 --servers "$1" --workers "$2" --seconds $sparse_secs |
+      tee -a "$out/sparse_$tag.txt" | sed -n 's/.*rows\/s-per-worker \([0-9.]*\).*/\1/p' >> "$out/sparse_${tag}_rows.txt"
+    if [ -f "$pslite" ]; then
+      bash "$pslite" sparse "$1" "$2" 1000000 64 4096 $sparse_secs 2> /dev/null | tee -a "$out/pslite_sparse_$tag.txt" |
+        sed -n 's/.*rows\/s-per-worker \([0-9.]*\).*/\1/p' >> "$out/pslite_sparse_${tag}_rows.txt"
+    fi
+  done
+done
+for tag in 1x1 2x2; do
+  name=$([ $tag = 1x1 ] && echo sparse_rows_vs_pslite || echo sparse_rows_2x2_vs_pslite)
+  ours=$(median_of "$out/sparse_${tag}_rows.txt")
+  if [ -s "$out/pslite_sparse_${tag}_rows.txt" ]; then
+    peer=$(median_of "$out/pslite_sparse_${tag}_rows.txt")
+    echo "sparse $tag, rows/s per worker, medians over workers and 3 runs: segps $ours, ps-lite $peer"
+    target $name "$(div "$ours" "$peer")" 1.5
+  else
+    echo "sparse $tag, rows/s per worker: segps $ours (ps-lite peer unavailable: $pslite)"
+    unavailable $name 1.5
+  fi
+done
+unavailable ctr_samples_vs_pytorch 1.0
+
 if $py -c "import matplotlib" 2> /dev/null; then
   echo "== figures (python/segps_plot.py)"
   $py python/segps_plot.py bench --out "$out/figures" "$out"

@@ -20,6 +20,7 @@
 #include "absl/strings/str_format.h"
 #include "common/command_line.h"
 #include "common/config.h"
+#include "common/malloc_tuning.h"
 #include "tests/bench/bench_util.h"
 #include "tests/support/subprocess.h"
 #include "worker/client/ps_client.h"
@@ -115,6 +116,7 @@ int Run() {
 }  // namespace segps
 
 int main(int argc, char** argv) {
+  segps::TuneMallocForLargeBuffers();
   segps::ParseCommandLine(argc, argv, "segps-bench-sparse: embedding rows pulled and pushed through segps servers");
   return segps::Run();
 }

@@ -62,15 +62,26 @@ std::vector<std::vector<v1::Rows>> RowsByServer(const v1::SegmentConfig& config,
                                                 const std::vector<std::vector<uint64_t>>& ids,
                                                 const std::vector<std::vector<float>>* values) {
   std::vector<std::vector<v1::Rows>> by_server(num_servers);
+  std::vector<uint32_t> server_of;
+  std::vector<size_t> count;
   for (size_t t = 0; t < ids.size(); ++t) {
     const size_t dim = config.embeddings(static_cast<int>(t)).dim();
-    std::vector<v1::Rows*> rows(num_servers, nullptr);
+    server_of.resize(ids[t].size());
+    count.assign(num_servers, 0);
     for (size_t r = 0; r < ids[t].size(); ++r) {
-      const uint32_t server = RowServer(segment, static_cast<uint32_t>(t), ids[t][r], num_servers);
-      if (rows[server] == nullptr) {
-        rows[server] = &by_server[server].emplace_back();
-        rows[server]->set_table(static_cast<uint32_t>(t));
-      }
+      server_of[r] = RowServer(segment, static_cast<uint32_t>(t), ids[t][r], num_servers);
+      ++count[server_of[r]];
+    }
+    std::vector<v1::Rows*> rows(num_servers, nullptr);
+    for (uint32_t s = 0; s < num_servers; ++s) {
+      if (count[s] == 0) continue;
+      rows[s] = &by_server[s].emplace_back();
+      rows[s]->set_table(static_cast<uint32_t>(t));
+      rows[s]->mutable_ids()->reserve(count[s] * sizeof(uint64_t));
+      if (values != nullptr) rows[s]->mutable_values()->reserve(count[s] * dim * sizeof(float));
+    }
+    for (size_t r = 0; r < ids[t].size(); ++r) {
+      const uint32_t server = server_of[r];
       rows[server]->mutable_ids()->append(reinterpret_cast<const char*>(&ids[t][r]), sizeof(uint64_t));
       if (values != nullptr) {
         rows[server]->mutable_values()->append(reinterpret_cast<const char*>((*values)[t].data() + r * dim),
