@@ -262,7 +262,7 @@ absl::Status ValidateEmbeddings(const v1::ModelConfig& model, int k, const Locat
     for (uint32_t field : table.field()) {
       if (field >= model.categorical_fields()) {
         return error("field", absl::StrCat(field, " is out of range: model.categorical_fields is ",
-                                           model.categorical_fields(), " (ids columns 0 to ",
+                                           model.categorical_fields(), " (id columns 0 to ",
                                            static_cast<int64_t>(model.categorical_fields()) - 1, ")"));
       }
     }

@@ -419,6 +419,7 @@ absl::Status ParameterServer::RowReader(const v1::PullRequest& request, v1::Pull
   if (!asked.ok()) return asked.status();
   for (const RowGradients& r : *asked) {
     *bytes += r.ids.size() * (sizeof(uint64_t) + sizeof(float) * config.embeddings(static_cast<int>(r.table)).dim());
+    if (metrics_ != nullptr) metrics_->ObserveRowsPulled(segment, r.ids.size());
   }
   *read = [asked = *std::move(asked), out = response->mutable_rows()](const EmbeddingTables& tables) {
     ReadTableRows(tables, asked, out);
@@ -544,6 +545,10 @@ void ParameterServer::Push(const v1::PushRequest& request, Payload data, absl::T
           metrics_->ObservePush(static_cast<int>(segment), absl::ToDoubleSeconds(absl::Now() - start), bytes,
                                 result->applied, absl::ToDoubleSeconds(result->apply));
           metrics_->ObserveWorkerClock(static_cast<int>(segment), result->rank, result->next_clock);
+          if (result->rows_pushed > 0) {
+            metrics_->ObserveRowsPushed(static_cast<int>(segment), result->rows_pushed, result->rows_held,
+                                        result->rows_bytes);
+          }
         }
         if (result->pulled.has_value()) {
           const PullResult& pulled = *result->pulled;

@@ -46,6 +46,8 @@ struct PushResult {
   uint64_t next_clock = 0;
   uint32_t rank = 0;
   absl::Duration apply;  // time in the optimizer
+  // With embedding rows: those updated, and what the segment's tables hold after.
+  uint64_t rows_pushed = 0, rows_held = 0, rows_bytes = 0;
   std::optional<PullResult> pulled;  // a push with a pull: the pull's result
 };
 

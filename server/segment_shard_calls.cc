@@ -263,8 +263,16 @@ absl::StatusOr<PushResult> SegmentShard::Apply(Worker* w, const Waiter& push) {
       apply_part(PartStart(count, parts, part), PartStart(count, parts, part + 1));
     });
   }
+  PushResult result;
   if (rows) {
-    for (const RowGradients& table_rows : *push.rows) tables_[table_rows.table]->Commit();
+    for (const RowGradients& table_rows : *push.rows) {
+      tables_[table_rows.table]->Commit();
+      result.rows_pushed += table_rows.ids.size();
+    }
+    for (const auto& table : tables_) {
+      result.rows_held += table->stored();
+      result.rows_bytes += table->stored() * table->stride() * sizeof(float);
+    }
   }
   const absl::Duration apply = absl::Now() - apply_start;
   w->applied += count;
@@ -273,7 +281,6 @@ absl::StatusOr<PushResult> SegmentShard::Apply(Worker* w, const Waiter& push) {
     clocks_.Advance(w);
     w->applied = 0;
   }
-  PushResult result;
   result.applied = true;
   result.next_clock = w->next_clock;
   result.rank = w->rank;

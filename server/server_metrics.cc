@@ -37,6 +37,22 @@ ServerMetrics::ServerMetrics(prometheus::Registry& registry, const v1::JobConfig
                        .Name("segps_server_worker_clock")
                        .Help("Next clock this server expects from each worker")
                        .Register(registry);
+  auto& rows_pulled = BuildCounter()
+                          .Name("segps_server_embedding_rows_pulled_total")
+                          .Help("Embedding rows read by pulls")
+                          .Register(registry);
+  auto& rows_pushed = BuildCounter()
+                          .Name("segps_server_embedding_rows_pushed_total")
+                          .Help("Embedding rows updated by pushes")
+                          .Register(registry);
+  auto& rows_held = prometheus::BuildGauge()
+                        .Name("segps_server_embedding_rows")
+                        .Help("Embedding rows this server stores (touched)")
+                        .Register(registry);
+  auto& rows_bytes = prometheus::BuildGauge()
+                         .Name("segps_server_embedding_bytes")
+                         .Help("Bytes of the stored embedding rows' values and optimizer state")
+                         .Register(registry);
   const prometheus::Histogram::BucketBoundaries staleness_buckets = {0, 1, 2, 3, 4, 6, 8, 12, 16, 32, 64};
   for (const auto& seg : config.model().segments()) {
     const prometheus::Labels labels = {{"segment", seg.name()}, {"server", server_}};
@@ -45,6 +61,9 @@ ServerMetrics::ServerMetrics(prometheus::Registry& registry, const v1::JobConfig
                          &blocked.Add(labels), &rejected.Add(labels), &pull_latency.Add(labels, LatencyBuckets()),
                          &push_latency.Add(labels, LatencyBuckets()), &apply.Add(labels, LatencyBuckets()),
                          &staleness.Add(labels, staleness_buckets)});
+    rows_.push_back(seg.embeddings_size() == 0 ? Rows{}
+                                               : Rows{&rows_pulled.Add(labels), &rows_pushed.Add(labels),
+                                                      &rows_held.Add(labels), &rows_bytes.Add(labels)});
   }
 }
 
@@ -69,6 +88,18 @@ void ServerMetrics::ObservePush(int segment, double seconds, uint64_t bytes, boo
 void ServerMetrics::ObserveWorkerClock(int segment, uint32_t rank, uint64_t next_clock) {
   worker_clock_->Add({{"segment", names_[segment]}, {"rank", std::to_string(rank)}, {"server", server_}})
       .Set(static_cast<double>(next_clock));
+}
+
+void ServerMetrics::ObserveRowsPulled(int segment, uint64_t rows) {
+  if (rows_[segment].pulled != nullptr) rows_[segment].pulled->Increment(static_cast<double>(rows));
+}
+
+void ServerMetrics::ObserveRowsPushed(int segment, uint64_t rows, uint64_t held, uint64_t bytes) {
+  const Rows& r = rows_[segment];
+  if (r.pushed == nullptr) return;
+  r.pushed->Increment(static_cast<double>(rows));
+  r.held->Set(static_cast<double>(held));
+  r.bytes->Set(static_cast<double>(bytes));
 }
 
 void ServerMetrics::ObserveRejected(int segment) {

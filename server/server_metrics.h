@@ -24,6 +24,10 @@ class ServerMetrics {
   void ObservePush(int segment, double seconds, uint64_t bytes, bool applied, double apply_seconds);
   void ObserveWorkerClock(int segment, uint32_t rank, uint64_t next_clock);
   void ObserveRejected(int segment);
+  // Embedding rows read by a pull, or updated by a push after which this
+  // server holds `held` rows of the segment taking `bytes` (values and optimizer state).
+  void ObserveRowsPulled(int segment, uint64_t rows);
+  void ObserveRowsPushed(int segment, uint64_t rows, uint64_t held, uint64_t bytes);
 
  private:
   struct PerSegment {
@@ -42,6 +46,14 @@ class ServerMetrics {
   std::vector<std::string> names_;
   const std::string server_;
   prometheus::Family<prometheus::Gauge>* worker_clock_;
+  // Segments with embedding tables (null elsewhere).
+  struct Rows {
+    prometheus::Counter* pulled = nullptr;
+    prometheus::Counter* pushed = nullptr;
+    prometheus::Gauge* held = nullptr;
+    prometheus::Gauge* bytes = nullptr;
+  };
+  std::vector<Rows> rows_;
 };
 
 }  // namespace segps

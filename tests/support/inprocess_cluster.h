@@ -15,9 +15,9 @@ namespace segps {
 
 class InProcessCluster {
  public:
-  explicit InProcessCluster(const v1::JobConfig& config) {
+  explicit InProcessCluster(const v1::JobConfig& config, const ServerOptions& options = {}) {
     for (uint32_t i = 0; i < config.cluster().num_servers(); ++i) {
-      servers_.push_back(*ParameterServer::Create(config, i));
+      servers_.push_back(*ParameterServer::Create(config, i, options));
       running_.push_back(*StartGrpcServer(servers_.back().get(), "127.0.0.1:0"));
       addresses_.push_back(running_.back()->address());
     }

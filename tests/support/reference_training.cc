@@ -142,6 +142,51 @@ void ReferenceInput(const v1::SegmentConfig& seg, const Dataset& train, uint32_t
   }
 }
 
+// Each touched row's gradient: the sum over the input columns that used it.
+std::vector<std::map<uint64_t, std::vector<double>>> SumRowGradients(const v1::SegmentConfig& seg,
+                                                                     const Dataset& train,
+                                                                     const std::vector<uint32_t>& order,
+                                                                     uint64_t begin, size_t rows,
+                                                                     const std::vector<float>& input_grad,
+                                                                     size_t width) {
+  std::vector<std::map<uint64_t, std::vector<double>>> row_grads(seg.embeddings_size());
+  for (size_t r = 0; r < rows; ++r) {
+    size_t column = static_cast<size_t>(train.width);
+    for (int t = 0; t < seg.embeddings_size(); ++t) {
+      for (uint32_t field : seg.embeddings(t).field()) {
+        const uint64_t id = train.ids[static_cast<size_t>(order[begin + r]) * train.fields + field];
+        std::vector<double>& g = row_grads[t][id];
+        g.resize(seg.embeddings(t).dim(), 0.0);
+        for (double& gj : g) gj += input_grad[r * width + column++];
+      }
+    }
+  }
+  return row_grads;
+}
+
+// SGD or AdaGrad on each touched row, as their formulas say.
+void ApplyRowGradients(const v1::OptimizerConfig& opt,
+                       const std::vector<std::map<uint64_t, std::vector<double>>>& row_grads,
+                       std::vector<std::map<uint64_t, std::vector<float>>>* tables,
+                       std::vector<std::map<uint64_t, std::vector<float>>>* accumulators) {
+  for (size_t t = 0; t < row_grads.size(); ++t) {
+    for (const auto& [id, g] : row_grads[t]) {
+      std::vector<float>& w = (*tables)[t][id];
+      std::vector<float>& a = (*accumulators)[t][id];
+      a.resize(w.size(), opt.initial_accumulator());
+      for (size_t j = 0; j < w.size(); ++j) {
+        const float gj = static_cast<float>(g[j]);
+        if (opt.kind() == v1::ADAGRAD) {
+          a[j] += gj * gj;
+          w[j] -= opt.learning_rate() * gj / (std::sqrt(a[j]) + opt.epsilon());
+        } else {
+          w[j] -= opt.learning_rate() * gj;
+        }
+      }
+    }
+  }
+}
+
 }  // namespace
 
 EmbeddingReference TrainEmbeddingReference(const v1::JobConfig& config, const Dataset& train, int k) {
@@ -178,37 +223,10 @@ EmbeddingReference TrainEmbeddingReference(const v1::JobConfig& config, const Da
       EXPECT_TRUE(model.StageBackward(0, static_cast<int>(rows), false, true).ok());
       EXPECT_TRUE(backend->Download(model.grad(), grad.data(), grad.size() * sizeof(float)).ok());
       EXPECT_TRUE(backend->Download(model.input_grad(0), input_grad.data(), input_grad.size() * sizeof(float)).ok());
-      // Each touched row's gradient: the sum over the columns that used it.
-      std::vector<std::map<uint64_t, std::vector<double>>> row_grads(seg.embeddings_size());
-      for (size_t r = 0; r < rows; ++r) {
-        size_t column = static_cast<size_t>(train.width);
-        for (int t = 0; t < seg.embeddings_size(); ++t) {
-          for (uint32_t field : seg.embeddings(t).field()) {
-            const uint64_t id = train.ids[static_cast<size_t>(order[begin + r]) * train.fields + field];
-            std::vector<double>& g = row_grads[t][id];
-            g.resize(seg.embeddings(t).dim(), 0.0);
-            for (double& gj : g) gj += input_grad[r * width + column++];
-          }
-        }
-      }
       ++step;
       optimizer->Apply(step, 0, absl::MakeSpan(ref.params), grad, 1.0f);
-      for (int t = 0; t < seg.embeddings_size(); ++t) {
-        for (const auto& [id, g] : row_grads[t]) {
-          std::vector<float>& w = ref.tables[t][id];
-          std::vector<float>& a = accumulators[t][id];
-          a.resize(w.size(), opt.initial_accumulator());
-          for (size_t j = 0; j < w.size(); ++j) {
-            const float gj = static_cast<float>(g[j]);
-            if (opt.kind() == v1::ADAGRAD) {
-              a[j] += gj * gj;
-              w[j] -= opt.learning_rate() * gj / (std::sqrt(a[j]) + opt.epsilon());
-            } else {
-              w[j] -= opt.learning_rate() * gj;
-            }
-          }
-        }
-      }
+      ApplyRowGradients(opt, SumRowGradients(seg, train, order, begin, rows, input_grad, width), &ref.tables,
+                        &accumulators);
     }
   }
   return ref;

@@ -11,7 +11,10 @@
 #include "absl/strings/str_format.h"
 #include "common/config.h"
 #include "common/embedding.h"
+#include "prometheus/registry.h"
+#include "prometheus/text_serializer.h"
 #include "server/checkpoint.h"
+#include "server/server_metrics.h"
 #include "server/row_requests.h"
 #include "tests/support/inprocess_cluster.h"
 #include "tests/support/reference_training.h"
@@ -58,6 +61,38 @@ v1::EmbeddingConfig Table(uint32_t dim) {
   table.set_dim(dim);
   table.add_field(0);
   return table;
+}
+
+// A table's mistakes are refused naming the file, line and field.
+TEST(EmbeddingConfig, RefusesTablesThatCannotWork) {
+  auto error = [](const std::string& segment_text, const std::string& more = "") {
+    absl::StatusOr<v1::JobConfig> config = ParseConfig(absl::StrCat(R"pb(
+      cluster { num_servers: 1 }
+      model { input_width: 4 num_classes: 2 categorical_fields: 2 segments { name: "s" )pb", segment_text,
+                                                                   R"pb( layers { units: 2 activation: SOFTMAX } } )pb",
+                                                                   more, R"pb(}
+      optimizer { kind: SGD }
+      data { source: SYNTHETIC_CTR })pb"), "t.pbtxt");
+    EXPECT_FALSE(config.ok());
+    return std::string(config.status().message());
+  };
+  EXPECT_NE(error(R"pb(embeddings { name: "u" vocab: 10 dim: 4 field: 2 })pb")
+                .find("model.segments[0].embeddings[0].field: table \"u\" of segment \"s\": 2 is out of range: "
+                      "model.categorical_fields is 2 (id columns 0 to 1)"),
+            std::string::npos);
+  EXPECT_NE(error(R"pb(embeddings { name: "u" vocab: 0 dim: 4 field: 0 })pb").find("vocab: table \"u\""),
+            std::string::npos);
+  EXPECT_NE(error(R"pb(embeddings { name: "u" vocab: 10 dim: 4 })pb").find("needs at least one id column"),
+            std::string::npos);
+  EXPECT_NE(error(R"pb(embeddings { name: "u" vocab: 10 dim: 4 field: 0 }
+                       embeddings { name: "u" vocab: 10 dim: 4 field: 1 })pb")
+                .find("is used by another table"),
+            std::string::npos);
+  EXPECT_NE(error(R"pb(embeddings { name: "u" vocab: 10 dim: 4 field: 0 })pb", "combine: CHAIN")
+                .find("not supported in a CHAIN"),
+            std::string::npos);
+  EXPECT_NE(error(R"pb(embeddings { name: "u" vocab: 10 dim: 4 field: 5 })pb").find("t.pbtxt line 3: "),
+            std::string::npos);
 }
 
 TEST(EmbeddingTable, UntouchedRowsReadAsTheirInitialValuesAndAreNotStored) {
@@ -270,6 +305,32 @@ INSTANTIATE_TEST_SUITE_P(Optimizers, EmbeddingTraining, ::testing::Values(v1::SG
                          [](const ::testing::TestParamInfo<v1::OptimizerKind>& info) {
                            return v1::OptimizerKind_Name(info.param);
                          });
+
+// The server's metrics count the rows it stores, and those pulled and pushed.
+TEST(EmbeddingTraining, MetricsCountTheRowsStoredPulledAndPushed) {
+  const v1::JobConfig config = CtrJob(v1::ADAGRAD, 1);
+  const TrainTest data = *LoadData(config);
+  prometheus::Registry registry;
+  ServerMetrics metrics(registry, config, 0);
+  ServerOptions options;
+  options.metrics = &metrics;
+  InProcessCluster cluster(config, options);
+  std::unique_ptr<Backend> backend = CreateCpuBackend(1);
+  std::unique_ptr<ParameterClient> client = *ConnectGrpc(config, cluster.addresses());
+  ASSERT_TRUE(Train(config, TrainerOptions(), data.train, backend.get(), client.get()).ok());
+  const std::string scraped = prometheus::TextSerializer().Serialize(registry.Collect());
+  const uint64_t held = cluster.StoredRows(0, 0);
+  ASSERT_GT(held, 0u);
+  EXPECT_NE(scraped.find(absl::StrCat("segps_server_embedding_rows{segment=\"ctr\",server=\"0\"} ", held)),
+            std::string::npos)
+      << scraped;
+  EXPECT_NE(scraped.find("segps_server_embedding_bytes{segment=\"ctr\",server=\"0\"}"), std::string::npos);
+  for (const char* series : {"segps_server_embedding_rows_pulled_total", "segps_server_embedding_rows_pushed_total"}) {
+    const size_t at = scraped.find(absl::StrCat(series, "{segment=\"ctr\",server=\"0\"} "));
+    ASSERT_NE(at, std::string::npos) << series;
+    EXPECT_GE(std::stod(scraped.substr(scraped.find('}', at) + 2)), static_cast<double>(held)) << series;
+  }
+}
 
 // A budget smaller than the rows a step touches refuses the push with the
 // reason, and the servers store nothing.
