@@ -507,11 +507,21 @@ absl::Status ValidateDataSource(v1::JobConfig& c, const Locator& at) {
     return at.Error({{"data", -1}, {"source", -1}},
                     "is required: SYNTHETIC_SEED, SYNTHETIC_TEACHER, FASHION_MNIST, NPY, CSV or SYNTHETIC_CTR");
   }
-  const bool ids = data->source() == v1::NPY || data->source() == v1::SYNTHETIC_CTR;
+  const bool ids = data->source() == v1::NPY || data->source() == v1::CSV || data->source() == v1::SYNTHETIC_CTR;
   if (model->categorical_fields() > 0 && !ids) {
     return at.Error({{"model", -1}, {"categorical_fields", -1}},
-                    absl::StrCat("needs ids: data.source NPY (data.train_ids) or SYNTHETIC_CTR, not ",
+                    absl::StrCat("needs ids: data.source NPY (data.train_ids), CSV (data.categorical_columns) or "
+                                 "SYNTHETIC_CTR, not ",
                                  v1::DataSource_Name(data->source())));
+  }
+  if (data->source() == v1::CSV &&
+      static_cast<uint32_t>(data->categorical_columns_size()) != model->categorical_fields()) {
+    return at.Error({{"data", -1}, {"categorical_columns", -1}},
+                    absl::StrCat("names ", data->categorical_columns_size(), " columns for model.categorical_fields ",
+                                 model->categorical_fields()));
+  }
+  if (data->categorical_columns_size() > 0 && data->source() != v1::CSV) {
+    return at.Error({{"data", -1}, {"categorical_columns", -1}}, "is used by data.source CSV only");
   }
   if (data->source() == v1::SYNTHETIC_CTR && (model->categorical_fields() == 0 || model->num_classes() != 2)) {
     return at.Error({{"model", -1}, {"categorical_fields", -1}},
@@ -586,6 +596,9 @@ absl::Status ValidateDataFiles(v1::JobConfig& c, const Locator& at) {
                       absl::StrCat("must be one character other than a quote or a newline, got \"", data->delimiter(), "\""));
     }
     if (!data->has_header()) data->set_header(true);
+    if (data->categorical_columns_size() > 0 && !data->header()) {
+      return at.Error({{"data", -1}, {"categorical_columns", -1}}, "names columns by the header: data.header must be true");
+    }
   }
   if (npy || csv) {
     const bool has_test = !data->test_x().empty() || !data->test_csv().empty();

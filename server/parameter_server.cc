@@ -419,6 +419,14 @@ absl::Status ParameterServer::RowReader(const v1::PullRequest& request, v1::Pull
   if (!asked.ok()) return asked.status();
   for (const RowGradients& r : *asked) {
     *bytes += r.ids.size() * (sizeof(uint64_t) + sizeof(float) * config.embeddings(static_cast<int>(r.table)).dim());
+  }
+  // The reply must fit a message: a request cannot make the server build a larger one.
+  if (*bytes + 4096 > config_.cluster().max_message_bytes()) {
+    return absl::InvalidArgumentError(absl::StrCat("Pull rows: the rows asked for take ", *bytes,
+                                                   " bytes, more than cluster.max_message_bytes (",
+                                                   config_.cluster().max_message_bytes(), ") allows in a reply"));
+  }
+  for (const RowGradients& r : *asked) {
     if (metrics_ != nullptr) metrics_->ObserveRowsPulled(segment, r.ids.size());
   }
   *read = [asked = *std::move(asked), out = response->mutable_rows()](const EmbeddingTables& tables) {

@@ -4,6 +4,8 @@
 
 #include <cmath>
 
+#include "absl/functional/function_ref.h"
+
 #include "common/config.h"
 #include "common/embedding.h"
 #include "common/shard_map.h"
@@ -27,6 +29,20 @@ void Gradient(Backend* backend, SegmentModel& model, const Dataset& train, const
   EXPECT_TRUE(backend->Download(model.grad(), grad->data(), grad->size() * sizeof(float)).ok());
 }
 
+// Calls fn(order, begin, rows) for each batch one worker of segment k
+// computes, in order: every epoch's order of its slice, batch by batch.
+void ForEachBatch(const v1::JobConfig& config, const Dataset& train, int k,
+                  absl::FunctionRef<void(const std::vector<uint32_t>&, uint64_t, size_t)> fn) {
+  const uint32_t batch = config.training().batch_size();
+  const Range slice = WorkerSlice(config, train.size(), k, 0);
+  for (uint32_t epoch = 0; epoch < config.training().epochs(); ++epoch) {
+    const std::vector<uint32_t> order = EpochOrder(slice, config.seed(), k, 0, epoch);
+    for (uint64_t begin = 0; begin < slice.count; begin += batch) {
+      fn(order, begin, std::min<size_t>(batch, slice.count - begin));
+    }
+  }
+}
+
 }  // namespace
 
 std::vector<std::vector<float>> TrainReference(const v1::JobConfig& config, const Dataset& train) {
@@ -39,16 +55,11 @@ std::vector<std::vector<float>> TrainReference(const v1::JobConfig& config, cons
     InitializeRange(map, k, 0, config.seed(), params.data(), params.size());
     std::unique_ptr<Optimizer> optimizer = *CreateOptimizer(config.optimizer(), params.size());
     SegmentModel model = *SegmentModel::Create(backend.get(), config.model(), k, static_cast<int>(batch));
-    const Range slice = WorkerSlice(config, train.size(), k, 0);
     uint64_t step = 0;
-    for (uint32_t epoch = 0; epoch < config.training().epochs(); ++epoch) {
-      const std::vector<uint32_t> order = EpochOrder(slice, config.seed(), k, 0, epoch);
-      for (uint64_t begin = 0; begin < slice.count; begin += batch) {
-        const size_t rows = std::min<size_t>(batch, slice.count - begin);
-        Gradient(backend.get(), model, train, order, begin, rows, params, &grad);
-        optimizer->Apply(++step, 0, absl::MakeSpan(params), grad, 1.0f);
-      }
-    }
+    ForEachBatch(config, train, k, [&](const std::vector<uint32_t>& order, uint64_t begin, size_t rows) {
+      Gradient(backend.get(), model, train, order, begin, rows, params, &grad);
+      optimizer->Apply(++step, 0, absl::MakeSpan(params), grad, 1.0f);
+    });
     result.push_back(std::move(params));
   }
   return result;
@@ -204,31 +215,25 @@ EmbeddingReference TrainEmbeddingReference(const v1::JobConfig& config, const Da
   std::unique_ptr<Optimizer> optimizer = *CreateOptimizer(opt, ref.params.size());
   SegmentModel model = *SegmentModel::Create(backend.get(), config.model(), k, static_cast<int>(batch));
   const size_t width = static_cast<size_t>(model.input_width());
-  const Range slice = WorkerSlice(config, train.size(), k, 0);
   uint64_t step = 0;
-  for (uint32_t epoch = 0; epoch < config.training().epochs(); ++epoch) {
-    const std::vector<uint32_t> order = EpochOrder(slice, config.seed(), k, 0, epoch);
-    for (uint64_t begin = 0; begin < slice.count; begin += batch) {
-      const size_t rows = std::min<size_t>(batch, slice.count - begin);
-      std::vector<float> x(rows * width), input_grad(rows * width);
-      std::vector<int32_t> y(rows);
-      for (size_t r = 0; r < rows; ++r) {
-        ReferenceInput(seg, train, order[begin + r], ref.tables, config.seed(), k, &x[r * width]);
-        y[r] = train.y[order[begin + r]];
-      }
-      EXPECT_TRUE(backend->Upload(ref.params.data(), model.params(), ref.params.size() * sizeof(float)).ok());
-      EXPECT_TRUE(backend->Upload(x.data(), model.input(), x.size() * sizeof(float)).ok());
-      EXPECT_TRUE(backend->Upload(y.data(), model.labels(), y.size() * sizeof(int32_t)).ok());
-      EXPECT_TRUE(model.StageForward(0, static_cast<int>(rows), 1.0f / static_cast<float>(rows)).ok());
-      EXPECT_TRUE(model.StageBackward(0, static_cast<int>(rows), false, true).ok());
-      EXPECT_TRUE(backend->Download(model.grad(), grad.data(), grad.size() * sizeof(float)).ok());
-      EXPECT_TRUE(backend->Download(model.input_grad(0), input_grad.data(), input_grad.size() * sizeof(float)).ok());
-      ++step;
-      optimizer->Apply(step, 0, absl::MakeSpan(ref.params), grad, 1.0f);
-      ApplyRowGradients(opt, SumRowGradients(seg, train, order, begin, rows, input_grad, width), &ref.tables,
-                        &accumulators);
+  ForEachBatch(config, train, k, [&](const std::vector<uint32_t>& order, uint64_t begin, size_t rows) {
+    std::vector<float> x(rows * width), input_grad(rows * width);
+    std::vector<int32_t> y(rows);
+    for (size_t r = 0; r < rows; ++r) {
+      ReferenceInput(seg, train, order[begin + r], ref.tables, config.seed(), k, &x[r * width]);
+      y[r] = train.y[order[begin + r]];
     }
-  }
+    EXPECT_TRUE(backend->Upload(ref.params.data(), model.params(), ref.params.size() * sizeof(float)).ok());
+    EXPECT_TRUE(backend->Upload(x.data(), model.input(), x.size() * sizeof(float)).ok());
+    EXPECT_TRUE(backend->Upload(y.data(), model.labels(), y.size() * sizeof(int32_t)).ok());
+    EXPECT_TRUE(model.StageForward(0, static_cast<int>(rows), 1.0f / static_cast<float>(rows)).ok());
+    EXPECT_TRUE(model.StageBackward(0, static_cast<int>(rows), false, true).ok());
+    EXPECT_TRUE(backend->Download(model.grad(), grad.data(), grad.size() * sizeof(float)).ok());
+    EXPECT_TRUE(backend->Download(model.input_grad(0), input_grad.data(), input_grad.size() * sizeof(float)).ok());
+    optimizer->Apply(++step, 0, absl::MakeSpan(ref.params), grad, 1.0f);
+    ApplyRowGradients(opt, SumRowGradients(seg, train, order, begin, rows, input_grad, width), &ref.tables,
+                      &accumulators);
+  });
   return ref;
 }
 

@@ -11,6 +11,7 @@
 #include "absl/strings/str_format.h"
 #include "common/config.h"
 #include "common/embedding.h"
+#include "common/hash.h"
 #include "prometheus/registry.h"
 #include "prometheus/text_serializer.h"
 #include "server/checkpoint.h"
@@ -265,6 +266,60 @@ TEST(SyntheticCtr, IdsLieBelowTheirFieldsVocabAndLabelsDependOnThem) {
   EXPECT_EQ(LoadData(config)->train.ids, data.train.ids);  // deterministic
 }
 
+// CSV ids: strings hashed into each field's vocab, columns found by name,
+// the held-out rows keeping their ids; a missing column named.
+TEST(CsvIds, HashesEachValueIntoItsFieldsVocab) {
+  const std::string dir = MakeTempDir();
+  std::string table = "f0,user,label,f1,f2,f3,item\n";
+  for (int i = 0; i < 40; ++i) {
+    table += absl::StrFormat("%d,u%d,%d,0.5,1,2,\"it %d\"\n", i, i % 7, i % 2, i % 3);
+  }
+  WriteFile(dir + "/t.csv", table);
+  auto config_with = [&](const std::string& columns) {
+    return ParseConfig(absl::StrFormat(R"pb(
+      cluster { num_servers: 1 }
+      model {
+        input_width: 4 num_classes: 2 categorical_fields: 2
+        segments {
+          name: "s"
+          embeddings { name: "user" vocab: 1000 dim: 2 field: 0 }
+          embeddings { name: "item" vocab: 5 dim: 2 field: 1 }
+          layers { units: 2 activation: SOFTMAX }
+        }
+      }
+      optimizer { kind: SGD }
+      data { source: CSV train_csv: "%s/t.csv" label_column: "label" %s test_fraction: 0.25 }
+    )pb", dir, columns), "t.pbtxt");
+  };
+  const absl::StatusOr<v1::JobConfig> config = config_with(R"pb(categorical_columns: "user" categorical_columns: "item")pb");
+  ASSERT_TRUE(config.ok()) << config.status();
+  absl::StatusOr<TrainTest> data = LoadData(*config);
+  ASSERT_TRUE(data.ok()) << data.status();
+  ASSERT_EQ(data->train.fields, 2);
+  EXPECT_EQ(data->train.width, 4);
+  EXPECT_EQ(data->train.columns, (std::vector<std::string>{"f0", "f1", "f2", "f3"}));
+  for (const Dataset* set : {&data->train, &data->test}) {
+    for (size_t r = 0; r < set->size(); ++r) {
+      std::vector<float> x(4);
+      set->CopyRow(r, x.data());
+      const int i = static_cast<int>(x[0]);  // the row's number in the file
+      EXPECT_EQ(set->ids[r * 2], Fnv1a64(absl::StrCat("u", i % 7)) % 1000) << r;
+      EXPECT_EQ(set->ids[r * 2 + 1], Fnv1a64(absl::StrCat("it ", i % 3)) % 5) << r;
+    }
+  }
+  EXPECT_EQ(data->train.size() + data->test.size(), 40u);
+  const absl::StatusOr<v1::JobConfig> missing =
+      config_with(R"pb(categorical_columns: "user" categorical_columns: "items")pb");
+  ASSERT_TRUE(missing.ok());
+  const absl::Status refused = LoadData(*missing).status();
+  EXPECT_NE(refused.message().find("data.categorical_columns \"items\" is not a column name of the header"),
+            std::string::npos)
+      << refused;
+  EXPECT_NE(config_with(R"pb(categorical_columns: "user")pb").status().message().find(
+                "data.categorical_columns: names 1 columns for model.categorical_fields 2"),
+            std::string::npos);
+}
+
 // One worker at staleness 0 over two servers: the dense parameters and
 // every touched row equal the single-process reference's, for SGD and AdaGrad.
 class EmbeddingTraining : public ::testing::TestWithParam<v1::OptimizerKind> {};
@@ -330,6 +385,20 @@ TEST(EmbeddingTraining, MetricsCountTheRowsStoredPulledAndPushed) {
     ASSERT_NE(at, std::string::npos) << series;
     EXPECT_GE(std::stod(scraped.substr(scraped.find('}', at) + 2)), static_cast<double>(held)) << series;
   }
+}
+
+// A pull that asks for more rows than a reply can carry is refused before
+// the server reads any.
+TEST(EmbeddingTraining, APullOfMoreRowsThanAReplyHoldsIsRefused) {
+  const v1::JobConfig config = CtrJob(v1::SGD, 1, "max_message_bytes: 1048576 chunk_bytes: 4096");
+  InProcessCluster cluster(config);
+  std::unique_ptr<ParameterClient> reader = *ConnectGrpc(config, cluster.addresses());
+  std::vector<std::vector<uint64_t>> ids(2);
+  for (uint64_t id = 0; id < 50000; ++id) ids[0].push_back(id);  // 50,000 x (8 + 16) bytes
+  std::vector<std::vector<float>> values;
+  const absl::Status refused = reader->PullRows(0, 0, ids, &values);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument) << refused;
+  EXPECT_NE(refused.message().find("more than cluster.max_message_bytes"), std::string::npos) << refused;
 }
 
 // A budget smaller than the rows a step touches refuses the push with the

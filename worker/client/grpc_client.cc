@@ -179,6 +179,18 @@ class GrpcClient final : public ParameterClient {
     return Driven(PullOn(segment, clock, dest, true));
   }
 
+  // A pull of `segment` at `clock` from server i, by this client's
+  // registration there (none: as a reader).
+  v1::PullRequest PullHeader(int segment, size_t i, uint64_t clock) const {
+    v1::PullRequest request;
+    request.set_segment(segment);
+    request.set_worker_id(membership_->worker_id(i));
+    request.set_registration_secret(membership_->secret(i));
+    request.set_reader(membership_->worker_id(i) == 0);
+    request.set_clock(clock);
+    return request;
+  }
+
   Completion<PulledAt> PullOn(int segment, uint64_t clock, absl::Span<float> dest, bool caller_drives) {
     if (segment < 0 || segment >= map_.num_segments() || dest.size() != map_.segment_size(segment)) {
       return Completion<PulledAt>::Done(
@@ -189,12 +201,7 @@ class GrpcClient final : public ParameterClient {
     for (size_t i = 0; i < stubs_.size(); ++i) {
       const std::vector<Range> cut = Chunks(map_.range(segment, static_cast<uint32_t>(i)), chunk_elements_);
       for (const Range& chunk : cut) {
-        v1::PullRequest request;
-        request.set_segment(segment);
-        request.set_worker_id(membership_->worker_id(i));
-        request.set_registration_secret(membership_->secret(i));
-        request.set_reader(membership_->worker_id(i) == 0);
-        request.set_clock(clock);
+        v1::PullRequest request = PullHeader(segment, i, clock);
         // Observers (the evaluator, parameter dumps) read the float32 values
         // as they are; the wire format is for training traffic.
         request.set_dtype(membership_->worker_id(i) == 0 ? v1::FLOAT32 : dtype_);
@@ -239,12 +246,7 @@ class GrpcClient final : public ParameterClient {
     auto exchange = std::make_unique<RequestStreams::Exchange>();
     for (size_t i = 0; i < servers; ++i) {
       if (asked[i].empty()) continue;
-      v1::PullRequest request;
-      request.set_segment(segment);
-      request.set_worker_id(membership_->worker_id(i));
-      request.set_registration_secret(membership_->secret(i));
-      request.set_reader(membership_->worker_id(i) == 0);
-      request.set_clock(clock);
+      v1::PullRequest request = PullHeader(segment, i, clock);
       request.set_rows_only(true);
       for (const v1::Rows& rows : asked[i]) *request.add_rows() = rows;
       grpc::Slice bytes(request.SerializeAsString());

@@ -5,11 +5,14 @@
 #include <fstream>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "common/config_hints.h"
+#include "common/embedding.h"
+#include "common/hash.h"
 #include "common/status_macros.h"
 
 namespace segps {
@@ -35,6 +38,9 @@ class CsvReader {
         row_(width_) {
     out_.width = width_;
     out_.classes = classes_;
+    out_.fields = static_cast<int>(config.model().categorical_fields());
+    for (int f = 0; f < out_.fields; ++f) vocab_.push_back(FieldVocab(config.model(), static_cast<uint32_t>(f)));
+    ids_.resize(vocab_.size());
   }
 
   absl::StatusOr<Dataset> Read() {
@@ -89,12 +95,33 @@ class CsvReader {
                                 data_.header() ? absl::StrCat(".", Suggest(wanted, names_)) : std::string()));
       }
     }
-    if (columns_ - 1 != static_cast<size_t>(width_)) {
-      return Bad(absl::StrCat("line ", line_, ": ", columns_ - 1, " feature columns (", columns_,
-                              " columns, one the label), but model.input_width is ", width_));
+    SEGPS_RETURN_IF_ERROR(FindCategorical());
+    const size_t features = columns_ - 1 - categorical_.size();
+    if (features != static_cast<size_t>(width_)) {
+      return Bad(absl::StrCat("line ", line_, ": ", features, " feature columns (", columns_, " columns, one the label",
+                              categorical_.empty() ? "" : absl::StrCat(", ", categorical_.size(), " categorical"),
+                              "), but model.input_width is ", width_));
     }
     for (size_t c = 0; c < names_.size(); ++c) {
-      if (static_cast<int>(c) != label_) out_.columns.push_back(names_[c]);
+      if (static_cast<int>(c) != label_ && !field_of_.contains(c)) out_.columns.push_back(names_[c]);
+    }
+    return absl::OkStatus();
+  }
+
+  // data.categorical_columns, found by name in the header.
+  absl::Status FindCategorical() {
+    for (const std::string& wanted : data_.categorical_columns()) {
+      const auto it = std::find(names_.begin(), names_.end(), wanted);
+      if (it == names_.end()) {
+        return Bad(absl::StrCat("line ", line_, ": data.categorical_columns \"", wanted,
+                                "\" is not a column name of the header.", Suggest(wanted, names_)));
+      }
+      const size_t c = static_cast<size_t>(it - names_.begin());
+      if (static_cast<int>(c) == label_ || !field_of_.emplace(c, categorical_.size()).second) {
+        return Bad(absl::StrCat("line ", line_, ": data.categorical_columns \"", wanted,
+                                "\" is the label column or named twice"));
+      }
+      categorical_.push_back(c);
     }
     return absl::OkStatus();
   }
@@ -107,6 +134,11 @@ class CsvReader {
     int j = 0;
     int32_t y = 0;
     for (size_t c = 0; c < columns_; ++c) {
+      if (const auto field = field_of_.find(c); field != field_of_.end()) {
+        const uint64_t hash = Fnv1a64(fields[c]), vocab = vocab_[field->second];
+        ids_[field->second] = vocab == 0 ? hash : hash % vocab;
+        continue;
+      }
       double v = 0;
       if (!absl::SimpleAtod(fields[c], &v)) {
         return Bad(absl::StrCat("line ", line_, " ", ColumnName(c), ": '", fields[c], "' is not a number"));
@@ -127,6 +159,7 @@ class CsvReader {
     }
     out_.y.push_back(y);
     out_.x.insert(out_.x.end(), row_.begin(), row_.end());
+    out_.ids.insert(out_.ids.end(), ids_.begin(), ids_.end());
     return absl::OkStatus();
   }
 
@@ -138,6 +171,12 @@ class CsvReader {
   int label_ = -1;
   std::vector<std::string> names_;
   std::vector<float> row_;
+  // Categorical columns: their positions in field order, each column's
+  // field, each field's vocab, and the row's ids.
+  std::vector<size_t> categorical_;
+  absl::flat_hash_map<size_t, size_t> field_of_;
+  std::vector<uint64_t> vocab_;
+  std::vector<uint64_t> ids_;
   Dataset out_;
 };
 

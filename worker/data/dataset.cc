@@ -420,11 +420,15 @@ Dataset SelectRows(const Dataset& from, const std::vector<uint64_t>& rows) {
   out.width = from.width;
   out.classes = from.classes;
   out.columns = from.columns;
+  out.fields = from.fields;
   out.x.resize(rows.size() * from.width);
   out.y.resize(rows.size());
+  out.ids.resize(rows.size() * from.fields);
+  const size_t fields = static_cast<size_t>(from.fields);
   for (size_t i = 0; i < rows.size(); ++i) {
     from.CopyRow(rows[i], &out.x[i * from.width]);
     out.y[i] = from.y[rows[i]];
+    std::copy_n(from.ids.data() + rows[i] * fields, fields, out.ids.data() + i * fields);
   }
   return out;
 }
