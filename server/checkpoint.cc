@@ -440,6 +440,13 @@ class Merger {
       return false;
     }
     const std::string name = read[0].Field("segps.segment");
+    for (const auto& [key, value] : read[0].metadata) {
+      if (key.rfind("segps.embeddings.", 0) == 0) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "merge: segment ", name, " has embedding tables (", key.substr(17),
+            "), which segps-checkpoint merge and split do not carry yet; keep the servers' own checkpoints"));
+      }
+    }
     for (const char* key : {"segps.job", "segps.model_fingerprint", "segps.config", "segps.optimizer", "segps.model"}) {
       if (!metadata_.count(key)) metadata_[key] = read[0].Field(key);
       if (metadata_[key] != read[0].Field(key)) {
@@ -500,6 +507,12 @@ absl::Status MergeCheckpoints(const std::string& dir, std::optional<uint64_t> cl
 }
 
 absl::Status SplitCheckpoint(const std::string& merged, const v1::JobConfig& config, const std::string& dir) {
+  for (const v1::SegmentConfig& segment : config.model().segments()) {
+    if (segment.embeddings_size() > 0) {
+      return absl::FailedPreconditionError(absl::StrCat("split: segment ", segment.name(),
+                                                        " has embedding tables, which split does not carry yet"));
+    }
+  }
   absl::StatusOr<SafetensorsFile> file = SafetensorsFile::Read(merged);
   if (!file.ok()) return file.status();
   auto field = [&](const std::string& key) -> std::string {

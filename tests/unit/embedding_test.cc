@@ -180,6 +180,10 @@ TEST(EmbeddingTable, CheckpointsRoundTripTheStoredRows) {
   EXPECT_EQ(back->tables[0].ids, state.tables[0].ids);
   EXPECT_EQ(back->tables[0].rows, state.tables[0].rows);
   EXPECT_TRUE(back->tables[1].ids.empty());
+  // Merging would drop the rows: refused, naming the table.
+  const absl::Status merge = MergeCheckpoints(dir, 5, true, dir + "/merged.safetensors");
+  EXPECT_EQ(merge.code(), absl::StatusCode::kFailedPrecondition) << merge;
+  EXPECT_NE(merge.message().find("has embedding tables (item)"), std::string::npos) << merge;
   state.clock = 10;
   state.tables[0].ids = {90000, 2};
   ASSERT_TRUE(store->Write(0, state).ok());
