@@ -168,6 +168,12 @@ absl::StatusOr<const float*> BatchCompute::HostGradient() {
   return grad_host_.data();
 }
 
+absl::Status BatchCompute::CheckLoss(uint64_t clock, const BatchStats& stats) const {
+  if (std::isfinite(stats.loss_sum)) return absl::OkStatus();
+  return absl::InternalError(
+      absl::StrCat(tag_, ": loss became ", stats.loss_sum, " at clock ", clock, "; lower optimizer.learning_rate"));
+}
+
 absl::Status BatchCompute::Fetch(uint64_t clock) {
   if (!rows_.has_value()) return absl::OkStatus();
   const Range mine = *RowsOf(clock);
@@ -212,10 +218,7 @@ absl::StatusOr<StepResult> BatchCompute::Compute(uint64_t clock) {
     const absl::Time compute_start = absl::Now();
     SEGPS_RETURN_IF_ERROR(ComputeWithRows(clock, &result));
     result.stats = model_.stats();
-    if (!std::isfinite(result.stats->loss_sum)) {
-      return absl::InternalError(absl::StrCat(tag_, ": loss became ", result.stats->loss_sum, " at clock ", clock,
-                                              "; lower optimizer.learning_rate"));
-    }
+    SEGPS_RETURN_IF_ERROR(CheckLoss(clock, *result.stats));
     result.compute = absl::Now() - compute_start;
     throughput_.Observe(result.rows, result.compute);
     return result;
@@ -260,10 +263,7 @@ absl::StatusOr<StepResult> BatchCompute::Compute(uint64_t clock) {
   SEGPS_RETURN_IF_ERROR(backend_->Synchronize());
   slot_ ^= 1;
   result.stats = result.rows > 0 ? model_.stats() : BatchStats{};
-  if (!std::isfinite(result.stats->loss_sum)) {
-    return absl::InternalError(absl::StrCat(tag_, ": loss became ", result.stats->loss_sum, " at clock ", clock,
-                                            "; lower optimizer.learning_rate"));
-  }
+  SEGPS_RETURN_IF_ERROR(CheckLoss(clock, *result.stats));
   // A slower device: its compute takes slowdown_factor times as long.
   result.compute = absl::Now() - compute_start;
   if (options_.slowdown_factor > 1) {

@@ -62,6 +62,8 @@ class BatchCompute final : public StepCompute {
   // A segment with embedding tables: the batch's dense features and its
   // rows (fetched) make the input; the input gradient gives the rows'.
   absl::Status ComputeWithRows(uint64_t clock, StepResult* result);
+  // An error naming the step when its loss is not finite.
+  absl::Status CheckLoss(uint64_t clock, const BatchStats& stats) const;
 
   const v1::JobConfig& config_;
   const TrainerOptions& options_;
