@@ -241,10 +241,16 @@ absl::Status ValidateLayers(const v1::ModelConfig* model, int k, bool chain, con
 }
 
 // Segment k's embedding tables: named uniquely, shaped, each field an id column.
-absl::Status ValidateEmbeddings(const v1::ModelConfig& model, int k, const Locator& at) {
+absl::Status ValidateEmbeddings(const v1::ModelConfig& model, int k, uint32_t servers, const Locator& at) {
   const v1::SegmentConfig& seg = model.segments(k);
   if (seg.embeddings_size() > 0 && model.combine() == v1::CHAIN) {
     return at.Error({{"model", -1}, {"segments", k}, {"embeddings", 0}}, "tables are not supported in a CHAIN's stages");
+  }
+  // A step's rows ride on its push to every server: each must hold part of the dense range.
+  if (seg.embeddings_size() > 0 && ShardMap::Create(model, 1)->segment_size(k) < servers) {
+    return at.Error({{"model", -1}, {"segments", k}, {"embeddings", 0}},
+                    absl::StrCat("segment \"", seg.name(), "\" has fewer dense parameters than the ", servers,
+                                 " servers; a segment with tables needs at least one on each"));
   }
   for (int t = 0; t < seg.embeddings_size(); ++t) {
     const v1::EmbeddingConfig& table = seg.embeddings(t);
@@ -307,7 +313,7 @@ absl::Status ValidateSegments(v1::JobConfig& c, const Locator& at) {
                       absl::StrCat("segment \"", seg->name(), "\" needs at least one layer"));
     }
     SEGPS_RETURN_IF_ERROR(ValidateLayers(model, k, chain, at));
-    SEGPS_RETURN_IF_ERROR(ValidateEmbeddings(*model, k, at));
+    SEGPS_RETURN_IF_ERROR(ValidateEmbeddings(*model, k, c.cluster().num_servers(), at));
     if (!seg->has_staleness()) seg->set_staleness(training->staleness());
     if (seg->staleness() < -1) {
       return at.Error({{"model", -1}, {"segments", k}, {"staleness", -1}},

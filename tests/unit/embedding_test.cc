@@ -94,6 +94,17 @@ TEST(EmbeddingConfig, RefusesTablesThatCannotWork) {
             std::string::npos);
   EXPECT_NE(error(R"pb(embeddings { name: "u" vocab: 10 dim: 4 field: 5 })pb").find("t.pbtxt line 3: "),
             std::string::npos);
+  const absl::StatusOr<v1::JobConfig> small = ParseConfig(R"pb(
+    cluster { num_servers: 64 }
+    model {
+      input_width: 1 num_classes: 2 categorical_fields: 1
+      segments { name: "s" embeddings { name: "u" vocab: 10 dim: 1 field: 0 } layers { units: 2 activation: SOFTMAX } }
+    }
+    optimizer { kind: SGD }
+    data { source: SYNTHETIC_CTR })pb", "t.pbtxt");
+  ASSERT_FALSE(small.ok());
+  EXPECT_NE(small.status().message().find("fewer dense parameters than the 64 servers"), std::string::npos)
+      << small.status();
 }
 
 TEST(EmbeddingTable, UntouchedRowsReadAsTheirInitialValuesAndAreNotStored) {
