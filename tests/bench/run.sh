@@ -38,8 +38,42 @@ if [ $quick = 1 ]; then sizes=0.0625,1,4; secs=0.5; else sizes=0.0625,1,4,64; se
 $bin/segps-bench-transport --sizes_mb $sizes --servers 1,2 --workers 1,2 --seconds $secs | tee "$out/transport.txt"
 t4=$(result transport_4mb_gbps "$out/transport.txt"); e4=$(result echo_4mb_gbps "$out/transport.txt")
 s4=$(result echo_stream_4mb_gbps "$out/transport.txt")
-# ps-lite on this machine: 1.19-1.30 GB/s at 4.2 MB (1 server, 1 worker); midpoint 1.245.
-target transport_4mb_vs_pslite_reference "$(div "$t4" 1.245)" 1.5
+# Beside ps-lite in the same run, alternating three times: segps-bench-transport
+# for one shape, then the peer (../shared/peers/ps-lite/bench.sh dense S W MB SECONDS)
+# for the same; medians of GB/s per worker, and CPU seconds per GB moved (all
+# processes of each side: segps from /proc, ps-lite from its processes' rusage).
+pslite=$peers/ps-lite/bench.sh
+median_of() { sort -g "$1" | awk '{v[NR]=$1} END{print v[int((NR+1)/2)]}'; }
+# The peer builds itself on first use: not inside a timed run.
+[ -f "$pslite" ] && bash "$pslite" dense 1 1 1 0.2 > /dev/null 2>&1
+for shape in "1 1 4" "2 2 4" "1 1 64"; do
+  set -- $shape
+  tag="${1}x${2}_${3}mb"
+  for i in 1 2 3; do
+    $bin/segps-bench-transport --sizes_mb "$3" --servers "$1" --workers "$2" --seconds "$secs" > "$out/tp_$tag.txt"
+    key=$([ "$2" = 2 ] && echo "transport_4mb_2x2" || echo "transport_${3}mb")
+    sed -n "s/^RESULT ${key}\(_per_worker\)\?_gbps //p" "$out/tp_$tag.txt" >> "$out/ours_$tag.txt"
+    sed -n "s/^RESULT ${key}_cpu_s_per_gb //p" "$out/tp_$tag.txt" >> "$out/ours_cpu_$tag.txt"
+    if [ -f "$pslite" ]; then
+      /usr/bin/time -f "%U %S" -o "$out/pslite_time.txt" bash "$pslite" dense "$1" "$2" "$3" "$secs" > "$out/pl_$tag.txt" 2> /dev/null
+      sed -n 's/.*GB\/s-per-worker \([0-9.]*\).*/\1/p' "$out/pl_$tag.txt" >> "$out/peer_$tag.txt"
+      awk -v w="$2" -v secs="$secs" 'NR==FNR {cpu=$1+$2; next} /GB\/s-per-worker/ {for (i=1;i<NF;i++) if ($i=="GB/s-per-worker") gb+=$(i+1)*secs}
+        END {if (gb>0) print cpu/gb}' "$out/pslite_time.txt" "$out/pl_$tag.txt" >> "$out/peer_cpu_$tag.txt"
+    fi
+  done
+done
+for entry in "1x1_4mb transport_4mb_vs_pslite 1.2" "2x2_4mb transport_4mb_2x2_vs_pslite 1.2" "1x1_64mb transport_64mb_vs_pslite 1.0"; do
+  set -- $entry
+  ours=$(median_of "$out/ours_$1.txt")
+  if [ -s "$out/peer_$1.txt" ]; then
+    peer=$(median_of "$out/peer_$1.txt")
+    echo "$1, GB/s per worker, medians of 3 alternating runs: segps $ours (CPU $(median_of "$out/ours_cpu_$1.txt") s/GB), ps-lite $peer (CPU $(median_of "$out/peer_cpu_$1.txt") s/GB)"
+    target "$2" "$(div "$ours" "$peer")" "$3"
+  else
+    echo "$1, GB/s per worker: segps $ours (ps-lite peer unavailable: $pslite)"
+    unavailable "$2" "$3"
+  fi
+done
 target transport_4mb_vs_grpc_echo "$(div "$t4" "$e4")" 0.9
 target transport_4mb_vs_grpc_stream_echo "$(div "$t4" "$s4")" 0.9
 # The same 4 MB round over mutual TLS with tokens, beside plaintext, alternating.
@@ -50,7 +84,6 @@ for i in 1 2 3; do
       sed -n 's/^RESULT transport_4mb_gbps //p' >> "$out/tls_$mode.txt"
   done
 done
-median_of() { sort -g "$1" | awk '{v[NR]=$1} END{print v[int((NR+1)/2)]}'; }
 echo "4 MB round, 1 server 1 worker, medians of 3 alternating runs: plaintext $(median_of "$out/tls_plain.txt") GB/s, mutual TLS with tokens $(median_of "$out/tls_tls.txt") GB/s"
 target tls_4mb_vs_plaintext "$(div "$(median_of "$out/tls_tls.txt")" "$(median_of "$out/tls_plain.txt")")" 0.8
 
@@ -389,7 +422,6 @@ echo "20 steps of batch 256 through 256-2048-2048-10, medians of 3 alternating r
 echo "chain_2_stages_vs_one_worker (throughput ratio): $(div "$(median_file "$out/tp_whole.txt")" "$(median_file "$out/tp_chain.txt")")"
 
 echo "== 12. embedding tables: rows pulled and pushed a round (1M rows of 64 floats, 4096 distinct rows a round, SGD), beside ps-lite's sparse peer, alternating"
-pslite=$peers/ps-lite/bench.sh
 [ $quick = 1 ] && sparse_secs=1 || sparse_secs=3
 for shape in "1 1" "2 2"; do
   set -- $shape

@@ -354,11 +354,16 @@ int Run() {
                                      r.p99_ms, r.cpu_s_per_gb);
         if (std::abs(mb - 4) < 0.5 && s == 1 && w == 1) {
           std::cout << absl::StrFormat("RESULT transport_4mb_gbps %.3f\nRESULT echo_4mb_gbps %.3f\n"
-                                       "RESULT echo_stream_4mb_gbps %.3f\n", r.gbps, e.gbps, es.gbps);
+                                       "RESULT echo_stream_4mb_gbps %.3f\nRESULT transport_4mb_cpu_s_per_gb %.3f\n",
+                                       r.gbps, e.gbps, es.gbps, r.cpu_s_per_gb);
         }
-        if (std::abs(mb - 64) < 1 && s == 1 && w == 1) std::cout << absl::StrFormat("RESULT transport_64mb_gbps %.3f\n", r.gbps);
+        if (std::abs(mb - 64) < 1 && s == 1 && w == 1) {
+          std::cout << absl::StrFormat("RESULT transport_64mb_gbps %.3f\nRESULT transport_64mb_cpu_s_per_gb %.3f\n",
+                                       r.gbps, r.cpu_s_per_gb);
+        }
         if (std::abs(mb - 4) < 0.5 && s == 2 && w == 2) {
-          std::cout << absl::StrFormat("RESULT transport_4mb_2x2_per_worker_gbps %.3f\n", r.gbps / 2);
+          std::cout << absl::StrFormat("RESULT transport_4mb_2x2_per_worker_gbps %.3f\n"
+                                       "RESULT transport_4mb_2x2_cpu_s_per_gb %.3f\n", r.gbps / 2, r.cpu_s_per_gb);
         }
       }
     }
