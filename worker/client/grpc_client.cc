@@ -141,6 +141,9 @@ class GrpcClient final : public ParameterClient {
     for (size_t i = 0; i < addresses_.size(); ++i) names.push_back(absl::StrCat("server ", i, " (", addresses_[i], ")"));
     push_streams_ = std::make_unique<RequestStreams>(&loop_, channels, names, kPushStreamMethod);
     pull_streams_ = std::make_unique<RequestStreams>(&loop_, channels, names, kPullStreamMethod);
+    // Rows on streams of their own: a step's row pull never queues behind
+    // the next step's prefetched parameter pull (which may wait on the bound).
+    row_streams_ = std::make_unique<RequestStreams>(&loop_, channels, names, kPullStreamMethod);
     std::vector<MembershipStub*> servers;
     for (size_t i = 0; i < stubs_.size(); ++i) {
       membership_stubs_.push_back(
@@ -155,6 +158,7 @@ class GrpcClient final : public ParameterClient {
   ~GrpcClient() override {
     push_streams_.reset();
     pull_streams_.reset();
+    row_streams_.reset();
   }
 
   // Registers with every server, agreed on where the rank continues
@@ -274,7 +278,7 @@ class GrpcClient final : public ParameterClient {
     exchange->caller_drives = true;
     exchange->patience = pull_wait_ + rpc_deadline_;
     exchange->budget = pull_wait_ * 6 + rpc_deadline_;
-    pull_streams_->Start(std::move(exchange));
+    row_streams_->Start(std::move(exchange));
     return Driven(done).status();
   }
 
@@ -615,7 +619,7 @@ class GrpcClient final : public ParameterClient {
   const uint64_t chunk_elements_;
   std::vector<std::unique_ptr<v1::ParameterServer::Stub>> stubs_;  // the control calls
   CompletionLoop loop_;  // drives the streams; destroyed after them
-  std::unique_ptr<RequestStreams> push_streams_, pull_streams_;
+  std::unique_ptr<RequestStreams> push_streams_, pull_streams_, row_streams_;
   std::vector<std::unique_ptr<GrpcMembershipStub>> membership_stubs_;
   std::unique_ptr<Membership> membership_;  // the registrations, per server
   Mutex plan_mu_;  // replies land on the loop's thread
