@@ -67,7 +67,7 @@ for entry in "1x1_4mb transport_4mb_vs_pslite 1.2" "2x2_4mb transport_4mb_2x2_vs
   ours=$(median_of "$out/ours_$1.txt")
   if [ -s "$out/peer_$1.txt" ]; then
     peer=$(median_of "$out/peer_$1.txt")
-    echo "$1, GB/s per worker, medians of 3 alternating runs: segps $ours (CPU $(median_of "$out/ours_cpu_$1.txt") s/GB), ps-lite $peer (CPU $(median_of "$out/peer_cpu_$1.txt") s/GB)"
+    echo "$1, GB/s per worker, medians of 3 alternating runs: segps $ours (CPU $(median_of "$out/ours_cpu_$1.txt") s/GB over the timed rounds), ps-lite $peer (CPU $(median_of "$out/peer_cpu_$1.txt") s/GB over its processes' whole lives, start-up included)"
     target "$2" "$(div "$ours" "$peer")" "$3"
   else
     echo "$1, GB/s per worker: segps $ours (ps-lite peer unavailable: $pslite)"
