@@ -410,6 +410,20 @@ void ParameterServer::Pull(const v1::PullRequest& request, absl::Time deadline, 
       std::move(read_rows));
 }
 
+absl::Status ParameterServer::PushedRows(const v1::PushRequest& request, Range range,
+                                         std::vector<RowGradients>* rows) const {
+  if (request.rows_size() == 0) return absl::OkStatus();
+  if (request.gradient().offset() != range.offset) {
+    return absl::InvalidArgumentError("Push rows: rows go with the step's first chunk (offset at the range's start)");
+  }
+  const int segment = static_cast<int>(request.segment());
+  absl::StatusOr<std::vector<RowGradients>> parsed =
+      ParseRows(config_.model().segments(segment), segment, index_, map_.num_servers(), request.rows(), true, "Push");
+  if (!parsed.ok()) return parsed.status();
+  *rows = *std::move(parsed);
+  return absl::OkStatus();
+}
+
 absl::Status ParameterServer::RowReader(const v1::PullRequest& request, v1::PullResponse* response, ReadRows* read,
                                         size_t* bytes) const {
   const int segment = static_cast<int>(request.segment());
@@ -506,16 +520,8 @@ void ParameterServer::Push(const v1::PushRequest& request, Payload data, absl::T
     std::vector<RowGradients> rows;
   };
   auto grad = std::make_unique<Gradient>(gradient, std::move(data));
-  if (request.rows_size() > 0) {
-    if (gradient.offset() != range.offset) {
-      return std::move(done)(Reject(request.segment(), absl::InvalidArgumentError(
-          "Push rows: rows go with the step's first chunk (offset at the range's start)")));
-    }
-    absl::StatusOr<std::vector<RowGradients>> rows =
-        ParseRows(config_.model().segments(static_cast<int>(request.segment())), static_cast<int>(request.segment()),
-                  index_, map_.num_servers(), request.rows(), true, "Push");
-    if (!rows.ok()) return std::move(done)(Reject(request.segment(), rows.status()));
-    grad->rows = *std::move(rows);
+  if (absl::Status rows = PushedRows(request, range, &grad->rows); !rows.ok()) {
+    return std::move(done)(Reject(request.segment(), std::move(rows)));
   }
   // Checked before anything is applied, so that a bad push changes nothing.
   absl::StatusOr<PushInfo> info = CheckPush(request, grad->view.Scan());

@@ -127,6 +127,8 @@ class ParameterServer {
   // its sample count are checked: an error that names what is wrong.
   absl::StatusOr<PushInfo> CheckPush(const v1::PushRequest& request, const DenseView::Values& scanned) const;
   static void FillValues(Range chunk, v1::DType dtype, v1::TensorSlice* values);
+  // A push's embedding rows (none: `rows` stays empty), checked.
+  absl::Status PushedRows(const v1::PushRequest& request, Range range, std::vector<RowGradients>* rows) const;
   // A pull's embedding rows, checked: what reads them into `response`
   // under the shard's lock, and their bytes on the wire.
   absl::Status RowReader(const v1::PullRequest& request, v1::PullResponse* response, ReadRows* read,
