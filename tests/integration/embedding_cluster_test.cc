@@ -100,6 +100,7 @@ TEST(EmbeddingCluster, AServerKilledMidRunRecoversItsTablesWithTheJob) {
     std::unique_ptr<Subprocess> worker = cluster.StartWorker("ctr", 0);
     if (kill) {
       EXPECT_TRUE(worker->WaitForLine(" step 150/314 ", absl::Seconds(120)).has_value()) << worker->output();
+      EXPECT_TRUE(cluster.WaitForFirstCheckpoint(1)) << cluster.Output();
       cluster.KillServer(1);
       EXPECT_TRUE(cluster.StartServer(1)) << cluster.Output();
       EXPECT_TRUE(worker->WaitForLine("rejoined at clock", absl::Seconds(120)).has_value()) << worker->output();

@@ -80,6 +80,7 @@ std::string Interrupted(const std::vector<Failure>& failures) {
       worker = cluster.StartWorker("s", 0);
     } else {
       const int i = f.kind == Failure::kServer0 ? 0 : 1;
+      EXPECT_TRUE(cluster.WaitForFirstCheckpoint(i)) << cluster.Output();
       cluster.KillServer(i);
       EXPECT_TRUE(cluster.StartServer(i)) << cluster.Output();
       EXPECT_TRUE(worker->WaitForLine("rejoined at clock", absl::Seconds(120)).has_value()) << worker->output();
@@ -138,6 +139,7 @@ TEST(Recovery, EachServerKilledInTurnAtStaleness2TheJobCompletesAndReachesItsBar
   for (const auto& [server, step] : {std::pair{0, start + 60}, std::pair{1, start + 160}}) {
     ASSERT_TRUE(workers[0]->WaitForLine(absl::StrCat(" step ", step, "/"), absl::Seconds(120)).has_value())
         << workers[0]->output();
+    ASSERT_TRUE(cluster.WaitForFirstCheckpoint(server)) << cluster.Output();
     cluster.KillServer(server);
     ASSERT_TRUE(cluster.StartServer(server)) << cluster.Output();
     for (auto& w : workers) {

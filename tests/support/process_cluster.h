@@ -54,6 +54,12 @@ class ProcessCluster {
     absl::SleepFor(duration);
     servers_[i]->Signal(SIGCONT);
   }
+  // Waits until server i has written a checkpoint (it logs the first of each
+  // segment): a server killed before that cannot rejoin a running job,
+  // and its checkpoint writer runs behind its cuts on a loaded machine.
+  bool WaitForFirstCheckpoint(int i) {
+    return servers_[i]->WaitForLine("checkpoint of ", absl::Seconds(120)).has_value();
+  }
   void KillServer(int i) {
     servers_[i]->Signal(SIGKILL);
     servers_[i]->Wait(absl::Seconds(30));
