@@ -39,7 +39,6 @@ class RowBudget {
   void Give(uint64_t rows) { used_.fetch_sub(rows); }
   void Force(uint64_t rows) { used_.fetch_add(rows); }
   uint64_t used() const { return used_.load(); }
-  uint64_t limit() const { return limit_; }
 
  private:
   const uint64_t limit_;
@@ -63,8 +62,6 @@ class EmbeddingTable {
   EmbeddingTable(const EmbeddingTable&) = delete;
   EmbeddingTable& operator=(const EmbeddingTable&) = delete;
 
-  const std::string& name() const { return config_.name(); }
-  uint64_t vocab() const { return config_.vocab(); }
   uint32_t dim() const { return config_.dim(); }
   size_t stored() const { return index_.size(); }
   // Floats a stored row takes: its values and its optimizer slots.

@@ -157,6 +157,11 @@ TEST(EmbeddingCluster, AnIdOutsideItsVocabStopsTheWorkerBeforeTheServers) {
   EXPECT_FALSE(ExitedOk(*status));
   EXPECT_NE(worker->output().find(dir + "/ids.npy: row 17, field 1: id 5000 is outside [0, 5000)"), std::string::npos)
       << worker->output();
+  // Ids with no table to look them up are refused too, not ignored.
+  v1::JobConfig no_tables = *LoadConfig(dir + "/job.pbtxt");
+  no_tables.mutable_model()->set_categorical_fields(0);
+  no_tables.mutable_model()->mutable_segments(0)->clear_embeddings();
+  EXPECT_NE(LoadData(no_tables).status().message().find("model.categorical_fields is 0"), std::string::npos);
   const v1::JobConfig config = *LoadConfig(dir + "/job.pbtxt");
   std::unique_ptr<ParameterClient> client = *ConnectGrpc(config, cluster.addresses());
   absl::StatusOr<std::vector<v1::StatsResponse>> stats = client->Stats();

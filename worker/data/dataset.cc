@@ -396,6 +396,10 @@ absl::StatusOr<TrainTest> LoadNpy(const v1::JobConfig& config) {
     out.file = std::make_shared<FeatureFile>(x_path, arrays.x, std::move(rows));
     return out;
   };
+  if (fields == 0 && !(data.train_ids().empty() && data.test_ids().empty())) {
+    return absl::InvalidArgumentError(
+        "data.train_ids / test_ids are given, but model.categorical_fields is 0: no table would look them up");
+  }
   absl::StatusOr<Arrays> train = read(data.train_x(), data.train_y(), data.train_ids());
   if (!train.ok()) return train.status();
   TrainTest out;

@@ -26,7 +26,6 @@ class BatchRows {
   const std::vector<std::vector<uint64_t>>& ids() const { return ids_; }
   // Per table: ids x dim floats, the rows pulled (filled by the caller).
   std::vector<std::vector<float>>* mutable_values() { return &values_; }
-  const std::vector<std::vector<float>>& values() const { return values_; }
 
   // The model's input [rows x (dense_width + the tables' width)]: `dense`
   // [rows x dense_width] followed by each sample's rows.
