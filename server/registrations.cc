@@ -1,0 +1,195 @@
+// ParameterServer's registrations (server/parameter_server.h): who may
+// call for a segment's ranks (Register, its fingerprints and secret),
+// renewing and ending a registration (Heartbeat, Leave), and rolling a
+// segment back (Rollback).
+#include <sys/random.h>
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/config.h"
+#include "common/log.h"
+#include "common/security.h"
+#include "common/status_macros.h"
+#include "server/parameter_server.h"
+
+namespace segps {
+
+absl::Status ParameterServer::CheckFingerprints(const v1::RegisterRequest& request) const {
+  if (request.model_fingerprint() != model_fingerprint_) {
+    // Which parts differ, not the server's fingerprint: that says nothing
+    // a caller needs, and it is not the caller's to read.
+    std::vector<std::string> differ;
+    for (const auto& [name, fingerprint] : ModelFingerprintParts(config_)) {
+      auto theirs = request.fingerprint_parts().find(name);
+      if (theirs == request.fingerprint_parts().end() || theirs->second != fingerprint) differ.push_back(name);
+    }
+    return absl::FailedPreconditionError(absl::StrCat(
+        "Register: model fingerprint ", request.model_fingerprint(),
+        " does not match this server's: worker and server were started with different configs (",
+        request.fingerprint_parts().empty() ? "model, optimizer, seed or balance"
+                                            : absl::StrCat(absl::StrJoin(differ, " and "),
+                                                           differ.size() == 1 ? " differs" : " differ"),
+        ")"));
+  }
+  if (request.shard_fingerprint() != map_.fingerprint()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "Register: shard-map fingerprint ", request.shard_fingerprint(),
+        " does not match this server's: the worker assumes a different number of servers (this cluster has ",
+        map_.num_servers(), ")"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ParameterServer::Register(const v1::RegisterRequest& request, v1::RegisterResponse* response,
+                                       const std::string& caller) {
+  absl::StatusOr<SegmentShard*> shard = ShardFor(request.segment(), "Register");
+  if (!shard.ok()) return Reject(request.segment(), shard.status());
+  if (absl::Status agree = CheckFingerprints(request); !agree.ok()) return Reject(request.segment(), agree);
+  const uint32_t workers = WorkersOf(config_, request.segment());
+  uint32_t rank = request.rank();
+  if (request.any_rank()) {
+    // Two replicas asking at once could both see the same free rank; the
+    // second registration then replaces the first, which notices at its
+    // next call. Replicas start seconds apart in practice.
+    std::optional<uint32_t> free = (*shard)->FreeRank(workers);
+    if (!free.has_value()) {
+      return Reject(request.segment(), absl::ResourceExhaustedError(absl::StrCat(
+          "Register: all ", workers, " ranks of segment ", request.segment(),
+          " are held by live workers; raise the segment's workers in the config")));
+    }
+    rank = *free;
+  } else if (rank >= workers) {
+    return Reject(request.segment(), absl::InvalidArgumentError(absl::StrCat(
+        "Register: rank ", request.rank(), " is out of range: segment ", request.segment(),
+        " has ", workers, " workers")));
+  }
+  std::string secret(16, '\0');
+  if (getrandom(secret.data(), secret.size(), 0) != static_cast<ssize_t>(secret.size())) {
+    return absl::UnavailableError("Register: the system's random source failed; try again");
+  }
+  std::optional<uint64_t> join;
+  if (request.has_join_clock()) {
+    join = request.join_clock();
+    if (const uint64_t furthest = (*shard)->FurthestJoin(); *join > furthest) {
+      return Reject(request.segment(), absl::InvalidArgumentError(absl::StrCat(
+          "Register: join_clock ", *join, " is beyond every rank of segment ", request.segment(),
+          " on this server (at most ", furthest, "): joining there would skip steps no worker computed (a server "
+          "restarted without a checkpoint starts its segments over)")));
+    }
+  }
+  const uint64_t id = next_worker_id_.fetch_add(1);
+  std::vector<uint64_t> replaced;
+  const Registered registered = (*shard)->Register(id, rank, join, &replaced);
+  ForgetRegistrations(replaced);
+  const Range range = map_.range(request.segment(), index_);
+  response->set_worker_id(id);
+  response->set_start_clock(registered.start_clock);
+  response->set_incarnation(incarnation_);
+  response->set_generation(registered.generation);
+  response->set_partial(registered.partial);
+  if (registered.rank_clock.has_value()) response->set_rank_clock(*registered.rank_clock);
+  if (std::optional<v1::SharePlan> plan = (*shard)->PlanFrom(registered.start_clock)) {
+    *response->mutable_plan() = *std::move(plan);
+  }
+  if (store_ != nullptr) {
+    for (uint64_t clock : store_->Clocks(request.segment())) response->add_checkpoint_clocks(clock);
+  }
+  response->set_server_index(index_);
+  response->set_offset(range.offset);
+  response->set_count(range.count);
+  response->set_lease_ms(config_.cluster().lease_ms());
+  response->set_rank(rank);
+  response->set_registration_secret(secret);
+  MutexLock lock(&secrets_mu_);
+  secrets_[id] = {std::move(secret), request.segment(), caller};
+  return absl::OkStatus();
+}
+
+void ParameterServer::ForgetRegistrations(const std::vector<uint64_t>& ids) {
+  MutexLock lock(&secrets_mu_);
+  for (uint64_t id : ids) secrets_.erase(id);
+}
+
+absl::Status ParameterServer::CheckRegistration(uint64_t id, const std::string& secret, const std::string& caller,
+                                                const char* call, std::optional<uint32_t> segment) {
+  Secret expected;
+  {
+    MutexLock lock(&secrets_mu_);
+    auto it = secrets_.find(id);
+    if (it != secrets_.end()) expected = it->second;
+  }
+  // Compared in constant time: the secret is what names the registration.
+  if (!expected.bytes.empty() && ConstantTimeEqual(expected.bytes, secret) && caller == expected.caller &&
+      (!segment.has_value() || *segment == expected.segment)) {
+    return absl::OkStatus();
+  }
+  return absl::NotFoundError(absl::StrCat(call, ": no registration of worker ", id,
+                                          " with the secret given; call Register first"));
+}
+
+absl::Status ParameterServer::Heartbeat(const v1::HeartbeatRequest& request, v1::HeartbeatResponse* response,
+                                        const std::string& caller) {
+  SEGPS_RETURN_IF_ERROR(CheckRegistration(request.worker_id(), request.registration_secret(), caller, "Heartbeat"));
+  response->set_incarnation(incarnation_);
+  for (auto& shard : shards_) {
+    if (shard->Renew(request.worker_id())) {
+      response->set_live(true);
+      return absl::OkStatus();
+    }
+  }
+  response->set_live(false);
+  return absl::OkStatus();
+}
+
+absl::Status ParameterServer::Leave(const v1::LeaveRequest& request, const std::string& caller) {
+  SEGPS_RETURN_IF_ERROR(CheckRegistration(request.worker_id(), request.registration_secret(), caller, "Leave"));
+  {
+    MutexLock lock(&secrets_mu_);
+    secrets_.erase(request.worker_id());
+  }
+  for (auto& shard : shards_) {
+    if (shard->Leave(request.worker_id())) return absl::OkStatus();
+  }
+  return absl::NotFoundError(absl::StrCat("Leave: worker ", request.worker_id(), " is not registered"));
+}
+
+absl::Status ParameterServer::Rollback(const v1::RollbackRequest& request, v1::RollbackResponse* response,
+                                       const std::string& caller) {
+  absl::StatusOr<SegmentShard*> shard = ShardFor(request.segment(), "Rollback");
+  if (!shard.ok()) return Reject(request.segment(), shard.status());
+  SEGPS_RETURN_IF_ERROR(
+      CheckRegistration(request.worker_id(), request.registration_secret(), caller, "Rollback", request.segment()));
+  response->set_incarnation(incarnation_);
+  const int segment = static_cast<int>(request.segment());
+  const std::vector<uint64_t> clocks = store_ == nullptr ? std::vector<uint64_t>() : store_->Clocks(segment);
+  if (std::find(clocks.begin(), clocks.end(), request.clock()) == clocks.end()) {
+    return Reject(request.segment(), absl::FailedPreconditionError(absl::StrCat(
+        "Rollback: server ", index_, " has no checkpoint of segment ", segment, " at clock ", request.clock(),
+        store_ == nullptr ? " (it keeps none: start it with --checkpoint_dir)"
+                          : absl::StrCat(" (it has clocks ", absl::StrJoin(clocks, ","), ")"))));
+  }
+  if ((*shard)->generation() != request.generation()) {
+    response->set_generation((*shard)->generation());  // someone rolled it back already
+    return absl::OkStatus();
+  }
+  absl::StatusOr<ShardState> state = store_->Read(segment, request.clock());
+  if (!state.ok()) {
+    store_->Forget(segment, request.clock());
+    return absl::FailedPreconditionError(absl::StrCat("Rollback: ", state.status().message()));
+  }
+  std::vector<uint64_t> dropped;
+  const bool rolled_back = (*shard)->Restore(*state, request.generation(), &dropped);
+  ForgetRegistrations(dropped);
+  response->set_rolled_back(rolled_back);
+  response->set_generation((*shard)->generation());
+  if (rolled_back) {
+    SEGPS_LOG_WARNING << "server " << index_ << ": " << config_.model().segments(segment).name()
+                      << " rolled back to its checkpoint at clock " << request.clock() << " for worker "
+                      << request.worker_id() << "; " << dropped.size() << " registrations dropped";
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace segps
