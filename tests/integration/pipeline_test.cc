@@ -140,12 +140,15 @@ TEST(Pipeline, ThreeStageTeacherChainWithTwoReplicasReachesItsBarAndExportsAsOne
   EXPECT_NE(stage->output().find("stage1 is a stage of one network"), std::string::npos) << stage->output();
 }
 
-// The Fashion-MNIST MLP 784-256-128-10 cut into 2 stages, 2 replicas.
-TEST(Pipeline, FashionMnistMlpInTwoStagesWithTwoReplicasReaches88Percent) {
+// The Fashion-MNIST MLP 784-256-128-10 cut into 2 stages, 2 replicas at
+// staleness 1: 88.8-89.3% in 4 runs two at a time on 2 cores (the replicas'
+// asynchrony makes each run differ), so the bar leaves a point for a
+// loaded machine.
+TEST(Pipeline, FashionMnistMlpInTwoStagesWithTwoReplicasReaches87AndAHalfPercent) {
   const std::string dir = MakeTempDir();
   std::string output;
   Train(std::string(SEGPS_SOURCE_DIR) + "/deploy/configs/fashion_mnist_chain.pbtxt", dir, 2, &output);
-  EXPECT_GT(EnsembleAccuracy(ReadFile(dir + "/report.json")), 0.88) << output;
+  EXPECT_GT(EnsembleAccuracy(ReadFile(dir + "/report.json")), 0.875) << output;
 }
 
 // training.worker_parameter_budget_bytes: the 50-32-10 network needs
