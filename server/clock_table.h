@@ -34,6 +34,8 @@ class ClockTable {
     absl::Time last_seen;
     bool live = false;    // SetLive only
     bool pulled = false;  // has pulled or pushed since it registered (MarkPulled only)
+    uint32_t streams = 0;   // open PushStream/PullStream calls that carried its calls
+    bool streamed = false;  // some stream has carried its calls
   };
   using Workers = std::map<uint64_t, Worker>;
 

@@ -7,7 +7,10 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <utility>
+#include <vector>
 
+#include "absl/algorithm/container.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/functional/any_invocable.h"
 #include "absl/strings/str_cat.h"
@@ -60,6 +63,31 @@ class OutgoingValues {
   bool present_ = false;
 };
 
+// The registrations whose calls a PushStream or PullStream carried, told to
+// the server as the stream sees each first and when it ends (so that a
+// worker whose process died frees its rank at once). Thread-safe.
+class StreamUsers {
+ public:
+  void Saw(ParameterServer* server, uint32_t segment, uint64_t id, const std::string& secret,
+           const std::string& caller) {
+    MutexLock lock(&mu_);
+    if (ended_ || absl::c_linear_search(seen_, std::pair{segment, id})) return;
+    if (server->StreamOpened(segment, id, secret, caller)) seen_.emplace_back(segment, id);
+  }
+  // The stream ended or was cancelled (its client went away); once.
+  void End(ParameterServer* server) {
+    MutexLock lock(&mu_);
+    if (ended_) return;
+    ended_ = true;
+    for (const auto& [segment, id] : seen_) server->StreamClosed(segment, id);
+  }
+
+ private:
+  Mutex mu_;
+  std::vector<std::pair<uint32_t, uint64_t>> seen_ ABSL_GUARDED_BY(mu_);
+  bool ended_ ABSL_GUARDED_BY(mu_) = false;
+};
+
 // How a call that may wait ends: its status and, when OK, its reply.
 using Reply = absl::AnyInvocable<void(grpc::Status, grpc::ByteBuffer) &&>;
 
@@ -98,7 +126,7 @@ void Pull(ParameterServer* server, absl::Time deadline, const v1::PullRequest& r
 constexpr size_t kHeavyBytes = 256 << 10;
 
 void ServePull(ParameterServer* server, HandlerPool* pool, const Caller& caller, absl::Time deadline,
-               const char* name, const grpc::ByteBuffer& bytes, Reply finish) {
+               const char* name, const grpc::ByteBuffer& bytes, Reply finish, StreamUsers* users = nullptr) {
   v1::PullRequest request;
   if (grpc::Status parsed = Parse(name, bytes, &request); !parsed.ok()) {
     return std::move(finish)(parsed, grpc::ByteBuffer());
@@ -106,6 +134,9 @@ void ServePull(ParameterServer* server, HandlerPool* pool, const Caller& caller,
   if (absl::Status allowed = AuthorizeCall(caller, request.worker_id() != 0 || !request.reader(), name);
       !allowed.ok()) {
     return std::move(finish)(ToGrpcStatus(allowed), grpc::ByteBuffer());
+  }
+  if (users != nullptr && request.worker_id() != 0) {
+    users->Saw(server, request.segment(), request.worker_id(), request.registration_secret(), caller.identity);
   }
   // The values' encoding is the work: by the range the reply carries.
   const ShardMap& map = server->shard_map();
@@ -134,14 +165,14 @@ void Pull(ParameterServer* server, absl::Time deadline, const v1::PullRequest& r
 }
 
 void ServePush(ParameterServer* server, HandlerPool* pool, const Caller& caller, absl::Time deadline,
-               const grpc::ByteBuffer& bytes, Reply finish) {
+               const grpc::ByteBuffer& bytes, Reply finish, StreamUsers* users = nullptr) {
   if (absl::Status allowed = AuthorizeCall(caller, true, "Push"); !allowed.ok()) {
     return std::move(finish)(ToGrpcStatus(allowed), grpc::ByteBuffer());
   }
   // `bytes` stays valid until `finish` runs.
   if (pool != nullptr && bytes.Length() >= kHeavyBytes) {
-    return pool->Post([server, caller, deadline, &bytes, finish = std::move(finish)]() mutable {
-      ServePush(server, nullptr, caller, deadline, bytes, std::move(finish));
+    return pool->Post([server, caller, deadline, &bytes, finish = std::move(finish), users]() mutable {
+      ServePush(server, nullptr, caller, deadline, bytes, std::move(finish), users);
     });
   }
   v1::PushRequest header;
@@ -151,6 +182,9 @@ void ServePush(ParameterServer* server, HandlerPool* pool, const Caller& caller,
   if (!decoded.ok()) {
     return std::move(finish)(ToGrpcStatus(absl::InvalidArgumentError(absl::StrCat("Push: ", decoded.message()))),
                              grpc::ByteBuffer());
+  }
+  if (users != nullptr) {
+    users->Saw(server, header.segment(), header.worker_id(), header.registration_secret(), caller.identity);
   }
   *header.mutable_gradient() = std::move(tensor);
   auto call = std::make_unique<InFlight<v1::PushResponse>>();
@@ -204,9 +238,10 @@ class StreamCounts {
 // beyond its connection's limit ends at once with RESOURCE_EXHAUSTED.
 class StreamReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
-  using Serve = std::function<void(const grpc::ByteBuffer&, Reply)>;
-  StreamReactor(const char* name, std::string peer, Serve serve, StreamCounts* counts)
-      : serve_(std::move(serve)), counts_(counts), peer_(std::move(peer)), counted_(counts_->Open(peer_)) {
+  using Serve = std::function<void(const grpc::ByteBuffer&, Reply, StreamUsers*)>;
+  StreamReactor(const char* name, std::string peer, Serve serve, StreamCounts* counts, ParameterServer* server)
+      : serve_(std::move(serve)), counts_(counts), server_(server), peer_(std::move(peer)),
+        counted_(counts_->Open(peer_)) {
     if (!counted_) {
       Finish(grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
                           absl::StrCat(name, ": this connection already holds ", counts_->limit(),
@@ -218,19 +253,24 @@ class StreamReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grp
 
   void OnReadDone(bool ok) override {
     if (!ok) return Finish(grpc::Status::OK);  // the client is done
-    serve_(request_, [this](grpc::Status status, grpc::ByteBuffer reply) {
-      if (!status.ok()) return Finish(status);
-      request_.Clear();
-      reply_.Swap(&reply);  // a ByteBuffer copies by reference count; a swap does not even that
-      StartWrite(&reply_);
-    });
+    serve_(
+        request_,
+        [this](grpc::Status status, grpc::ByteBuffer reply) {
+          if (!status.ok()) return Finish(status);
+          request_.Clear();
+          reply_.Swap(&reply);  // a ByteBuffer copies by reference count; a swap does not even that
+          StartWrite(&reply_);
+        },
+        &users_);
   }
+  void OnCancel() override { users_.End(server_); }
   void OnWriteDone(bool ok) override {
     if (!ok) return Finish(grpc::Status::OK);  // the client went away
     reply_.Clear();
     StartRead(&request_);
   }
   void OnDone() override {
+    users_.End(server_);
     if (counted_) counts_->Close(peer_);
     delete this;
   }
@@ -238,6 +278,8 @@ class StreamReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grp
  private:
   const Serve serve_;
   StreamCounts* const counts_;
+  ParameterServer* const server_;
+  StreamUsers users_;
   const std::string peer_;
   const bool counted_;
   grpc::ByteBuffer request_, reply_;
@@ -330,19 +372,22 @@ class Service final : public RawService {
   grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* PushStream(grpc::CallbackServerContext* context) override {
     return new StreamReactor(
         "PushStream", context->peer(),
-        [this, caller = CallerOf(*context, tokens_)](const grpc::ByteBuffer& bytes, Reply finish) {
-          ServePush(server_, &pool_, caller, server_->clock()->Now() + server_->max_wait(), bytes, std::move(finish));
+        [this, caller = CallerOf(*context, tokens_)](const grpc::ByteBuffer& bytes, Reply finish,
+                                                     StreamUsers* users) {
+          ServePush(server_, &pool_, caller, server_->clock()->Now() + server_->max_wait(), bytes, std::move(finish),
+                    users);
         },
-        &streams_);
+        &streams_, server_);
   }
   grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* PullStream(grpc::CallbackServerContext* context) override {
     return new StreamReactor(
         "PullStream", context->peer(),
-        [this, caller = CallerOf(*context, tokens_)](const grpc::ByteBuffer& bytes, Reply finish) {
+        [this, caller = CallerOf(*context, tokens_)](const grpc::ByteBuffer& bytes, Reply finish,
+                                                     StreamUsers* users) {
           ServePull(server_, &pool_, caller, server_->clock()->Now() + server_->max_wait(), "PullStream", bytes,
-                    std::move(finish));
+                    std::move(finish), users);
         },
-        &streams_);
+        &streams_, server_);
   }
 
  private:

@@ -62,6 +62,13 @@ class ParameterServer {
   // caller that made it, and calls on it from another get NOT_FOUND.
   absl::Status Register(const v1::RegisterRequest& request, v1::RegisterResponse* response,
                         const std::string& caller = "");
+  // A PushStream or PullStream carries calls of registration `id` (whose
+  // `secret` and `caller` are checked as its calls' are; false if they do
+  // not match), or it ended. A registration whose streams have all ended
+  // lost its worker (a killed process's connections close): its rank is
+  // free for another at once, not only once its lease lapses.
+  bool StreamOpened(uint32_t segment, uint64_t id, const std::string& secret, const std::string& caller);
+  void StreamClosed(uint32_t segment, uint64_t id);
 
   // Pull and Push complete through `done`, exactly once: at once, or when
   // the staleness bound (or a push's predecessor) allows, or with
@@ -164,6 +171,12 @@ class ParameterServer {
   };
   Mutex secrets_mu_;
   std::unordered_map<uint64_t, Secret> secrets_ ABSL_GUARDED_BY(secrets_mu_);
+  // When each segment was last rolled back here: one rollback a segment
+  // per kRollbackInterval, so that a caller with a registration cannot keep
+  // undoing training.
+  static constexpr absl::Duration kRollbackInterval = absl::Seconds(1);
+  Mutex rollback_mu_;
+  std::vector<absl::Time> rolled_back_at_ ABSL_GUARDED_BY(rollback_mu_);
 
   // The checkpoint writer: cuts wait here (the newest per segment) for a
   // thread of the server's own to write them.

@@ -79,9 +79,18 @@ absl::Status ParameterServer::Register(const v1::RegisterRequest& request, v1::R
           "restarted without a checkpoint starts its segments over)")));
     }
   }
+  std::optional<uint64_t> replaces;
+  if (request.replaces_worker_id() != 0 &&
+      CheckRegistration(request.replaces_worker_id(), request.replaces_secret(), caller, "Register",
+                        request.segment())
+          .ok()) {
+    replaces = request.replaces_worker_id();
+  }
   const uint64_t id = next_worker_id_.fetch_add(1);
   std::vector<uint64_t> replaced;
-  const Registered registered = (*shard)->Register(id, rank, join, &replaced);
+  const absl::StatusOr<Registered> held = (*shard)->Register(id, rank, join, &replaced, replaces);
+  if (!held.ok()) return held.status();
+  const Registered& registered = *held;
   ForgetRegistrations(replaced);
   const Range range = map_.range(request.segment(), index_);
   response->set_worker_id(id);
@@ -129,6 +138,15 @@ absl::Status ParameterServer::CheckRegistration(uint64_t id, const std::string& 
                                           " with the secret given; call Register first"));
 }
 
+bool ParameterServer::StreamOpened(uint32_t segment, uint64_t id, const std::string& secret,
+                                   const std::string& caller) {
+  if (segment >= shards_.size() || !CheckRegistration(id, secret, caller, "stream", segment).ok()) return false;
+  shards_[segment]->Streamed(id, true);
+  return true;
+}
+
+void ParameterServer::StreamClosed(uint32_t segment, uint64_t id) { shards_[segment]->Streamed(id, false); }
+
 absl::Status ParameterServer::Heartbeat(const v1::HeartbeatRequest& request, v1::HeartbeatResponse* response,
                                         const std::string& caller) {
   SEGPS_RETURN_IF_ERROR(CheckRegistration(request.worker_id(), request.registration_secret(), caller, "Heartbeat"));
@@ -174,6 +192,16 @@ absl::Status ParameterServer::Rollback(const v1::RollbackRequest& request, v1::R
     response->set_generation((*shard)->generation());  // someone rolled it back already
     return absl::OkStatus();
   }
+  {
+    MutexLock lock(&rollback_mu_);
+    rolled_back_at_.resize(shards_.size(), absl::InfinitePast());
+    const absl::Duration since = clock_->Now() - rolled_back_at_[segment];
+    if (since < kRollbackInterval) {
+      return Reject(request.segment(), absl::UnavailableError(absl::StrCat(
+          "Rollback: segment ", segment, " was rolled back ", absl::FormatDuration(since), " ago; at most one "
+          "rollback a segment every ", absl::FormatDuration(kRollbackInterval), ", try again")));
+    }
+  }
   absl::StatusOr<ShardState> state = store_->Read(segment, request.clock());
   if (!state.ok()) {
     store_->Forget(segment, request.clock());
@@ -182,6 +210,10 @@ absl::Status ParameterServer::Rollback(const v1::RollbackRequest& request, v1::R
   std::vector<uint64_t> dropped;
   const bool rolled_back = (*shard)->Restore(*state, request.generation(), &dropped);
   ForgetRegistrations(dropped);
+  if (rolled_back) {
+    MutexLock lock(&rollback_mu_);
+    rolled_back_at_[segment] = clock_->Now();
+  }
   response->set_rolled_back(rolled_back);
   response->set_generation((*shard)->generation());
   if (rolled_back) {

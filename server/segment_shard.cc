@@ -11,6 +11,7 @@
 #include "absl/strings/str_join.h"
 #include "common/log.h"
 #include "common/staleness.h"
+#include "common/status_macros.h"
 
 namespace segps {
 
@@ -102,14 +103,37 @@ void SegmentShard::FailWaitsOf(uint64_t id, Completions* ready) {
   }
 }
 
-Registered SegmentShard::Register(uint64_t id, uint32_t rank, std::optional<uint64_t> join_clock,
-                                  std::vector<uint64_t>* replaced) {
+absl::Status SegmentShard::Held(uint32_t rank, std::optional<uint64_t> replaces, absl::Time now) const {
+  for (const auto& [id, w] : clocks_.workers()) {
+    if (w.rank != rank || id >= kPlaceholder || !w.live || id == replaces) continue;
+    if (w.streamed && w.streams == 0) continue;  // its connection is gone: the process died
+    return absl::UnavailableError(absl::StrCat(
+        "Register: rank ", rank, " of segment ", options_.segment, " is held by worker ", id,
+        ", live (its last call ", absl::FormatDuration(now - w.last_seen), " ago, lease ",
+        absl::FormatDuration(options_.lease), ") and connected; it is taken over when that worker leaves, "
+        "disconnects or its lease lapses (two workers started with the same rank?)"));
+  }
+  return absl::OkStatus();
+}
+
+void SegmentShard::Streamed(uint64_t id, bool open) {
+  MutexLock lock(&mu_);
+  Worker* w = clocks_.Find(id);
+  if (w == nullptr) return;  // replaced or gone meanwhile
+  w->streamed = true;
+  w->streams = open ? w->streams + 1 : w->streams - 1;
+}
+
+absl::StatusOr<Registered> SegmentShard::Register(uint64_t id, uint32_t rank, std::optional<uint64_t> join_clock,
+                                                  std::vector<uint64_t>* replaced,
+                                                  std::optional<uint64_t> replaces) {
   Completions ready;
   Registered out;
   {
     MutexLock lock(&mu_);
     const absl::Time now = options_.clock->Now();
     ExpireLeases(now);
+    SEGPS_RETURN_IF_ERROR(Held(rank, replaces, now));
     if (!started_) {
       started_ = true;
       for (uint32_t r = 0; r < options_.ranks; ++r) {

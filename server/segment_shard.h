@@ -154,8 +154,15 @@ class SegmentShard {
   // servers' agreement) moves it. A join_clock below the rank's clock only
   // lets the worker pull from there: its pushes below the rank's clock are
   // acknowledged, not applied again.
-  Registered Register(uint64_t id, uint32_t rank, std::optional<uint64_t> join_clock,
-                      std::vector<uint64_t>* replaced = nullptr);
+  // A rank held by another live registration (within its lease, and
+  // connected: not every stream that carried its calls has ended) is
+  // refused with UNAVAILABLE naming it, unless that registration is
+  // `replaces` (the caller's own, checked by the caller).
+  absl::StatusOr<Registered> Register(uint64_t id, uint32_t rank, std::optional<uint64_t> join_clock,
+                                      std::vector<uint64_t>* replaced = nullptr,
+                                      std::optional<uint64_t> replaces = std::nullopt);
+  // A stream began (`open`) or ended carrying the calls of worker `id`.
+  void Streamed(uint64_t id, bool open);
   // The furthest clock a join_clock may name: the highest any rank reached
   // here, plus how far a push may run ahead (another server may have taken
   // that many more of a rank's pushes). Beyond it, joining would skip steps
@@ -263,6 +270,9 @@ class SegmentShard {
 
   // Marks workers whose lease ran out as not live (renewing waiting ones first).
   void ExpireLeases(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // UNAVAILABLE if another live, connected registration holds `rank`.
+  absl::Status Held(uint32_t rank, std::optional<uint64_t> replaces, absl::Time now) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Removes a worker, failing its parked calls; the worker after it.
   ClockTable::Workers::iterator Erase(ClockTable::Workers::iterator it, Completions* ready)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

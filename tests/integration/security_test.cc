@@ -288,6 +288,34 @@ TEST_F(SecurityMatrix, AJoinClockBeyondEveryRankIsRefusedAndTrainingGoesOn) {
   }
 }
 
+// A worker token registering a rank its live worker holds, 20 times a
+// second for 2 s (each registration used to replace the worker, which then
+// rejoined, and rolled the segment back where servers disagreed): each
+// attempt is refused naming the holder, which trains on without rejoining.
+TEST_F(SecurityMatrix, RegisteringALiveRankAgainAndAgainTakesNothingFromItsWorker) {
+  ASSERT_TRUE(TrainsPast(5)) << workers_[0]->output() << workers_[1]->output();
+  v1::RegisterRequest reg;
+  reg.set_segment(0);
+  reg.set_rank(0);
+  reg.set_model_fingerprint(ModelFingerprint(config_));
+  reg.set_shard_fingerprint(ShardMap::Create(config_.model(), 2)->fingerprint());
+  std::unique_ptr<v1::ParameterServer::Stub> stub = Stub(certs_ + "/ca.pem", certs_, certs_ + "/worker.token");
+  const uint64_t before = TrainingClock();
+  for (int i = 0; i < 40; ++i) {
+    v1::RegisterResponse registered;
+    const grpc::Status refused = stub->Register(Context().get(), reg, &registered);
+    EXPECT_EQ(refused.error_code(), grpc::StatusCode::UNAVAILABLE) << refused.error_message();
+    EXPECT_NE(refused.error_message().find("rank 0 of segment 0 is held by worker"), std::string::npos)
+        << refused.error_message();
+    workers_[0]->Wait(absl::Milliseconds(50));  // paces the attempts, reading the worker's output meanwhile
+  }
+  EXPECT_TRUE(TrainsPast(before + 10)) << workers_[0]->output() << workers_[1]->output();
+  for (auto& worker : workers_) {
+    EXPECT_FALSE(worker->Wait(absl::Milliseconds(100)).has_value()) << "a worker exited:\n" << worker->output();
+    EXPECT_EQ(worker->output().find("rejoined"), std::string::npos) << worker->output();
+  }
+}
+
 TEST(SecurityConfig, TokenFileErrorsNameTheFileAndLine) {
   EXPECT_TRUE(ParseTokens("# comment\nworker 0123456789abcdef0123\n\nreader 0123456789abcdef9999\n", "t").ok());
   for (const auto& [text, says] : std::vector<std::pair<std::string, std::string>>{

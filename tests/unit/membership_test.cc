@@ -235,6 +235,35 @@ TEST(Membership, ServerRestartedFromACheckpointRollsBackAndLosesNothing) {
   ExpectExactlyOnce(cluster, 0);
 }
 
+// A server rolls a segment back at most once a second: another Rollback
+// within that (a caller with a registration undoing training again and
+// again) is refused and changes nothing; a second later one is taken.
+TEST(Membership, ASegmentIsRolledBackAtMostOnceASecond) {
+  Cluster cluster(/*checkpoints=*/true);
+  Worker w(&cluster, 0, 0);
+  ASSERT_TRUE(w.Join().ok());
+  for (int c = 0; c < 10; ++c) ASSERT_TRUE(w.Push().ok());
+  cluster.Restart(1);
+  EXPECT_FALSE(w.Push().ok());
+  ASSERT_TRUE(w.Rejoin().ok());  // server 0 rolled back to clock 8
+  ASSERT_EQ(cluster.Stats(0, 0).generation(), 2u);
+  v1::RollbackRequest again;
+  again.set_segment(0);
+  again.set_worker_id(w.membership().worker_id(0));
+  again.set_registration_secret(w.membership().secret(0));
+  again.set_clock(8);
+  again.set_generation(2);
+  v1::RollbackResponse response;
+  const absl::Status refused = cluster.server(0).Rollback(again, &response);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kUnavailable) << refused;
+  EXPECT_NE(refused.message().find("at most one rollback a segment every 1s"), std::string::npos) << refused;
+  EXPECT_EQ(cluster.Stats(0, 0).generation(), 2u);
+  cluster.clock().Advance(absl::Seconds(1));
+  ASSERT_TRUE(cluster.server(0).Rollback(again, &response).ok());
+  EXPECT_TRUE(response.rolled_back());
+  EXPECT_EQ(cluster.Stats(0, 0).generation(), 3u);
+}
+
 TEST(Membership, ServerRestartedWithoutCheckpointsIsRefusedNamingIt) {
   Cluster cluster(/*checkpoints=*/false);
   Worker w(&cluster, 0, 0);

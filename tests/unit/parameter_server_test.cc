@@ -286,6 +286,10 @@ TEST_F(ParameterServerTest, ForgedCallsOnALiveRegistrationChangeNothing) {
 // gets NOT_FOUND and changes nothing.
 TEST_F(ParameterServerTest, ARegistrationAnswersOnlyTheCallerThatMadeIt) {
   v1::RegisterResponse registered;
+  v1::LeaveRequest done;  // the fixture's worker gives rank 0 up
+  done.set_worker_id(worker_);
+  done.set_registration_secret(secret_);
+  ASSERT_TRUE(server_->Leave(done).ok());
   ASSERT_TRUE(server_->Register(Registration(0, 0), &registered, "token 0 cert worker-a").ok());
   const std::string before = State();
   v1::PushRequest push = GoodPush();
@@ -354,8 +358,44 @@ TEST_F(ParameterServerTest, AJoinClockBeyondEveryRankIsRefusedAndChangesNothing)
   ASSERT_TRUE(server_->Push(GoodPush(3), clock_.Now(), &pushed).ok());
   v1::RegisterRequest near = Registration(0, 0);
   near.set_join_clock(4);
+  near.set_replaces_worker_id(worker_);
+  near.set_replaces_secret(secret_);
   ASSERT_TRUE(server_->Register(near, &response).ok());
   EXPECT_EQ(response.start_clock(), 4u);
+}
+
+// Registering a rank a live worker holds again and again stalls nothing:
+// the newcomer waits (UNAVAILABLE) until that worker's streams all end,
+// its lease lapses or it leaves; only the worker itself, naming its own
+// registration and secret, takes it over at once.
+TEST_F(ParameterServerTest, ARankHeldByALiveConnectedWorkerIsNotTakenFromIt) {
+  ASSERT_TRUE(server_->StreamOpened(0, worker_, secret_, ""));
+  EXPECT_FALSE(server_->StreamOpened(0, worker_, std::string(16, 'x'), "")) << "a stream must carry the secret";
+  const std::string before = State();
+  v1::RegisterRequest newcomer = Registration(0, 0);
+  v1::RegisterResponse response;
+  for (const std::string& forged : {std::string(), std::string(16, 'x')}) {
+    newcomer.set_replaces_worker_id(worker_);
+    newcomer.set_replaces_secret(forged);
+    absl::Status refused = server_->Register(newcomer, &response);
+    EXPECT_EQ(refused.code(), absl::StatusCode::kUnavailable) << refused;
+    EXPECT_NE(refused.message().find("rank 0 of segment 0 is held by worker " + std::to_string(worker_) + ", live"),
+              std::string::npos) << refused.message();
+  }
+  EXPECT_EQ(before, State());
+  v1::PushResponse pushed;
+  ASSERT_TRUE(server_->Push(GoodPush(0), clock_.Now(), &pushed).ok()) << "the holder trains on";
+  // Its stream ends (its process died): the rank is free at once.
+  server_->StreamClosed(0, worker_);
+  newcomer.clear_replaces_worker_id();
+  ASSERT_TRUE(server_->Register(newcomer, &response).ok());
+  const uint64_t second = response.worker_id();
+  // A registration that never streamed is held for its lease...
+  EXPECT_EQ(server_->Register(Registration(0, 0), &response).code(), absl::StatusCode::kUnavailable);
+  clock_.Advance(absl::Milliseconds(config_.cluster().lease_ms() + 1));
+  // ... and free once it lapsed.
+  ASSERT_TRUE(server_->Register(Registration(0, 0), &response).ok());
+  EXPECT_NE(response.worker_id(), second);
 }
 
 TEST_F(ParameterServerTest, RejectsMalformedPulls) {

@@ -42,6 +42,14 @@ absl::StatusOr<Result> Done(const Call<Result>& call) {
   return call->result;
 }
 
+// Registers worker `id` as `rank` (a failure if the shard refuses).
+inline Registered Reg(SegmentShard& shard, uint64_t id, uint32_t rank, std::optional<uint64_t> join = std::nullopt,
+                      std::optional<uint64_t> replaces = std::nullopt) {
+  absl::StatusOr<Registered> r = shard.Register(id, rank, join, nullptr, replaces);
+  EXPECT_TRUE(r.ok()) << r.status();
+  return r.value_or(Registered{});
+}
+
 // Every wait here runs on a FakeClock: a test moves time and ticks the
 // shard, and asserts that a call waits (it has not completed and the shard
 // counts it) before the event that should release it.

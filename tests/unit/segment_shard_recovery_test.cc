@@ -7,8 +7,8 @@ namespace testing_shard {
 
 TEST_F(SegmentShardTest, CheckpointIsACutAtItsClock) {
   auto shard = MakeShard(2, absl::Seconds(60), /*checkpoint_every=*/2);
-  shard->Register(1, 0, std::nullopt);
-  shard->Register(2, 1, std::nullopt);
+  Reg(*shard, 1, 0);
+  Reg(*shard, 2, 1);
   ASSERT_EQ(cuts_.size(), 1u);  // the initial state, at clock 0
   EXPECT_EQ(cuts_[0]->clock, 0u);
   EXPECT_EQ(cuts_[0]->values, std::vector<float>(kSize, 0.0f));
@@ -32,8 +32,8 @@ TEST_F(SegmentShardTest, CheckpointIsACutAtItsClock) {
 // A waiting push whose cut never comes fails at its deadline, naming the laggard.
 TEST_F(SegmentShardTest, PushWaitingForACutFailsAtItsDeadline) {
   auto shard = MakeShard(2, absl::Seconds(60), 2);
-  shard->Register(1, 0, std::nullopt);
-  shard->Register(2, 1, std::nullopt);
+  Reg(*shard, 1, 0);
+  Reg(*shard, 2, 1);
   ASSERT_TRUE(Done(Push(*shard, 1, 0, Soon())).ok());
   ASSERT_TRUE(Done(Push(*shard, 1, 1, Soon())).ok());
   Call<PushResult> early = Push(*shard, 1, 2, Now() + absl::Seconds(1));
@@ -48,7 +48,7 @@ TEST_F(SegmentShardTest, PushWaitingForACutFailsAtItsDeadline) {
 
 TEST_F(SegmentShardTest, FinalStateIsCutWhenTheLastWorkerLeaves) {
   auto shard = MakeShard(0, absl::Seconds(60), 100);
-  shard->Register(1, 0, std::nullopt);
+  Reg(*shard, 1, 0);
   ASSERT_TRUE(Done(Push(*shard, 1, 0, Soon())).ok());
   ASSERT_TRUE(Done(Push(*shard, 1, 1, Soon())).ok());
   ASSERT_TRUE(shard->Leave(1));
@@ -62,8 +62,8 @@ TEST_F(SegmentShardTest, FinalStateIsCutWhenTheLastWorkerLeaves) {
 // clock, and the segment waits for them meanwhile.
 TEST_F(SegmentShardTest, RestoreDropsRegistrationsAndKeepsRanksAtItsClock) {
   auto shard = MakeShard(0, absl::Seconds(60), 2);
-  shard->Register(1, 0, std::nullopt);
-  shard->Register(2, 1, std::nullopt);
+  Reg(*shard, 1, 0);
+  Reg(*shard, 2, 1);
   for (uint64_t c = 0; c < 3; ++c) {
     ASSERT_TRUE(Done(Push(*shard, 1, c, Soon())).ok());
     ASSERT_TRUE(Done(Push(*shard, 2, c, Soon())).ok());
@@ -82,7 +82,7 @@ TEST_F(SegmentShardTest, RestoreDropsRegistrationsAndKeepsRanksAtItsClock) {
   EXPECT_EQ(Done(parked).status().code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(shard->Snapshot(), std::vector<float>(kSize, -4.0f));
   EXPECT_EQ(Done(Push(*shard, 1, 3, Soon())).status().code(), absl::StatusCode::kNotFound);
-  const Registered back = shard->Register(3, 1, std::nullopt);
+  const Registered back = Reg(*shard, 3, 1);
   EXPECT_EQ(back.start_clock, 2u);
   ASSERT_TRUE(back.rank_clock.has_value());
   EXPECT_EQ(*back.rank_clock, 2u);
@@ -90,7 +90,7 @@ TEST_F(SegmentShardTest, RestoreDropsRegistrationsAndKeepsRanksAtItsClock) {
   ASSERT_TRUE(Done(Push(*shard, 3, 2, Soon())).ok());
   Call<PullResult> waits = Pull(*shard, 3, 3, Soon());
   EXPECT_FALSE(waits->done);
-  EXPECT_EQ(shard->Register(4, 0, std::nullopt).start_clock, 2u);
+  EXPECT_EQ(Reg(*shard, 4, 0).start_clock, 2u);
   ASSERT_TRUE(Done(Push(*shard, 4, 2, Soon())).ok());
   ASSERT_TRUE(Done(waits).ok());
   EXPECT_EQ(waits->Reflected(), 6);
@@ -100,16 +100,16 @@ TEST_F(SegmentShardTest, RestoreDropsRegistrationsAndKeepsRanksAtItsClock) {
 // pushed is applied twice.
 TEST_F(SegmentShardTest, ReRegisteredRankContinuesAtItsClock) {
   auto shard = MakeShard(0, absl::Milliseconds(200));
-  shard->Register(1, 0, std::nullopt);
+  Reg(*shard, 1, 0);
   ASSERT_TRUE(Done(Push(*shard, 1, 0, Soon())).ok());
   ASSERT_TRUE(Done(Push(*shard, 1, 1, Soon())).ok());
   clock_.Advance(absl::Seconds(1));
   shard->Tick();  // the lease ran out
-  Registered again = shard->Register(7, 0, std::nullopt);
+  Registered again = Reg(*shard, 7, 0);
   EXPECT_EQ(again.start_clock, 2u);
   EXPECT_EQ(again.rank_clock, std::optional<uint64_t>(2));
   // Asked to start lower (another server lags), it acknowledges the repeat.
-  again = shard->Register(8, 0, 1);
+  again = Reg(*shard, 8, 0, 1, /*replaces=*/7);
   EXPECT_EQ(again.start_clock, 1u);
   absl::StatusOr<PushResult> repeat = Done(Push(*shard, 8, 1, Soon()));
   ASSERT_TRUE(repeat.ok());
@@ -121,8 +121,8 @@ TEST_F(SegmentShardTest, ReRegisteredRankContinuesAtItsClock) {
 // refused with RESOURCE_EXHAUSTED, and other workers still wait normally.
 TEST_F(SegmentShardTest, CallsParkedPerWorkerAreBounded) {
   auto shard = MakeShard(0, absl::Seconds(60), 0, /*max_waiting=*/3);
-  shard->Register(1, 0, std::nullopt);
-  shard->Register(2, 1, std::nullopt);
+  Reg(*shard, 1, 0);
+  Reg(*shard, 2, 1);
   std::vector<Call<PushResult>> early;
   for (int i = 0; i < 3; ++i) early.push_back(Push(*shard, 1, 1, Soon()));  // each waits for clock 0
   EXPECT_EQ(shard->Waiting(), 3u);
@@ -144,8 +144,8 @@ TEST_F(SegmentShardTest, CallsParkedPerWorkerAreBounded) {
 // it continues at its own clock, not at the end.
 TEST_F(SegmentShardTest, RankRejoiningAfterItsPeersFinishedContinuesAtItsOwnClock) {
   auto shard = MakeShard(2, absl::Milliseconds(200));
-  shard->Register(1, 0, std::nullopt);
-  shard->Register(2, 1, std::nullopt);
+  Reg(*shard, 1, 0);
+  Reg(*shard, 2, 1);
   ASSERT_TRUE(Done(Push(*shard, 2, 0, Soon())).ok());
   clock_.Advance(absl::Milliseconds(150));
   ASSERT_TRUE(shard->Renew(1));
@@ -153,7 +153,7 @@ TEST_F(SegmentShardTest, RankRejoiningAfterItsPeersFinishedContinuesAtItsOwnCloc
   shard->Tick();  // worker 2's lease ran out at clock 1
   for (uint64_t c = 0; c < 5; ++c) ASSERT_TRUE(Done(Push(*shard, 1, c, Soon())).ok());
   ASSERT_TRUE(shard->Leave(1));  // its peer finished at clock 5
-  const Registered back = shard->Register(3, 1, std::nullopt);
+  const Registered back = Reg(*shard, 3, 1);
   EXPECT_EQ(back.start_clock, 1u);
   EXPECT_EQ(back.rank_clock, std::optional<uint64_t>(1));
 }
@@ -163,13 +163,13 @@ TEST_F(SegmentShardTest, RankRejoiningAfterItsPeersFinishedContinuesAtItsOwnCloc
 // peer's first step sees no update of clock 0: exactly synchronous steps.
 TEST_F(SegmentShardTest, AWorkerStartingMomentsAfterItsPeerStartsAtClock0AndSeesNoneOfItsUpdates) {
   auto shard = MakeShard(0, absl::Seconds(5), 0, 64, /*ranks=*/2, /*hold_for_joiners=*/true);
-  ASSERT_EQ(shard->Register(1, 0, std::nullopt).start_clock, 0u);
+  ASSERT_EQ(Reg(*shard, 1, 0).start_clock, 0u);
   ASSERT_TRUE(Done(Pull(*shard, 1, 0, Soon())).ok());
   Call<PushResult> first = Push(*shard, 1, 0, Soon(), /*and_pull=*/true);
   clock_.Advance(absl::Seconds(2));
   shard->Tick();
   EXPECT_FALSE(first->done) << "rank 1's place at clock 0 holds the segment back";
-  const Registered late = shard->Register(2, 1, std::nullopt);
+  const Registered late = Reg(*shard, 2, 1);
   EXPECT_EQ(late.start_clock, 0u);
   EXPECT_FALSE(first->done);
   Call<PullResult> peer = Pull(*shard, 2, 0, Soon());
@@ -185,8 +185,8 @@ TEST_F(SegmentShardTest, AWorkerStartingMomentsAfterItsPeerStartsAtClock0AndSees
 // step without pulling (as a benchmark client does) do not wait for each other.
 TEST_F(SegmentShardTest, WorkersPushingWithoutPullingDoNotHoldEachOther) {
   auto shard = MakeShard(0, absl::Seconds(5), 0, 64, /*ranks=*/2, /*hold_for_joiners=*/true);
-  shard->Register(1, 0, std::nullopt);
-  shard->Register(2, 1, std::nullopt);
+  Reg(*shard, 1, 0);
+  Reg(*shard, 2, 1);
   Call<PushResult> first = Push(*shard, 1, 0, Soon());
   EXPECT_FALSE(first->done) << "worker 2 may still pull clock 0";
   ASSERT_TRUE(Done(Push(*shard, 2, 0, Soon())).ok());
@@ -195,7 +195,7 @@ TEST_F(SegmentShardTest, WorkersPushingWithoutPullingDoNotHoldEachOther) {
 
 TEST_F(SegmentShardTest, ARankThatNeverStartsHoldsItsPeersForOneLease) {
   auto shard = MakeShard(0, absl::Seconds(5), 0, 64, /*ranks=*/2, /*hold_for_joiners=*/true);
-  shard->Register(1, 0, std::nullopt);
+  Reg(*shard, 1, 0);
   absl::StatusOr<PushResult> refused = Done(Push(*shard, 1, 0, Now()));  // no time to wait
   ASSERT_EQ(refused.status().code(), absl::StatusCode::kUnavailable) << refused.status();
   EXPECT_NE(std::string(refused.status().message()).find("rank 1, expected back or to start"), std::string::npos)
@@ -215,7 +215,7 @@ TEST_F(SegmentShardTest, ARankThatNeverStartsHoldsItsPeersForOneLease) {
 // moves nothing.
 TEST_F(SegmentShardTest, APushWeighsAsItsSamples) {
   auto shard = MakeShard(1, absl::Seconds(60), 0, 64, 0, false, /*batch_size=*/32);
-  shard->Register(1, 0, std::nullopt);
+  Reg(*shard, 1, 0);
   PushInfo half;
   half.samples = 16;
   ASSERT_TRUE(Done(Push(*shard, 1, 0, Soon(), false, 0, kSize, half)).ok());

@@ -7,8 +7,8 @@ namespace testing_shard {
 
 TEST_F(SegmentShardTest, SynchronousPullWaitsForEveryWorkerHoldingNoThread) {
   auto shard = MakeShard(0);
-  EXPECT_EQ(shard->Register(1, 0, std::nullopt).start_clock, 0u);
-  EXPECT_EQ(shard->Register(2, 1, std::nullopt).start_clock, 0u);
+  EXPECT_EQ(Reg(*shard, 1, 0).start_clock, 0u);
+  EXPECT_EQ(Reg(*shard, 2, 1).start_clock, 0u);
   ASSERT_TRUE(Done(Pull(*shard, 1, 0, Now())).ok());  // clock 0 needs nothing
   ASSERT_TRUE(Done(Push(*shard, 1, 0, Soon())).ok());
   absl::StatusOr<PullResult> refused = Done(Pull(*shard, 1, 1, Now()));  // no time to wait
@@ -33,8 +33,8 @@ TEST_F(SegmentShardTest, SynchronousPullWaitsForEveryWorkerHoldingNoThread) {
 
 TEST_F(SegmentShardTest, WaitingPullFailsAtItsDeadlineNamingTheLaggard) {
   auto shard = MakeShard(0);
-  shard->Register(1, 0, std::nullopt);
-  shard->Register(2, 1, std::nullopt);
+  Reg(*shard, 1, 0);
+  Reg(*shard, 2, 1);
   ASSERT_TRUE(Done(Push(*shard, 1, 0, Soon())).ok());
   Call<PullResult> waiting = Pull(*shard, 1, 1, Now() + absl::Seconds(2));
   clock_.Advance(absl::Milliseconds(1999));
@@ -58,7 +58,7 @@ class BoundTest : public SegmentShardTest {
     auto shard = MakeShard(s);
     const int workers = 3;
     std::vector<uint64_t> pushed(workers, 0), pulled(workers, 0);
-    for (int w = 0; w < workers; ++w) shard->Register(w + 1, w, std::nullopt);
+    for (int w = 0; w < workers; ++w) Reg(*shard, w + 1, w);
     std::mt19937 rng(seed);
     for (int action = 0; action < 400; ++action) {
       const int w = static_cast<int>(rng() % workers);
@@ -90,8 +90,8 @@ TEST_F(BoundTest, BoundHoldsForStaleness3) { Check(3, 3); }
 
 TEST_F(SegmentShardTest, UnboundedNeverWaits) {
   auto shard = MakeShard(-1);
-  shard->Register(1, 0, std::nullopt);
-  shard->Register(2, 1, std::nullopt);
+  Reg(*shard, 1, 0);
+  Reg(*shard, 2, 1);
   for (uint64_t c = 0; c < 4; ++c) {
     ASSERT_TRUE(Done(Pull(*shard, 1, c, Now())).ok());
     ASSERT_TRUE(Done(Push(*shard, 1, c, Soon())).ok());
@@ -102,8 +102,8 @@ TEST_F(SegmentShardTest, UnboundedNeverWaits) {
 // but not c + 2.
 TEST_F(SegmentShardTest, StalenessOneWaitsOnlyForTheClockBeforeLast) {
   auto shard = MakeShard(1);
-  shard->Register(1, 0, std::nullopt);
-  shard->Register(2, 1, std::nullopt);
+  Reg(*shard, 1, 0);
+  Reg(*shard, 2, 1);
   ASSERT_TRUE(Done(Push(*shard, 1, 0, Soon())).ok());
   ASSERT_TRUE(Done(Pull(*shard, 1, 1, Now())).ok());  // needs clock 0 of all: not yet, but s = 1
   ASSERT_TRUE(Done(Push(*shard, 1, 1, Soon())).ok());
@@ -131,8 +131,8 @@ class LookaheadTest : public SegmentShardTest {
     options.clock = &clock_;
     auto shard = std::make_unique<SegmentShard>(options, std::vector<float>(kSize, 0.0f),
                                                 *CreateOptimizer(momentum, kSize));
-    shard->Register(1, 0, std::nullopt);
-    shard->Register(2, 1, std::nullopt);
+    Reg(*shard, 1, 0);
+    Reg(*shard, 2, 1);
     EXPECT_TRUE(Done(Push(*shard, 1, 0, Soon())).ok());
     EXPECT_TRUE(Done(Push(*shard, 2, 0, Soon())).ok());
     return shard;
@@ -163,7 +163,7 @@ TEST_F(LookaheadTest, WithoutLookaheadWorkerPullsAreTheValues) {
 
 TEST_F(SegmentShardTest, RetriedPushIsAppliedOnce) {
   auto shard = MakeShard(0);
-  shard->Register(1, 0, std::nullopt);
+  Reg(*shard, 1, 0);
   absl::StatusOr<PushResult> first = Done(Push(*shard, 1, 0, Soon()));
   absl::StatusOr<PushResult> again = Done(Push(*shard, 1, 0, Soon()));
   ASSERT_TRUE(first.ok() && again.ok());
@@ -175,7 +175,7 @@ TEST_F(SegmentShardTest, RetriedPushIsAppliedOnce) {
 
 TEST_F(SegmentShardTest, PushesThatOvertakeEachOtherApplyInOrder) {
   auto shard = MakeShard(-1);
-  shard->Register(1, 0, std::nullopt);
+  Reg(*shard, 1, 0);
   Call<PushResult> early = Push(*shard, 1, 1, Soon());
   EXPECT_FALSE(early->done);
   EXPECT_EQ(shard->Waiting(), 1u);
@@ -189,7 +189,7 @@ TEST_F(SegmentShardTest, PushesThatOvertakeEachOtherApplyInOrder) {
 
 TEST_F(SegmentShardTest, PushWhosePredecessorNeverArrivesFailsAtItsDeadlineAndChangesNothing) {
   auto shard = MakeShard(-1);
-  shard->Register(1, 0, std::nullopt);
+  Reg(*shard, 1, 0);
   Call<PushResult> early = Push(*shard, 1, 1, Now() + absl::Seconds(1));
   clock_.Advance(absl::Milliseconds(999));
   shard->Tick();
@@ -204,7 +204,7 @@ TEST_F(SegmentShardTest, PushWhosePredecessorNeverArrivesFailsAtItsDeadlineAndCh
 
 TEST_F(SegmentShardTest, SkippedClockIsRejectedAndChangesNothing) {
   auto shard = MakeShard(0);
-  shard->Register(1, 0, std::nullopt);
+  Reg(*shard, 1, 0);
   EXPECT_EQ(Done(Push(*shard, 1, 1, Now())).status().code(), absl::StatusCode::kFailedPrecondition);
   absl::StatusOr<PushResult> far = Done(Push(*shard, 1, 9, Soon()));
   EXPECT_EQ(far.status().code(), absl::StatusCode::kFailedPrecondition);
@@ -215,7 +215,7 @@ TEST_F(SegmentShardTest, SkippedClockIsRejectedAndChangesNothing) {
 
 TEST_F(SegmentShardTest, PullClockGoingBackwardsIsRejected) {
   auto shard = MakeShard(-1);
-  shard->Register(1, 0, std::nullopt);
+  Reg(*shard, 1, 0);
   ASSERT_TRUE(Done(Push(*shard, 1, 0, Soon())).ok());
   ASSERT_TRUE(Done(Pull(*shard, 1, 1, Now())).ok());
   EXPECT_EQ(Done(Pull(*shard, 1, 0, Now())).status().code(), absl::StatusCode::kInvalidArgument);
@@ -223,8 +223,8 @@ TEST_F(SegmentShardTest, PullClockGoingBackwardsIsRejected) {
 
 TEST_F(SegmentShardTest, ExpiredLeaseStopsHoldingOthersBackAndRejoinCatchesUp) {
   auto shard = MakeShard(0, absl::Milliseconds(200));
-  shard->Register(1, 0, std::nullopt);
-  shard->Register(2, 1, std::nullopt);
+  Reg(*shard, 1, 0);
+  Reg(*shard, 2, 1);
   ASSERT_TRUE(Done(Push(*shard, 1, 0, Soon())).ok());
   // Worker 2 never pushes: the pull completes when its lease runs out, not at the deadline.
   Call<PullResult> waiting = Pull(*shard, 1, 1, Soon());
@@ -242,20 +242,20 @@ TEST_F(SegmentShardTest, ExpiredLeaseStopsHoldingOthersBackAndRejoinCatchesUp) {
   EXPECT_EQ(shard->Snapshot()[0], -1.0f);
   // Rejoining, it is proposed its live peer's clock but stays at its own
   // until the servers agree (the registration with join_clock)...
-  const Registered proposed = shard->Register(3, 1, std::nullopt);
+  const Registered proposed = Reg(*shard, 3, 1);
   EXPECT_EQ(proposed.start_clock, 1u);
   EXPECT_EQ(proposed.rank_clock, std::optional<uint64_t>(0));
   EXPECT_TRUE(Done(Push(*shard, 3, 0, Soon())).ok()) << "its own clock 0 is still open";
   // ... then catches up with its peer.
-  EXPECT_EQ(shard->Register(4, 1, 1).start_clock, 1u);
+  EXPECT_EQ(Reg(*shard, 4, 1, 1, /*replaces=*/3).start_clock, 1u);
   ASSERT_TRUE(Done(Push(*shard, 4, 1, Soon())).ok());
 }
 
 // A worker waiting on its peers makes no call, yet it is alive.
 TEST_F(SegmentShardTest, WaitingWorkerKeepsItsLease) {
   auto shard = MakeShard(0, absl::Milliseconds(200));
-  shard->Register(1, 0, std::nullopt);
-  shard->Register(2, 1, std::nullopt);
+  Reg(*shard, 1, 0);
+  Reg(*shard, 2, 1);
   ASSERT_TRUE(Done(Push(*shard, 1, 0, Soon())).ok());
   Call<PullResult> waiting = Pull(*shard, 1, 1, Soon());
   for (int i = 0; i < 10; ++i) {
@@ -271,8 +271,8 @@ TEST_F(SegmentShardTest, WaitingWorkerKeepsItsLease) {
 
 TEST_F(SegmentShardTest, LeavingWorkerReleasesWaiters) {
   auto shard = MakeShard(0);
-  shard->Register(1, 0, std::nullopt);
-  shard->Register(2, 1, std::nullopt);
+  Reg(*shard, 1, 0);
+  Reg(*shard, 2, 1);
   ASSERT_TRUE(Done(Push(*shard, 1, 0, Soon())).ok());
   Call<PullResult> waiting = Pull(*shard, 1, 1, Soon());
   EXPECT_FALSE(waiting->done);
@@ -282,10 +282,10 @@ TEST_F(SegmentShardTest, LeavingWorkerReleasesWaiters) {
 
 TEST_F(SegmentShardTest, ReplacedWorkersWaitFailsAndChangesNothing) {
   auto shard = MakeShard(-1);
-  shard->Register(1, 0, std::nullopt);
+  Reg(*shard, 1, 0);
   Call<PushResult> early = Push(*shard, 1, 1, Soon());
   EXPECT_FALSE(early->done);
-  shard->Register(5, 0, std::nullopt);  // the same rank registers again
+  Reg(*shard, 5, 0, std::nullopt, /*replaces=*/1);  // the worker registers again
   absl::StatusOr<PushResult> r = Done(early);
   EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition) << r.status();
   EXPECT_NE(std::string(r.status().message()).find("replaced or left"), std::string::npos);
@@ -295,8 +295,8 @@ TEST_F(SegmentShardTest, ReplacedWorkersWaitFailsAndChangesNothing) {
 
 TEST_F(SegmentShardTest, DrainAnswersWaitingCallsAndParksNoMore) {
   auto shard = MakeShard(0);
-  shard->Register(1, 0, std::nullopt);
-  shard->Register(2, 1, std::nullopt);
+  Reg(*shard, 1, 0);
+  Reg(*shard, 2, 1);
   ASSERT_TRUE(Done(Push(*shard, 1, 0, Soon())).ok());
   Call<PullResult> waiting = Pull(*shard, 1, 1, Soon());
   shard->Drain("shutting down");
@@ -310,8 +310,8 @@ TEST_F(SegmentShardTest, DrainAnswersWaitingCallsAndParksNoMore) {
 // for the bound and answers with the values of both workers' steps.
 TEST_F(SegmentShardTest, PushWithPullAppliesThenWaitsForTheNextClock) {
   auto shard = MakeShard(0);
-  shard->Register(1, 0, std::nullopt);
-  shard->Register(2, 1, std::nullopt);
+  Reg(*shard, 1, 0);
+  Reg(*shard, 2, 1);
   Call<PushResult> round = Push(*shard, 1, 0, Soon(), /*and_pull=*/true);
   EXPECT_FALSE(round->done);
   EXPECT_EQ(shard->Waiting(), 1u);
@@ -330,8 +330,8 @@ TEST_F(SegmentShardTest, PushWithPullAppliesThenWaitsForTheNextClock) {
 // A chunk of the range is ready as soon as the chunks covering it have landed.
 TEST_F(SegmentShardTest, ChunkIsReadyOnceItsChunksLanded) {
   auto shard = MakeShard(0);
-  shard->Register(1, 0, std::nullopt);
-  shard->Register(2, 1, std::nullopt);
+  Reg(*shard, 1, 0);
+  Reg(*shard, 2, 1);
   ASSERT_TRUE(Done(Push(*shard, 1, 0, Soon())).ok());
   ASSERT_TRUE(Done(Push(*shard, 2, 0, Soon(), false, 0, kSize / 2)).ok());  // first half of step 0
   EXPECT_TRUE(Done(Pull(*shard, 1, 1, Now(), 0, kSize / 2)).ok());
@@ -347,7 +347,7 @@ TEST_F(SegmentShardTest, ChunkIsReadyOnceItsChunksLanded) {
 TEST_F(SegmentShardTest, AThousandParkedRoundsReleaseTogether) {
   constexpr uint64_t kWorkers = 1000;
   auto shard = MakeShard(0);
-  for (uint64_t w = 1; w <= kWorkers; ++w) shard->Register(w, static_cast<uint32_t>(w - 1), std::nullopt);
+  for (uint64_t w = 1; w <= kWorkers; ++w) Reg(*shard, w, static_cast<uint32_t>(w - 1));
   for (uint64_t clock = 0; clock < 3; ++clock) {
     std::vector<Call<PushResult>> rounds;
     for (uint64_t w = 1; w <= kWorkers; ++w) {
@@ -386,7 +386,7 @@ TEST_F(SegmentShardTest, UpdateSplitOverThreadsMatchesOneThread) {
     options.apply_pool = p;
     options.clock = &clock_;
     shards.push_back(std::make_unique<SegmentShard>(options, initial, *CreateOptimizer(adam, n)));
-    shards.back()->Register(1, 0, std::nullopt);
+    Reg(*shards.back(), 1, 0);
   }
   for (uint64_t clock = 0; clock < 3; ++clock) {
     std::vector<float> grad(n);

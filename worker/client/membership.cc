@@ -73,8 +73,11 @@ absl::StatusOr<Registration> Membership::Register(int segment, std::optional<uin
                                              "registering; the servers keep failing"));
 }
 
-absl::Status Membership::RegisterWith(size_t i, const v1::RegisterRequest& request,
-                                      v1::RegisterResponse* response) {
+absl::Status Membership::RegisterWith(size_t i, v1::RegisterRequest request, v1::RegisterResponse* response) {
+  // This worker's own registration there, if it has one: a rank a live
+  // worker holds is taken over only by that worker.
+  request.set_replaces_worker_id(worker_ids_[i]);
+  request.set_replaces_secret(secrets_[i]);
   absl::Status status = servers_[i]->Register(request, response);
   if (!status.ok()) return Annotate(status, i, "Register");
   if (response->server_index() != i) {
@@ -181,6 +184,10 @@ absl::StatusOr<Registration> Rejoin(absl::FunctionRef<absl::StatusOr<Registratio
       return absl::Status(again.status().code(),
                           absl::StrCat(tag, ": could not rejoin the servers within ", absl::FormatDuration(timeout),
                                        " (cluster.recovery_timeout_ms): ", again.status().message()));
+    }
+    if (delay == absl::Milliseconds(50)) {
+      SEGPS_LOG_INFO << tag << ": " << again.status().message() << "; trying again for up to "
+                     << absl::FormatDuration(timeout);
     }
     clock->SleepFor(delay);
     delay = std::min(delay * 2, absl::Seconds(1));

@@ -65,7 +65,7 @@ class Membership {
   const std::string& secret(size_t i) const { return secrets_[i]; }
 
  private:
-  absl::Status RegisterWith(size_t i, const v1::RegisterRequest& request, v1::RegisterResponse* response);
+  absl::Status RegisterWith(size_t i, v1::RegisterRequest request, v1::RegisterResponse* response);
   // The clock every server should start the rank at, or nullopt after
   // rolling the segment back (register again).
   absl::StatusOr<std::optional<uint64_t>> Agree(int segment, const std::vector<v1::RegisterResponse>& responses);

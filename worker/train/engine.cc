@@ -31,7 +31,13 @@ absl::Status TrainingEngine::Begin() {
     if (!allocated.ok()) return allocated.status();
     buffer = *std::move(allocated);
   }
-  absl::StatusOr<Registration> registration = client_->Register(options_.segment, options_.rank);
+  // Servers may still be starting, or a worker of the rank still live (a
+  // restarted process while its predecessor's lease runs): retried like a
+  // rejoin.
+  absl::StatusOr<Registration> registration =
+      Rejoin([&] { return client_->Register(options_.segment, options_.rank); },
+             absl::Milliseconds(config_.cluster().recovery_timeout_ms()), options_.clock,
+             config_.model().segments(options_.segment).name());
   if (!registration.ok()) return registration.status();
   rank_ = registration->rank;
   tag_ = absl::StrCat(config_.model().segments(options_.segment).name(), "/", rank_);
