@@ -1,9 +1,12 @@
 #include "common/security.h"
 
 #include <fstream>
+#include <map>
+#include <memory>
 #include <sstream>
 
 #include "absl/flags/flag.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
@@ -63,7 +66,31 @@ class TokenProcessor final : public grpc::AuthMetadataProcessor {
   const std::vector<Token> tokens_;
 };
 
+// The bearer token as call metadata on a channel of any security level:
+// AccessTokenCredentials asks for privacy and integrity, which a loopback
+// connection without TLS does not claim.
+class BearerToken final : public grpc::MetadataCredentialsPlugin {
+ public:
+  explicit BearerToken(std::string token) : header_("Bearer " + std::move(token)) {}
+  bool IsBlocking() const override { return false; }
+  grpc::Status GetMetadata(grpc::string_ref, grpc::string_ref, const grpc::AuthContext&,
+                           std::multimap<grpc::string, grpc::string>* metadata) override {
+    metadata->emplace("authorization", header_);
+    return grpc::Status::OK;
+  }
+
+ private:
+  const std::string header_;
+};
+
 }  // namespace
+
+bool IsLoopbackAddress(const std::string& address) {
+  std::string host = address.substr(0, address.rfind(':'));
+  if (absl::StartsWith(host, "ipv4:") || absl::StartsWith(host, "ipv6:")) host = host.substr(5);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  return host == "localhost" || absl::StartsWith(host, "127.") || host == "::1";
+}
 
 bool ConstantTimeEqual(const std::string& a, const std::string& b) {
   if (a.size() != b.size()) return false;
@@ -138,12 +165,17 @@ absl::StatusOr<Security> LoadSecurity(const v1::SecurityConfig& config) {
 
 absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerCredentials(const Security& security) {
   if (security.cert.empty()) {
-    if (!security.tokens.empty() || security.require_client_cert) {
+    if (security.require_client_cert) {
       return absl::InvalidArgumentError(
-          "security: tokens and client certificates need TLS: give the server a certificate and key (--tls_cert, "
+          "security: client certificates need TLS: give the server a certificate and key (--tls_cert, "
           "--tls_key; deploy/make-certs.sh makes them)");
     }
-    return grpc::InsecureServerCredentials();
+    if (security.tokens.empty()) return grpc::InsecureServerCredentials();
+    // Tokens without TLS: loopback connections only (a token would cross
+    // no network), which gRPC's local credentials check peer by peer.
+    std::shared_ptr<grpc::ServerCredentials> local = grpc::experimental::LocalServerCredentials(LOCAL_TCP);
+    local->SetAuthMetadataProcessor(std::make_shared<TokenProcessor>(security.tokens));
+    return local;
   }
   if (security.require_client_cert && security.ca_cert.empty()) {
     return absl::InvalidArgumentError("security.require_client_cert needs ca_cert (--tls_ca) to verify clients against");
@@ -162,11 +194,13 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerCredentials(const
 
 absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> ChannelCredentials(const Security& security) {
   if (!security.tls()) {
-    if (!security.tokens.empty()) {
-      return absl::InvalidArgumentError(
-          "security: a token travels only over TLS: give the CA that signed the servers' certificates (--tls_ca)");
-    }
-    return grpc::InsecureChannelCredentials();
+    if (security.tokens.empty()) return grpc::InsecureChannelCredentials();
+    // Without TLS a token goes to loopback servers only (the local
+    // credentials refuse any other peer).
+    return grpc::CompositeChannelCredentials(
+        grpc::experimental::LocalCredentials(LOCAL_TCP),
+        grpc::experimental::MetadataCredentialsFromPlugin(std::make_unique<BearerToken>(security.tokens[0].secret),
+                                            GRPC_SECURITY_NONE));
   }
   grpc::SslCredentialsOptions options;
   options.pem_root_certs = security.ca_cert;

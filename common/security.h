@@ -51,14 +51,21 @@ absl::StatusOr<Security> LoadSecurity(const v1::SecurityConfig& config);
 absl::StatusOr<std::vector<Token>> ParseTokens(const std::string& text, const std::string& file);
 
 // What a server listens with: plaintext, TLS, or mutual TLS, with the token
-// check installed when there are tokens. Errors on settings that cannot
-// work (a token file without TLS, require_client_cert without a CA).
+// check installed when there are tokens. Tokens without TLS (a job on one
+// host: segps-local makes a token per job) are taken from loopback peers
+// only, which gRPC's local credentials check. Errors on settings that
+// cannot work (require_client_cert without a certificate or a CA).
 absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerCredentials(const Security& security);
 
 // What a client connects with: plaintext, or TLS verifying the server
 // against the CA (the system's roots without one), with its certificate
-// for mutual TLS and its token as call credentials.
+// for mutual TLS and its token as call credentials. A token without TLS
+// goes to loopback servers only.
 absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> ChannelCredentials(const Security& security);
+
+// Whether `address` (host:port, or gRPC's ipv4:/ipv6: peer form) is
+// reachable from this host only: localhost, 127.x, ::1.
+bool IsLoopbackAddress(const std::string& address);
 
 // Whether two secrets are equal, in time independent of where they differ
 // (lengths are not secret).

@@ -49,13 +49,6 @@ int Fail(const absl::Status& status) {
   return 1;
 }
 
-// Whether `listen` (host:port) is reachable from this host only.
-bool IsLoopback(const std::string& listen) {
-  std::string host = listen.substr(0, listen.rfind(':'));
-  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
-  return host == "localhost" || host.rfind("127.", 0) == 0 || host == "::1";
-}
-
 // The server's settings: its config, after the flags.
 struct Settings {
   segps::v1::JobConfig config;
@@ -92,14 +85,24 @@ absl::StatusOr<Settings> ReadSettings() {
                                                                      : "127.0.0.1:0";
   }
   const bool tls = !s.config.security().cert().empty();
-  if (!tls && !IsLoopback(s.listen) && !absl::GetFlag(FLAGS_insecure)) {
+  if (!tls && !s.config.security().token_file().empty() && !segps::IsLoopbackAddress(s.listen)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "refusing to take tokens on ", s.listen,
+        " without TLS: they would cross the network in the clear. Listen on loopback, or give a certificate "
+        "and key (--tls_cert, --tls_key; deploy/make-certs.sh makes them)"));
+  }
+  if (!tls && !segps::IsLoopbackAddress(s.listen) && !absl::GetFlag(FLAGS_insecure)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "refusing to serve ", s.listen,
         " in plaintext: other hosts could read the parameters and call every method. Give a certificate "
         "and key (--tls_cert, --tls_key, or security { cert key } in the config; deploy/make-certs.sh "
         "makes them), listen on loopback, or pass --insecure on a network you trust"));
   }
-  if (!tls) std::cout << "segps-server: plaintext, no authentication (" << s.listen << ")" << std::endl;
+  if (!tls) {
+    std::cout << "segps-server: plaintext, "
+              << (s.config.security().token_file().empty() ? "no authentication" : "tokens from loopback peers only")
+              << " (" << s.listen << ")" << std::endl;
+  }
   return s;
 }
 

@@ -39,6 +39,7 @@
 #include "absl/time/time.h"
 #include "common/command_line.h"
 #include "common/config.h"
+#include "deploy/local/job_security.h"
 #include "worker/data/dataset.h"
 
 ABSL_FLAG(std::string, config, "", "Job config file (*.pbtxt). Required.");
@@ -61,7 +62,8 @@ ABSL_FLAG(double, pass_ms, 0,
 ABSL_FLAG(int32_t, start_timeout_s, 60, "Seconds to wait for servers to start listening.");
 ABSL_FLAG(bool, tls, false,
           "Run the whole job over mutual TLS with bearer tokens, with a CA, certificates and tokens made for it "
-          "(deploy/make-certs.sh, openssl) in a temporary directory. Default: plaintext on loopback.");
+          "(deploy/make-certs.sh, openssl) in a temporary directory. Default: plaintext on loopback with a token "
+          "made for the job (files only you may read), so that other users of the host are refused.");
 ABSL_FLAG(bool, no_restart, false,
           "Do not restart a server or worker killed by a signal during training (by default each is restarted "
           "up to 3 times; servers restore their newest checkpoint and workers rejoin).");
@@ -296,11 +298,6 @@ std::string SelfDir() {
   return self.substr(0, self.rfind('/'));
 }
 
-std::string ReadAll(const std::string& path) {
-  std::ifstream in(path);
-  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-}
-
 int Fail(const std::string& message) {
   std::cerr << "segps-local: " << message << std::endl;
   return 1;
@@ -373,36 +370,15 @@ class LocalJob {
     return "";
   }
 
-  // Mutual TLS with tokens (--tls): a CA, certificates and tokens for this job alone.
+  // A token for this job alone, or mutual TLS with tokens (--tls), or the
+  // config's own security (deploy/local/job_security.h).
   std::string SetUpSecurity() {
-    if (!absl::GetFlag(FLAGS_tls)) {
-      std::cout << (config_.security().cert().empty()
-                        ? "segps-local: plaintext on loopback, no authentication (--tls runs the job over mutual "
-                          "TLS with tokens)"
-                        : "segps-local: TLS with the config's certificates")
-                << std::endl;
-      return "";
-    }
-    char certs_template[] = "/tmp/segps-certs.XXXXXX";
-    if (mkdtemp(certs_template) == nullptr) return "cannot make a directory for the certificates";
-    const std::string certs = remove_certs_.dir = certs_template;
-    const std::string make = absl::StrCat("bash '", SEGPS_DEPLOY_DIR, "/make-certs.sh' '", certs, "' > '", certs,
-                                          "/make-certs.log' 2>&1");
-    if (std::system(make.c_str()) != 0) {
-      return absl::StrCat("--tls: ", SEGPS_DEPLOY_DIR, "/make-certs.sh failed (is openssl installed?): ",
-                          ReadAll(certs + "/make-certs.log"));
-    }
-    server_tls_ = {"--tls_ca", certs + "/ca.pem", "--tls_cert", certs + "/server.pem", "--tls_key",
-                   certs + "/server.key", "--token_file", certs + "/tokens", "--require_client_cert"};
-    const std::vector<std::string> client = {"--tls_ca", certs + "/ca.pem", "--tls_cert", certs + "/client.pem",
-                                             "--tls_key", certs + "/client.key", "--token_file"};
-    worker_tls_ = client;
-    worker_tls_.push_back(certs + "/worker.token");
-    reader_tls_ = client;
-    reader_tls_.push_back(certs + "/reader.token");
-    // A chain's stage link listens as a server on loopback: the server certificate names it.
-    stage_link_tls_ = {"--stage_tls_cert", certs + "/server.pem", "--stage_tls_key", certs + "/server.key"};
-    std::cout << "segps-local: mutual TLS with bearer tokens; certificates and tokens made in " << certs << std::endl;
+    absl::StatusOr<segps::JobSecurity> secured =
+        segps::SecureJob(config_.security(), absl::GetFlag(FLAGS_tls), SEGPS_DEPLOY_DIR);
+    if (!secured.ok()) return std::string(secured.status().message());
+    remove_secrets_.dir = secured->dir;
+    security_ = *std::move(secured);
+    std::cout << security_.banner << std::endl;
     return "";
   }
 
@@ -425,8 +401,8 @@ class LocalJob {
                                      absl::GetFlag(FLAGS_device), "--cpu_threads",
                                      std::to_string(absl::GetFlag(FLAGS_cpu_threads)), "--history_dir", history_dir_};
     if (chain_ && k + 1 < segments_) args.push_back("--next_stage=-");
-    args.insert(args.end(), worker_tls_.begin(), worker_tls_.end());
-    if (chain_ && k > 0) args.insert(args.end(), stage_link_tls_.begin(), stage_link_tls_.end());
+    args.insert(args.end(), security_.worker.begin(), security_.worker.end());
+    if (chain_ && k > 0) args.insert(args.end(), security_.stage_link.begin(), security_.stage_link.end());
     const bool straggler = k == 0 && r + 1 == segps::WorkersOf(config_, k);
     if (straggler && absl::GetFlag(FLAGS_straggler_ms) > 0) {
       args.insert(args.end(), {"--slowdown_ms", std::to_string(absl::GetFlag(FLAGS_straggler_ms))});
@@ -475,7 +451,7 @@ class LocalJob {
                                        "--listen", "127.0.0.1:0", "--apply_threads",
                                        std::to_string(absl::GetFlag(FLAGS_apply_threads)), "--checkpoint_dir",
                                        checkpoint_dir_};
-      args.insert(args.end(), server_tls_.begin(), server_tls_.end());
+      args.insert(args.end(), security_.server.begin(), security_.server.end());
       Child* c = launcher_->Spawn(absl::StrCat("server", i), args);
       if (c == nullptr) return "cannot start segps-server";
       c->on_line = [this, i](const std::string& line) {
@@ -597,7 +573,7 @@ class LocalJob {
   std::string Evaluate() {
     std::vector<std::string> args = {bin_ + "/segps-eval", "--config", config_path_, "--servers", server_list_,
                                      "--report", absl::GetFlag(FLAGS_report), "--history_dir", history_dir_};
-    args.insert(args.end(), reader_tls_.begin(), reader_tls_.end());
+    args.insert(args.end(), security_.reader.begin(), security_.reader.end());
     if (!absl::GetFlag(FLAGS_params_dir).empty()) {
       args.insert(args.end(), {"--dump_params", absl::GetFlag(FLAGS_params_dir)});
     }
@@ -610,7 +586,7 @@ class LocalJob {
   std::string Export() {
     if (absl::GetFlag(FLAGS_export).empty() && absl::GetFlag(FLAGS_onnx).empty()) return "";
     std::vector<std::string> args = {bin_ + "/segps-export", "--config", config_path_, "--servers", server_list_};
-    args.insert(args.end(), reader_tls_.begin(), reader_tls_.end());
+    args.insert(args.end(), security_.reader.begin(), security_.reader.end());
     if (!absl::GetFlag(FLAGS_export).empty()) args.insert(args.end(), {"--out", absl::GetFlag(FLAGS_export)});
     if (!absl::GetFlag(FLAGS_onnx).empty()) args.insert(args.end(), {"--onnx", absl::GetFlag(FLAGS_onnx)});
     return RunTool("export", args);
@@ -647,8 +623,8 @@ class LocalJob {
   const bool chain_;
   const int segments_;
   std::string history_dir_, checkpoint_dir_;
-  RemoveWhenDone remove_history_, remove_checkpoints_, remove_certs_;
-  std::vector<std::string> server_tls_, worker_tls_, reader_tls_, stage_link_tls_;
+  RemoveWhenDone remove_history_, remove_checkpoints_, remove_secrets_;
+  segps::JobSecurity security_;
   absl::Time t0_;
   // Made once the job's files are ready (it takes over the job's signals);
   // declared after the directories, so that its processes end before those are removed.

@@ -328,9 +328,8 @@ TEST(SecurityConfig, TokenFileErrorsNameTheFileAndLine) {
     EXPECT_NE(std::string(parsed.status().message()).find(says), std::string::npos) << parsed.status();
   }
   Security no_tls;
-  no_tls.tokens.push_back({Role::kWorker, "0123456789abcdef0123"});
-  EXPECT_FALSE(ServerCredentials(no_tls).ok());  // a token needs TLS
-  EXPECT_FALSE(ChannelCredentials(no_tls).ok());
+  no_tls.require_client_cert = true;
+  EXPECT_FALSE(ServerCredentials(no_tls).ok());  // a client certificate needs TLS
 }
 
 // segps-local --tls makes a CA, certificates and tokens for the job and runs
