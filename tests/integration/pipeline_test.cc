@@ -183,31 +183,52 @@ TEST(Pipeline, ANetworkBeyondAWorkersBudgetTrainsSplitOverStages) {
 // A link checks what reaches it: a label outside the classes (which the
 // last stage would index its softmax by) is refused with the reason, and
 // the stage's next Receive reports it.
-TEST(Pipeline, ALinkRefusesALabelOutsideTheClasses) {
+TEST(Pipeline, ALinkIsTakenOnlyByItsPredecessorAndRefusesALabelOutsideTheClasses) {
   const std::string dir = MakeTempDir();
   const v1::JobConfig job = *LoadConfig(ChainJobFile(dir, ChainJob(2, 1)));
   std::unique_ptr<Upstream> upstream = *Upstream::Listen(job, 1, 0, "127.0.0.1:0");
   auto stub = v1::PipelineStage::NewStub(grpc::CreateChannel(upstream->address(), grpc::InsecureChannelCredentials()));
+  auto micro_batch = [&](int32_t label) {
+    v1::Activations message;
+    message.set_model_fingerprint(ModelFingerprint(job));
+    message.set_stage(0);
+    message.set_batch_rows(1);
+    message.set_rows(1);
+    EncodeFloat32(std::vector<float>(32, 0.5f), 0, message.mutable_values());
+    message.set_labels(std::string(reinterpret_cast<const char*>(&label), sizeof(label)));
+    return message;
+  };
+  // Classes are 0..9. As a stream's first message, a bad one is refused
+  // and reaches nothing: the stage still waits for its predecessor.
+  {
+    grpc::ClientContext context;
+    auto stream = stub->Exchange(&context);
+    ASSERT_TRUE(stream->Write(micro_batch(10)));
+    stream->WritesDone();
+    const grpc::Status status = stream->Finish();
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << status.error_message();
+    EXPECT_NE(status.error_message().find("label 10 of row 0 is outside [0, 10)"), std::string::npos)
+        << status.error_message();
+    EXPECT_FALSE(upstream->Receive(absl::Milliseconds(100)).ok());
+  }
+  // A stream that stays silent holds nothing.
+  grpc::ClientContext silent_context;
+  auto silent = stub->Exchange(&silent_context);
+  // On the link, after a good one, it fails the stage.
   grpc::ClientContext context;
   auto stream = stub->Exchange(&context);
-  v1::Activations message;
-  message.set_model_fingerprint(ModelFingerprint(job));
-  message.set_stage(0);
-  message.set_batch_rows(1);
-  message.set_rows(1);
-  EncodeFloat32(std::vector<float>(32, 0.5f), 0, message.mutable_values());
-  const int32_t label = 10;  // classes are 0..9
-  message.set_labels(std::string(reinterpret_cast<const char*>(&label), sizeof(label)));
-  ASSERT_TRUE(stream->Write(message));
+  ASSERT_TRUE(stream->Write(micro_batch(3)));
+  absl::StatusOr<MicroBatch> received = upstream->Receive(absl::Seconds(10));
+  ASSERT_TRUE(received.ok()) << received.status();
+  EXPECT_EQ(received->labels, std::vector<int32_t>{3});
+  ASSERT_TRUE(stream->Write(micro_batch(10)));
   stream->WritesDone();
   const grpc::Status status = stream->Finish();
   EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << status.error_message();
-  EXPECT_NE(status.error_message().find("label 10 of row 0 is outside [0, 10)"), std::string::npos)
-      << status.error_message();
-  absl::StatusOr<MicroBatch> received = upstream->Receive(absl::Seconds(10));
+  received = upstream->Receive(absl::Seconds(10));
   EXPECT_EQ(received.status().code(), absl::StatusCode::kInvalidArgument) << received.status();
+  silent_context.TryCancel();
 }
-
 
 // Three stages, one replica, each pass padded to 5 ms so that training
 // outlasts the test, leases of 3 s; stage 1 gets `signal` once the last

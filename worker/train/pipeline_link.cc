@@ -21,6 +21,7 @@
 #include "common/sync.h"
 #include "common/tensor_wire.h"
 #include "segps/v1/pipeline.grpc.pb.h"
+#include "worker/train/link_messages.h"
 
 namespace segps {
 namespace {
@@ -57,21 +58,6 @@ class Inbox {
 };
 
 // `slice` as `count` float32 values at offset 0, or why it is not.
-absl::StatusOr<std::vector<float>> Values(const v1::TensorSlice& slice, uint64_t count, const char* what) {
-  if (slice.dtype() != v1::FLOAT32 || slice.offset() != 0 || slice.count() != count || slice.has_indices() ||
-      slice.data().size() != count * sizeof(float)) {
-    return absl::InvalidArgumentError(absl::StrCat(what, ": expected ", count, " dense FLOAT32 values at offset 0, got ",
-                                                   slice.count(), " of dtype ", v1::DType_Name(slice.dtype()),
-                                                   " in ", slice.data().size(), " bytes"));
-  }
-  std::vector<float> values(count);
-  DecodeFloat32(slice, absl::MakeSpan(values));
-  if (std::optional<size_t> bad = FirstNonFinite(values)) {
-    return absl::InvalidArgumentError(absl::StrCat(what, ": value ", *bad, " is ", values[*bad]));
-  }
-  return values;
-}
-
 // Both ends of a link: a neighbour that is paused or cut off leaves the
 // stream open and silent but stops answering pings, so each end pings a
 // lease after the last traffic and gives up after another; and each takes
@@ -137,6 +123,13 @@ class UpstreamImpl final : public Upstream, public v1::PipelineStage::Service {
     if (absl::Status allowed = AuthorizeCall(CallerOf(*context, tokens_), true, "Exchange"); !allowed.ok()) {
       return grpc::Status(static_cast<grpc::StatusCode>(allowed.code()), std::string(allowed.message()));
     }
+    // The link is the first stream whose first message comes from the
+    // predecessor (model, stage and replica); another stream, silent or
+    // not, neither holds the link nor reaches the stage.
+    v1::Activations message;
+    if (!stream->Read(&message)) return grpc::Status::OK;
+    absl::StatusOr<MicroBatch> first = Check(message);
+    if (!first.ok()) return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, std::string(first.status().message()));
     {
       MutexLock lock(&mu_);
       if (stream_ != nullptr || finished_) {
@@ -146,9 +139,9 @@ class UpstreamImpl final : public Upstream, public v1::PipelineStage::Service {
       }
       stream_ = stream;
     }
-    v1::Activations message;
     grpc::Status ended = grpc::Status::OK;
-    bool done = false;
+    bool done = first->done;
+    inbox_.Put(*std::move(first));
     absl::Time heard = absl::Now();
     while (!done && stream->Read(&message)) {
       heard = absl::Now();
@@ -204,36 +197,7 @@ class UpstreamImpl final : public Upstream, public v1::PipelineStage::Service {
 
  private:
   absl::StatusOr<MicroBatch> Check(const v1::Activations& m) const {
-    if (m.model_fingerprint() != fingerprint_ || m.stage() + 1 != static_cast<uint32_t>(stage_) ||
-        m.replica() != replica_) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "Exchange: stage ", stage_, " replica ", replica_, " takes activations from ", peer_, " of model ",
-          fingerprint_, ", not from stage ", m.stage(), " replica ", m.replica(), " of model ", m.model_fingerprint()));
-    }
-    MicroBatch batch;
-    batch.done = m.done();
-    if (batch.done) return batch;
-    batch.clock = m.clock();
-    batch.micro_batch = m.micro_batch();
-    batch.batch_rows = m.batch_rows();
-    batch.rows = m.rows();
-    if (m.rows() == 0 || m.rows() > m.batch_rows() || m.labels().size() != uint64_t{m.rows()} * sizeof(int32_t)) {
-      return absl::InvalidArgumentError(absl::StrCat("Exchange: micro-batch of ", m.rows(), " rows of ",
-                                                     m.batch_rows(), " with ", m.labels().size(), " bytes of labels"));
-    }
-    absl::StatusOr<std::vector<float>> values = Values(m.values(), uint64_t{m.rows()} * width_, "Exchange activations");
-    if (!values.ok()) return values.status();
-    batch.values = *std::move(values);
-    batch.labels.resize(m.rows());
-    std::memcpy(batch.labels.data(), m.labels().data(), m.labels().size());
-    // The last stage indexes its softmax by them.
-    for (uint32_t r = 0; r < m.rows(); ++r) {
-      if (batch.labels[r] < 0 || static_cast<uint32_t>(batch.labels[r]) >= classes_) {
-        return absl::InvalidArgumentError(absl::StrCat("Exchange: label ", batch.labels[r], " of row ", r,
-                                                       " is outside [0, ", classes_, ")"));
-      }
-    }
-    return batch;
+    return CheckActivations(m, {fingerprint_, stage_, replica_, width_, classes_, peer_});
   }
 
   const std::string fingerprint_;
@@ -323,7 +287,7 @@ class DownstreamImpl final : public Downstream {
                                                      message->micro_batch(), ", expected clock ", expected.clock,
                                                      " micro-batch ", expected.micro_batch));
     }
-    return Values(message->values(), uint64_t{expected.rows} * width_, "Exchange gradients");
+    return LinkValues(message->values(), uint64_t{expected.rows} * width_, "Exchange gradients");
   }
 
   absl::Status Finish() override {

@@ -26,19 +26,9 @@
 #include "absl/types/span.h"
 #include "segps/v1/config.pb.h"
 #include "segps/v1/pipeline.pb.h"
+#include "worker/train/link_messages.h"
 
 namespace segps {
-
-// One micro-batch crossing a link forward.
-struct MicroBatch {
-  uint64_t clock = 0;
-  uint32_t micro_batch = 0;
-  uint32_t batch_rows = 0;  // the mini-batch's rows
-  uint32_t rows = 0;
-  std::vector<float> values;   // rows x width
-  std::vector<int32_t> labels;  // rows
-  bool done = false;           // training is over (nothing else set)
-};
 
 // Stage k > 0's end of the link from stage k - 1, replica r.
 class Upstream {
