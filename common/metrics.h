@@ -21,8 +21,10 @@ class MetricsEndpoint {
  public:
   // Serves the registry on `listen` ("host:port"; port 0 picks one). A port
   // alone (or ":port") is loopback: other hosts reach the endpoint only when
-  // an address is named, e.g. "0.0.0.0:9100".
-  static absl::StatusOr<std::unique_ptr<MetricsEndpoint>> Start(const std::string& listen);
+  // an address is named, e.g. "0.0.0.0:9100", and only with `insecure`
+  // (--insecure: the endpoint is plaintext HTTP, and the series tell a
+  // job's progress and sizes); without it such an address is refused.
+  static absl::StatusOr<std::unique_ptr<MetricsEndpoint>> Start(const std::string& listen, bool insecure = false);
   virtual ~MetricsEndpoint() = default;
   virtual prometheus::Registry& registry() = 0;
   // "host:port" actually bound.

@@ -25,7 +25,7 @@ ABSL_FLAG(std::string, config, "", "Job config file (*.pbtxt). Required.");
 ABSL_FLAG(int32_t, index, -1, "This server's index in [0, cluster.num_servers). Required.");
 ABSL_FLAG(std::string, metrics_listen, "",
           "[host:]port to serve Prometheus metrics on (/metrics); a port alone is loopback, 0.0.0.0:PORT serves "
-          "other hosts. Default: no metrics.");
+          "other hosts (with --insecure). Default: no metrics.");
 ABSL_FLAG(int32_t, apply_threads, 1,
           "Threads a push's optimizer update is split over (updates of 128K elements or more). More than one "
           "shortens a synchronous worker's wait where the server has idle cores.");
@@ -36,8 +36,9 @@ ABSL_FLAG(std::string, checkpoint_dir, "",
           "Directory of this server's checkpoints (overrides checkpoint.dir of the config). At start the newest "
           "valid checkpoint there is restored; checkpoints are written at every checkpoint.every_clocks.");
 ABSL_FLAG(bool, insecure, false,
-          "Serve plaintext (no TLS, no tokens) on an address other hosts can reach. Without it such a server "
-          "refuses to start: give it --tls_cert and --tls_key (deploy/make-certs.sh makes them).");
+          "Serve plaintext on an address other hosts can reach: the parameters without TLS (without a "
+          "certificate such a server refuses to start: give it --tls_cert and --tls_key, which "
+          "deploy/make-certs.sh makes), and the metrics endpoint (--metrics_listen), which is plaintext HTTP.");
 ABSL_FLAG(std::string, listen, "",
           "host:port to serve on. Default: cluster.server_addresses[index] if listed, else "
           "127.0.0.1:0 (a free loopback port). Use 0.0.0.0:PORT to serve other hosts.");
@@ -110,7 +111,7 @@ absl::StatusOr<Settings> ReadSettings() {
 absl::StatusOr<std::unique_ptr<segps::MetricsEndpoint>> StartMetrics() {
   if (absl::GetFlag(FLAGS_metrics_listen).empty()) return nullptr;
   absl::StatusOr<std::unique_ptr<segps::MetricsEndpoint>> endpoint =
-      segps::MetricsEndpoint::Start(absl::GetFlag(FLAGS_metrics_listen));
+      segps::MetricsEndpoint::Start(absl::GetFlag(FLAGS_metrics_listen), absl::GetFlag(FLAGS_insecure));
   if (endpoint.ok()) std::cout << "segps-server metrics on http://" << (*endpoint)->address() << "/metrics" << std::endl;
   return endpoint;
 }

@@ -37,7 +37,10 @@ ABSL_FLAG(std::string, rank, "0",
           "rank (identical replicas, e.g. a scaled compose service).");
 ABSL_FLAG(std::string, metrics_listen, "",
           "[host:]port to serve Prometheus metrics on (/metrics); a port alone is loopback, 0.0.0.0:PORT serves "
-          "other hosts. Default: none.");
+          "other hosts (with --insecure). Default: none.");
+ABSL_FLAG(bool, insecure, false,
+          "Serve the metrics endpoint (--metrics_listen), which is plaintext HTTP, on an address other hosts "
+          "can reach; without it such an address is refused.");
 ABSL_FLAG(std::string, servers, "",
           "Comma-separated host:port of every server, in index order. Default: "
           "cluster.server_addresses. '-' (--servers=-): read the list from the first line of stdin once the data "
@@ -292,7 +295,7 @@ absl::Status ReadPlace(Worker* w) {
 absl::Status StartMetrics(Worker* w) {
   if (absl::GetFlag(FLAGS_metrics_listen).empty()) return absl::OkStatus();
   absl::StatusOr<std::unique_ptr<segps::MetricsEndpoint>> endpoint =
-      segps::MetricsEndpoint::Start(absl::GetFlag(FLAGS_metrics_listen));
+      segps::MetricsEndpoint::Start(absl::GetFlag(FLAGS_metrics_listen), absl::GetFlag(FLAGS_insecure));
   if (!endpoint.ok()) return endpoint.status();
   w->metrics_endpoint = *std::move(endpoint);
   // A pipeline stage before the last computes no loss.

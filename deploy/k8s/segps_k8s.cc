@@ -136,7 +136,7 @@ std::vector<std::string> ClientTls(const char* token) {
 std::vector<std::string> WorkerArgs(const Job& job, int k) {
   std::vector<std::string> args = {"--config", "/config/job.pbtxt", "--segment", std::to_string(k), "--rank",
                                    "$(JOB_COMPLETION_INDEX)", "--servers", "$(SEGPS_SERVERS)", "--metrics_listen",
-                                   absl::StrCat("0.0.0.0:", kMetricsPort)};
+                                   absl::StrCat("0.0.0.0:", kMetricsPort), "--insecure"};
   for (const std::string& a : ClientTls("worker.token")) args.push_back(a);
   const int stages = job.config.model().segments_size();
   if (job.chain && k > 0) {

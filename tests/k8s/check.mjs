@@ -130,7 +130,8 @@ function tlsErrors(objects) {
     if (c.command?.[0] === "segps-data") continue;
     const server = c.command?.[0] === "segps-server";
     const where = `${o.kind} ${o.metadata.name}/${c.name}`;
-    if (args.includes("--insecure")) errors.push(`${where}: --insecure`);
+    // --insecure serves the metrics in plaintext; with TLS flags missing it would serve the parameters so too.
+    if (args.includes("--insecure") && !argAfter(args, "--tls_cert")) errors.push(`${where}: --insecure without TLS`);
     if (server && !args.includes("--require_client_cert")) errors.push(`${where}: no --require_client_cert`);
     const files = ["--tls_ca", "--tls_cert", "--tls_key", "--token_file"].map((f) => [f, argAfter(args, f)]);
     for (const [flag, file] of files) {

@@ -87,5 +87,22 @@ TEST(MetricsEndpoint, ASlowClientDelaysNoScrapeAndIsDroppedAtItsDeadline) {
   close(silent);
 }
 
+// The endpoint is plaintext HTTP: an address other hosts reach takes
+// --insecure (`insecure`); loopback does not.
+TEST(MetricsEndpoint, AnAddressOtherHostsReachTakesInsecure) {
+  for (const std::string refused : {"0.0.0.0:0", "[::]:0"}) {
+    absl::StatusOr<std::unique_ptr<MetricsEndpoint>> endpoint = MetricsEndpoint::Start(refused);
+    ASSERT_FALSE(endpoint.ok()) << refused;
+    EXPECT_EQ(endpoint.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(endpoint.status().message().find("refusing to serve metrics on " + refused), std::string::npos)
+        << endpoint.status();
+    EXPECT_NE(endpoint.status().message().find("--insecure"), std::string::npos) << endpoint.status();
+  }
+  EXPECT_TRUE(MetricsEndpoint::Start("0.0.0.0:0", /*insecure=*/true).ok());
+  for (const std::string loopback : {"0", "127.0.0.1:0", "localhost:0"}) {
+    EXPECT_TRUE(MetricsEndpoint::Start(loopback).ok()) << loopback;
+  }
+}
+
 }  // namespace
 }  // namespace segps
