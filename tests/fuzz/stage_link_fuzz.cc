@@ -17,6 +17,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/log.h"
 #include "common/tensor_wire.h"
 #include "worker/train/link_messages.h"
 
@@ -88,6 +89,8 @@ std::vector<std::pair<std::string, std::string>> FuzzSeeds() {
 }  // namespace segps
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  static const bool routed = (segps::RouteProtobufLogs(), true);  // as segps-worker does
+  (void)routed;
   if (size == 0) return 0;
   const std::string bytes(reinterpret_cast<const char*>(data) + 1, size - 1);
   if (data[0] % 2 == 0) {
