@@ -2,11 +2,14 @@
 
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/support/proto_buffer_reader.h>
+#include <malloc.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <optional>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -199,36 +202,54 @@ void ServePush(ParameterServer* server, HandlerPool* pool, const Caller& caller,
 }
 
 // Open PushStream and PullStream calls per connection (its peer address),
-// each connection held to `limit`. Thread-safe.
+// each connection held to `limit`, the server to kConnectionsWorth times
+// that over all its connections. Once a flood of them has ended, the
+// memory they took goes back to the system. Thread-safe.
 class StreamCounts {
  public:
-  explicit StreamCounts(uint32_t limit) : limit_(limit) {}
-  // Counts a new stream of `peer`'s; false (nothing counted) at the limit.
-  bool Open(const std::string& peer) {
+  static constexpr uint32_t kConnectionsWorth = 16;
+  explicit StreamCounts(uint32_t limit) : limit_(limit), server_limit_(limit * kConnectionsWorth) {}
+  // Counts a new stream of `peer`'s; at a limit, counts nothing and says
+  // which (`name`: the method).
+  std::optional<std::string> Open(const std::string& peer, const char* name) {
     MutexLock lock(&mu_);
+    if (total_ >= server_limit_) {
+      return absl::StrCat(name, ": this server holds ", server_limit_, " open streams over all its connections (",
+                          kConnectionsWorth, " times cluster.max_streams_per_connection)");
+    }
     uint32_t& n = open_[peer];
-    if (n >= limit_) return false;
+    if (n >= limit_) {
+      return absl::StrCat(name, ": this connection already holds ", limit_,
+                          " open streams (cluster.max_streams_per_connection)");
+    }
     ++n;
-    ++total_;
-    return true;
+    peak_ = std::max(peak_, ++total_);
+    return std::nullopt;
   }
   void Close(const std::string& peer) {
     MutexLock lock(&mu_);
     auto it = open_.find(peer);
     if (--it->second == 0) open_.erase(it);
-    --total_;
+    // A few streams a worker are the resting state; after a flood, glibc
+    // keeps the freed buffers in its arenas unless asked to return them.
+    if (--total_ <= peak_ / 8 && peak_ >= kFlood) {
+      malloc_trim(0);
+      peak_ = total_;
+    }
   }
-  uint32_t limit() const { return limit_; }
+
   uint32_t total() {
     MutexLock lock(&mu_);
     return total_;
   }
 
  private:
-  const uint32_t limit_;
+  static constexpr uint32_t kFlood = 1024;  // streams at once beyond any job's needs
+  const uint32_t limit_, server_limit_;
   Mutex mu_;
   absl::flat_hash_map<std::string, uint32_t> open_ ABSL_GUARDED_BY(mu_);
   uint32_t total_ ABSL_GUARDED_BY(mu_) = 0;
+  uint32_t peak_ ABSL_GUARDED_BY(mu_) = 0;  // since the last trim
 };
 
 // A PushStream or PullStream: reads a request, serves it (which may wait,
@@ -240,14 +261,12 @@ class StreamReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grp
  public:
   using Serve = std::function<void(const grpc::ByteBuffer&, Reply, StreamUsers*)>;
   StreamReactor(const char* name, std::string peer, Serve serve, StreamCounts* counts, ParameterServer* server)
-      : serve_(std::move(serve)), counts_(counts), server_(server), peer_(std::move(peer)),
-        counted_(counts_->Open(peer_)) {
-    if (!counted_) {
-      Finish(grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
-                          absl::StrCat(name, ": this connection already holds ", counts_->limit(),
-                                       " open streams (cluster.max_streams_per_connection)")));
+      : serve_(std::move(serve)), counts_(counts), server_(server), peer_(std::move(peer)) {
+    if (std::optional<std::string> refused = counts_->Open(peer_, name)) {
+      Finish(grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED, *refused));
       return;
     }
+    counted_ = true;
     StartRead(&request_);
   }
 
@@ -281,7 +300,7 @@ class StreamReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grp
   ParameterServer* const server_;
   StreamUsers users_;
   const std::string peer_;
-  const bool counted_;
+  bool counted_ = false;
   grpc::ByteBuffer request_, reply_;
 };
 
@@ -461,6 +480,12 @@ absl::StatusOr<std::unique_ptr<RunningServer>> StartGrpcServer(ParameterServer* 
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, lease_ms);
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, lease_ms);
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);  // idle streams are the point
+  // HTTP/2's own cap on a connection's concurrent calls (streams and
+  // unary calls, which may park): a client queues beyond it instead of
+  // making the server hold what it would refuse.
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS,
+                             static_cast<int>(std::min<uint32_t>(
+                                 server->config().cluster().max_streams_per_connection() + 1024, INT32_MAX)));
   builder.RegisterService(service.get());
   std::unique_ptr<grpc::Server> grpc_server = builder.BuildAndStart();
   if (grpc_server == nullptr || port == 0) {

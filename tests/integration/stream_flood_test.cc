@@ -1,0 +1,92 @@
+// Floods of silent streams against a real server process on loopback: the
+// server holds at most its server-wide share of them, keeps serving, and
+// gives the memory back once the flood ends.
+#include <grpcpp/grpcpp.h>
+
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "segps/v1/parameter_server.grpc.pb.h"
+#include "tests/support/subprocess.h"
+
+namespace segps {
+namespace {
+
+// Resident memory of process `pid` in MiB (/proc).
+double RssMiB(pid_t pid) {
+  std::ifstream status(absl::StrCat("/proc/", pid, "/status"));
+  for (std::string line; std::getline(status, line);) {
+    if (line.rfind("VmRSS:", 0) == 0) return std::stod(line.substr(6)) / 1024.0;
+  }
+  return -1;
+}
+
+uint32_t OpenStreams(v1::ParameterServer::Stub& stub) {
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  v1::StatsResponse stats;
+  const grpc::Status status = stub.Stats(&context, v1::StatsRequest(), &stats);
+  EXPECT_TRUE(status.ok()) << status.error_message();
+  return stats.open_streams();
+}
+
+TEST(StreamFlood, SilentStreamsOverManyConnectionsAreCappedAndTheirMemoryReturns) {
+  const std::string dir = MakeTempDir();
+  const std::string config = dir + "/teacher.pbtxt";
+  WriteFile(config, ReadFile(std::string(SEGPS_SOURCE_DIR) + "/deploy/configs/teacher.pbtxt"));
+  ServerProcesses servers = StartServers(config, 2);
+  ASSERT_TRUE(servers.ok()) << servers.Output();
+  const pid_t pid = servers.processes[0]->pid();
+  auto probe = v1::ParameterServer::NewStub(
+      grpc::CreateChannel(servers.addresses[0], grpc::InsecureChannelCredentials()));
+  OpenStreams(*probe);
+  const double resting = RssMiB(pid);
+
+  constexpr int kConnections = 40, kStreamsEach = 200;
+  struct Flood {
+    std::unique_ptr<v1::ParameterServer::Stub> stub;
+    std::vector<std::unique_ptr<grpc::ClientContext>> contexts;
+    std::vector<std::unique_ptr<grpc::ClientReaderWriter<v1::PullRequest, v1::PullResponse>>> streams;
+  };
+  std::vector<Flood> floods(kConnections);
+  for (int c = 0; c < kConnections; ++c) {
+    grpc::ChannelArguments args;
+    args.SetInt("segps.test.connection", c);  // a connection each
+    floods[c].stub = v1::ParameterServer::NewStub(
+        grpc::CreateCustomChannel(servers.addresses[0], grpc::InsecureChannelCredentials(), args));
+    for (int s = 0; s < kStreamsEach; ++s) {
+      floods[c].contexts.push_back(std::make_unique<grpc::ClientContext>());
+      floods[c].streams.push_back(floods[c].stub->PullStream(floods[c].contexts.back().get()));
+    }
+  }
+  const uint32_t held = OpenStreams(*probe);
+  const double during = RssMiB(pid);
+  for (Flood& f : floods) {
+    for (auto& context : f.contexts) context->TryCancel();
+  }
+  floods.clear();
+  uint32_t left = held;
+  for (int i = 0; i < 100 && left > 0; ++i) {
+    left = OpenStreams(*probe);
+    servers.processes[0]->Wait(absl::Milliseconds(50));  // reads its output meanwhile
+  }
+  const double after = RssMiB(pid);
+  std::cout << "server RSS " << resting << " MiB at rest, " << during << " MiB holding " << held << " of "
+            << kConnections * kStreamsEach << " silent streams, " << after << " MiB after they closed" << std::endl;
+  EXPECT_EQ(left, 0u);
+  // 16 x cluster.max_streams_per_connection (256) over all connections;
+  // measured here: 13 MiB at rest, 90 MiB holding 4096, 30 MiB after (with
+  // no server-wide cap and no trim: 147 MiB holding all 8000, 147 after).
+  EXPECT_EQ(held, 4096u);
+#if !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)  // their allocators keep what they free
+  EXPECT_LT(during - resting, 160.0);
+  EXPECT_LT(after - resting, 40.0) << "the flood's memory stayed";
+#endif
+}
+
+}  // namespace
+}  // namespace segps
