@@ -5,8 +5,10 @@
 // Prints "segps-server listening on HOST:PORT" on stdout once it serves, and
 // shuts down cleanly on SIGTERM or SIGINT.
 #include <signal.h>
+#include <sys/resource.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <iostream>
 
 #include "absl/flags/flag.h"
@@ -19,6 +21,7 @@
 #include "common/log.h"
 #include "common/metrics.h"
 #include "server/grpc_service.h"
+#include "server/listener_watch.h"
 #include "server/parameter_server.h"
 
 ABSL_FLAG(std::string, config, "", "Job config file (*.pbtxt). Required.");
@@ -116,6 +119,33 @@ absl::StatusOr<std::unique_ptr<segps::MetricsEndpoint>> StartMetrics() {
   return endpoint;
 }
 
+int Port(const std::string& address) { return std::atoi(address.substr(address.rfind(':') + 1).c_str()); }
+
+// Starts `running` again on its address: gRPC abandoned its listener
+// (server/listener_watch.h). Calls in flight fail; workers rejoin.
+absl::Status Relisten(segps::ParameterServer* server, int handler_threads, segps::ServerMetrics* metrics,
+                      std::unique_ptr<segps::RunningServer>* running) {
+  const std::string address = (*running)->address();
+  (*running)->Shutdown(absl::ZeroDuration());
+  running->reset();
+  absl::StatusOr<std::unique_ptr<segps::RunningServer>> again =
+      segps::StartGrpcServer(server, address, handler_threads);
+  if (!again.ok()) return again.status();
+  *running = *std::move(again);
+  if (metrics != nullptr) metrics->ObserveListenerRestart();
+  SEGPS_LOG_WARNING << "listening again on " << address;
+  return absl::OkStatus();
+}
+
+// As many descriptors as the hard limit allows: each connection takes one.
+void RaiseDescriptorLimit() {
+  rlimit limit{};
+  if (getrlimit(RLIMIT_NOFILE, &limit) == 0 && limit.rlim_cur < limit.rlim_max) {
+    limit.rlim_cur = limit.rlim_max;
+    setrlimit(RLIMIT_NOFILE, &limit);
+  }
+}
+
 // Serves until SIGTERM or SIGINT; the exit code.
 int Serve(const Settings& s) {
   // Block the shutdown signals before gRPC starts its threads, so that only
@@ -125,6 +155,7 @@ int Serve(const Settings& s) {
   sigaddset(&signals, SIGTERM);
   sigaddset(&signals, SIGINT);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  RaiseDescriptorLimit();
 
   absl::StatusOr<std::unique_ptr<segps::MetricsEndpoint>> metrics_endpoint = StartMetrics();
   if (!metrics_endpoint.ok()) return Fail(metrics_endpoint.status());
@@ -149,7 +180,12 @@ int Serve(const Settings& s) {
   std::cout << "segps-server listening on " << (*running)->address() << std::endl;
 
   int received = 0;
-  sigwait(&signals, &received);
+  {
+    segps::ListenerWatch watch(Port((*running)->address()), absl::Seconds(1), [&] {
+      return Relisten(server->get(), s.handler_threads, metrics.get(), &*running);
+    });
+    sigwait(&signals, &received);
+  }
   SEGPS_LOG_INFO << "server " << s.index << ": " << (received == SIGINT ? "SIGINT" : "SIGTERM") << ", shutting down";
   (*running)->Shutdown(absl::Seconds(1));
   (*server)->FlushCheckpoints();

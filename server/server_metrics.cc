@@ -53,6 +53,12 @@ ServerMetrics::ServerMetrics(prometheus::Registry& registry, const v1::JobConfig
                          .Name("segps_server_embedding_bytes")
                          .Help("Bytes of the stored embedding rows' values and optimizer state")
                          .Register(registry);
+  listener_restarts_ = &BuildCounter()
+                            .Name("segps_server_listener_restarts_total")
+                            .Help("Times the listener was started again after gRPC abandoned it (out of file "
+                                  "descriptors)")
+                            .Register(registry)
+                            .Add({{"server", server_}});
   const prometheus::Histogram::BucketBoundaries staleness_buckets = {0, 1, 2, 3, 4, 6, 8, 12, 16, 32, 64};
   for (const auto& seg : config.model().segments()) {
     const prometheus::Labels labels = {{"segment", seg.name()}, {"server", server_}};
@@ -101,6 +107,8 @@ void ServerMetrics::ObserveRowsPushed(int segment, uint64_t rows, uint64_t held,
   r.held->Set(static_cast<double>(held));
   r.bytes->Set(static_cast<double>(bytes));
 }
+
+void ServerMetrics::ObserveListenerRestart() { listener_restarts_->Increment(); }
 
 void ServerMetrics::ObserveRejected(int segment) {
   if (segment >= 0 && static_cast<size_t>(segment) < segments_.size()) segments_[segment].rejected->Increment();

@@ -28,6 +28,8 @@ class ServerMetrics {
   // server holds `held` rows of the segment taking `bytes` (values and optimizer state).
   void ObserveRowsPulled(int segment, uint64_t rows);
   void ObserveRowsPushed(int segment, uint64_t rows, uint64_t held, uint64_t bytes);
+  // The listener was started again (server/listener_watch.h).
+  void ObserveListenerRestart();
 
  private:
   struct PerSegment {
@@ -43,6 +45,7 @@ class ServerMetrics {
     prometheus::Histogram* staleness;
   };
   std::vector<PerSegment> segments_;
+  prometheus::Counter* listener_restarts_ = nullptr;
   std::vector<std::string> names_;
   const std::string server_;
   prometheus::Family<prometheus::Gauge>* worker_clock_;

@@ -1,7 +1,12 @@
-// Floods of silent streams against a real server process on loopback: the
+// Floods against a real server process on loopback: of silent streams (the
 // server holds at most its server-wide share of them, keeps serving, and
-// gives the memory back once the flood ends.
+// gives the memory back once the flood ends), and of connections beyond its
+// file descriptors (once they close, the server serves again by itself).
+#include <arpa/inet.h>
 #include <grpcpp/grpcpp.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <gtest/gtest.h>
 
@@ -86,6 +91,43 @@ TEST(StreamFlood, SilentStreamsOverManyConnectionsAreCappedAndTheirMemoryReturns
   EXPECT_LT(during - resting, 160.0);
   EXPECT_LT(after - resting, 40.0) << "the flood's memory stayed";
 #endif
+}
+
+// A server run with 40 descriptors: 60 connections exhaust them, and gRPC
+// abandons its listener ("Failed accept4: Too many open files"); once they
+// close, the server notices the connections left queued, starts its
+// listener again on the same port, and answers calls.
+TEST(StreamFlood, AServerOutOfDescriptorsServesAgainOnceTheyAreFree) {
+  const std::string dir = MakeTempDir();
+  const std::string config = dir + "/teacher.pbtxt";
+  WriteFile(config, ReadFile(std::string(SEGPS_SOURCE_DIR) + "/deploy/configs/teacher.pbtxt"));
+  std::unique_ptr<Subprocess> server = Subprocess::Start(
+      {"/bin/bash", "-c", "ulimit -n 40 && exec " + BinaryPath("segps-server") + " --config " + config +
+                              " --index 0 --listen 127.0.0.1:0"});
+  const std::optional<std::string> listening = server->WaitForLine("segps-server listening on ", absl::Minutes(1));
+  ASSERT_TRUE(listening.has_value()) << server->output();
+  const std::string address = listening->substr(listening->rfind(' ') + 1);
+  const int port = std::stoi(address.substr(address.rfind(':') + 1));
+  std::vector<int> flood;
+  for (int i = 0; i < 60; ++i) {
+    sockaddr_in to{};
+    to.sin_family = AF_INET;
+    to.sin_port = htons(static_cast<uint16_t>(port));
+    to.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    const int fd = socket(AF_INET, SOCK_STREAM, 0);
+    ASSERT_GE(fd, 0);
+    ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&to), sizeof(to)), 0);
+    flood.push_back(fd);
+  }
+  EXPECT_TRUE(server->WaitForLine("Too many open files", absl::Seconds(30)).has_value()) << server->output();
+  for (int fd : flood) close(fd);
+  const std::optional<std::string> again = server->WaitForLine("listening again on", absl::Seconds(30));
+  ASSERT_TRUE(again.has_value()) << server->output();
+  auto stub = v1::ParameterServer::NewStub(
+      grpc::CreateChannel(address.substr(0, address.find_first_of(" \n")), grpc::InsecureChannelCredentials()));
+  OpenStreams(*stub);  // answers
+  server->Signal(SIGTERM);
+  EXPECT_TRUE(server->Wait(absl::Seconds(30)).has_value());
 }
 
 }  // namespace
