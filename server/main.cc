@@ -126,8 +126,9 @@ int Port(const std::string& address) { return std::atoi(address.substr(address.r
 absl::Status Relisten(segps::ParameterServer* server, int handler_threads, segps::ServerMetrics* metrics,
                       std::unique_ptr<segps::RunningServer>* running) {
   const std::string address = (*running)->address();
-  (*running)->Shutdown(absl::ZeroDuration());
+  (*running)->Shutdown(absl::ZeroDuration());  // drains the parked calls
   running->reset();
+  server->Reopen();
   absl::StatusOr<std::unique_ptr<segps::RunningServer>> again =
       segps::StartGrpcServer(server, address, handler_threads);
   if (!again.ok()) return again.status();

@@ -485,6 +485,10 @@ void ParameterServer::Drain() {
   }
 }
 
+void ParameterServer::Reopen() {
+  for (auto& shard : shards_) shard->Reopen();
+}
+
 size_t ParameterServer::Waiting() {
   size_t waiting = 0;
   for (auto& shard : shards_) waiting += shard->Waiting();

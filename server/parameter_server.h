@@ -105,8 +105,10 @@ class ParameterServer {
 
   // Moves every shard's leases and deadlines on to the clock's time.
   void Tick();
-  // Answers every waiting call with UNAVAILABLE and waits no more (shutdown).
+  // Answers every waiting call with UNAVAILABLE and waits no more (shutdown),
+  // until Reopen (the same server served on a new listener).
   void Drain();
+  void Reopen();
   // Calls waiting in the shards now.
   size_t Waiting();
 

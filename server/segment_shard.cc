@@ -298,6 +298,11 @@ void SegmentShard::Drain(const std::string& why) {
   for (auto& complete : ready) std::move(complete)();
 }
 
+void SegmentShard::Reopen() {
+  MutexLock lock(&mu_);
+  draining_.clear();
+}
+
 size_t SegmentShard::Waiting() {
   MutexLock lock(&mu_);
   return parked_.size();

@@ -214,6 +214,8 @@ class SegmentShard {
   // Fails every waiting call with UNAVAILABLE (`why`) and refuses to park
   // new ones: a server that is shutting down answers rather than waits.
   void Drain(const std::string& why);
+  // Parks calls again after Drain.
+  void Reopen();
   // Calls parked now (tests observe that a call waits).
   size_t Waiting();
 

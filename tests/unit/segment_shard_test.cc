@@ -269,6 +269,24 @@ TEST_F(SegmentShardTest, WaitingWorkerKeepsItsLease) {
   EXPECT_TRUE(Done(waiting).ok());
 }
 
+// Drained (its listener going away), a shard answers instead of parking;
+// reopened (the same server on a new listener), it parks again.
+TEST_F(SegmentShardTest, ADrainedShardParksCallsAgainOnceReopened) {
+  auto shard = MakeShard(0);
+  Reg(*shard, 1, 0);
+  Reg(*shard, 2, 1);
+  ASSERT_TRUE(Done(Push(*shard, 1, 0, Soon())).ok());
+  shard->Drain("listener restarting");
+  absl::StatusOr<PullResult> refused = Done(Pull(*shard, 1, 1, Soon()));
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kUnavailable) << refused.status();
+  shard->Reopen();
+  Call<PullResult> waiting = Pull(*shard, 1, 1, Soon());
+  EXPECT_FALSE(waiting->done);
+  EXPECT_EQ(shard->Waiting(), 1u);
+  ASSERT_TRUE(Done(Push(*shard, 2, 0, Soon())).ok());
+  EXPECT_TRUE(Done(waiting).ok()) << Done(waiting).status();
+}
+
 TEST_F(SegmentShardTest, LeavingWorkerReleasesWaiters) {
   auto shard = MakeShard(0);
   Reg(*shard, 1, 0);
