@@ -98,6 +98,10 @@ TEST(StreamFlood, SilentStreamsOverManyConnectionsAreCappedAndTheirMemoryReturns
 // close, the server notices the connections left queued, starts its
 // listener again on the same port, and answers calls.
 TEST(StreamFlood, AServerOutOfDescriptorsServesAgainOnceTheyAreFree) {
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  GTEST_SKIP() << "the sanitizers' runtimes need descriptors of their own (UBSan's checks open a pipe): a server "
+                  "starved of them reports its runtime's failure, not its own";
+#endif
   const std::string dir = MakeTempDir();
   const std::string config = dir + "/teacher.pbtxt";
   WriteFile(config, ReadFile(std::string(SEGPS_SOURCE_DIR) + "/deploy/configs/teacher.pbtxt"));
