@@ -203,12 +203,15 @@ void ServePush(ParameterServer* server, HandlerPool* pool, const Caller& caller,
 
 // Open PushStream and PullStream calls per connection (its peer address),
 // each connection held to `limit`, the server to kConnectionsWorth times
-// that over all its connections. Once a flood of them has ended, the
-// memory they took goes back to the system. Thread-safe.
+// that over all its connections, and one host (the peer's address without
+// its port) to half of that, so that one host cannot take every stream.
+// Once a flood of them has ended, the memory they took goes back to the
+// system. Thread-safe.
 class StreamCounts {
  public:
   static constexpr uint32_t kConnectionsWorth = 16;
-  explicit StreamCounts(uint32_t limit) : limit_(limit), server_limit_(limit * kConnectionsWorth) {}
+  explicit StreamCounts(uint32_t limit)
+      : limit_(limit), server_limit_(limit * kConnectionsWorth), host_limit_(server_limit_ / 2) {}
   // Counts a new stream of `peer`'s; at a limit, counts nothing and says
   // which (`name`: the method).
   std::optional<std::string> Open(const std::string& peer, const char* name) {
@@ -217,12 +220,17 @@ class StreamCounts {
       return absl::StrCat(name, ": this server holds ", server_limit_, " open streams over all its connections (",
                           kConnectionsWorth, " times cluster.max_streams_per_connection)");
     }
-    uint32_t& n = open_[peer];
-    if (n >= limit_) {
+    const std::string host = Host(peer);
+    if (hosts_[host] >= host_limit_) {
+      return absl::StrCat(name, ": connections from ", host, " hold ", host_limit_,
+                          " open streams, half of what this server holds over all its connections");
+    }
+    if (open_[peer] >= limit_) {
       return absl::StrCat(name, ": this connection already holds ", limit_,
                           " open streams (cluster.max_streams_per_connection)");
     }
-    ++n;
+    ++open_[peer];
+    ++hosts_[host];
     peak_ = std::max(peak_, ++total_);
     return std::nullopt;
   }
@@ -230,6 +238,8 @@ class StreamCounts {
     MutexLock lock(&mu_);
     auto it = open_.find(peer);
     if (--it->second == 0) open_.erase(it);
+    auto host = hosts_.find(Host(peer));
+    if (--host->second == 0) hosts_.erase(host);
     // A few streams a worker are the resting state; after a flood, glibc
     // keeps the freed buffers in its arenas unless asked to return them.
     if (--total_ <= peak_ / 8 && peak_ >= kFlood) {
@@ -245,9 +255,13 @@ class StreamCounts {
 
  private:
   static constexpr uint32_t kFlood = 1024;  // streams at once beyond any job's needs
-  const uint32_t limit_, server_limit_;
+  // gRPC's peer "ipv4:10.0.0.7:51234" (or "ipv6:[::1]:51234") without its port.
+  static std::string Host(const std::string& peer) { return peer.substr(0, peer.rfind(':')); }
+
+  const uint32_t limit_, server_limit_, host_limit_;
   Mutex mu_;
   absl::flat_hash_map<std::string, uint32_t> open_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, uint32_t> hosts_ ABSL_GUARDED_BY(mu_);
   uint32_t total_ ABSL_GUARDED_BY(mu_) = 0;
   uint32_t peak_ ABSL_GUARDED_BY(mu_) = 0;  // since the last trim
 };
