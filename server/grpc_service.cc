@@ -221,11 +221,11 @@ class StreamCounts {
                           kConnectionsWorth, " times cluster.max_streams_per_connection)");
     }
     const std::string host = Host(peer);
-    if (hosts_[host] >= host_limit_) {
+    if (Count(hosts_, host) >= host_limit_) {
       return absl::StrCat(name, ": connections from ", host, " hold ", host_limit_,
                           " open streams, half of what this server holds over all its connections");
     }
-    if (open_[peer] >= limit_) {
+    if (Count(open_, peer) >= limit_) {
       return absl::StrCat(name, ": this connection already holds ", limit_,
                           " open streams (cluster.max_streams_per_connection)");
     }
@@ -257,6 +257,11 @@ class StreamCounts {
   static constexpr uint32_t kFlood = 1024;  // streams at once beyond any job's needs
   // gRPC's peer "ipv4:10.0.0.7:51234" (or "ipv6:[::1]:51234") without its port.
   static std::string Host(const std::string& peer) { return peer.substr(0, peer.rfind(':')); }
+  // A count, adding no entry for a key that has none.
+  static uint32_t Count(const absl::flat_hash_map<std::string, uint32_t>& counts, const std::string& key) {
+    auto it = counts.find(key);
+    return it == counts.end() ? 0 : it->second;
+  }
 
   const uint32_t limit_, server_limit_, host_limit_;
   Mutex mu_;

@@ -121,7 +121,7 @@ void SegmentShard::Streamed(uint64_t id, bool open) {
   Worker* w = clocks_.Find(id);
   if (w == nullptr) return;  // replaced or gone meanwhile
   w->streamed = true;
-  w->streams = open ? w->streams + 1 : w->streams - 1;
+  w->streams = open ? w->streams + 1 : std::max<uint32_t>(w->streams, 1) - 1;
 }
 
 absl::StatusOr<Registered> SegmentShard::Register(uint64_t id, uint32_t rank, std::optional<uint64_t> join_clock,
