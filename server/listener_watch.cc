@@ -1,6 +1,9 @@
 #include "server/listener_watch.h"
 
+#include <grpc/support/log.h>
+
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -9,6 +12,20 @@
 #include "common/log.h"
 
 namespace segps {
+namespace {
+
+// Set by gRPC's log when an accept failed for want of descriptors.
+std::atomic<bool> accept_failed{false};
+
+void NoteGrpcLog(gpr_log_func_args* args) {
+  if (std::strstr(args->message, "Failed accept4") != nullptr) accept_failed = true;
+  std::fprintf(stderr, "%s %s:%d] %s\n", gpr_log_severity_string(args->severity), args->file, args->line,
+               args->message);
+}
+
+}  // namespace
+
+void WatchGrpcLog() { gpr_set_log_function(NoteGrpcLog); }
 
 std::optional<int> QueuedConnections(int port) {
   std::optional<int> most;
@@ -48,7 +65,6 @@ ListenerWatch::~ListenerWatch() {
 }
 
 void ListenerWatch::Run() {
-  int looks = 0, last = 0;
   while (true) {
     {
       MutexLock lock(&mu_);
@@ -56,14 +72,14 @@ void ListenerWatch::Run() {
       while (!stop_ && absl::Now() < until) wake_.WaitWithDeadline(&mu_, until);
       if (stop_) return;
     }
-    const int queued = QueuedConnections(port_).value_or(0);
-    looks = queued > 0 && queued >= last ? looks + 1 : 0;
-    last = queued;
-    if (looks < 3) continue;
-    looks = last = 0;
-    SEGPS_LOG_WARNING << "the listener on port " << port_ << " leaves " << queued
-                      << " connections unaccepted (gRPC abandons it once it ran out of file descriptors); "
-                         "starting it again";
+    if (!accept_failed) continue;
+    // Descriptors free again: /proc opens (and says who waits meanwhile).
+    const std::optional<int> queued = QueuedConnections(port_);
+    if (!queued.has_value()) continue;
+    accept_failed = false;
+    SEGPS_LOG_WARNING << "the listener on port " << port_ << " stopped accepting when this process ran out of file "
+                      << "descriptors (gRPC abandons it; " << *queued
+                      << " connections wait); starting it again now that some are free";
     if (absl::Status restarted = restart_(); !restarted.ok()) {
       SEGPS_LOG_ERROR << "could not start the listener again: " << restarted.message();
     }

@@ -1,12 +1,13 @@
 // Whether a server still accepts connections, and what to do when it does
 // not. gRPC (1.51) abandons a listening socket whose accept fails for want
-// of file descriptors: once they are free again, connections still queue
-// in the kernel, and none is ever served. ListenerWatch reads the accept
-// queue of the server's listening port (/proc/net/tcp, tcp6) every period;
-// a gRPC listener empties it at once, so connections that stay queued over
-// three looks in a row, never fewer, mean an abandoned listener, which is
-// restarted (`restart`: the gRPC server built again on the same port, the
-// ParameterServer behind it untouched), logged and counted.
+// of file descriptors ("Failed accept4: Too many open files"): once they
+// are free again, connections still queue in the kernel, and none is ever
+// served. ListenerWatch takes gRPC's log (WatchGrpcLog, which prints it as
+// gRPC would) to learn of that failure, and once the process can open a
+// file again it restarts the listener (`restart`: the gRPC server built
+// again on the same port, the ParameterServer behind it untouched), logged
+// and counted. Nothing else restarts it: a slow server whose accept queue
+// is long is left alone.
 //
 // Thread safety: the watch runs on its own thread; `restart` runs there.
 #ifndef SEGPS_SERVER_LISTENER_WATCH_H_
@@ -26,6 +27,10 @@ namespace segps {
 // (the most on any one); nullopt if /proc cannot be read (no descriptor to
 // spare, or no /proc).
 std::optional<int> QueuedConnections(int port);
+
+// Routes gRPC's log through a function that notes a failed accept (and
+// prints every line to stderr as gRPC does). Call once, before serving.
+void WatchGrpcLog();
 
 class ListenerWatch {
  public:

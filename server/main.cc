@@ -157,6 +157,7 @@ int Serve(const Settings& s) {
   sigaddset(&signals, SIGINT);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   RaiseDescriptorLimit();
+  segps::WatchGrpcLog();
 
   absl::StatusOr<std::unique_ptr<segps::MetricsEndpoint>> metrics_endpoint = StartMetrics();
   if (!metrics_endpoint.ok()) return Fail(metrics_endpoint.status());
