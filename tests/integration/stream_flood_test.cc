@@ -40,6 +40,10 @@ uint32_t OpenStreams(v1::ParameterServer::Stub& stub) {
 }
 
 TEST(StreamFlood, SilentStreamsOverManyConnectionsAreCappedAndTheirMemoryReturns) {
+#if defined(__SANITIZE_THREAD__)
+  GTEST_SKIP() << "under ThreadSanitizer a server takes minutes over 8,000 streams (930 MiB, 2 minutes to end "
+                  "them): the cap is checked in the other builds";
+#endif
   const std::string dir = MakeTempDir();
   const std::string config = dir + "/teacher.pbtxt";
   WriteFile(config, ReadFile(std::string(SEGPS_SOURCE_DIR) + "/deploy/configs/teacher.pbtxt"));
