@@ -99,9 +99,9 @@ TEST(StreamFlood, SilentStreamsOverManyConnectionsAreCappedAndTheirMemoryReturns
 }
 
 // A server run with 40 descriptors: 60 connections exhaust them, and gRPC
-// abandons its listener ("Failed accept4: Too many open files"); once they
-// close, the server notices the connections left queued, starts its
-// listener again on the same port, and answers calls.
+// abandons its listener ("Failed accept4: Too many open files", which the
+// server reads in gRPC's log); once they close, the server starts its
+// listener again on the same port and answers calls.
 TEST(StreamFlood, AServerOutOfDescriptorsServesAgainOnceTheyAreFree) {
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
   GTEST_SKIP() << "the sanitizers' runtimes need descriptors of their own (UBSan's checks open a pipe): a server "
