@@ -83,13 +83,10 @@ grpc::ChannelArguments LinkArguments(const v1::JobConfig& config) {
 class UpstreamImpl final : public Upstream, public v1::PipelineStage::Service {
  public:
   UpstreamImpl(const v1::JobConfig& config, int stage, uint32_t replica)
-      : fingerprint_(ModelFingerprint(config)),
-        stage_(stage),
-        replica_(replica),
-        width_(SegmentInputWidth(config.model(), stage)),
-        classes_(config.model().num_classes()),
-        peer_(absl::StrCat("stage ", stage - 1, " (", config.model().segments(stage - 1).name(), ") replica ",
-                           replica)) {}
+      : end_{ModelFingerprint(config), stage, replica, SegmentInputWidth(config.model(), stage),
+             config.model().num_classes(),
+             absl::StrCat("stage ", stage - 1, " (", config.model().segments(stage - 1).name(), ") replica ",
+                          replica)} {}
   ~UpstreamImpl() override {
     if (server_ != nullptr) {
       server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
@@ -134,8 +131,8 @@ class UpstreamImpl final : public Upstream, public v1::PipelineStage::Service {
       MutexLock lock(&mu_);
       if (stream_ != nullptr || finished_) {
         return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
-                            absl::StrCat("Exchange: stage ", stage_, " replica ", replica_, " already has its link from ",
-                                         peer_));
+                            absl::StrCat("Exchange: stage ", end_.stage, " replica ", end_.replica,
+                                         " already has its link from ", end_.peer));
       }
       stream_ = stream;
     }
@@ -159,10 +156,10 @@ class UpstreamImpl final : public Upstream, public v1::PipelineStage::Service {
       // answering the keepalive ping sent a lease after the last traffic.
       inbox_.Put(absl::UnavailableError(
           context->IsCancelled()
-              ? absl::StrCat(peer_, " lost the link before training ended: nothing came for ",
+              ? absl::StrCat(end_.peer, " lost the link before training ended: nothing came for ",
                              absl::FormatDuration(absl::Trunc(absl::Now() - heard, absl::Milliseconds(100))),
                              ", then the connection dropped or stopped answering pings")
-              : absl::StrCat(peer_, " closed the link before training ended")));
+              : absl::StrCat(end_.peer, " closed the link before training ended")));
     }
     MutexLock lock(&mu_);
     while (writing_) changed_.Wait(&mu_);
@@ -172,7 +169,7 @@ class UpstreamImpl final : public Upstream, public v1::PipelineStage::Service {
   }
 
   absl::StatusOr<MicroBatch> Receive(absl::Duration patience) override {
-    return inbox_.Take(patience, peer_);
+    return inbox_.Take(patience, end_.peer);
   }
 
   absl::Status SendGradient(uint64_t clock, uint32_t micro_batch, absl::Span<const float> values) override {
@@ -184,28 +181,23 @@ class UpstreamImpl final : public Upstream, public v1::PipelineStage::Service {
     {
       MutexLock lock(&mu_);
       stream = stream_;
-      if (stream == nullptr) return absl::UnavailableError(absl::StrCat(peer_, " is not connected"));
+      if (stream == nullptr) return absl::UnavailableError(absl::StrCat(end_.peer, " is not connected"));
       writing_ = true;
     }
     const bool sent = stream->Write(message);
     MutexLock lock(&mu_);
     writing_ = false;
     changed_.SignalAll();
-    if (!sent) return absl::UnavailableError(absl::StrCat(peer_, " went away"));
+    if (!sent) return absl::UnavailableError(absl::StrCat(end_.peer, " went away"));
     return absl::OkStatus();
   }
 
  private:
   absl::StatusOr<MicroBatch> Check(const v1::Activations& m) const {
-    return CheckActivations(m, {fingerprint_, stage_, replica_, width_, classes_, peer_});
+    return CheckActivations(m, end_);
   }
 
-  const std::string fingerprint_;
-  const int stage_;
-  const uint32_t replica_;
-  const uint64_t width_;
-  const uint32_t classes_;
-  const std::string peer_;
+  const LinkEnd end_;  // whose activations it takes, and their shape
   std::vector<Token> tokens_;  // set by Start, before the server serves
   std::string address_;
   std::unique_ptr<grpc::Server> server_;
