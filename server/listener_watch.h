@@ -5,16 +5,15 @@
 // served. ListenerWatch takes gRPC's log (WatchGrpcLog, which prints it as
 // gRPC would) to learn of that failure, and once the process can open a
 // file again it restarts the listener (`restart`: the gRPC server built
-// again on the same port, the ParameterServer behind it untouched), logged
-// and counted. Nothing else restarts it: a slow server whose accept queue
-// is long is left alone.
+// again on the same port, the ParameterServer behind it untouched; tried
+// again a period later if it fails). Nothing else restarts it: a slow
+// server whose accept queue is long is left alone.
 //
 // Thread safety: the watch runs on its own thread; `restart` runs there.
 #ifndef SEGPS_SERVER_LISTENER_WATCH_H_
 #define SEGPS_SERVER_LISTENER_WATCH_H_
 
 #include <functional>
-#include <optional>
 #include <thread>
 
 #include "absl/status/status.h"
@@ -23,24 +22,18 @@
 
 namespace segps {
 
-// Connections waiting to be accepted on the listening sockets of TCP `port`
-// (the most on any one); nullopt if /proc cannot be read (no descriptor to
-// spare, or no /proc).
-std::optional<int> QueuedConnections(int port);
-
 // Routes gRPC's log through a function that notes a failed accept (and
 // prints every line to stderr as gRPC does). Call once, before serving.
 void WatchGrpcLog();
 
 class ListenerWatch {
  public:
-  ListenerWatch(int port, absl::Duration period, std::function<absl::Status()> restart);
+  ListenerWatch(absl::Duration period, std::function<absl::Status()> restart);
   ~ListenerWatch();  // stops the thread (a restart under way finishes first)
 
  private:
   void Run();
 
-  const int port_;
   const absl::Duration period_;
   const std::function<absl::Status()> restart_;
   Mutex mu_;

@@ -8,7 +8,6 @@
 #include <sys/resource.h>
 
 #include <cstdio>
-#include <cstdlib>
 #include <iostream>
 
 #include "absl/flags/flag.h"
@@ -119,14 +118,12 @@ absl::StatusOr<std::unique_ptr<segps::MetricsEndpoint>> StartMetrics() {
   return endpoint;
 }
 
-int Port(const std::string& address) { return std::atoi(address.substr(address.rfind(':') + 1).c_str()); }
-
-// Starts `running` again on its address: gRPC abandoned its listener
-// (server/listener_watch.h). Calls in flight fail; workers rejoin.
-absl::Status Relisten(segps::ParameterServer* server, int handler_threads, segps::ServerMetrics* metrics,
-                      std::unique_ptr<segps::RunningServer>* running) {
-  const std::string address = (*running)->address();
-  (*running)->Shutdown(absl::ZeroDuration());  // drains the parked calls
+// Starts `running` again on `address`, its own: gRPC abandoned its listener
+// (server/listener_watch.h). Calls in flight fail; workers rejoin. On an
+// error `running` is null until a later call succeeds.
+absl::Status Relisten(segps::ParameterServer* server, const std::string& address, int handler_threads,
+                      segps::ServerMetrics* metrics, std::unique_ptr<segps::RunningServer>* running) {
+  if (*running != nullptr) (*running)->Shutdown(absl::ZeroDuration());  // drains the parked calls
   running->reset();
   server->Reopen();
   absl::StatusOr<std::unique_ptr<segps::RunningServer>> again =
@@ -183,13 +180,13 @@ int Serve(const Settings& s) {
 
   int received = 0;
   {
-    segps::ListenerWatch watch(Port((*running)->address()), absl::Seconds(1), [&] {
-      return Relisten(server->get(), s.handler_threads, metrics.get(), &*running);
+    segps::ListenerWatch watch(absl::Seconds(1), [&, address = (*running)->address()] {
+      return Relisten(server->get(), address, s.handler_threads, metrics.get(), &*running);
     });
     sigwait(&signals, &received);
   }
   SEGPS_LOG_INFO << "server " << s.index << ": " << (received == SIGINT ? "SIGINT" : "SIGTERM") << ", shutting down";
-  (*running)->Shutdown(absl::Seconds(1));
+  if (*running != nullptr) (*running)->Shutdown(absl::Seconds(1));
   (*server)->FlushCheckpoints();
   return 0;
 }
