@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "common/security.h"
 #include "prometheus/text_serializer.h"
 
 namespace segps {
@@ -134,15 +135,6 @@ class Endpoint final : public MetricsEndpoint {
 
 }  // namespace
 
-// Whether `address` is reachable from this host only (127.0.0.0/8, ::1).
-static bool IsLoopback(const sockaddr* address) {
-  if (address->sa_family == AF_INET) {
-    return (ntohl(reinterpret_cast<const sockaddr_in*>(address)->sin_addr.s_addr) >> 24) == 127;
-  }
-  return address->sa_family == AF_INET6 &&
-         IN6_IS_ADDR_LOOPBACK(&reinterpret_cast<const sockaddr_in6*>(address)->sin6_addr);
-}
-
 absl::StatusOr<std::unique_ptr<MetricsEndpoint>> MetricsEndpoint::Start(const std::string& listen, bool insecure) {
   // A port alone, or an empty host, is loopback: serving other hosts is
   // asked for by naming an address (0.0.0.0:PORT, [::]:PORT, a host's IP).
@@ -154,6 +146,12 @@ absl::StatusOr<std::unique_ptr<MetricsEndpoint>> MetricsEndpoint::Start(const st
   if (port.empty()) {
     return absl::InvalidArgumentError(absl::StrCat("metrics address '", listen, "': expected [HOST:]PORT"));
   }
+  if (!insecure && !IsLoopbackAddress(absl::StrCat(host, ":", port))) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "refusing to serve metrics on ", listen,
+        " in plaintext to other hosts (they tell the job's progress and sizes): give a port alone (loopback), "
+        "or pass --insecure on a network you trust"));
+  }
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
@@ -161,13 +159,6 @@ absl::StatusOr<std::unique_ptr<MetricsEndpoint>> MetricsEndpoint::Start(const st
   addrinfo* found = nullptr;
   if (const int err = getaddrinfo(host.c_str(), port.c_str(), &hints, &found); err != 0) {
     return absl::InvalidArgumentError(absl::StrCat("metrics address '", listen, "': ", gai_strerror(err)));
-  }
-  if (!insecure && !IsLoopback(found->ai_addr)) {
-    freeaddrinfo(found);
-    return absl::InvalidArgumentError(absl::StrCat(
-        "refusing to serve metrics on ", listen,
-        " in plaintext to other hosts (they tell the job's progress and sizes): give a port alone (loopback), "
-        "or pass --insecure on a network you trust"));
   }
   int fd = socket(found->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
   const int one = 1;

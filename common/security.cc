@@ -87,7 +87,6 @@ class BearerToken final : public grpc::MetadataCredentialsPlugin {
 
 bool IsLoopbackAddress(const std::string& address) {
   std::string host = address.substr(0, address.rfind(':'));
-  if (absl::StartsWith(host, "ipv4:") || absl::StartsWith(host, "ipv6:")) host = host.substr(5);
   if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
   return host == "localhost" || absl::StartsWith(host, "127.") || host == "::1";
 }

@@ -63,8 +63,8 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerCredentials(const
 // goes to loopback servers only.
 absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> ChannelCredentials(const Security& security);
 
-// Whether `address` (host:port, or gRPC's ipv4:/ipv6: peer form) is
-// reachable from this host only: localhost, 127.x, ::1.
+// Whether `address` (host:port, [v6]:port) is reachable from this host
+// only: localhost, 127.x, ::1.
 bool IsLoopbackAddress(const std::string& address);
 
 // Whether two secrets are equal, in time independent of where they differ
