@@ -51,8 +51,7 @@ absl::Status ParameterServer::Register(const v1::RegisterRequest& request, v1::R
   uint32_t rank = request.rank();
   if (request.any_rank()) {
     // Two replicas asking at once could both see the same free rank; the
-    // second registration then replaces the first, which notices at its
-    // next call. Replicas start seconds apart in practice.
+    // second is then refused (the first holds it) and asks again.
     std::optional<uint32_t> free = (*shard)->FreeRank(workers);
     if (!free.has_value()) {
       return Reject(request.segment(), absl::ResourceExhaustedError(absl::StrCat(
@@ -194,7 +193,6 @@ absl::Status ParameterServer::Rollback(const v1::RollbackRequest& request, v1::R
   }
   {
     MutexLock lock(&rollback_mu_);
-    rolled_back_at_.resize(shards_.size(), absl::InfinitePast());
     const absl::Duration since = clock_->Now() - rolled_back_at_[segment];
     if (since < kRollbackInterval) {
       return Reject(request.segment(), absl::UnavailableError(absl::StrCat(

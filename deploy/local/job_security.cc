@@ -2,9 +2,13 @@
 
 #include <stdlib.h>
 #include <sys/random.h>
+#include <fcntl.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <sstream>
 
@@ -23,14 +27,14 @@ absl::StatusOr<std::string> RandomToken() {
   return absl::BytesToHexString(bytes);
 }
 
-// Writes `text` to `path`, readable and writable by its owner only.
+// Writes `text` to a new file `path`, made readable and writable by its
+// owner only (never readable by others, not even for a moment).
 absl::Status WritePrivate(const std::string& path, const std::string& text) {
-  std::ofstream out(path);
-  out << text;
-  out.close();
-  if (!out || chmod(path.c_str(), S_IRUSR | S_IWUSR) != 0) {
-    return absl::UnavailableError(absl::StrCat("cannot write ", path));
-  }
+  const int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, S_IRUSR | S_IWUSR);
+  const bool written = fd >= 0 && write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size());
+  const int error = errno;
+  if (fd >= 0) close(fd);
+  if (!written) return absl::UnavailableError(absl::StrCat("cannot write ", path, ": ", std::strerror(error)));
   return absl::OkStatus();
 }
 
