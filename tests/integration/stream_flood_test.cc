@@ -39,15 +39,14 @@ uint32_t OpenStreams(v1::ParameterServer::Stub& stub) {
   return stats.open_streams();
 }
 
+constexpr char kTeacher[] = SEGPS_SOURCE_DIR "/deploy/configs/teacher.pbtxt";
+
 TEST(StreamFlood, SilentStreamsOverManyConnectionsAreCappedAndTheirMemoryReturns) {
 #if defined(__SANITIZE_THREAD__)
   GTEST_SKIP() << "under ThreadSanitizer a server takes minutes over 8,000 streams (930 MiB, 2 minutes to end "
                   "them): the cap is checked in the other builds";
 #endif
-  const std::string dir = MakeTempDir();
-  const std::string config = dir + "/teacher.pbtxt";
-  WriteFile(config, ReadFile(std::string(SEGPS_SOURCE_DIR) + "/deploy/configs/teacher.pbtxt"));
-  ServerProcesses servers = StartServers(config, 2);
+  ServerProcesses servers = StartServers(kTeacher, 2);
   ASSERT_TRUE(servers.ok()) << servers.Output();
   const pid_t pid = servers.processes[0]->pid();
   auto probe = v1::ParameterServer::NewStub(
@@ -107,11 +106,8 @@ TEST(StreamFlood, AServerOutOfDescriptorsServesAgainOnceTheyAreFree) {
   GTEST_SKIP() << "the sanitizers' runtimes need descriptors of their own (UBSan's checks open a pipe): a server "
                   "starved of them reports its runtime's failure, not its own";
 #endif
-  const std::string dir = MakeTempDir();
-  const std::string config = dir + "/teacher.pbtxt";
-  WriteFile(config, ReadFile(std::string(SEGPS_SOURCE_DIR) + "/deploy/configs/teacher.pbtxt"));
   std::unique_ptr<Subprocess> server = Subprocess::Start(
-      {"/bin/bash", "-c", "ulimit -n 40 && exec " + BinaryPath("segps-server") + " --config " + config +
+      {"/bin/bash", "-c", "ulimit -n 40 && exec " + BinaryPath("segps-server") + " --config " + kTeacher +
                               " --index 0 --listen 127.0.0.1:0"});
   const std::optional<std::string> listening = server->WaitForLine("segps-server listening on ", absl::Minutes(1));
   ASSERT_TRUE(listening.has_value()) << server->output();
