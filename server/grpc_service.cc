@@ -1,10 +1,13 @@
 #include "server/grpc_service.h"
 
+#include <google/protobuf/descriptor.h>
+#include <grpcpp/alarm.h>
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/support/proto_buffer_reader.h>
 #include <malloc.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -201,60 +204,67 @@ void ServePush(ParameterServer* server, HandlerPool* pool, const Caller& caller,
                caller.identity);
 }
 
-// Open PushStream and PullStream calls per connection (its peer address),
-// each connection held to `limit`, the server to kConnectionsWorth times
-// that over all its connections, and one host (the peer's address without
-// its port) to half of that, so that one host cannot take every stream.
-// Once a flood of them has ended, the memory they took goes back to the
-// system. Thread-safe.
-class StreamCounts {
+// The calls a server holds open (streams, and unary calls from their
+// headers until they are answered): `server_limit` over all connections,
+// half of that per host (the peer's address without its port) so that one
+// host cannot take every call, and `stream_limit` streams per connection
+// (its peer address). Once a flood of calls has ended, the memory they took
+// goes back to the system. Thread-safe.
+class CallCounts {
  public:
-  static constexpr uint32_t kConnectionsWorth = 16;
-  explicit StreamCounts(uint32_t limit)
-      : limit_(limit), server_limit_(limit * kConnectionsWorth), host_limit_(server_limit_ / 2) {}
-  // Counts a new stream of `peer`'s; at a limit, counts nothing and says
-  // which (`name`: the method).
-  std::optional<std::string> Open(const std::string& peer, const char* name) {
+  CallCounts(uint32_t stream_limit, uint32_t server_limit)
+      : stream_limit_(stream_limit), server_limit_(server_limit), host_limit_(server_limit / 2) {}
+  // Counts a new call of `peer`'s (`stream`: a PushStream or PullStream);
+  // at a limit, counts nothing and says which (`name`: the method).
+  std::optional<std::string> Open(const std::string& peer, const char* name, bool stream) {
     MutexLock lock(&mu_);
-    if (total_ >= server_limit_) {
-      return absl::StrCat(name, ": this server holds ", server_limit_, " open streams over all its connections (",
-                          kConnectionsWorth, " times cluster.max_streams_per_connection)");
+    if (streams_ + unary_ >= server_limit_) {
+      return absl::StrCat(name, ": this server holds ", server_limit_,
+                          " open calls over all its connections (cluster.max_open_calls)");
     }
     const std::string host = Host(peer);
     if (Count(hosts_, host) >= host_limit_) {
       return absl::StrCat(name, ": connections from ", host, " hold ", host_limit_,
-                          " open streams, half of what this server holds over all its connections");
+                          " open calls, half of what this server holds over all its connections (cluster.max_open_calls)");
     }
-    if (Count(open_, peer) >= limit_) {
-      return absl::StrCat(name, ": this connection already holds ", limit_,
+    if (stream && Count(streams_of_, peer) >= stream_limit_) {
+      return absl::StrCat(name, ": this connection already holds ", stream_limit_,
                           " open streams (cluster.max_streams_per_connection)");
     }
-    ++open_[peer];
+    if (stream) ++streams_of_[peer];
     ++hosts_[host];
-    peak_ = std::max(peak_, ++total_);
+    ++(stream ? streams_ : unary_);
+    peak_ = std::max(peak_, streams_ + unary_);
     return std::nullopt;
   }
-  void Close(const std::string& peer) {
+  void Close(const std::string& peer, bool stream) {
     MutexLock lock(&mu_);
-    auto it = open_.find(peer);
-    if (--it->second == 0) open_.erase(it);
+    if (stream) {
+      auto it = streams_of_.find(peer);
+      if (--it->second == 0) streams_of_.erase(it);
+    }
     auto host = hosts_.find(Host(peer));
     if (--host->second == 0) hosts_.erase(host);
-    // A few streams a worker are the resting state; after a flood, glibc
+    --(stream ? streams_ : unary_);
+    // A few calls a worker are the resting state; after a flood, glibc
     // keeps the freed buffers in its arenas unless asked to return them.
-    if (--total_ <= peak_ / 8 && peak_ >= kFlood) {
+    if (streams_ + unary_ <= peak_ / 8 && peak_ >= kFlood) {
       malloc_trim(0);
-      peak_ = total_;
+      peak_ = streams_ + unary_;
     }
   }
 
-  uint32_t total() {
+  uint32_t streams() {
     MutexLock lock(&mu_);
-    return total_;
+    return streams_;
+  }
+  uint32_t unary() {
+    MutexLock lock(&mu_);
+    return unary_;
   }
 
  private:
-  static constexpr uint32_t kFlood = 1024;  // streams at once beyond any job's needs
+  static constexpr uint32_t kFlood = 1024;  // calls at once beyond any job's needs
   // gRPC's peer "ipv4:10.0.0.7:51234" (or "ipv6:[::1]:51234") without its port.
   static std::string Host(const std::string& peer) { return peer.substr(0, peer.rfind(':')); }
   // A count, adding no entry for a key that has none.
@@ -263,192 +273,251 @@ class StreamCounts {
     return it == counts.end() ? 0 : it->second;
   }
 
-  const uint32_t limit_, server_limit_, host_limit_;
+  const uint32_t stream_limit_, server_limit_, host_limit_;
   Mutex mu_;
-  absl::flat_hash_map<std::string, uint32_t> open_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, uint32_t> streams_of_ ABSL_GUARDED_BY(mu_);  // by connection
   absl::flat_hash_map<std::string, uint32_t> hosts_ ABSL_GUARDED_BY(mu_);
-  uint32_t total_ ABSL_GUARDED_BY(mu_) = 0;
+  uint32_t streams_ ABSL_GUARDED_BY(mu_) = 0;
+  uint32_t unary_ ABSL_GUARDED_BY(mu_) = 0;
   uint32_t peak_ ABSL_GUARDED_BY(mu_) = 0;  // since the last trim
 };
 
-// A PushStream or PullStream: reads a request, serves it (which may wait,
-// holding no thread), writes its reply, reads the next; a request that
-// fails ends the stream with its status. The stream has no deadline of its
-// own, so a request's wait is capped by the server's limit alone. A stream
-// beyond its connection's limit ends at once with RESOURCE_EXHAUSTED.
-class StreamReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
+// One call from its headers: a PushStream or PullStream, or a unary call
+// (registered as a stream of one request and one reply, so that the server
+// holds it from its headers on rather than gRPC holding it unseen until its
+// request arrives). Reads a request, serves it (which may wait, holding no
+// thread), writes its reply and, on a stream, reads the next; a request that
+// fails ends the call with its status. A call beyond a limit of `counts`
+// ends at once with RESOURCE_EXHAUSTED, and one that sends no request
+// within `first_request` ends with DEADLINE_EXCEEDED. A stream has no
+// deadline of its own after that, so a request's wait is capped by the
+// server's limit alone.
+class CallReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
   using Serve = std::function<void(const grpc::ByteBuffer&, Reply, StreamUsers*)>;
-  StreamReactor(const char* name, std::string peer, Serve serve, StreamCounts* counts, ParameterServer* server)
-      : serve_(std::move(serve)), counts_(counts), server_(server), peer_(std::move(peer)) {
-    if (std::optional<std::string> refused = counts_->Open(peer_, name)) {
+  CallReactor(const char* name, bool stream, std::string peer, absl::Duration first_request, Serve serve,
+              CallCounts* counts, ParameterServer* server)
+      : name_(name), stream_(stream), serve_(std::move(serve)), counts_(counts), server_(server),
+        peer_(std::move(peer)) {
+    if (std::optional<std::string> refused = counts_->Open(peer_, name, stream)) {
       Finish(grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED, *refused));
       return;
     }
-    counted_ = true;
+    counted_ = armed_ = true;
+    refs_.fetch_add(1);  // the alarm's: its callback runs once, fired or cancelled
+    alarm_.Set(absl::ToChronoTime(absl::Now() + first_request), [this](bool fired) { FirstRequestDue(fired); });
     StartRead(&request_);
+  }
+  // A call refused at its headers with `refused`.
+  CallReactor(const char* name, const grpc::Status& refused)
+      : name_(name), stream_(false), counts_(nullptr), server_(nullptr) {
+    End(refused);
   }
 
   void OnReadDone(bool ok) override {
-    if (!ok) return Finish(grpc::Status::OK);  // the client is done
-    serve_(
-        request_,
-        [this](grpc::Status status, grpc::ByteBuffer reply) {
-          if (!status.ok()) return Finish(status);
-          request_.Clear();
-          reply_.Swap(&reply);  // a ByteBuffer copies by reference count; a swap does not even that
-          StartWrite(&reply_);
-        },
-        &users_);
+    if (!ok) {  // the client is done or went away (a unary call: before its request)
+      return End(stream_ ? grpc::Status::OK
+                         : grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                                        absl::StrCat(name_, ": the call ended without its request")));
+    }
+    {
+      MutexLock lock(&mu_);
+      if (ended_) return;  // its deadline ended it meanwhile
+      heard_ = true;
+    }
+    alarm_.Cancel();
+    serve_(request_, [this](grpc::Status status, grpc::ByteBuffer reply) { Answer(status, std::move(reply)); },
+           &users_);
   }
   void OnCancel() override { users_.End(server_); }
   void OnWriteDone(bool ok) override {
-    if (!ok) return Finish(grpc::Status::OK);  // the client went away
+    if (!ok) return End(grpc::Status::OK);  // the client went away
     reply_.Clear();
     StartRead(&request_);
   }
   void OnDone() override {
     users_.End(server_);
-    if (counted_) counts_->Close(peer_);
-    delete this;
+    if (counted_) counts_->Close(peer_, stream_);
+    if (armed_) alarm_.Cancel();
+    Unref();
   }
 
  private:
+  void Answer(grpc::Status status, grpc::ByteBuffer reply) {
+    if (!status.ok()) return End(status);
+    request_.Clear();
+    reply_.Swap(&reply);  // a ByteBuffer copies by reference count; a swap does not even that
+    if (stream_) return StartWrite(&reply_);
+    if (Ending()) StartWriteAndFinish(&reply_, grpc::WriteOptions(), grpc::Status::OK);
+  }
+  void FirstRequestDue(bool fired) {
+    bool silent = false;
+    if (fired) {
+      MutexLock lock(&mu_);
+      silent = !heard_;
+    }
+    if (silent) {
+      End(grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
+                       absl::StrCat(name_, ": no request within cluster.rpc_deadline_ms of the call's start")));
+    }
+    Unref();
+  }
+  // Finishes the call with `status` unless it is ending already.
+  void End(const grpc::Status& status) {
+    if (Ending()) Finish(status);
+  }
+  // Whether the caller is the first to end the call (and must).
+  bool Ending() {
+    MutexLock lock(&mu_);
+    return !std::exchange(ended_, true);
+  }
+  void Unref() {
+    if (refs_.fetch_sub(1) == 1) delete this;
+  }
+
+  const char* const name_;
+  const bool stream_;
   const Serve serve_;
-  StreamCounts* const counts_;
+  CallCounts* const counts_;
   ParameterServer* const server_;
   StreamUsers users_;
   const std::string peer_;
-  bool counted_ = false;
+  bool counted_ = false, armed_ = false;
   grpc::ByteBuffer request_, reply_;
+  grpc::Alarm alarm_;
+  std::atomic<int> refs_{1};  // gRPC's, until OnDone
+  Mutex mu_;
+  bool heard_ ABSL_GUARDED_BY(mu_) = false;  // a request arrived
+  bool ended_ ABSL_GUARDED_BY(mu_) = false;  // Finish was called
 };
 
-// The ParameterServer service on gRPC's callback API, every method raw:
-// tensor data leaves the server from one copy of the range and is read from
-// the received slices (common/tensor_wire_grpc.h), and every request is
-// parsed here (Parse). A call that must wait parks in the shard and is
-// finished by whichever call releases it.
-using RawService = v1::ParameterServer::WithRawCallbackMethod_Register<
-    v1::ParameterServer::WithRawCallbackMethod_Pull<v1::ParameterServer::WithRawCallbackMethod_Push<
-        v1::ParameterServer::WithRawCallbackMethod_PushStream<v1::ParameterServer::WithRawCallbackMethod_PullStream<
-            v1::ParameterServer::WithRawCallbackMethod_Heartbeat<v1::ParameterServer::WithRawCallbackMethod_Leave<
-                v1::ParameterServer::WithRawCallbackMethod_Stats<
-                    v1::ParameterServer::WithRawCallbackMethod_Rollback<v1::ParameterServer::Service>>>>>>>>>;
-
-class Service final : public RawService {
+// The ParameterServer service on gRPC's callback API, every method raw and
+// served as a CallReactor: tensor data leaves the server from one copy of
+// the range and is read from the received slices (common/tensor_wire_grpc.h),
+// and every request is parsed here (Parse). A call that must wait parks in
+// the shard and is finished by whichever call releases it. A call without a
+// token the server takes is refused at its headers.
+class Service final : public v1::ParameterServer::Service {
  public:
   Service(ParameterServer* server, int handler_threads, std::vector<Token> tokens)
       : server_(server),
         tokens_(std::move(tokens)),
         pool_(handler_threads),
-        streams_(server->config().cluster().max_streams_per_connection()) {}
-
-  grpc::ServerUnaryReactor* Register(grpc::CallbackServerContext* context, const grpc::ByteBuffer* bytes,
-                                     grpc::ByteBuffer* reply) override {
-    return Control<v1::RegisterRequest, v1::RegisterResponse>(
-        context, "Register", true, bytes, reply,
-        [this](const v1::RegisterRequest& request, v1::RegisterResponse* response, const std::string& caller) {
-          return server_->Register(request, response, caller);
-        });
-  }
-  grpc::ServerUnaryReactor* Heartbeat(grpc::CallbackServerContext* context, const grpc::ByteBuffer* bytes,
-                                      grpc::ByteBuffer* reply) override {
-    return Control<v1::HeartbeatRequest, v1::HeartbeatResponse>(
-        context, "Heartbeat", true, bytes, reply,
-        [this](const v1::HeartbeatRequest& request, v1::HeartbeatResponse* response, const std::string& caller) {
-          return server_->Heartbeat(request, response, caller);
-        });
-  }
-  grpc::ServerUnaryReactor* Leave(grpc::CallbackServerContext* context, const grpc::ByteBuffer* bytes,
-                                  grpc::ByteBuffer* reply) override {
-    return Control<v1::LeaveRequest, v1::LeaveResponse>(
-        context, "Leave", true, bytes, reply,
-        [this](const v1::LeaveRequest& request, v1::LeaveResponse*, const std::string& caller) {
-          return server_->Leave(request, caller);
-        });
-  }
-  grpc::ServerUnaryReactor* Rollback(grpc::CallbackServerContext* context, const grpc::ByteBuffer* bytes,
-                                     grpc::ByteBuffer* reply) override {
-    return Control<v1::RollbackRequest, v1::RollbackResponse>(
-        context, "Rollback", true, bytes, reply,
-        [this](const v1::RollbackRequest& request, v1::RollbackResponse* response, const std::string& caller) {
-          return server_->Rollback(request, response, caller);
-        });
-  }
-  grpc::ServerUnaryReactor* Stats(grpc::CallbackServerContext* context, const grpc::ByteBuffer* bytes,
-                                  grpc::ByteBuffer* reply) override {
-    return Control<v1::StatsRequest, v1::StatsResponse>(
-        context, "Stats", false, bytes, reply,
-        [this](const v1::StatsRequest&, v1::StatsResponse* response, const std::string&) {
-          server_->Stats(response);
-          response->set_open_streams(streams_.total());
-          return absl::OkStatus();
-        });
-  }
-
-  grpc::ServerUnaryReactor* Pull(grpc::CallbackServerContext* context, const grpc::ByteBuffer* bytes,
-                                 grpc::ByteBuffer* reply) override {
-    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-    ServePull(server_, &pool_, CallerOf(*context, tokens_), WaitDeadline(context, *server_), "Pull", *bytes,
-              [reactor, reply](grpc::Status status, grpc::ByteBuffer out) {
-                reply->Swap(&out);
-                reactor->Finish(status);
-              });
-    return reactor;
-  }
-  grpc::ServerUnaryReactor* Push(grpc::CallbackServerContext* context, const grpc::ByteBuffer* bytes,
-                                 grpc::ByteBuffer* reply) override {
-    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-    ServePush(server_, &pool_, CallerOf(*context, tokens_), WaitDeadline(context, *server_), *bytes,
-              [reactor, reply](grpc::Status status, grpc::ByteBuffer out) {
-                reply->Swap(&out);
-                reactor->Finish(status);
-              });
-    return reactor;
-  }
-
-  grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* PushStream(grpc::CallbackServerContext* context) override {
-    return new StreamReactor(
-        "PushStream", context->peer(),
-        [this, caller = CallerOf(*context, tokens_)](const grpc::ByteBuffer& bytes, Reply finish,
-                                                     StreamUsers* users) {
-          ServePush(server_, &pool_, caller, server_->clock()->Now() + server_->max_wait(), bytes, std::move(finish),
-                    users);
-        },
-        &streams_, server_);
-  }
-  grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* PullStream(grpc::CallbackServerContext* context) override {
-    return new StreamReactor(
-        "PullStream", context->peer(),
-        [this, caller = CallerOf(*context, tokens_)](const grpc::ByteBuffer& bytes, Reply finish,
-                                                     StreamUsers* users) {
-          ServePull(server_, &pool_, caller, server_->clock()->Now() + server_->max_wait(), "PullStream", bytes,
-                    std::move(finish), users);
-        },
-        &streams_, server_);
+        calls_(server->config().cluster().max_streams_per_connection(), server->config().cluster().max_open_calls()),
+        first_request_(absl::Milliseconds(server->config().cluster().rpc_deadline_ms())) {
+    Handle("Register", false, [this](const grpc::CallbackServerContext& context) {
+      return Control<v1::RegisterRequest, v1::RegisterResponse>(
+          context, "Register", true,
+          [this](const v1::RegisterRequest& request, v1::RegisterResponse* response, const std::string& caller) {
+            return server_->Register(request, response, caller);
+          });
+    });
+    Handle("Heartbeat", false, [this](const grpc::CallbackServerContext& context) {
+      return Control<v1::HeartbeatRequest, v1::HeartbeatResponse>(
+          context, "Heartbeat", true,
+          [this](const v1::HeartbeatRequest& request, v1::HeartbeatResponse* response, const std::string& caller) {
+            return server_->Heartbeat(request, response, caller);
+          });
+    });
+    Handle("Leave", false, [this](const grpc::CallbackServerContext& context) {
+      return Control<v1::LeaveRequest, v1::LeaveResponse>(
+          context, "Leave", true,
+          [this](const v1::LeaveRequest& request, v1::LeaveResponse* response, const std::string& caller) {
+            return server_->Leave(request, caller, response);
+          });
+    });
+    Handle("Rollback", false, [this](const grpc::CallbackServerContext& context) {
+      return Control<v1::RollbackRequest, v1::RollbackResponse>(
+          context, "Rollback", true,
+          [this](const v1::RollbackRequest& request, v1::RollbackResponse* response, const std::string& caller) {
+            return server_->Rollback(request, response, caller);
+          });
+    });
+    Handle("Stats", false, [this](const grpc::CallbackServerContext& context) {
+      return Control<v1::StatsRequest, v1::StatsResponse>(
+          context, "Stats", false, [this](const v1::StatsRequest&, v1::StatsResponse* response, const std::string&) {
+            server_->Stats(response);
+            response->set_open_streams(calls_.streams());
+            response->set_open_unary_calls(calls_.unary());
+            return absl::OkStatus();
+          });
+    });
+    HandleTensors();
   }
 
  private:
-  // A call that never waits: parse, run, reply.
+  // How a call of one method is served, from its context.
+  using Serving = std::function<CallReactor::Serve(const grpc::CallbackServerContext&)>;
+
+  // Serves `method` (`stream`: a streaming one) with CallReactors.
+  void Handle(const char* method, bool stream, Serving serving) {
+    const int index = google::protobuf::DescriptorPool::generated_pool()
+                          ->FindServiceByName(v1::ParameterServer::service_full_name())
+                          ->FindMethodByName(method)
+                          ->index();
+    auto reactor = [this, method, stream, serving = std::move(serving)](grpc::CallbackServerContext* context)
+        -> grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* {
+      if (absl::Status admitted = AuthorizeCall(CallerOf(*context, tokens_), false, method); !admitted.ok()) {
+        return new CallReactor(method, ToGrpcStatus(admitted));
+      }
+      return new CallReactor(method, stream, context->peer(), first_request_, serving(*context), &calls_, server_);
+    };
+    using Handler = grpc::internal::CallbackBidiHandler<grpc::ByteBuffer, grpc::ByteBuffer>;
+    // A unary method served as a stream (read at its headers) needs both:
+    // the streaming type, then the raw callback API.
+    MarkMethodStreamed(index, new Handler(reactor));
+    MarkMethodRawCallback(index, new Handler(reactor));
+  }
+
+  void HandleTensors() {
+    Handle("Pull", false, [this](const grpc::CallbackServerContext& context) -> CallReactor::Serve {
+      return [this, &context, caller = CallerOf(context, tokens_)](const grpc::ByteBuffer& bytes, Reply finish,
+                                                                  StreamUsers*) {
+        ServePull(server_, &pool_, caller, WaitDeadline(&context, *server_), "Pull", bytes, std::move(finish));
+      };
+    });
+    Handle("Push", false, [this](const grpc::CallbackServerContext& context) -> CallReactor::Serve {
+      return [this, &context, caller = CallerOf(context, tokens_)](const grpc::ByteBuffer& bytes, Reply finish,
+                                                                  StreamUsers*) {
+        ServePush(server_, &pool_, caller, WaitDeadline(&context, *server_), bytes, std::move(finish));
+      };
+    });
+    Handle("PushStream", true, [this](const grpc::CallbackServerContext& context) -> CallReactor::Serve {
+      return [this, caller = CallerOf(context, tokens_)](const grpc::ByteBuffer& bytes, Reply finish,
+                                                         StreamUsers* users) {
+        ServePush(server_, &pool_, caller, server_->clock()->Now() + server_->max_wait(), bytes, std::move(finish),
+                  users);
+      };
+    });
+    Handle("PullStream", true, [this](const grpc::CallbackServerContext& context) -> CallReactor::Serve {
+      return [this, caller = CallerOf(context, tokens_)](const grpc::ByteBuffer& bytes, Reply finish,
+                                                         StreamUsers* users) {
+        ServePull(server_, &pool_, caller, server_->clock()->Now() + server_->max_wait(), "PullStream", bytes,
+                  std::move(finish), users);
+      };
+    });
+  }
+
+  // A call that never waits: authorize, parse, run, reply.
   template <typename Request, typename Response, typename Run>
-  grpc::ServerUnaryReactor* Control(grpc::CallbackServerContext* context, const char* name, bool worker_call,
-                                    const grpc::ByteBuffer* bytes, grpc::ByteBuffer* reply, Run run) {
-    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-    Request request;
-    Response response;
-    const Caller caller = CallerOf(*context, tokens_);
-    grpc::Status status = ToGrpcStatus(AuthorizeCall(caller, worker_call, name));
-    if (status.ok()) status = Parse(name, *bytes, &request);
-    if (status.ok()) status = ToGrpcStatus(run(request, &response, caller.identity));
-    if (status.ok()) *reply = Serialize(response);
-    reactor->Finish(status);
-    return reactor;
+  CallReactor::Serve Control(const grpc::CallbackServerContext& context, const char* name, bool worker_call,
+                             Run run) {
+    return [caller = CallerOf(context, tokens_), name, worker_call, run = std::move(run)](
+               const grpc::ByteBuffer& bytes, Reply finish, StreamUsers*) {
+      Request request;
+      Response response;
+      grpc::Status status = ToGrpcStatus(AuthorizeCall(caller, worker_call, name));
+      if (status.ok()) status = Parse(name, bytes, &request);
+      if (status.ok()) status = ToGrpcStatus(run(request, &response, caller.identity));
+      std::move(finish)(status, status.ok() ? Serialize(response) : grpc::ByteBuffer());
+    };
   }
 
   ParameterServer* const server_;
   const std::vector<Token> tokens_;  // the token file's: each call's role comes from its own
   HandlerPool pool_;
-  StreamCounts streams_;
+  CallCounts calls_;
+  const absl::Duration first_request_;
 };
 
 class GrpcRunningServer final : public RunningServer {

@@ -95,7 +95,9 @@ class ParameterServer {
                     const std::string& caller = "");
   absl::Status Heartbeat(const v1::HeartbeatRequest& request, v1::HeartbeatResponse* response,
                          const std::string& caller = "");
-  absl::Status Leave(const v1::LeaveRequest& request, const std::string& caller = "");
+  // The rank's steps applied here go in `response`, when given.
+  absl::Status Leave(const v1::LeaveRequest& request, const std::string& caller = "",
+                     v1::LeaveResponse* response = nullptr);
   void Stats(v1::StatsResponse* response);
   absl::Status Rollback(const v1::RollbackRequest& request, v1::RollbackResponse* response,
                         const std::string& caller = "");

@@ -160,14 +160,18 @@ absl::Status ParameterServer::Heartbeat(const v1::HeartbeatRequest& request, v1:
   return absl::OkStatus();
 }
 
-absl::Status ParameterServer::Leave(const v1::LeaveRequest& request, const std::string& caller) {
+absl::Status ParameterServer::Leave(const v1::LeaveRequest& request, const std::string& caller,
+                                    v1::LeaveResponse* response) {
   SEGPS_RETURN_IF_ERROR(CheckRegistration(request.worker_id(), request.registration_secret(), caller, "Leave"));
   {
     MutexLock lock(&secrets_mu_);
     secrets_.erase(request.worker_id());
   }
   for (auto& shard : shards_) {
-    if (shard->Leave(request.worker_id())) return absl::OkStatus();
+    if (std::optional<uint64_t> applied = shard->Leave(request.worker_id())) {
+      if (response != nullptr) response->set_next_clock(*applied);
+      return absl::OkStatus();
+    }
   }
   return absl::NotFoundError(absl::StrCat("Leave: worker ", request.worker_id(), " is not registered"));
 }

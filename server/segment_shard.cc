@@ -342,12 +342,14 @@ bool SegmentShard::Renew(uint64_t id) {
   return live;
 }
 
-bool SegmentShard::Leave(uint64_t id) {
+std::optional<uint64_t> SegmentShard::Leave(uint64_t id) {
   Completions ready;
+  uint64_t applied = 0;
   {
     MutexLock lock(&mu_);
     auto it = clocks_.workers().find(id);
-    if (it == clocks_.workers().end()) return false;
+    if (it == clocks_.workers().end()) return std::nullopt;
+    applied = it->second.next_clock;
     Erase(it, &ready);
     const absl::Time now = options_.clock->Now();
     // The segment's last worker is done: its final state is a cut too.
@@ -355,7 +357,7 @@ bool SegmentShard::Leave(uint64_t id) {
     Resume(now, &ready);
   }
   for (auto& complete : ready) std::move(complete)();
-  return true;
+  return applied;
 }
 
 void SegmentShard::FillStats(v1::SegmentStats* stats,

@@ -225,8 +225,9 @@ class SegmentShard {
 
   // Renews a lease; false when the worker is unknown here or no longer live.
   bool Renew(uint64_t id);
-  // Removes a worker; false when unknown here.
-  bool Leave(uint64_t id);
+  // Removes a worker: the steps of its rank applied here (its next clock);
+  // nothing when it is unknown here.
+  std::optional<uint64_t> Leave(uint64_t id);
 
   // The shard's counters and workers as of the last Tick: reads, changes nothing.
   void FillStats(v1::SegmentStats* stats, google::protobuf::RepeatedPtrField<v1::WorkerStats>* workers);

@@ -196,7 +196,7 @@ int RunStage(Worker& w) {
   absl::StatusOr<segps::TrainReport> report =
       segps::TrainStage(w.config, options, stage == 0 ? &data->train : nullptr, w.backend.get(), client->get());
   if (!report.ok()) return Fail(report.status());
-  SEGPS_LOG_INFO << w.config.model().segments(stage).name() << ": done: " << report->steps << " steps, "
+  SEGPS_LOG_INFO << w.config.model().segments(stage).name() << ": done: " << segps::StepsComputed(*report) << ", "
                  << report->samples << " samples in " << report->seconds << " s"
                  << (stage + 1 == stages
                          ? absl::StrCat("; last epoch loss ", report->last_loss, " acc ", report->last_accuracy)
@@ -242,8 +242,8 @@ int RunEnsemble(Worker& w) {
                                                w.config.model().num_classes());
     if (!written.ok()) return Fail(written);
   }
-  SEGPS_LOG_INFO << w.config.model().segments(w.segment).name() << ": done: " << report->steps << " steps, "
-                 << report->samples << " samples in " << report->seconds << " s ("
+  SEGPS_LOG_INFO << w.config.model().segments(w.segment).name() << ": done: " << segps::StepsComputed(*report)
+                 << ", " << report->samples << " samples in " << report->seconds << " s ("
                  << static_cast<int64_t>(report->samples / std::max(1e-9, report->seconds))
                  << " samples/s); last epoch loss " << report->last_loss << " acc " << report->last_accuracy
                  << "; staleness mean " << report->mean_staleness << " max " << report->max_staleness

@@ -30,10 +30,11 @@ enum class Fault {
   kDuplicate,    // sent twice; the second reply is returned
   kNotFound,     // NOT_FOUND, nothing sent: the servers dropped the registration
   kDelay,        // held for the rule's delay, then sent
+  kMiscount,     // Leave: sent, and every server's count of the rank's steps comes back one short
 };
 
 struct FaultRule {
-  std::string call;  // "Register", "Pull", "Send", "SendAndPull", "Heartbeat"
+  std::string call;  // "Register", "Pull", "Send", "SendAndPull", "Heartbeat", "Leave"
   int nth = 1;       // the call it hits, counting from 1
   Fault fault = Fault::kFailBefore;
   absl::Duration delay = absl::ZeroDuration();  // kDelay
@@ -82,7 +83,10 @@ class FaultyClient final : public ParameterClient {
                         std::vector<std::vector<float>>* values) override {
     return inner_->PullRows(segment, clock, ids, values);
   }
-  absl::Status Leave() override { return inner_->Leave(); }
+  absl::StatusOr<std::vector<uint64_t>> Leave() override {
+    using Counts = absl::StatusOr<std::vector<uint64_t>>;
+    return Run<Counts>("Leave", [=] { return Completion<Counts>::Done(inner_->Leave()); }).Wait();
+  }
   absl::StatusOr<std::vector<v1::StatsResponse>> Stats() override { return inner_->Stats(); }
 
  private:
@@ -125,8 +129,22 @@ class FaultyClient final : public ParameterClient {
       case Fault::kDelay:
         absl::SleepFor(fault->delay);
         return send();
+      case Fault::kMiscount:
+        send().OnDone([result](const R& sent) { result.Set(OneShort(sent)); });
+        return result;
     }
     return send();
+  }
+
+  template <typename R>
+  static R OneShort(const R& r) {
+    return r;
+  }
+  static absl::StatusOr<std::vector<uint64_t>> OneShort(absl::StatusOr<std::vector<uint64_t>> counts) {
+    if (counts.ok()) {
+      for (uint64_t& count : *counts) count -= 1;
+    }
+    return counts;
   }
 
   static absl::Status StatusOf(const absl::Status& s) { return s; }

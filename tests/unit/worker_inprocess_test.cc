@@ -1,5 +1,6 @@
 // A worker against servers in the same process, over real gRPC on loopback
 // (port 0): the whole training path without process management.
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -59,6 +60,9 @@ TEST_P(SynchronousTraining, EqualsSingleProcessReference) {
   for (int k = 0; k < 2; ++k) {
     ASSERT_TRUE(reports[k].ok()) << reports[k].status();
     EXPECT_EQ(reports[k]->steps, 80u);  // 2 epochs x ceil(5000 / 128)
+    EXPECT_EQ(reports[k]->first_clock, 0u);
+    EXPECT_EQ(reports[k]->last_clock, 80u);
+    EXPECT_TRUE(reports[k]->confirmed) << "the servers' count of its steps";
     EXPECT_EQ(reports[k]->max_staleness, 0u);
     EXPECT_LT(MaxRelativeError(cluster.Parameters(k), reference[k]), 1e-5) << "segment " << k;
     // One pull per step and chunk: the first step's, then one with each
@@ -115,6 +119,28 @@ TEST(FaultInjection, RecoveredRunEqualsTheRunWithoutFaultsBitForBit) {
   EXPECT_EQ(injected, 7);
   EXPECT_EQ(recoveries, 4u);  // the pull, the lost reply, the unsent push, the dropped registration
   EXPECT_TRUE(faulty == clean) << "the recovered run's parameters differ from the clean run's";
+}
+
+// As a worker leaves, each server says how many of its rank's steps it
+// applied: a count other than the schedule's fails the worker, naming the
+// server; a Leave whose reply is lost leaves the count unconfirmed.
+TEST(FaultInjection, AWorkerChecksTheServersCountOfItsSteps) {
+  v1::JobConfig config = SeedConfig(2);
+  TrainTest data = *LoadData(config);
+  auto run = [&](Fault fault) {
+    InProcessCluster cluster(config);
+    std::unique_ptr<Backend> backend = CreateCpuBackend(1);
+    FaultyClient client(*ConnectGrpc(config, cluster.addresses()), {{"Leave", 1, fault}});
+    return Train(config, TrainerOptions(), data.train, backend.get(), &client);
+  };
+  const absl::StatusOr<TrainReport> miscounted = run(Fault::kMiscount);
+  EXPECT_EQ(miscounted.status().code(), absl::StatusCode::kDataLoss) << miscounted.status();
+  EXPECT_THAT(miscounted.status().message(),
+              testing::HasSubstr("server 0 applied 79 steps of this rank, but its schedule ended at clock 80"));
+  const absl::StatusOr<TrainReport> lost = run(Fault::kLoseReply);
+  ASSERT_TRUE(lost.ok()) << lost.status();
+  EXPECT_FALSE(lost->confirmed);
+  EXPECT_THAT(StepsComputed(*lost), testing::HasSubstr("80 steps computed here (clocks 0 to 80; the servers' count unconfirmed)"));
 }
 
 // A chain of two stages in this process, the last one's calls faulty: a

@@ -337,17 +337,20 @@ class GrpcClient final : public ParameterClient {
     return absl::OkStatus();
   }
 
-  absl::Status Leave() override {
+  absl::StatusOr<std::vector<uint64_t>> Leave() override {
     std::vector<v1::LeaveRequest> requests(stubs_.size());
     std::vector<v1::LeaveResponse> responses(stubs_.size());
     for (size_t i = 0; i < stubs_.size(); ++i) {
       requests[i].set_worker_id(membership_->worker_id(i));
       requests[i].set_registration_secret(membership_->secret(i));
     }
-    return FanOut("Leave", rpc_deadline_, rpc_deadline_,
-                  [&](size_t i, grpc::ClientContext* context, grpc::CompletionQueue* cq, Call* call) {
-                    call->Start(stubs_[i]->PrepareAsyncLeave(context, requests[i], cq), &responses[i]);
-                  });
+    SEGPS_RETURN_IF_ERROR(FanOut("Leave", rpc_deadline_, rpc_deadline_,
+                                 [&](size_t i, grpc::ClientContext* context, grpc::CompletionQueue* cq, Call* call) {
+                                   call->Start(stubs_[i]->PrepareAsyncLeave(context, requests[i], cq), &responses[i]);
+                                 }));
+    std::vector<uint64_t> applied;
+    for (const v1::LeaveResponse& response : responses) applied.push_back(response.next_clock());
+    return applied;
   }
 
   absl::StatusOr<std::vector<v1::StatsResponse>> Stats() override {

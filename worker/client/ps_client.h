@@ -139,8 +139,9 @@ class ParameterClient {
 
   // Renews the lease on every server; FAILED_PRECONDITION if one dropped us.
   virtual absl::Status Heartbeat() = 0;
-  // Leaves every server, so that peers no longer wait for this worker.
-  virtual absl::Status Leave() = 0;
+  // Leaves every server, so that peers no longer wait for this worker; the
+  // steps of its rank each server applied, in index order.
+  virtual absl::StatusOr<std::vector<uint64_t>> Leave() = 0;
 
   // Every server's counters and clocks, in index order.
   virtual absl::StatusOr<std::vector<v1::StatsResponse>> Stats() = 0;

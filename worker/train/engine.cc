@@ -121,6 +121,7 @@ absl::Status TrainingEngine::Step(uint64_t clock, Failure* failure) {
     if (!result.ok()) return result.status();
     unsent_ = Unsent{clock, *std::move(result), clock - std::min(clock, *have)};
   }
+  sent_through_ = std::max(sent_through_, clock + 1);
   waited = absl::ZeroDuration();
   absl::Status sent = strategy_->Finish(Encode(clock, unsent_->result), compute_->IsLast(clock), &waited);
   CountBlocked(waited);
@@ -170,6 +171,14 @@ absl::StatusOr<uint64_t> TrainingEngine::Recover(const Failure& failure, uint64_
                                                             ": ", failure.status.message(), ")"));
   }
   const uint64_t resume = again->start_clock;
+  if (resume > sent_through_) {
+    // Its rank went on without it (another process held the rank while it was away).
+    SEGPS_LOG_WARNING << tag_ << ": the servers continue at clock " << resume << ", ahead of the " << sent_through_
+                      << " steps this process sent: " << resume - sent_through_
+                      << " steps of its rank were computed by another process";
+    report_.taken_over += resume - sent_through_;
+    sent_through_ = resume;
+  }
   if (compute_->Replays()) {
     unsent_.reset();  // computed again from where the servers continue
   } else if (unsent_.has_value() && resume == unsent_->clock + 1) {
@@ -199,6 +208,7 @@ absl::StatusOr<TrainReport> TrainingEngine::Run() {
   SEGPS_RETURN_IF_ERROR(Begin());
   const absl::Time t0 = absl::Now();
   uint64_t clock = step_context_.start_clock;
+  report_.first_clock = sent_through_ = clock;
   while (true) {
     Failure failure;
     // A step to send again has its data (a stage's micro-batches) already.
@@ -225,11 +235,29 @@ absl::StatusOr<TrainReport> TrainingEngine::Run() {
   report_.mean_staleness = report_.steps ? staleness_sum_ / report_.steps : 0;
   report_.history.set_segment(config_.model().segments(options_.segment).name());
   report_.history.set_rank(rank_);
+  report_.last_clock = clock;
   SEGPS_RETURN_IF_ERROR(compute_->Complete(&report_));
-  // Leaving also ends an outstanding prefetch that waits on peers.
-  absl::Status left = client_->Leave();
-  if (!left.ok()) SEGPS_LOG_WARNING << tag_ << ": leave: " << left.message();
+  SEGPS_RETURN_IF_ERROR(Leave());
   return report_;
+}
+
+absl::Status TrainingEngine::Leave() {
+  // Leaving also ends an outstanding prefetch that waits on peers.
+  absl::StatusOr<std::vector<uint64_t>> applied = client_->Leave();
+  if (!applied.ok()) {  // a server restarting as the job ends: what it holds is its own to check
+    SEGPS_LOG_WARNING << tag_ << ": leave: " << applied.status().message()
+                      << " (the servers' count of this rank's steps is unconfirmed)";
+    return absl::OkStatus();
+  }
+  for (size_t i = 0; i < applied->size(); ++i) {
+    if ((*applied)[i] != report_.last_clock) {
+      return absl::DataLossError(absl::StrCat(tag_, ": server ", i, " applied ", (*applied)[i],
+                                              " steps of this rank, but its schedule ended at clock ",
+                                              report_.last_clock, "; the model is not what the schedule trains"));
+    }
+  }
+  report_.confirmed = true;
+  return absl::OkStatus();
 }
 
 }  // namespace segps

@@ -81,6 +81,8 @@ class TrainingEngine {
   // Registers again after `failure` at `at`; the clock to continue at.
   absl::StatusOr<uint64_t> Recover(const Failure& failure, uint64_t at);
   void CountBlocked(absl::Duration waited);
+  // Leaves the servers, checking that each applied the schedule's steps of this rank.
+  absl::Status Leave();
 
   const v1::JobConfig& config_;
   const EngineOptions options_;
@@ -104,6 +106,7 @@ class TrainingEngine {
   std::optional<HeartbeatLoop> heartbeat_;
 
   std::optional<Unsent> unsent_;
+  uint64_t sent_through_ = 0;  // the clock after the last step this process computed and sent
   TrainReport report_;
   absl::Duration blocked_, step_blocked_;
   double staleness_sum_ = 0;

@@ -1,11 +1,22 @@
 #include "worker/train/trainer.h"
 
 #include <memory>
+#include <string>
+
+#include "absl/strings/str_cat.h"
 
 #include "worker/train/batch_compute.h"
 #include "worker/train/engine.h"
 
 namespace segps {
+
+std::string StepsComputed(const TrainReport& report) {
+  return absl::StrCat(report.steps, " steps computed here (clocks ", report.first_clock, " to ", report.last_clock,
+                      report.taken_over > 0 ? absl::StrCat("; ", report.taken_over, " by another process") : "",
+                      report.confirmed ? absl::StrCat("; every server applied ", report.last_clock)
+                                       : std::string("; the servers' count unconfirmed"),
+                      ")");
+}
 
 absl::StatusOr<TrainReport> Train(const v1::JobConfig& config, const TrainerOptions& options, const Dataset& train,
                                   Backend* backend, ParameterClient* client) {

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -48,8 +49,18 @@ struct TrainReport {
   double mean_staleness = 0;
   double blocked_seconds = 0;  // time waiting for pulls
   uint64_t recoveries = 0;     // times the worker rejoined the servers after a failure
+  // The clocks this process began and ended at (its rank's steps before the
+  // first were computed by an earlier process), and the steps another
+  // process computed while this one was away (it rejoined ahead of its
+  // clock). `confirmed`: every server said it applied `last_clock` steps of
+  // the rank (a server that was restarting as the job ended says nothing).
+  uint64_t first_clock = 0, last_clock = 0, taken_over = 0;
+  bool confirmed = false;
   v1::WorkerHistory history;  // one record per epoch
 };
+
+// "S steps computed here (clocks F to L...)": what a report's steps are.
+std::string StepsComputed(const TrainReport& report);
 
 // Trains a worker of `options.segment` on its slice of `train`
 // through `client` (not yet registered). `config` must come from LoadConfig.
