@@ -416,6 +416,28 @@ absl::Status ValidateBudget(v1::JobConfig& c, const Locator& at) {
   return absl::OkStatus();
 }
 
+// optimizer.schedule: each decay's fields, and no other decay's.
+absl::Status ValidateSchedule(v1::LearningRateSchedule* s, const Locator& at) {
+  auto error = [&](const char* field, const std::string& message) {
+    return at.Error({{"optimizer", -1}, {"schedule", -1}, {field, -1}}, message);
+  };
+  const bool step = s->decay() == v1::LearningRateSchedule::STEP, cosine = s->decay() == v1::LearningRateSchedule::COSINE;
+  if (step && s->step_updates() == 0) return error("step_updates", "is required for STEP: updates between decays");
+  if (!step && (s->step_updates() != 0 || s->has_gamma())) return error("step_updates", "is used by decay STEP only");
+  if (step && !s->has_gamma()) s->set_gamma(0.1f);
+  if (step && !(s->gamma() > 0 && s->gamma() <= 1)) {
+    return error("gamma", absl::StrCat("must be in (0, 1], got ", s->gamma()));
+  }
+  if (cosine && s->decay_updates() == 0) return error("decay_updates", "is required for COSINE: updates to decay over");
+  if (!cosine && (s->decay_updates() != 0 || s->min_factor() != 0)) {
+    return error("decay_updates", "is used by decay COSINE only");
+  }
+  if (cosine && !(s->min_factor() >= 0 && s->min_factor() <= 1)) {
+    return error("min_factor", absl::StrCat("must be in [0, 1], got ", s->min_factor()));
+  }
+  return absl::OkStatus();
+}
+
 // optimizer: kind, learning rate and hyperparameters.
 absl::Status ValidateOptimizer(v1::JobConfig& c, const Locator& at) {
   auto* opt = c.mutable_optimizer();
@@ -464,9 +486,9 @@ absl::Status ValidateOptimizer(v1::JobConfig& c, const Locator& at) {
                     absl::StrCat("needs an optimizer with momentum (MOMENTUM or ADAM); ",
                                  v1::OptimizerKind_Name(opt->kind()), " has none"));
   }
-
-  return absl::OkStatus();
+  return ValidateSchedule(opt->mutable_schedule(), at);
 }
+
 
 absl::Status ValidateAndFill(v1::JobConfig& c, const Locator& at) {
   if (c.name().empty()) c.set_name("segps");

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/embedding.h"
+#include "server/optimizer.h"
 
 namespace segps {
 namespace {
@@ -26,7 +27,7 @@ size_t SlotsOf(v1::OptimizerKind kind) {
 // optimizers do it element by element (server/optimizer.cc).
 void UpdateRow(const v1::OptimizerConfig& c, uint64_t step, float scale, size_t dim, float* row, const float* g) {
   float* w = row;
-  const float lr = c.learning_rate() * scale, wd = c.weight_decay();
+  const float lr = ScheduledRate(c, step) * scale, wd = c.weight_decay();
   switch (c.kind()) {
     case v1::MOMENTUM: {
       float* v = row + dim;
@@ -47,7 +48,7 @@ void UpdateRow(const v1::OptimizerConfig& c, uint64_t step, float scale, size_t 
     }
     case v1::ADAM: {
       const double t = static_cast<double>(std::max<uint64_t>(step, 1));
-      const float alpha = static_cast<float>(double{c.learning_rate()} * std::sqrt(1.0 - std::pow(c.beta2(), t)) /
+      const float alpha = static_cast<float>(double{ScheduledRate(c, step)} * std::sqrt(1.0 - std::pow(c.beta2(), t)) /
                                              (1.0 - std::pow(c.beta1(), t))) *
                           scale;
       float* m = row + dim;

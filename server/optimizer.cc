@@ -66,13 +66,13 @@ absl::Status Within(float max_abs, std::initializer_list<std::pair<const char*, 
 
 class Sgd final : public Optimizer {
  public:
-  Sgd(float lr, float wd) : lr_(lr), wd_(wd) {}
-  void Apply(uint64_t, uint64_t, absl::Span<float> params, absl::Span<const float> grad, float scale) override {
-    SgdKernel(params.data(), grad.data(), params.size(), lr_ * scale, wd_);
+  explicit Sgd(const v1::OptimizerConfig& c) : Optimizer(c), wd_(c.weight_decay()) {}
+  void Apply(uint64_t step, uint64_t, absl::Span<float> params, absl::Span<const float> grad, float scale) override {
+    SgdKernel(params.data(), grad.data(), params.size(), Rate(step) * scale, wd_);
   }
   // w - lr (g + wd w)
-  absl::Status Grow(uint64_t, float max_abs, float scale) override {
-    const double g = max_abs + double{wd_} * w_, w = w_ + double{lr_} * scale * g;
+  absl::Status Grow(uint64_t step, float max_abs, float scale) override {
+    const double g = max_abs + double{wd_} * w_, w = w_ + double{Rate(step)} * scale * g;
     SEGPS_RETURN_IF_ERROR(Within(max_abs, {{"the weight-decayed gradient", g}, {"the parameters", w}}));
     w_ = w;
     return absl::OkStatus();
@@ -80,20 +80,21 @@ class Sgd final : public Optimizer {
   void Bound(absl::Span<const float> params) override { w_ = MaxMagnitude(params); }
 
  private:
-  const float lr_, wd_;
+  const float wd_;
   double w_ = 0;  // bound on |parameter|
 };
 
 class Momentum final : public Optimizer {
  public:
-  Momentum(float lr, float momentum, float wd, uint64_t n)
-      : lr_(lr), momentum_(momentum), wd_(wd), velocity_(n, 0.0f) {}
-  void Apply(uint64_t, uint64_t first, absl::Span<float> params, absl::Span<const float> grad, float scale) override {
+  Momentum(const v1::OptimizerConfig& c, uint64_t n)
+      : Optimizer(c), momentum_(c.momentum()), wd_(c.weight_decay()), velocity_(n, 0.0f) {}
+  void Apply(uint64_t step, uint64_t first, absl::Span<float> params, absl::Span<const float> grad,
+             float scale) override {
     float* __restrict w = params.data();
     const float* __restrict g = grad.data();
     float* __restrict v = velocity_.data() + first;
     const size_t n = params.size();
-    const float lr = lr_ * scale, mu = momentum_, wd = wd_;
+    const float lr = Rate(step) * scale, mu = momentum_, wd = wd_;
     for (size_t i = 0; i < n; ++i) {
       v[i] = mu * v[i] - lr * (g[i] + wd * w[i]);
       w[i] += v[i];
@@ -110,9 +111,9 @@ class Momentum final : public Optimizer {
     for (size_t i = 0; i < params.size(); ++i) o[i] = w[i] + c * v[i];
   }
   // v = mu v - lr (g + wd w); w + v
-  absl::Status Grow(uint64_t, float max_abs, float scale) override {
+  absl::Status Grow(uint64_t step, float max_abs, float scale) override {
     const double g = max_abs + double{wd_} * w_;
-    const double v = double{momentum_} * v_ + double{lr_} * scale * g, w = w_ + v;
+    const double v = double{momentum_} * v_ + double{Rate(step)} * scale * g, w = w_ + v;
     SEGPS_RETURN_IF_ERROR(Within(
         max_abs, {{"the weight-decayed gradient", g}, {"the momentum", v}, {"the parameters", w}}));
     v_ = v;
@@ -128,7 +129,7 @@ class Momentum final : public Optimizer {
   void LoadState(const std::vector<std::vector<float>>& slots) override { velocity_ = slots[0]; }
 
  private:
-  const float lr_, momentum_, wd_;
+  const float momentum_, wd_;
   std::vector<float> velocity_;
   double w_ = 0, v_ = 0;  // bounds on |parameter| and |velocity|
 };
@@ -138,8 +139,8 @@ class Momentum final : public Optimizer {
 class Adam final : public Optimizer {
  public:
   Adam(const v1::OptimizerConfig& c, uint64_t n)
-      : lr_(c.learning_rate()), b1_(c.beta1()), b2_(c.beta2()), eps_(c.epsilon()),
-        wd_(c.weight_decay()), moments_(2 * n, 0.0f) {}
+      : Optimizer(c), b1_(c.beta1()), b2_(c.beta2()), eps_(c.epsilon()), wd_(c.weight_decay()),
+        moments_(2 * n, 0.0f) {}
   void Apply(uint64_t step, uint64_t first, absl::Span<float> params, absl::Span<const float> grad, float scale) override {
     // An update comes in blocks, which reuse its factor (two pow calls cost
     // about 2% of a block's update). The cache is per thread: parts of one
@@ -215,11 +216,13 @@ class Adam final : public Optimizer {
 
  private:
   // The step size of update number t, bias corrections included.
-  double Alpha(double t) const { return lr_ * std::sqrt(1.0 - std::pow(b2_, t)) / (1.0 - std::pow(b1_, t)); }
+  double Alpha(double t) const {
+    return double{Rate(static_cast<uint64_t>(t))} * std::sqrt(1.0 - std::pow(b2_, t)) / (1.0 - std::pow(b1_, t));
+  }
 
   static inline std::atomic<uint64_t> next_id_{1};
   const uint64_t id_ = next_id_++;  // names this optimizer in the per-thread cache
-  const double lr_, b1_, b2_;
+  const double b1_, b2_;
   const float eps_, wd_;
   std::vector<float> moments_;  // m and v interleaved
   double w_ = 0, m_ = 0, v_ = 0;  // bounds on |parameter|, |m| and v
@@ -228,14 +231,14 @@ class Adam final : public Optimizer {
 class AdaGrad final : public Optimizer {
  public:
   AdaGrad(const v1::OptimizerConfig& c, uint64_t n)
-      : lr_(c.learning_rate()), eps_(c.epsilon()), wd_(c.weight_decay()),
-        accumulator_(n, c.initial_accumulator()) {}
-  void Apply(uint64_t, uint64_t first, absl::Span<float> params, absl::Span<const float> grad, float scale) override {
+      : Optimizer(c), eps_(c.epsilon()), wd_(c.weight_decay()), accumulator_(n, c.initial_accumulator()) {}
+  void Apply(uint64_t step, uint64_t first, absl::Span<float> params, absl::Span<const float> grad,
+             float scale) override {
     float* __restrict w = params.data();
     const float* __restrict g = grad.data();
     float* __restrict a = accumulator_.data() + first;
     const size_t n = params.size();
-    const float lr = lr_ * scale, eps = eps_, wd = wd_;
+    const float lr = Rate(step) * scale, eps = eps_, wd = wd_;
     for (size_t i = 0; i < n; ++i) {
       const float gi = g[i] + wd * w[i];
       a[i] += gi * gi;
@@ -244,9 +247,9 @@ class AdaGrad final : public Optimizer {
   }
   // g' = g + wd w; a + g'^2; w - lr g' / (sqrt(a) + eps), the step at
   // most lr since a >= g'^2.
-  absl::Status Grow(uint64_t, float max_abs, float scale) override {
+  absl::Status Grow(uint64_t step, float max_abs, float scale) override {
     const double g = max_abs + double{wd_} * w_, g2 = g * g;
-    const double a = a_ + g2, w = w_ + double{lr_} * scale;
+    const double a = a_ + g2, w = w_ + double{Rate(step)} * scale;
     SEGPS_RETURN_IF_ERROR(Within(max_abs, {{"the weight-decayed gradient", g},
                                            {"the squared gradient", g2},
                                            {"the accumulator", a},
@@ -264,12 +267,34 @@ class AdaGrad final : public Optimizer {
   void LoadState(const std::vector<std::vector<float>>& slots) override { accumulator_ = slots[0]; }
 
  private:
-  const float lr_, eps_, wd_;
+  const float eps_, wd_;
   std::vector<float> accumulator_;
   double w_ = 0, a_ = 0;  // bounds on |parameter| and the accumulator
 };
 
 }  // namespace
+
+float ScheduledRate(const v1::OptimizerConfig& c, uint64_t step) {
+  const v1::LearningRateSchedule& s = c.schedule();
+  double factor = 1.0;
+  if (step <= s.warmup_updates()) factor = static_cast<double>(step) / static_cast<double>(s.warmup_updates());
+  // Updates after the warm-up before this one.
+  const uint64_t after = step > s.warmup_updates() ? step - s.warmup_updates() - 1 : 0;
+  switch (s.decay()) {
+    case v1::LearningRateSchedule::STEP:
+      factor *= std::pow(double{s.gamma()}, static_cast<double>(after / s.step_updates()));
+      break;
+    case v1::LearningRateSchedule::COSINE: {
+      const double done = static_cast<double>(std::min(after, s.decay_updates())) / s.decay_updates();
+      factor *= s.min_factor() + (1.0 - s.min_factor()) * 0.5 * (1.0 + std::cos(M_PI * done));
+      break;
+    }
+    default:
+      break;
+  }
+  // Exactly the configured rate where nothing scales it.
+  return factor == 1.0 ? c.learning_rate() : static_cast<float>(double{c.learning_rate()} * factor);
+}
 
 absl::Status Optimizer::Admit(uint64_t step, float max_abs, float scale, absl::Span<const float> params) {
   if (Grow(step, max_abs, scale).ok()) return absl::OkStatus();
@@ -286,9 +311,9 @@ absl::StatusOr<std::unique_ptr<Optimizer>> CreateOptimizer(const v1::OptimizerCo
                                                            uint64_t n) {
   switch (c.kind()) {
     case v1::SGD:
-      return std::make_unique<Sgd>(c.learning_rate(), c.weight_decay());
+      return std::make_unique<Sgd>(c);
     case v1::MOMENTUM:
-      return std::make_unique<Momentum>(c.learning_rate(), c.momentum(), c.weight_decay(), n);
+      return std::make_unique<Momentum>(c, n);
     case v1::ADAM:
       return std::make_unique<Adam>(c, n);
     case v1::ADAGRAD:

@@ -32,8 +32,15 @@
 
 namespace segps {
 
+// optimizer.learning_rate at update number `step` (1 for the first) under
+// optimizer.schedule: a linear rise over its first warmup_updates, then
+// CONSTANT, STEP (times gamma every step_updates) or COSINE (half a cosine
+// down to min_factor times the rate over decay_updates, then level).
+float ScheduledRate(const v1::OptimizerConfig& config, uint64_t step);
+
 class Optimizer {
  public:
+  explicit Optimizer(const v1::OptimizerConfig& config) : config_(config) {}
   virtual ~Optimizer() = default;
   // Applies `grad` to `params`, the elements [first, first + params.size())
   // of the range, as part of update number `step` (1 for the first), with
@@ -70,9 +77,13 @@ class Optimizer {
   virtual void LoadState(const std::vector<std::vector<float>>& slots) { (void)slots; }
 
  protected:
+  // The learning rate of update number `step`.
+  float Rate(uint64_t step) const { return ScheduledRate(config_, step); }
   // Admit on the bounds as they are: an error if they could overflow, else
   // the bounds after the update.
   virtual absl::Status Grow(uint64_t step, float max_abs, float scale) = 0;
+
+  const v1::OptimizerConfig config_;
 };
 
 // `config` must be a validated config (defaults filled in).

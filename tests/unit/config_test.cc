@@ -65,6 +65,33 @@ TEST(Config, ErrorNamesFileLineAndField) {
             "in [1, 1048576], got 0");
 }
 
+// optimizer.schedule: each decay needs its own fields and refuses the
+// others', naming the line; a valid one fills its defaults.
+TEST(Config, ScheduleFieldsAreCheckedByKind) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"schedule { decay: STEP }", "job.pbtxt line 13: optimizer.schedule.step_updates: is required for STEP"},
+      {"schedule { decay: STEP step_updates: 5 gamma: 1.5 }",
+       "job.pbtxt line 13: optimizer.schedule.gamma: must be in (0, 1], got 1.5"},
+      {"schedule { decay: COSINE }", "job.pbtxt line 13: optimizer.schedule.decay_updates: is required for COSINE"},
+      {"schedule { decay: COSINE decay_updates: 9 min_factor: -1 }",
+       "job.pbtxt line 13: optimizer.schedule.min_factor: must be in [0, 1], got -1"},
+      {"schedule { decay_updates: 9 }",
+       "job.pbtxt line 13: optimizer.schedule.decay_updates: is used by decay COSINE only"},
+  };
+  for (const auto& [schedule, error] : cases) {
+    absl::StatusOr<v1::JobConfig> c =
+        ParseConfig(Replace(kMinimal, "optimizer { kind: ADAM }", "optimizer { kind: ADAM\n" + schedule + " }"),
+                    "job.pbtxt");
+    ASSERT_FALSE(c.ok()) << schedule;
+    EXPECT_EQ(std::string(c.status().message()).substr(0, error.size()), error) << c.status();
+  }
+  absl::StatusOr<v1::JobConfig> step = ParseConfig(
+      Replace(kMinimal, "optimizer { kind: ADAM }", "optimizer { kind: ADAM schedule { decay: STEP step_updates: 5 } }"),
+      "job.pbtxt");
+  ASSERT_TRUE(step.ok()) << step.status();
+  EXPECT_FLOAT_EQ(step->optimizer().schedule().gamma(), 0.1f);
+}
+
 TEST(Config, SyntaxErrorNamesLineAndColumn) {
   absl::StatusOr<v1::JobConfig> c = ParseConfig("cluster { num_servers: two }", "bad.pbtxt");
   ASSERT_FALSE(c.ok());

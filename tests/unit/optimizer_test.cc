@@ -222,6 +222,61 @@ INSTANTIATE_TEST_SUITE_P(AllKinds, OptimizerTest,
                          ::testing::Values(v1::SGD, v1::MOMENTUM, v1::ADAM, v1::ADAGRAD),
                          [](const auto& info) { return v1::OptimizerKind_Name(info.param); });
 
+// The learning rate of update t under each schedule, from its closed form:
+// a warm-up rises linearly, STEP multiplies by gamma after every
+// step_updates updates, COSINE falls along half a cosine to min_factor.
+TEST(Optimizer, ScheduledRatesFollowTheirFormulas) {
+  v1::OptimizerConfig c = Config(v1::SGD);
+  c.set_learning_rate(0.1f);
+  EXPECT_EQ(ScheduledRate(c, 1), 0.1f);
+  EXPECT_EQ(ScheduledRate(c, 1000000), 0.1f);
+  c.mutable_schedule()->set_warmup_updates(4);
+  EXPECT_FLOAT_EQ(ScheduledRate(c, 1), 0.025f);
+  EXPECT_FLOAT_EQ(ScheduledRate(c, 3), 0.075f);
+  EXPECT_EQ(ScheduledRate(c, 4), 0.1f);
+  EXPECT_EQ(ScheduledRate(c, 5), 0.1f);
+
+  c.mutable_schedule()->set_decay(v1::LearningRateSchedule::STEP);
+  c.mutable_schedule()->set_step_updates(10);
+  c.mutable_schedule()->set_gamma(0.5f);
+  EXPECT_EQ(ScheduledRate(c, 14), 0.1f);             // the 10th update after the warm-up
+  EXPECT_FLOAT_EQ(ScheduledRate(c, 15), 0.05f);      // the 11th
+  EXPECT_FLOAT_EQ(ScheduledRate(c, 4 + 25), 0.025f);  // the 25th
+
+  v1::LearningRateSchedule& cosine = *c.mutable_schedule();
+  cosine = v1::LearningRateSchedule();
+  cosine.set_decay(v1::LearningRateSchedule::COSINE);
+  cosine.set_decay_updates(100);
+  cosine.set_min_factor(0.2f);
+  EXPECT_EQ(ScheduledRate(c, 1), 0.1f);
+  EXPECT_FLOAT_EQ(ScheduledRate(c, 51), 0.1f * (0.2f + 0.8f * 0.5f));  // halfway: cos(pi / 2) = 0
+  EXPECT_FLOAT_EQ(ScheduledRate(c, 26), 0.1f * (0.2 + 0.8 * 0.5 * (1 + std::cos(M_PI / 4))));
+  EXPECT_FLOAT_EQ(ScheduledRate(c, 101), 0.02f);
+  EXPECT_FLOAT_EQ(ScheduledRate(c, 5000), 0.02f);  // level after the decay
+}
+
+// Every optimizer takes update t at the scheduled rate: as the reference
+// stepping with the schedule's factor as its weight.
+TEST_P(OptimizerTest, EachUpdateTakesTheScheduledRate) {
+  const size_t n = 129;
+  v1::OptimizerConfig c = Config(GetParam());
+  c.mutable_schedule()->set_decay(v1::LearningRateSchedule::COSINE);
+  c.mutable_schedule()->set_warmup_updates(3);
+  c.mutable_schedule()->set_decay_updates(8);
+  Twins t(c, n, 5);
+  for (int step = 1; step <= 14; ++step) {
+    std::vector<double> g;
+    const std::vector<float> gf = t.Gradient(&g);
+    t.opt->Apply(step, 0, absl::MakeSpan(t.w), gf, 1.0f);
+    const double factor =
+        step <= 3 ? step / 3.0 : 0.5 * (1 + std::cos(M_PI * std::min(step - 4, 8) / 8.0));  // min_factor 0
+    t.ref.Step(g, factor);
+  }
+  for (size_t i = 0; i < n; ++i) {
+    EXPECT_NEAR(t.w[i], t.ref.w[i], 2e-5 * (1 + std::abs(t.ref.w[i]))) << "element " << i;
+  }
+}
+
 TEST(Optimizer, UnspecifiedKindIsRejected) {
   v1::OptimizerConfig c;
   EXPECT_FALSE(CreateOptimizer(c, 4).ok());

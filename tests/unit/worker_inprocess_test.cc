@@ -191,6 +191,27 @@ TEST(FaultInjection, APipelineStageRecoversWithoutComputingAStepAgain) {
   EXPECT_TRUE(faulty.second == clean.second) << "stage 1's parameters differ from the clean run's";
 }
 
+// A learning-rate schedule (a warm-up, then a cosine decay) on the servers:
+// each update takes its scheduled rate, as in one process.
+TEST(SynchronousTrainingWithASchedule, EqualsSingleProcessReference) {
+  v1::JobConfig config = SeedConfig(2);
+  v1::LearningRateSchedule* schedule = config.mutable_optimizer()->mutable_schedule();
+  schedule->set_decay(v1::LearningRateSchedule::COSINE);
+  schedule->set_warmup_updates(10);
+  schedule->set_decay_updates(60);
+  schedule->set_min_factor(0.1f);
+  InProcessCluster cluster(config);
+  TrainTest data = *LoadData(config);
+  std::unique_ptr<Backend> backend = CreateCpuBackend(1);
+  std::unique_ptr<ParameterClient> client = *ConnectGrpc(config, cluster.addresses());
+  absl::StatusOr<TrainReport> report = Train(config, TrainerOptions(), data.train, backend.get(), client.get());
+  ASSERT_TRUE(report.ok()) << report.status();
+  const std::vector<float> reference = TrainReference(config, data.train)[0];
+  EXPECT_LT(MaxRelativeError(cluster.Parameters(0), reference), 1e-5);
+  v1::JobConfig constant = SeedConfig(2);
+  EXPECT_GT(MaxRelativeError(TrainReference(constant, data.train)[0], reference), 1e-3) << "the schedule changed nothing";
+}
+
 INSTANTIATE_TEST_SUITE_P(ChunkBytes, SynchronousTraining, ::testing::Values(0, 4096),
                          [](const auto& info) { return info.param == 0 ? std::string("Whole") : std::string("Chunked4096"); });
 
