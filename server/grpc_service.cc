@@ -26,6 +26,7 @@
 #include "common/sync.h"
 #include "common/tensor_wire_grpc.h"
 #include "server/handler_pool.h"
+#include "grpc/health/v1/health.grpc.pb.h"
 #include "segps/v1/parameter_server.grpc.pb.h"
 
 namespace segps {
@@ -391,20 +392,73 @@ class CallReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc:
   bool ended_ ABSL_GUARDED_BY(mu_) = false;  // Finish was called
 };
 
+// How a method's calls get their CallReactors, from their contexts.
+using MakeReactor =
+    std::function<grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>*(grpc::CallbackServerContext*)>;
+
+// A generated gRPC service (`Base`) whose methods are served by CallReactors.
+template <typename Base>
+class ReactorService : public Base {
+ protected:
+  // Serves `method` of the service named `service` with `make`'s reactors.
+  void Serve(const char* service, const char* method, const MakeReactor& make) {
+    const int index = google::protobuf::DescriptorPool::generated_pool()
+                          ->FindServiceByName(service)
+                          ->FindMethodByName(method)
+                          ->index();
+    using Handler = grpc::internal::CallbackBidiHandler<grpc::ByteBuffer, grpc::ByteBuffer>;
+    // A unary method served as a stream (read at its headers) needs both:
+    // the streaming type, then the raw callback API.
+    this->MarkMethodStreamed(index, new Handler(make));
+    this->MarkMethodRawCallback(index, new Handler(make));
+  }
+};
+
+// The standard grpc.health.v1.Health service, for orchestrators' probes:
+// SERVING for this server ("" or segps.v1.ParameterServer), NOT_FOUND for
+// any other service. Open to every caller (probes carry no token), its
+// calls are counted with the server's others. Watch answers once and ends.
+class HealthService final : public ReactorService<grpc::health::v1::Health::Service> {
+ public:
+  HealthService(CallCounts* calls, absl::Duration first_request, ParameterServer* server) {
+    for (const char* method : {"Check", "Watch"}) {
+      Serve(grpc::health::v1::Health::service_full_name(), method,
+            [=](grpc::CallbackServerContext* context) -> grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* {
+              return new CallReactor(method, false, context->peer(), first_request, &Answer, calls, server);
+            });
+    }
+  }
+
+ private:
+  static void Answer(const grpc::ByteBuffer& bytes, Reply finish, StreamUsers*) {
+    grpc::health::v1::HealthCheckRequest request;
+    grpc::Status status = Parse("Check", bytes, &request);
+    if (status.ok() && !request.service().empty() && request.service() != v1::ParameterServer::service_full_name()) {
+      status = grpc::Status(grpc::StatusCode::NOT_FOUND,
+                            absl::StrCat("Check: this server serves ", v1::ParameterServer::service_full_name(),
+                                         " (or \"\"), not \"", request.service(), "\""));
+    }
+    grpc::health::v1::HealthCheckResponse response;
+    response.set_status(grpc::health::v1::HealthCheckResponse::SERVING);
+    std::move(finish)(status, status.ok() ? Serialize(response) : grpc::ByteBuffer());
+  }
+};
+
 // The ParameterServer service on gRPC's callback API, every method raw and
 // served as a CallReactor: tensor data leaves the server from one copy of
 // the range and is read from the received slices (common/tensor_wire_grpc.h),
 // and every request is parsed here (Parse). A call that must wait parks in
 // the shard and is finished by whichever call releases it. A call without a
 // token the server takes is refused at its headers.
-class Service final : public v1::ParameterServer::Service {
+class Service final : public ReactorService<v1::ParameterServer::Service> {
  public:
   Service(ParameterServer* server, int handler_threads, std::vector<Token> tokens)
       : server_(server),
         tokens_(std::move(tokens)),
         pool_(handler_threads),
         calls_(server->config().cluster().max_streams_per_connection(), server->config().cluster().max_open_calls()),
-        first_request_(absl::Milliseconds(server->config().cluster().rpc_deadline_ms())) {
+        first_request_(absl::Milliseconds(server->config().cluster().rpc_deadline_ms())),
+        health_(&calls_, first_request_, server) {
     Handle("Register", false, [this](const grpc::CallbackServerContext& context) {
       return Control<v1::RegisterRequest, v1::RegisterResponse>(
           context, "Register", true,
@@ -444,6 +498,7 @@ class Service final : public v1::ParameterServer::Service {
     });
     HandleTensors();
   }
+  grpc::Service* health() { return &health_; }
 
  private:
   // How a call of one method is served, from its context.
@@ -451,22 +506,15 @@ class Service final : public v1::ParameterServer::Service {
 
   // Serves `method` (`stream`: a streaming one) with CallReactors.
   void Handle(const char* method, bool stream, Serving serving) {
-    const int index = google::protobuf::DescriptorPool::generated_pool()
-                          ->FindServiceByName(v1::ParameterServer::service_full_name())
-                          ->FindMethodByName(method)
-                          ->index();
-    auto reactor = [this, method, stream, serving = std::move(serving)](grpc::CallbackServerContext* context)
-        -> grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* {
-      if (absl::Status admitted = AuthorizeCall(CallerOf(*context, tokens_), false, method); !admitted.ok()) {
-        return new CallReactor(method, ToGrpcStatus(admitted));
-      }
-      return new CallReactor(method, stream, context->peer(), first_request_, serving(*context), &calls_, server_);
-    };
-    using Handler = grpc::internal::CallbackBidiHandler<grpc::ByteBuffer, grpc::ByteBuffer>;
-    // A unary method served as a stream (read at its headers) needs both:
-    // the streaming type, then the raw callback API.
-    MarkMethodStreamed(index, new Handler(reactor));
-    MarkMethodRawCallback(index, new Handler(reactor));
+    Serve(v1::ParameterServer::service_full_name(), method,
+          [this, method, stream, serving = std::move(serving)](grpc::CallbackServerContext* context)
+              -> grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* {
+            if (absl::Status admitted = AuthorizeCall(CallerOf(*context, tokens_), false, method); !admitted.ok()) {
+              return new CallReactor(method, ToGrpcStatus(admitted));
+            }
+            return new CallReactor(method, stream, context->peer(), first_request_, serving(*context), &calls_,
+                                   server_);
+          });
   }
 
   void HandleTensors() {
@@ -518,6 +566,7 @@ class Service final : public v1::ParameterServer::Service {
   HandlerPool pool_;
   CallCounts calls_;
   const absl::Duration first_request_;
+  HealthService health_;
 };
 
 class GrpcRunningServer final : public RunningServer {
@@ -551,8 +600,6 @@ absl::StatusOr<std::unique_ptr<RunningServer>> StartGrpcServer(ParameterServer* 
   absl::StatusOr<Security> security = LoadSecurity(server->config().security());
   if (!security.ok()) return security.status();
   auto service = std::make_unique<Service>(server, handler_threads, security->tokens);
-  // The standard grpc.health.v1.Health service, for orchestrators' health checks.
-  grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
   int port = 0;
   absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials = ServerCredentials(*security);
@@ -575,6 +622,7 @@ absl::StatusOr<std::unique_ptr<RunningServer>> StartGrpcServer(ParameterServer* 
                              static_cast<int>(std::min<uint32_t>(
                                  server->config().cluster().max_streams_per_connection() + 1024, INT32_MAX)));
   builder.RegisterService(service.get());
+  builder.RegisterService(service->health());
   std::unique_ptr<grpc::Server> grpc_server = builder.BuildAndStart();
   if (grpc_server == nullptr || port == 0) {
     return absl::UnavailableError(absl::StrCat("cannot listen on ", listen,

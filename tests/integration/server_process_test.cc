@@ -19,6 +19,7 @@
 #include "common/shard_map.h"
 #include "common/sync.h"
 #include "common/tensor_wire_grpc.h"
+#include "grpc/health/v1/health.grpc.pb.h"
 #include "segps/v1/parameter_server.grpc.pb.h"
 #include "tests/support/subprocess.h"
 
@@ -377,8 +378,8 @@ TEST_F(ServerProcessTest, PushStreamAnswersInOrderAndEndsAtTheFirstBadPush) {
   EXPECT_TRUE(stream->Finish().ok());
 }
 
-// Calls that send their headers and no request: a unary Pull and a
-// PullStream silent past cluster.rpc_deadline_ms (2 s here) end with
+// Calls that send their headers and no request: a unary Pull, a PullStream
+// and a health check silent past cluster.rpc_deadline_ms (2 s here) end with
 // DEADLINE_EXCEEDED, not before; a unary call closed without its request
 // gets INVALID_ARGUMENT at once; calls meanwhile are answered.
 TEST_F(ServerProcessTest, CallsThatSendNoRequestEndAtTheirDeadline) {
@@ -388,13 +389,14 @@ TEST_F(ServerProcessTest, CallsThatSendNoRequestEndAtTheirDeadline) {
     std::unique_ptr<grpc::GenericClientAsyncReaderWriter> io;
     grpc::Status status;
   };
-  Silent calls[3];
-  const char* methods[3] = {"/segps.v1.ParameterServer/Pull", kPullStreamMethod, "/segps.v1.ParameterServer/Stats"};
+  Silent calls[4];
+  const char* methods[4] = {"/segps.v1.ParameterServer/Pull", kPullStreamMethod, "/grpc.health.v1.Health/Check",
+                            "/segps.v1.ParameterServer/Stats"};
   const absl::Time start = absl::Now();
-  for (int i = 0; i < 3; ++i) {
+  for (int i = 0; i < 4; ++i) {
     calls[i].io = raw_stubs_[0]->PrepareCall(&calls[i].context, methods[i], &cq);
     calls[i].io->StartCall(&methods[i]);
-    if (i == 2) {  // closed without a request, once started
+    if (i == 3) {  // closed without a request, once started
       void* tag = nullptr;
       bool ok = false;
       while (tag != &methods[i]) ASSERT_TRUE(cq.Next(&tag, &ok));  // the others' starts, then its own
@@ -403,34 +405,54 @@ TEST_F(ServerProcessTest, CallsThatSendNoRequestEndAtTheirDeadline) {
     calls[i].io->Finish(&calls[i].status, &calls[i]);
   }
   // The server holds the silent calls from their headers (it may take a
-  // moment to see them): the stream, the Pull and each Stats (the closed
-  // call until it is answered).
+  // moment to see them): the stream, the Pull, the health check and each
+  // Stats (the closed call until it is answered).
   v1::StatsResponse stats;
   do {
     grpc::ClientContext ctx;
     ASSERT_TRUE(stubs_[0]->Stats(&ctx, v1::StatsRequest(), &stats).ok());
-  } while ((stats.open_streams() < 1 || stats.open_unary_calls() < 2) && absl::Now() < start + absl::Seconds(1));
+  } while ((stats.open_streams() < 1 || stats.open_unary_calls() < 3) && absl::Now() < start + absl::Seconds(1));
   EXPECT_EQ(stats.open_streams(), 1u);
-  EXPECT_GE(stats.open_unary_calls(), 2u);
-  EXPECT_LE(stats.open_unary_calls(), 3u);
-  absl::Time ended[3];
-  for (int finished = 0; finished < 3;) {
+  EXPECT_GE(stats.open_unary_calls(), 3u);
+  EXPECT_LE(stats.open_unary_calls(), 4u);
+  absl::Time ended[4];
+  for (int finished = 0; finished < 4;) {
     void* tag = nullptr;
     bool ok = false;
     ASSERT_EQ(cq.AsyncNext(&tag, &ok, absl::ToChronoTime(absl::Now() + absl::Seconds(30))),
               grpc::CompletionQueue::GOT_EVENT);
-    for (int i = 0; i < 3; ++i) {
+    for (int i = 0; i < 4; ++i) {
       if (tag == &calls[i]) ended[i] = absl::Now(), ++finished;
     }
   }
-  for (int i = 0; i < 2; ++i) {
+  for (int i = 0; i < 3; ++i) {
     EXPECT_EQ(calls[i].status.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED) << methods[i];
     EXPECT_THAT(calls[i].status.error_message(), testing::HasSubstr("no request within cluster.rpc_deadline_ms"));
     EXPECT_GE(ended[i] - start, absl::Seconds(2)) << methods[i] << " ended before its deadline";
   }
-  EXPECT_EQ(calls[2].status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
-  EXPECT_EQ(calls[2].status.error_message(), "Stats: the call ended without its request");
-  EXPECT_LT(ended[2] - start, absl::Seconds(2));
+  EXPECT_EQ(calls[3].status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(calls[3].status.error_message(), "Stats: the call ended without its request");
+  EXPECT_LT(ended[3] - start, absl::Seconds(2));
+}
+
+// The standard health service answers SERVING for this server's service
+// (or none named) without a token, and NOT_FOUND for any other.
+TEST_F(ServerProcessTest, HealthChecksAnswerForThisServerOnly) {
+  auto health = grpc::health::v1::Health::NewStub(
+      grpc::CreateChannel(servers_addresses_[0], grpc::InsecureChannelCredentials()));
+  for (const std::string service : {"", "segps.v1.ParameterServer", "segps.v1.Other"}) {
+    grpc::ClientContext ctx;
+    grpc::health::v1::HealthCheckRequest request;
+    request.set_service(service);
+    grpc::health::v1::HealthCheckResponse response;
+    const grpc::Status status = health->Check(&ctx, request, &response);
+    if (service == "segps.v1.Other") {
+      EXPECT_EQ(status.error_code(), grpc::StatusCode::NOT_FOUND) << status.error_message();
+    } else {
+      ASSERT_TRUE(status.ok()) << service << ": " << status.error_message();
+      EXPECT_EQ(response.status(), grpc::health::v1::HealthCheckResponse::SERVING) << service;
+    }
+  }
 }
 
 TEST_F(ServerProcessTest, StreamsBeyondAConnectionsLimitAreRefusedWithResourceExhausted) {
