@@ -196,6 +196,11 @@ int RunStage(Worker& w) {
   absl::StatusOr<segps::TrainReport> report =
       segps::TrainStage(w.config, options, stage == 0 ? &data->train : nullptr, w.backend.get(), client->get());
   if (!report.ok()) return Fail(report.status());
+  if (!absl::GetFlag(FLAGS_history_dir).empty() && report->history.epochs_size() > 0) {  // the last stage's
+    absl::Status written =
+        segps::WriteHistory(absl::GetFlag(FLAGS_history_dir), report->history, {}, w.config.model().num_classes());
+    if (!written.ok()) return Fail(written);
+  }
   SEGPS_LOG_INFO << w.config.model().segments(stage).name() << ": done: " << segps::StepsComputed(*report) << ", "
                  << report->samples << " samples in " << report->seconds << " s"
                  << (stage + 1 == stages

@@ -103,9 +103,26 @@ TEST(Pipeline, ThreeStageTeacherChainWithTwoReplicasReachesItsBarAndExportsAsOne
   std::string output;
   Train(config, dir, 3, &output,
         {"--export", dir + "/model.safetensors", "--onnx", dir + "/model.onnx", "--probabilities_out",
-         dir + "/eval_probs.npy"});
-  EXPECT_GT(EnsembleAccuracy(ReadFile(dir + "/report.json")), 0.90) << output;
+         dir + "/eval_probs.npy", "--plot", dir + "/plots"});
+  const std::string report = ReadFile(dir + "/report.json");
+  EXPECT_GT(EnsembleAccuracy(report), 0.90) << output;
   EXPECT_NE(output.find("ENSEMBLE (one network: a chain of 3 stages)"), std::string::npos) << output;
+  // The last stage's replicas keep the chain's per-epoch history, which
+  // --plot draws: each has 6 epochs, and its training loss falls.
+  const size_t at = report.find("\"history\"");
+  ASSERT_NE(at, std::string::npos) << report;
+  const std::string workers = report.substr(at);
+  EXPECT_EQ(workers.find("\"stage0\""), std::string::npos) << workers;
+  const std::regex replica(
+      R"re("segment":\s*"stage2",\s*"rank":\s*[01],\s*"epochs":\s*\[\{"epoch":\s*1,\s*"train_seconds":\s*[0-9.e-]+,)re"
+      R"re(\s*"loss":\s*([0-9.e-]+),.*?"epoch":\s*6,\s*"train_seconds":\s*[0-9.e-]+,\s*"loss":\s*([0-9.e-]+),)re");
+  int replicas = 0;
+  for (auto it = std::sregex_iterator(workers.begin(), workers.end(), replica); it != std::sregex_iterator(); ++it) {
+    ++replicas;
+    EXPECT_LT(std::stod((*it)[2]), 0.6 * std::stod((*it)[1])) << it->str();
+  }
+  EXPECT_EQ(replicas, 2) << workers;
+  EXPECT_NE(output.find("[plot] wrote " + dir + "/plots/learning_curves.png"), std::string::npos) << output;
 
   auto run = [](const std::vector<std::string>& argv) {
     std::unique_ptr<Subprocess> p = Subprocess::Start(argv);

@@ -381,7 +381,7 @@ TEST(Security, AStageLinkTakesOnlyAWorkerOverMutualTlsWithItsToken) {
     if (!downstream.ok()) return downstream.status();
     const std::vector<float> values(32, 0.5f);  // stage 0's output: 32 wide
     const std::vector<int32_t> labels = {3};
-    absl::Status sent = (*downstream)->Send(0, 0, 1, values, labels);
+    absl::Status sent = (*downstream)->Send(0, 0, 0, 1, values, labels);
     if (!sent.ok()) return sent;
     return (*downstream)->Finish();
   };

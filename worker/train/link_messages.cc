@@ -35,6 +35,7 @@ absl::StatusOr<MicroBatch> CheckActivations(const v1::Activations& m, const Link
   batch.done = m.done();
   if (batch.done) return batch;
   batch.clock = m.clock();
+  batch.epoch = m.epoch();
   batch.micro_batch = m.micro_batch();
   batch.batch_rows = m.batch_rows();
   batch.rows = m.rows();

@@ -17,6 +17,7 @@ namespace segps {
 // One micro-batch crossing a link forward.
 struct MicroBatch {
   uint64_t clock = 0;
+  uint32_t epoch = 0;  // the mini-batch's, from 0
   uint32_t micro_batch = 0;
   uint32_t batch_rows = 0;  // the mini-batch's rows
   uint32_t rows = 0;

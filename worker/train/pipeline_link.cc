@@ -249,8 +249,8 @@ class DownstreamImpl final : public Downstream {
     return absl::OkStatus();
   }
 
-  absl::Status Send(uint64_t clock, uint32_t micro_batch, uint32_t batch_rows, absl::Span<const float> values,
-                    absl::Span<const int32_t> labels) override {
+  absl::Status Send(uint64_t clock, uint32_t epoch, uint32_t micro_batch, uint32_t batch_rows,
+                    absl::Span<const float> values, absl::Span<const int32_t> labels) override {
     if (stream_ == nullptr) return Ended("went away");  // it ended before
     const uint32_t rows = static_cast<uint32_t>(labels.size());
     v1::Activations message;
@@ -258,6 +258,7 @@ class DownstreamImpl final : public Downstream {
     message.set_stage(static_cast<uint32_t>(stage_));
     message.set_replica(replica_);
     message.set_clock(clock);
+    message.set_epoch(epoch);
     message.set_micro_batch(micro_batch);
     message.set_batch_rows(batch_rows);
     message.set_rows(rows);

@@ -58,8 +58,8 @@ class Downstream {
   // Sends micro-batch `micro_batch` of `clock` (a mini-batch of
   // `batch_rows`): its activations (rows x output width, encoded straight
   // into the message) and its labels.
-  virtual absl::Status Send(uint64_t clock, uint32_t micro_batch, uint32_t batch_rows, absl::Span<const float> values,
-                            absl::Span<const int32_t> labels) = 0;
+  virtual absl::Status Send(uint64_t clock, uint32_t epoch, uint32_t micro_batch, uint32_t batch_rows,
+                            absl::Span<const float> values, absl::Span<const int32_t> labels) = 0;
   // The gradient for the oldest micro-batch sent and not yet answered,
   // rows x output width values, waiting up to `patience`.
   virtual absl::StatusOr<std::vector<float>> ReceiveGradient(absl::Duration patience) = 0;

@@ -115,12 +115,10 @@ absl::Status StageCompute::Start(const Registration& registration, const std::st
 absl::StatusOr<bool> StageCompute::HasStep(uint64_t clock) {
   if (first_stage_) {
     if (clock >= total_steps_) return false;
-    const uint32_t epoch = static_cast<uint32_t>(clock / steps_per_epoch_);
-    if (order_epoch_ != epoch) {
-      order_ = EpochOrder(slice_, config_.seed(), 0, options_.replica, epoch);
-      order_epoch_ = epoch;
-      epoch_loss_ = 0;
-      epoch_correct_ = epoch_samples_ = 0;
+    epoch_ = static_cast<uint32_t>(clock / steps_per_epoch_);
+    if (order_epoch_ != epoch_) {
+      order_ = EpochOrder(slice_, config_.seed(), 0, options_.replica, epoch_);
+      order_epoch_ = epoch_;
     }
     const uint64_t begin = (clock % steps_per_epoch_) * batch_;
     batch_rows_ = static_cast<uint32_t>(std::min<uint64_t>(batch_, slice_.count - begin));
@@ -138,6 +136,7 @@ absl::StatusOr<bool> StageCompute::HasStep(uint64_t clock) {
                                                       pending_->micro_batch));
   }
   batch_rows_ = pending_->batch_rows;
+  epoch_ = pending_->epoch;
   if (batch_rows_ > batch_) {
     return absl::InvalidArgumentError(
         absl::StrCat(tag_, ": a mini-batch of ", batch_rows_, " rows (batch_size ", batch_, ")"));
@@ -198,7 +197,7 @@ absl::Status StageCompute::Forward(uint64_t clock, uint32_t m, uint32_t rows, in
   absl::StatusOr<absl::Span<const float>> out = ToHost(model_.output(first), rows * out_width_);
   if (!out.ok()) return out.status();
   SEGPS_RETURN_IF_ERROR(
-      options_.downstream->Send(clock, m, batch_rows_, *out, absl::MakeConstSpan(slot_labels, rows)));
+      options_.downstream->Send(clock, epoch_, m, batch_rows_, *out, absl::MakeConstSpan(slot_labels, rows)));
   Crossed(&StageMetrics::ObserveActivationsSent, out->size());
   return absl::OkStatus();
 }
@@ -313,6 +312,13 @@ absl::Status StageCompute::Record(const StepRecord& record, TrainReport* report)
     options_.stage_metrics->SetIdleShare(absl::ToDoubleSeconds(waiting_ - steady_waiting_) /
                                          std::max(1e-9, absl::ToDoubleSeconds(absl::Now() - steady_start_)));
   }
+  if (epoch_ != recorded_epoch_) {  // the clock begins an epoch
+    if (last_stage_) CloseEpoch(report);
+    recorded_epoch_ = epoch_;
+    epoch_start_ = absl::Now();
+    epoch_loss_ = 0;
+    epoch_correct_ = epoch_samples_ = 0;
+  }
   if (record.result->stats.has_value()) {  // the last stage's loss
     epoch_loss_ += record.result->stats->loss_sum;
     epoch_correct_ += static_cast<uint64_t>(record.result->stats->correct);
@@ -332,7 +338,19 @@ absl::Status StageCompute::Record(const StepRecord& record, TrainReport* report)
   return absl::OkStatus();
 }
 
+void StageCompute::CloseEpoch(TrainReport* report) const {
+  if (!recorded_epoch_.has_value() || epoch_samples_ == 0) return;
+  v1::EpochRecord* record = report->history.add_epochs();
+  record->set_epoch(*recorded_epoch_ + 1);
+  record->set_train_seconds(absl::ToDoubleSeconds(absl::Now() - t0_));
+  record->set_loss(report->last_loss);
+  record->set_accuracy(report->last_accuracy);
+  record->set_samples_per_second(static_cast<double>(epoch_samples_) /
+                                 std::max(1e-9, absl::ToDoubleSeconds(absl::Now() - epoch_start_)));
+}
+
 absl::Status StageCompute::Complete(TrainReport* report) {
+  if (last_stage_) CloseEpoch(report);
   if (options_.downstream != nullptr) SEGPS_RETURN_IF_ERROR(options_.downstream->Finish());
   // A stage's time waiting for its neighbours is its blocked time.
   report->blocked_seconds = absl::ToDoubleSeconds(waiting_);

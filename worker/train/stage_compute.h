@@ -50,6 +50,8 @@ class StageCompute final : public StepCompute {
  private:
   StageCompute(const v1::JobConfig& config, const StageOptions& options, const Dataset* train, Backend* backend,
                SegmentModel model, uint32_t slots);
+  // The last stage's record of the epoch that ends, in the report's history.
+  void CloseEpoch(TrainReport* report) const;
   // A micro-batch's forward and backward; `first`: its first row in the
   // model's slots. The last stage's forward adds its loss to `clock_stats`.
   absl::Status Forward(uint64_t clock, uint32_t m, uint32_t rows, int first, BatchStats* clock_stats);
@@ -101,6 +103,11 @@ class StageCompute final : public StepCompute {
   // The idle share counts from the end of the first clock.
   absl::Time steady_start_;
   absl::Duration steady_waiting_;
+  // The epoch of the clock in hand (the first stage's data says it, and
+  // each stage passes it on); the last stage keeps a record of each.
+  uint32_t epoch_ = 0;
+  std::optional<uint32_t> recorded_epoch_;
+  absl::Time epoch_start_;
   double epoch_loss_ = 0;
   uint64_t epoch_correct_ = 0, epoch_samples_ = 0;
 };
