@@ -176,6 +176,10 @@ int RunStage(Worker& w) {
     if (!connected.ok()) return Fail(connected.status());
     downstream = *std::move(connected);
   }
+  if (w.config.training().test_every_epoch() && stage + 1 == stages && *w.rank == 0) {
+    SEGPS_LOG_WARNING << "training.test_every_epoch: a chain is not scored after each epoch (its test set is "
+                         "scored once, at the end); its per-epoch history has the training loss and accuracy";
+  }
   options.upstream = upstream.get();
   options.downstream = downstream.get();
   options.patience = absl::Milliseconds(w.config.cluster().recovery_timeout_ms());
