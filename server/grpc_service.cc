@@ -327,8 +327,7 @@ class CallReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc:
       heard_ = true;
     }
     alarm_.Cancel();
-    serve_(request_, [this](grpc::Status status, grpc::ByteBuffer reply) { Answer(status, std::move(reply)); },
-           &users_);
+    serve_(request_, [this](grpc::Status status, grpc::ByteBuffer reply) { Answer(status, &reply); }, &users_);
   }
   void OnCancel() override { users_.End(server_); }
   void OnWriteDone(bool ok) override {
@@ -344,10 +343,10 @@ class CallReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc:
   }
 
  private:
-  void Answer(grpc::Status status, grpc::ByteBuffer reply) {
+  void Answer(const grpc::Status& status, grpc::ByteBuffer* reply) {
     if (!status.ok()) return End(status);
     request_.Clear();
-    reply_.Swap(&reply);  // a ByteBuffer copies by reference count; a swap does not even that
+    reply_.Swap(reply);  // a ByteBuffer copies by reference count; a swap does not even that
     if (stream_) return StartWrite(&reply_);
     if (Ending()) StartWriteAndFinish(&reply_, grpc::WriteOptions(), grpc::Status::OK);
   }
@@ -459,42 +458,27 @@ class Service final : public ReactorService<v1::ParameterServer::Service> {
         calls_(server->config().cluster().max_streams_per_connection(), server->config().cluster().max_open_calls()),
         first_request_(absl::Milliseconds(server->config().cluster().rpc_deadline_ms())),
         health_(&calls_, first_request_, server) {
-    Handle("Register", false, [this](const grpc::CallbackServerContext& context) {
-      return Control<v1::RegisterRequest, v1::RegisterResponse>(
-          context, "Register", true,
-          [this](const v1::RegisterRequest& request, v1::RegisterResponse* response, const std::string& caller) {
-            return server_->Register(request, response, caller);
-          });
-    });
-    Handle("Heartbeat", false, [this](const grpc::CallbackServerContext& context) {
-      return Control<v1::HeartbeatRequest, v1::HeartbeatResponse>(
-          context, "Heartbeat", true,
-          [this](const v1::HeartbeatRequest& request, v1::HeartbeatResponse* response, const std::string& caller) {
-            return server_->Heartbeat(request, response, caller);
-          });
-    });
-    Handle("Leave", false, [this](const grpc::CallbackServerContext& context) {
-      return Control<v1::LeaveRequest, v1::LeaveResponse>(
-          context, "Leave", true,
-          [this](const v1::LeaveRequest& request, v1::LeaveResponse* response, const std::string& caller) {
-            return server_->Leave(request, caller, response);
-          });
-    });
-    Handle("Rollback", false, [this](const grpc::CallbackServerContext& context) {
-      return Control<v1::RollbackRequest, v1::RollbackResponse>(
-          context, "Rollback", true,
-          [this](const v1::RollbackRequest& request, v1::RollbackResponse* response, const std::string& caller) {
-            return server_->Rollback(request, response, caller);
-          });
-    });
-    Handle("Stats", false, [this](const grpc::CallbackServerContext& context) {
-      return Control<v1::StatsRequest, v1::StatsResponse>(
-          context, "Stats", false, [this](const v1::StatsRequest&, v1::StatsResponse* response, const std::string&) {
-            server_->Stats(response);
-            response->set_open_streams(calls_.streams());
-            response->set_open_unary_calls(calls_.unary());
-            return absl::OkStatus();
-          });
+    Control<v1::RegisterRequest, v1::RegisterResponse>(
+        "Register", true, [this](const auto& request, auto* response, const std::string& caller) {
+          return server_->Register(request, response, caller);
+        });
+    Control<v1::HeartbeatRequest, v1::HeartbeatResponse>(
+        "Heartbeat", true, [this](const auto& request, auto* response, const std::string& caller) {
+          return server_->Heartbeat(request, response, caller);
+        });
+    Control<v1::LeaveRequest, v1::LeaveResponse>(
+        "Leave", true, [this](const auto& request, auto* response, const std::string& caller) {
+          return server_->Leave(request, caller, response);
+        });
+    Control<v1::RollbackRequest, v1::RollbackResponse>(
+        "Rollback", true, [this](const auto& request, auto* response, const std::string& caller) {
+          return server_->Rollback(request, response, caller);
+        });
+    Control<v1::StatsRequest, v1::StatsResponse>("Stats", false, [this](const auto&, auto* response, const std::string&) {
+      server_->Stats(response);
+      response->set_open_streams(calls_.streams());
+      response->set_open_unary_calls(calls_.unary());
+      return absl::OkStatus();
     });
     HandleTensors();
   }
@@ -546,19 +530,20 @@ class Service final : public ReactorService<v1::ParameterServer::Service> {
     });
   }
 
-  // A call that never waits: authorize, parse, run, reply.
+  // Serves `name`, a call that never waits: authorize, parse, run, reply.
   template <typename Request, typename Response, typename Run>
-  CallReactor::Serve Control(const grpc::CallbackServerContext& context, const char* name, bool worker_call,
-                             Run run) {
-    return [caller = CallerOf(context, tokens_), name, worker_call, run = std::move(run)](
-               const grpc::ByteBuffer& bytes, Reply finish, StreamUsers*) {
-      Request request;
-      Response response;
-      grpc::Status status = ToGrpcStatus(AuthorizeCall(caller, worker_call, name));
-      if (status.ok()) status = Parse(name, bytes, &request);
-      if (status.ok()) status = ToGrpcStatus(run(request, &response, caller.identity));
-      std::move(finish)(status, status.ok() ? Serialize(response) : grpc::ByteBuffer());
-    };
+  void Control(const char* name, bool worker_call, Run run) {
+    Handle(name, false, [this, name, worker_call, run](const grpc::CallbackServerContext& context) -> CallReactor::Serve {
+      return [caller = CallerOf(context, tokens_), name, worker_call, run](const grpc::ByteBuffer& bytes, Reply finish,
+                                                                           StreamUsers*) {
+        Request request;
+        Response response;
+        grpc::Status status = ToGrpcStatus(AuthorizeCall(caller, worker_call, name));
+        if (status.ok()) status = Parse(name, bytes, &request);
+        if (status.ok()) status = ToGrpcStatus(run(request, &response, caller.identity));
+        std::move(finish)(status, status.ok() ? Serialize(response) : grpc::ByteBuffer());
+      };
+    });
   }
 
   ParameterServer* const server_;

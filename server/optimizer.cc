@@ -281,9 +281,11 @@ float ScheduledRate(const v1::OptimizerConfig& c, uint64_t step) {
   // Updates after the warm-up before this one.
   const uint64_t after = step > s.warmup_updates() ? step - s.warmup_updates() - 1 : 0;
   switch (s.decay()) {
-    case v1::LearningRateSchedule::STEP:
-      factor *= std::pow(double{s.gamma()}, static_cast<double>(after / s.step_updates()));
+    case v1::LearningRateSchedule::STEP: {
+      const uint64_t decays = after / s.step_updates();  // whole periods past
+      factor *= std::pow(double{s.gamma()}, static_cast<double>(decays));
       break;
+    }
     case v1::LearningRateSchedule::COSINE: {
       const double done = static_cast<double>(std::min(after, s.decay_updates())) / s.decay_updates();
       factor *= s.min_factor() + (1.0 - s.min_factor()) * 0.5 * (1.0 + std::cos(M_PI * done));
