@@ -83,6 +83,7 @@ class FaultyClient final : public ParameterClient {
                         std::vector<std::vector<float>>* values) override {
     return inner_->PullRows(segment, clock, ids, values);
   }
+  void Interrupt(const absl::Status& cause) override { inner_->Interrupt(cause); }
   absl::StatusOr<std::vector<uint64_t>> Leave() override {
     using Counts = absl::StatusOr<std::vector<uint64_t>>;
     return Run<Counts>("Leave", [=] { return Completion<Counts>::Done(inner_->Leave()); }).Wait();

@@ -14,6 +14,7 @@
 #include "server/grpc_service.h"
 #include "server/parameter_server.h"
 #include "tests/support/faulty_client.h"
+#include "worker/client/heartbeat_loop.h"
 #include "tests/support/inprocess_cluster.h"
 #include "tests/support/reference_training.h"
 #include "tests/support/subprocess.h"
@@ -141,6 +142,32 @@ TEST(FaultInjection, AWorkerChecksTheServersCountOfItsSteps) {
   ASSERT_TRUE(lost.ok()) << lost.status();
   EXPECT_FALSE(lost->confirmed);
   EXPECT_THAT(StepsComputed(*lost), testing::HasSubstr("80 steps computed here (clocks 0 to 80; the servers' count unconfirmed)"));
+}
+
+// A heartbeat that finds the worker's registration dropped (here injected
+// as NOT_FOUND) fails the worker's calls in flight with that status, so
+// that it rejoins at once: a pull parked on the servers (no rank has
+// pushed the clock before it) ends with the heartbeat's status, which
+// nothing else could give it (its wait would end after
+// cluster.pull_wait_ms with UNAVAILABLE).
+TEST(FaultInjection, AHeartbeatThatFindsTheRegistrationDroppedFailsTheCallsInFlight) {
+  v1::JobConfig config = SeedConfig(1);
+  config.mutable_model()->mutable_segments(0)->set_workers(2);
+  config.mutable_cluster()->set_pull_wait_ms(3000);
+  InProcessCluster cluster(config);
+  FaultyClient client(*ConnectGrpc(config, cluster.addresses()), {{"Heartbeat", 1, Fault::kNotFound}});
+  std::unique_ptr<ParameterClient> peer = *ConnectGrpc(config, cluster.addresses());
+  ASSERT_TRUE(client.Register(0, 0).ok());
+  ASSERT_TRUE(peer->Register(0, 1).ok());
+  std::vector<float> values(cluster.Parameters(0).size());
+  Completion<PulledAt> parked = client.StartPull(0, 1, absl::MakeSpan(values));  // waits for both ranks' clock 0
+  {
+    HeartbeatLoop heartbeat(&client, absl::Milliseconds(10));
+    const PulledAt pulled = parked.Wait();
+    EXPECT_EQ(pulled.status().code(), absl::StatusCode::kNotFound) << pulled.status();
+    EXPECT_THAT(pulled.status().message(), testing::HasSubstr("injected fault in Heartbeat: registration dropped"));
+  }
+  EXPECT_EQ(client.injected(), 1);
 }
 
 // A chain of two stages in this process, the last one's calls faulty: a

@@ -337,6 +337,12 @@ class GrpcClient final : public ParameterClient {
     return absl::OkStatus();
   }
 
+  void Interrupt(const absl::Status& cause) override {
+    for (RequestStreams* streams : {push_streams_.get(), pull_streams_.get(), row_streams_.get()}) {
+      if (streams != nullptr) streams->Interrupt(cause);
+    }
+  }
+
   absl::StatusOr<std::vector<uint64_t>> Leave() override {
     std::vector<v1::LeaveRequest> requests(stubs_.size());
     std::vector<v1::LeaveResponse> responses(stubs_.size());

@@ -1,5 +1,8 @@
 // Renews a worker's leases on every server from a thread of its own, every
-// `period`, while the worker trains; stops when destroyed.
+// `period`, while the worker trains; stops when destroyed. A heartbeat that
+// finds the registration dropped on a server interrupts the worker's calls
+// in flight, so that it rejoins at once instead of when a call parked on
+// another server gives up.
 #ifndef SEGPS_WORKER_CLIENT_HEARTBEAT_LOOP_H_
 #define SEGPS_WORKER_CLIENT_HEARTBEAT_LOOP_H_
 
@@ -20,7 +23,11 @@ class HeartbeatLoop {
     thread_ = std::thread([this, client, period] {
       while (!StopWithin(period)) {
         absl::Status status = client->Heartbeat();
-        if (!status.ok()) SEGPS_LOG_WARNING << "heartbeat: " << status.message();
+        if (status.ok()) continue;
+        SEGPS_LOG_WARNING << "heartbeat: " << status.message();
+        // A server dropped the registration (it restarted, or the lease
+        // lapsed): the calls in flight fail with that, and the worker rejoins.
+        if (absl::IsNotFound(status) || absl::IsFailedPrecondition(status)) client->Interrupt(status);
       }
     });
   }

@@ -139,6 +139,11 @@ class ParameterClient {
 
   // Renews the lease on every server; FAILED_PRECONDITION if one dropped us.
   virtual absl::Status Heartbeat() = 0;
+  // Fails the pulls and pushes in flight with `cause`, as if their servers
+  // had answered it: how a heartbeat that finds this worker's registration
+  // dropped on one server wakes calls parked on the others (which may wait
+  // for peers that wait for this worker). Any thread.
+  virtual void Interrupt(const absl::Status& cause) = 0;
   // Leaves every server, so that peers no longer wait for this worker; the
   // steps of its rank each server applied, in index order.
   virtual absl::StatusOr<std::vector<uint64_t>> Leave() = 0;

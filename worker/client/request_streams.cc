@@ -265,6 +265,14 @@ void RequestStreams::Pump(size_t server) {
   }
 }
 
+void RequestStreams::Interrupt(const absl::Status& cause) {
+  MutexLock lock(&mu_);
+  for (size_t i = 0; i < streams_.size(); ++i) {
+    const Stream& s = streams_[i];
+    if (s.io != nullptr && (!s.unsent.empty() || !s.unanswered.empty())) Break(i, cause);
+  }
+}
+
 void RequestStreams::Break(size_t server, absl::Status cause) {
   Stream& s = streams_[server];
   if (!s.broken) {

@@ -87,6 +87,9 @@ class RequestStreams {
   // Queues an exchange after those started before it (and starts it, if
   // none is running).
   void Start(std::unique_ptr<Exchange> exchange);
+  // Breaks the streams with requests in flight: those requests fail with
+  // `cause` (the running exchange with them); later exchanges go on.
+  void Interrupt(const absl::Status& cause);
 
  private:
   enum class Op { kStart, kWrite, kRead, kFinish, kWatchdog, kBackoff };
