@@ -321,12 +321,13 @@ class CallReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc:
                          : grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                                         absl::StrCat(name_, ": the call ended without its request")));
     }
+    bool first = false;
     {
       MutexLock lock(&mu_);
       if (ended_) return;  // its deadline ended it meanwhile
-      heard_ = true;
+      first = !std::exchange(heard_, true);
     }
-    alarm_.Cancel();
+    if (first) alarm_.Cancel();  // once: not on every message of a stream
     serve_(request_, [this](grpc::Status status, grpc::ByteBuffer reply) { Answer(status, &reply); }, &users_);
   }
   void OnCancel() override { users_.End(server_); }
@@ -423,18 +424,23 @@ class HealthService final : public ReactorService<grpc::health::v1::Health::Serv
     for (const char* method : {"Check", "Watch"}) {
       Serve(grpc::health::v1::Health::service_full_name(), method,
             [=](grpc::CallbackServerContext* context) -> grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* {
-              return new CallReactor(method, false, context->peer(), first_request, &Answer, calls, server);
+              return new CallReactor(
+                  method, false, context->peer(), first_request,
+                  [method](const grpc::ByteBuffer& bytes, Reply finish, StreamUsers*) {
+                    Answer(method, bytes, std::move(finish));
+                  },
+                  calls, server);
             });
     }
   }
 
  private:
-  static void Answer(const grpc::ByteBuffer& bytes, Reply finish, StreamUsers*) {
+  static void Answer(const char* method, const grpc::ByteBuffer& bytes, Reply finish) {
     grpc::health::v1::HealthCheckRequest request;
-    grpc::Status status = Parse("Check", bytes, &request);
+    grpc::Status status = Parse(method, bytes, &request);
     if (status.ok() && !request.service().empty() && request.service() != v1::ParameterServer::service_full_name()) {
       status = grpc::Status(grpc::StatusCode::NOT_FOUND,
-                            absl::StrCat("Check: this server serves ", v1::ParameterServer::service_full_name(),
+                            absl::StrCat(method, ": this server serves ", v1::ParameterServer::service_full_name(),
                                          " (or \"\"), not \"", request.service(), "\""));
     }
     grpc::health::v1::HealthCheckResponse response;
@@ -486,43 +492,49 @@ class Service final : public ReactorService<v1::ParameterServer::Service> {
 
  private:
   // How a call of one method is served, from its context.
-  using Serving = std::function<CallReactor::Serve(const grpc::CallbackServerContext&)>;
+  // How a method's calls are served, from the call's context and caller.
+  using Serving = std::function<CallReactor::Serve(const grpc::CallbackServerContext&, const Caller&)>;
 
   // Serves `method` (`stream`: a streaming one) with CallReactors.
   void Handle(const char* method, bool stream, Serving serving) {
     Serve(v1::ParameterServer::service_full_name(), method,
           [this, method, stream, serving = std::move(serving)](grpc::CallbackServerContext* context)
               -> grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* {
-            if (absl::Status admitted = AuthorizeCall(CallerOf(*context, tokens_), false, method); !admitted.ok()) {
+            const Caller caller = CallerOf(*context, tokens_);
+            if (absl::Status admitted = AuthorizeCall(caller, false, method); !admitted.ok()) {
               return new CallReactor(method, ToGrpcStatus(admitted));
             }
-            return new CallReactor(method, stream, context->peer(), first_request_, serving(*context), &calls_,
-                                   server_);
+            return new CallReactor(method, stream, context->peer(), first_request_, serving(*context, caller),
+                                   &calls_, server_);
           });
   }
 
   void HandleTensors() {
-    Handle("Pull", false, [this](const grpc::CallbackServerContext& context) -> CallReactor::Serve {
-      return [this, &context, caller = CallerOf(context, tokens_)](const grpc::ByteBuffer& bytes, Reply finish,
+    Handle("Pull", false, [this](const grpc::CallbackServerContext& context,
+                                 const Caller& caller) -> CallReactor::Serve {
+      return [this, &context, caller](const grpc::ByteBuffer& bytes, Reply finish,
                                                                   StreamUsers*) {
         ServePull(server_, &pool_, caller, WaitDeadline(&context, *server_), "Pull", bytes, std::move(finish));
       };
     });
-    Handle("Push", false, [this](const grpc::CallbackServerContext& context) -> CallReactor::Serve {
-      return [this, &context, caller = CallerOf(context, tokens_)](const grpc::ByteBuffer& bytes, Reply finish,
+    Handle("Push", false, [this](const grpc::CallbackServerContext& context,
+                                 const Caller& caller) -> CallReactor::Serve {
+      return [this, &context, caller](const grpc::ByteBuffer& bytes, Reply finish,
                                                                   StreamUsers*) {
         ServePush(server_, &pool_, caller, WaitDeadline(&context, *server_), bytes, std::move(finish));
       };
     });
-    Handle("PushStream", true, [this](const grpc::CallbackServerContext& context) -> CallReactor::Serve {
-      return [this, caller = CallerOf(context, tokens_)](const grpc::ByteBuffer& bytes, Reply finish,
+    Handle("PushStream", true, [this](const grpc::CallbackServerContext&,
+                                       const Caller& caller) -> CallReactor::Serve {
+      return [this, caller](const grpc::ByteBuffer& bytes, Reply finish,
                                                          StreamUsers* users) {
         ServePush(server_, &pool_, caller, server_->clock()->Now() + server_->max_wait(), bytes, std::move(finish),
                   users);
       };
     });
-    Handle("PullStream", true, [this](const grpc::CallbackServerContext& context) -> CallReactor::Serve {
-      return [this, caller = CallerOf(context, tokens_)](const grpc::ByteBuffer& bytes, Reply finish,
+    Handle("PullStream", true, [this](const grpc::CallbackServerContext&,
+                                       const Caller& caller) -> CallReactor::Serve {
+      return [this, caller](const grpc::ByteBuffer& bytes, Reply finish,
                                                          StreamUsers* users) {
         ServePull(server_, &pool_, caller, server_->clock()->Now() + server_->max_wait(), "PullStream", bytes,
                   std::move(finish), users);
@@ -533,8 +545,9 @@ class Service final : public ReactorService<v1::ParameterServer::Service> {
   // Serves `name`, a call that never waits: authorize, parse, run, reply.
   template <typename Request, typename Response, typename Run>
   void Control(const char* name, bool worker_call, Run run) {
-    Handle(name, false, [this, name, worker_call, run](const grpc::CallbackServerContext& context) -> CallReactor::Serve {
-      return [caller = CallerOf(context, tokens_), name, worker_call, run](const grpc::ByteBuffer& bytes, Reply finish,
+    Handle(name, false,
+           [name, worker_call, run](const grpc::CallbackServerContext&, const Caller& caller) -> CallReactor::Serve {
+      return [caller, name, worker_call, run](const grpc::ByteBuffer& bytes, Reply finish,
                                                                            StreamUsers*) {
         Request request;
         Response response;

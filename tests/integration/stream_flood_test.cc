@@ -63,7 +63,7 @@ class SilentCalls {
         calls_.push_back(std::make_unique<Call>());
         Call& call = *calls_.back();
         call.io = stubs_.back()->PrepareCall(&call.context, method, &queue_);
-        call.io->StartCall(&call.started);
+        call.io->StartCall(&kStarted);
         call.io->Finish(&call.status, &call);
       }
     }
@@ -97,8 +97,8 @@ class SilentCalls {
     grpc::ClientContext context;
     std::unique_ptr<grpc::GenericClientAsyncReaderWriter> io;
     grpc::Status status;
-    char started = 0;  // its address tags the start
   };
+  static inline char kStarted = 0;  // tags every call's start; a Call* tags its end
   bool Next(absl::Duration within) {
     void* tag = nullptr;
     bool ok = false;
@@ -106,13 +106,12 @@ class SilentCalls {
         queue_.AsyncNext(&tag, &ok, absl::ToChronoTime(absl::Now() + within)) != grpc::CompletionQueue::GOT_EVENT) {
       return false;
     }
-    for (auto& call : calls_) {
-      if (tag != call.get()) continue;
-      ++ended_;
-      codes_.push_back(call->status.error_code());
-      first_end_.try_emplace(call->status.error_code(), absl::Now());
-      example_.try_emplace(call->status.error_code(), call->status);
-    }
+    if (tag == &kStarted) return true;
+    const Call& call = *static_cast<const Call*>(tag);
+    ++ended_;
+    codes_.push_back(call.status.error_code());
+    first_end_.try_emplace(call.status.error_code(), absl::Now());
+    example_.try_emplace(call.status.error_code(), call.status);
     return true;
   }
 
