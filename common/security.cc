@@ -108,7 +108,7 @@ void ApplySecurityFlags(v1::SecurityConfig* config) {
 
 absl::StatusOr<std::vector<Token>> ParseTokens(const std::string& text, const std::string& file) {
   std::vector<Token> tokens;
-  int number = 0;
+  int number = 0, servers = 0;
   for (absl::string_view line : absl::StrSplit(text, '\n')) {
     ++number;
     line = absl::StripAsciiWhitespace(line);
@@ -123,8 +123,12 @@ absl::StatusOr<std::vector<Token>> ParseTokens(const std::string& text, const st
       token.role = Role::kWorker;
     } else if (fields[0] == "reader") {
       token.role = Role::kReader;
+    } else if (fields[0] == "server") {
+      token.role = Role::kServer;
+      if (servers++ > 0) return absl::InvalidArgumentError(absl::StrCat(where, "a second `server` line"));
     } else {
-      return absl::InvalidArgumentError(absl::StrCat(where, "role must be worker or reader, got '", fields[0], "'"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, "role must be worker, reader or server, got '", fields[0], "'"));
     }
     if (fields[1].size() < 16) {
       return absl::InvalidArgumentError(absl::StrCat(where, "the token is ", fields[1].size(),
@@ -133,7 +137,9 @@ absl::StatusOr<std::vector<Token>> ParseTokens(const std::string& text, const st
     token.secret = std::string(fields[1]);
     tokens.push_back(std::move(token));
   }
-  if (tokens.empty()) return absl::InvalidArgumentError(absl::StrCat(file, ": no `ROLE TOKEN` line"));
+  if (tokens.size() == static_cast<size_t>(servers)) {
+    return absl::InvalidArgumentError(absl::StrCat(file, ": no `worker TOKEN` or `reader TOKEN` line"));
+  }
   return tokens;
 }
 
@@ -157,7 +163,13 @@ absl::StatusOr<Security> LoadSecurity(const v1::SecurityConfig& config) {
     if (!text.ok()) return text.status();
     absl::StatusOr<std::vector<Token>> tokens = ParseTokens(*text, config.token_file());
     if (!tokens.ok()) return tokens.status();
-    security.tokens = *std::move(tokens);
+    for (Token& token : *tokens) {
+      if (token.role == Role::kServer) {
+        security.state_key = std::move(token.secret);
+      } else {
+        security.tokens.push_back(std::move(token));
+      }
+    }
   }
   return security;
 }

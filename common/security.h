@@ -25,7 +25,9 @@
 
 namespace segps {
 
-enum class Role { kWorker, kReader };
+// kServer is no caller's role: a token file's `server` line is the key
+// the servers seal their states with (Security::state_key).
+enum class Role { kWorker, kReader, kServer };
 
 struct Token {
   Role role = Role::kWorker;
@@ -36,7 +38,11 @@ struct Token {
 struct Security {
   std::string ca_cert, cert, key;  // PEM text; empty where not given
   bool require_client_cert = false;
-  std::vector<Token> tokens;  // in file order
+  std::vector<Token> tokens;  // the worker and reader lines, in file order
+  // The token file's `server` line: a secret of the servers alone (never in
+  // a client's file), the key of their sealed rank states
+  // (server/state_seal.h). Empty without one.
+  std::string state_key;
   bool tls() const { return !cert.empty() || !ca_cert.empty(); }
 };
 
@@ -47,7 +53,8 @@ void ApplySecurityFlags(v1::SecurityConfig* config);
 // Reads the files; errors name the file (and, for tokens, the line).
 absl::StatusOr<Security> LoadSecurity(const v1::SecurityConfig& config);
 
-// A token file's lines: `ROLE TOKEN`, ROLE worker or reader, `#` comments.
+// A token file's lines: `ROLE TOKEN`, ROLE worker, reader or (a server's
+// file, at most once) server; `#` comments. At least one worker or reader.
 absl::StatusOr<std::vector<Token>> ParseTokens(const std::string& text, const std::string& file);
 
 // What a server listens with: plaintext, TLS, or mutual TLS, with the token

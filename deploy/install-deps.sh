@@ -7,7 +7,7 @@ set -euo pipefail
 packages=(
   build-essential cmake pkg-config ccache
   protobuf-compiler libprotobuf-dev
-  libgrpc++-dev protobuf-compiler-grpc
+  libgrpc++-dev protobuf-compiler-grpc libssl-dev
   libabsl-dev libgtest-dev libgmock-dev
   libopenblas-dev zlib1g-dev prometheus-cpp-dev
   dataset-fashion-mnist

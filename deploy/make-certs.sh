@@ -3,7 +3,8 @@
 #   DIR/ca.pem, ca.key         a CA (keep ca.key off the job's hosts)
 #   DIR/server.pem, server.key the servers' certificate, for every name given
 #   DIR/client.pem, client.key a client certificate (workers, evaluator, probes)
-#   DIR/tokens                 `worker TOKEN` and `reader TOKEN` (the servers' token_file)
+#   DIR/tokens                 `worker TOKEN`, `reader TOKEN` and `server SECRET` (the servers'
+#                              token_file; SECRET seals the states servers tell workers)
 #   DIR/worker.token, reader.token   one line each (a client's token_file)
 #
 #   bash deploy/make-certs.sh [--container | --k8s] DIR [NAME ...]
@@ -63,7 +64,7 @@ sign client "segps client" clientAuth
 rm -f "$dir/ca.srl"
 worker=$(openssl rand -hex 24)
 reader=$(openssl rand -hex 24)
-printf 'worker %s\nreader %s\n' "$worker" "$reader" > "$dir/tokens"
+printf 'worker %s\nreader %s\nserver %s\n' "$worker" "$reader" "$(openssl rand -hex 24)" > "$dir/tokens"
 printf 'worker %s\n' "$worker" > "$dir/worker.token"
 printf 'reader %s\n' "$reader" > "$dir/reader.token"
 if [ $container -eq 1 ]; then

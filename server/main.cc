@@ -162,11 +162,15 @@ int Serve(const Settings& s) {
   if (*metrics_endpoint != nullptr) {
     metrics = std::make_unique<segps::ServerMetrics>((*metrics_endpoint)->registry(), s.config, s.index);
   }
+  absl::StatusOr<segps::Security> security = segps::LoadSecurity(s.config.security());
+  if (!security.ok()) return Fail(security.status());
   absl::StatusOr<std::unique_ptr<segps::ParameterServer>> server =
       segps::ParameterServer::Create(s.config, static_cast<uint32_t>(s.index),
                                      {.metrics = metrics.get(),
                                       .apply_threads = s.apply_threads,
-                                      .checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir)});
+                                      .checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir),
+                                      .authenticated = !security->tokens.empty(),
+                                      .state_key = security->state_key});
   if (!server.ok()) return Fail(server.status());
   absl::StatusOr<std::unique_ptr<segps::RunningServer>> running =
       segps::StartGrpcServer(server->get(), s.listen, s.handler_threads);

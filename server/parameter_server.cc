@@ -42,7 +42,8 @@ ParameterServer::ParameterServer(v1::JobConfig config, uint32_t index, ShardMap 
     : config_(std::move(config)), index_(index), map_(std::move(map)),
       model_fingerprint_(ModelFingerprint(config_)),
       max_wait_(absl::Milliseconds(config_.cluster().pull_wait_ms())), metrics_(options.metrics),
-      clock_(options.clock), rolled_back_at_(config_.model().segments_size(), absl::InfinitePast()) {}
+      clock_(options.clock), authenticated_(options.authenticated), state_key_(options.state_key),
+      rolled_back_at_(config_.model().segments_size(), absl::InfinitePast()) {}
 
 ParameterServer::~ParameterServer() {
   if (ticker_.joinable()) {

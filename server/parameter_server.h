@@ -44,6 +44,11 @@ struct ServerOptions {
   absl::Duration tick = absl::Milliseconds(10);
   // Overrides the config's checkpoint.dir (segps-server --checkpoint_dir).
   std::string checkpoint_dir;
+  // Whether calls carry tokens (Security::tokens), and the servers' key for
+  // sealing rank states (Security::state_key): where calls are
+  // authenticated, a Rollback is taken only on states sealed with it.
+  bool authenticated = false;
+  std::string state_key;
 };
 
 class ParameterServer {
@@ -134,6 +139,13 @@ class ParameterServer {
   absl::StatusOr<SegmentShard*> ShardFor(uint32_t segment, const char* call);
   absl::Status Reject(uint32_t segment, absl::Status status);
   absl::Status CheckFingerprints(const v1::RegisterRequest& request) const;
+  // This server's state of a rank as Register answers it, sealed.
+  v1::SealedRankState Seal(uint32_t segment, uint32_t rank, const Registered& registered) const;
+  // OK when a Rollback's states show that the servers disagree on the
+  // rank: one from each server, sealed with the servers' key where calls
+  // are authenticated, sealed within a lease, this server's current (of
+  // its incarnation and the request's generation, the segment's).
+  absl::Status CheckDisagreement(const v1::RollbackRequest& request) const;
   // What a push says beside its gradient, once its values (`scanned`) and
   // its sample count are checked: an error that names what is wrong.
   absl::StatusOr<PushInfo> CheckPush(const v1::PushRequest& request, const DenseView::Values& scanned) const;
@@ -153,6 +165,8 @@ class ParameterServer {
   const absl::Duration max_wait_;
   ServerMetrics* const metrics_;  // may be null
   Clock* const clock_;
+  const bool authenticated_;
+  const std::string state_key_;
   uint64_t incarnation_ = 0;  // random, drawn at Create
   std::unique_ptr<CheckpointStore> store_;  // null without a checkpoint dir
   std::unique_ptr<ApplyPool> apply_pool_;  // null with one apply thread; outlives the shards

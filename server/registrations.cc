@@ -10,9 +10,11 @@
 #include "absl/strings/str_join.h"
 #include "common/config.h"
 #include "common/log.h"
+#include "common/rank_states.h"
 #include "common/security.h"
 #include "common/status_macros.h"
 #include "server/parameter_server.h"
+#include "server/state_seal.h"
 
 namespace segps {
 
@@ -98,6 +100,7 @@ absl::Status ParameterServer::Register(const v1::RegisterRequest& request, v1::R
   response->set_generation(registered.generation);
   response->set_partial(registered.partial);
   if (registered.rank_clock.has_value()) response->set_rank_clock(*registered.rank_clock);
+  *response->mutable_sealed() = Seal(request.segment(), rank, registered);
   if (std::optional<v1::SharePlan> plan = (*shard)->PlanFrom(registered.start_clock)) {
     *response->mutable_plan() = *std::move(plan);
   }
@@ -112,6 +115,66 @@ absl::Status ParameterServer::Register(const v1::RegisterRequest& request, v1::R
   response->set_registration_secret(secret);
   MutexLock lock(&secrets_mu_);
   secrets_[id] = {std::move(secret), request.segment(), caller};
+  return absl::OkStatus();
+}
+
+v1::SealedRankState ParameterServer::Seal(uint32_t segment, uint32_t rank, const Registered& registered) const {
+  v1::SealedRankState state;
+  state.set_server_index(index_);
+  state.set_incarnation(incarnation_);
+  state.set_generation(registered.generation);
+  state.set_segment(segment);
+  state.set_rank(rank);
+  if (registered.rank_clock.has_value()) state.set_rank_clock(*registered.rank_clock);
+  state.set_partial(registered.partial);
+  state.set_sealed_at_ms(absl::ToUnixMillis(clock_->Now()));
+  if (!state_key_.empty()) SealState(state_key_, &state);
+  return state;
+}
+
+absl::Status ParameterServer::CheckDisagreement(const v1::RollbackRequest& request) const {
+  const RankStates& states = request.states();
+  if (states.size() != static_cast<int>(map_.num_servers())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Rollback: states must hold the sealed state of each of the ", map_.num_servers(),
+        " servers (RegisterResponse.sealed, in server order), got ", states.size()));
+  }
+  if (authenticated_ && state_key_.empty()) {
+    return absl::FailedPreconditionError(
+        "Rollback: this server has no `server` line in its token file, so it cannot check the servers' "
+        "states; give every server the same `server SECRET` line (deploy/make-certs.sh writes one)");
+  }
+  const absl::Duration lease = absl::Milliseconds(config_.cluster().lease_ms());
+  const absl::Time now = clock_->Now();
+  for (int i = 0; i < states.size(); ++i) {
+    const v1::SealedRankState& state = states[i];
+    if (state.server_index() != static_cast<uint32_t>(i) || state.segment() != request.segment() ||
+        state.rank() != states[0].rank()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "Rollback: states[", i, "] is server ", state.server_index(), "'s of segment ", state.segment(), " rank ",
+          state.rank(), "; expected server ", i, "'s of segment ", request.segment(), " rank ", states[0].rank()));
+    }
+    if (!state_key_.empty() && !SealHolds(state_key_, state)) {
+      return absl::PermissionDeniedError(
+          absl::StrCat("Rollback: states[", i, "] is not sealed by a server of this job"));
+    }
+    if (absl::AbsDuration(now - absl::FromUnixMillis(state.sealed_at_ms())) > lease) {
+      return absl::AbortedError(absl::StrCat(
+          "Rollback: server ", i, "'s state was sealed more than a lease (", absl::FormatDuration(lease),
+          ") from now; register again for current states"));
+    }
+  }
+  const v1::SealedRankState& mine = states[static_cast<int>(index_)];
+  if (mine.incarnation() != incarnation_ || mine.generation() != request.generation()) {
+    return absl::AbortedError(absl::StrCat(
+        "Rollback: the state of server ", index_, " given is not its current one (it restarted or rolled back "
+        "since); register again"));
+  }
+  if (!StatesDisagree(states)) {
+    return absl::FailedPreconditionError(absl::StrCat("Rollback: the servers agree on segment ", request.segment(),
+                                                      " rank ", states[0].rank(), " (", DescribeStates(states),
+                                                      "): there is nothing to roll back"));
+  }
   return absl::OkStatus();
 }
 
@@ -183,6 +246,13 @@ absl::Status ParameterServer::Rollback(const v1::RollbackRequest& request, v1::R
   SEGPS_RETURN_IF_ERROR(
       CheckRegistration(request.worker_id(), request.registration_secret(), caller, "Rollback", request.segment()));
   response->set_incarnation(incarnation_);
+  if ((*shard)->generation() != request.generation()) {
+    response->set_generation((*shard)->generation());  // someone rolled it back already
+    return absl::OkStatus();
+  }
+  if (absl::Status shown = CheckDisagreement(request); !shown.ok()) {
+    return Reject(request.segment(), shown);
+  }
   const int segment = static_cast<int>(request.segment());
   const std::vector<uint64_t> clocks = store_ == nullptr ? std::vector<uint64_t>() : store_->Clocks(segment);
   if (std::find(clocks.begin(), clocks.end(), request.clock()) == clocks.end()) {
@@ -190,10 +260,6 @@ absl::Status ParameterServer::Rollback(const v1::RollbackRequest& request, v1::R
         "Rollback: server ", index_, " has no checkpoint of segment ", segment, " at clock ", request.clock(),
         store_ == nullptr ? " (it keeps none: start it with --checkpoint_dir)"
                           : absl::StrCat(" (it has clocks ", absl::StrJoin(clocks, ","), ")"))));
-  }
-  if ((*shard)->generation() != request.generation()) {
-    response->set_generation((*shard)->generation());  // someone rolled it back already
-    return absl::OkStatus();
   }
   {
     MutexLock lock(&rollback_mu_);

@@ -49,10 +49,12 @@ absl::StatusOr<JobSecurity> JobToken() {
   absl::StatusOr<std::string> dir = MakeDir("segps-token");
   if (!dir.ok()) return dir.status();
   s.dir = *dir;
-  absl::StatusOr<std::string> worker = RandomToken(), reader = RandomToken();
+  absl::StatusOr<std::string> worker = RandomToken(), reader = RandomToken(), server = RandomToken();
   if (!worker.ok()) return worker.status();
   if (!reader.ok()) return reader.status();
-  for (const auto& [file, text] : {std::pair{std::string("tokens"), absl::StrCat("worker ", *worker, "\nreader ", *reader, "\n")},
+  if (!server.ok()) return server.status();
+  const std::string tokens = absl::StrCat("worker ", *worker, "\nreader ", *reader, "\nserver ", *server, "\n");
+  for (const auto& [file, text] : {std::pair{std::string("tokens"), tokens},
                                    std::pair{std::string("worker.token"), absl::StrCat("worker ", *worker, "\n")},
                                    std::pair{std::string("reader.token"), absl::StrCat("reader ", *reader, "\n")}}) {
     if (absl::Status written = WritePrivate(s.dir + "/" + file, text); !written.ok()) return written;

@@ -2,7 +2,8 @@
 // process gets, and the directory of the job's secrets.
 //
 // By default a token per job: `tokens` (a worker and a reader line, the
-// servers' file) and `worker.token`, `reader.token`, made from the
+// servers' file, with the `server` line only servers read) and
+// `worker.token`, `reader.token`, made from the
 // system's CSPRNG in a directory only the job's user may read. The job
 // runs on loopback without TLS, and a server or stage link takes the
 // tokens from loopback peers only (common/security.h), so a stranger on

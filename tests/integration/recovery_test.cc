@@ -69,7 +69,9 @@ struct Failure {
 // SIGKILL and started again with the same command; returns the parameters.
 std::string Interrupted(const std::vector<Failure>& failures) {
   const std::string dir = MakeTempDir();
-  ProcessCluster cluster(Job(dir, "staleness: 0"), dir, 2);
+  // Calls carry tokens, so the rollbacks a server restarted from its
+  // checkpoint needs show the servers' sealed states.
+  ProcessCluster cluster(Job(dir, "staleness: 0"), dir, 2, /*checkpoints=*/true, /*tokens=*/true);
   std::unique_ptr<Subprocess> worker = cluster.StartWorker("s", 0);
   for (const Failure& f : failures) {
     const std::string step = absl::StrCat(" step ", f.step, "/375 ");
@@ -120,7 +122,8 @@ TEST(Recovery, EachServerKilledInTurnAtStaleness2TheJobCompletesAndReachesItsBar
   // A lease long enough that a peer slow to notice a restart (a loaded
   // machine) still holds the segment: it rejoins at its own clock rather
   // than at the clock its peer reached alone, skipping its steps.
-  ProcessCluster cluster(Job(dir, "staleness: 2 workers_per_segment: 2", 8, 5000), dir, 2);
+  ProcessCluster cluster(Job(dir, "staleness: 2 workers_per_segment: 2", 8, 5000), dir, 2, /*checkpoints=*/true,
+                         /*tokens=*/true);
   std::vector<std::unique_ptr<Subprocess>> workers;
   for (int r = 0; r < 2; ++r) workers.push_back(cluster.StartWorker("s", r));
   // 8 epochs of 63 steps per worker (2000 samples each). A worker that
@@ -162,7 +165,8 @@ TEST(Recovery, EachServerKilledInTurnAtStaleness2TheJobCompletesAndReachesItsBar
 // job completes.
 TEST(Recovery, ServerPausedPastTheLeaseAndResumedTheJobCompletes) {
   const std::string dir = MakeTempDir();
-  ProcessCluster cluster(Job(dir, "staleness: 1", 4, 1000, "rpc_deadline_ms: 500 pull_wait_ms: 500"), dir, 2);
+  ProcessCluster cluster(Job(dir, "staleness: 1", 4, 1000, "rpc_deadline_ms: 500 pull_wait_ms: 500"), dir, 2,
+                         /*checkpoints=*/true, /*tokens=*/true);
   std::unique_ptr<Subprocess> worker = cluster.StartWorker("s", 0);
   ASSERT_TRUE(worker->WaitForLine(" step 100/", absl::Seconds(120)).has_value()) << worker->output();
   cluster.Pause(1, absl::Seconds(6));

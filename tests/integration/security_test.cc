@@ -14,6 +14,7 @@
 #include <iostream>
 #include <regex>
 #include <thread>
+#include <tuple>
 
 #include "absl/strings/str_cat.h"
 #include "common/config.h"
@@ -79,6 +80,7 @@ class SecurityMatrix : public ::testing::Test {
     ASSERT_TRUE(started.ok()) << started.Output();
     servers_ = std::move(started.processes);
     address_ = started.addresses[0];
+    addresses_ = started.addresses;
     // A training job meanwhile: both workers of segment relu64, over mutual TLS with the worker token.
     for (int rank = 0; rank < 2; ++rank) {
       workers_.push_back(Subprocess::Start(
@@ -108,7 +110,7 @@ class SecurityMatrix : public ::testing::Test {
   // A stub for server 0: TLS against `ca` (none: plaintext), a client
   // certificate from `client_dir` (empty: none), the token of `token_file`.
   std::unique_ptr<v1::ParameterServer::Stub> Stub(const std::string& ca, const std::string& client_dir,
-                                                  const std::string& token_file) {
+                                                  const std::string& token_file, int server = 0) {
     v1::SecurityConfig security;
     security.set_ca_cert(ca);
     if (!client_dir.empty()) {
@@ -120,7 +122,7 @@ class SecurityMatrix : public ::testing::Test {
     EXPECT_TRUE(loaded.ok()) << loaded.status();
     absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials = ChannelCredentials(*loaded);
     EXPECT_TRUE(credentials.ok()) << credentials.status();
-    return v1::ParameterServer::NewStub(grpc::CreateChannel(address_, *credentials));
+    return v1::ParameterServer::NewStub(grpc::CreateChannel(addresses_[server], *credentials));
   }
   std::unique_ptr<v1::ParameterServer::Stub> PlaintextStub() {
     return v1::ParameterServer::NewStub(grpc::CreateChannel(address_, grpc::InsecureChannelCredentials()));
@@ -159,7 +161,8 @@ class SecurityMatrix : public ::testing::Test {
     return o;
   }
 
-  std::string dir_, certs_, other_, config_path_, address_;
+  std::string dir_, certs_, other_, config_path_, address_;  // address_: server 0's
+  std::vector<std::string> addresses_;
   v1::JobConfig config_;
   std::vector<std::unique_ptr<Subprocess>> servers_, workers_;
 };
@@ -316,13 +319,63 @@ TEST_F(SecurityMatrix, RegisteringALiveRankAgainAndAgainTakesNothingFromItsWorke
   }
 }
 
+// A worker token with a registration (segment tanh128's ranks are free)
+// asks server 0 to roll the segment back: without the servers' states,
+// with their real sealed states (which agree), and with those states
+// altered to disagree. Each is refused naming why; the segment stays at
+// its generation, and training of relu64 goes on untouched.
+TEST_F(SecurityMatrix, ARollbackIsRefusedUnlessTheServersSealedStatesDisagree) {
+  ASSERT_TRUE(TrainsPast(5)) << workers_[0]->output() << workers_[1]->output();
+  v1::RegisterRequest reg;
+  reg.set_segment(1);
+  reg.set_model_fingerprint(ModelFingerprint(config_));
+  reg.set_shard_fingerprint(ShardMap::Create(config_.model(), 2)->fingerprint());
+  std::vector<v1::RegisterResponse> registered(2);
+  for (int i = 0; i < 2; ++i) {
+    const grpc::Status status =
+        Stub(certs_ + "/ca.pem", certs_, certs_ + "/worker.token", i)->Register(Context().get(), reg, &registered[i]);
+    ASSERT_TRUE(status.ok()) << status.error_message();
+    ASSERT_FALSE(registered[i].sealed().seal().empty()) << "make-certs.sh gave the servers a `server` line";
+  }
+  v1::RollbackRequest back;
+  back.set_segment(1);
+  back.set_worker_id(registered[0].worker_id());
+  back.set_registration_secret(registered[0].registration_secret());
+  back.set_generation(registered[0].generation());
+  v1::RollbackRequest agreeing = back, forged = back;
+  for (const v1::RegisterResponse& r : registered) *agreeing.add_states() = r.sealed();
+  forged.mutable_states()->CopyFrom(agreeing.states());
+  forged.mutable_states(1)->set_rank_clock(5);  // server 1 "at 5", under its seal for "none"
+  std::unique_ptr<v1::ParameterServer::Stub> stub = Stub(certs_ + "/ca.pem", certs_, certs_ + "/worker.token");
+  for (const auto& [request, code, says] : std::vector<std::tuple<v1::RollbackRequest, grpc::StatusCode, std::string>>{
+           {back, grpc::StatusCode::INVALID_ARGUMENT, "states must hold the sealed state of each of the 2 servers"},
+           {agreeing, grpc::StatusCode::FAILED_PRECONDITION, "the servers agree on segment 1 rank 0"},
+           {forged, grpc::StatusCode::PERMISSION_DENIED, "states[1] is not sealed by a server of this job"}}) {
+    v1::RollbackResponse rolled;
+    const grpc::Status refused = stub->Rollback(Context().get(), request, &rolled);
+    EXPECT_EQ(refused.error_code(), code) << refused.error_message();
+    EXPECT_NE(refused.error_message().find(says), std::string::npos) << refused.error_message();
+  }
+  v1::StatsResponse stats;
+  ASSERT_TRUE(stub->Stats(Context().get(), v1::StatsRequest(), &stats).ok());
+  EXPECT_EQ(stats.segments(1).generation(), registered[0].generation()) << "a refused rollback changed the segment";
+  const uint64_t after = TrainingClock();
+  EXPECT_TRUE(TrainsPast(after + 10)) << workers_[0]->output() << workers_[1]->output();
+  for (auto& worker : workers_) {
+    EXPECT_EQ(worker->output().find("rejoined"), std::string::npos) << worker->output();
+  }
+}
+
 TEST(SecurityConfig, TokenFileErrorsNameTheFileAndLine) {
   EXPECT_TRUE(ParseTokens("# comment\nworker 0123456789abcdef0123\n\nreader 0123456789abcdef9999\n", "t").ok());
   for (const auto& [text, says] : std::vector<std::pair<std::string, std::string>>{
            {"worker\n", "t line 1: expected `ROLE TOKEN`"},
-           {"# x\nadmin 0123456789abcdef0123\n", "t line 2: role must be worker or reader"},
+           {"# x\nadmin 0123456789abcdef0123\n", "t line 2: role must be worker, reader or server"},
            {"worker short\n", "t line 1: the token is 5 characters"},
-           {"# nothing\n", "t: no `ROLE TOKEN` line"}}) {
+           {"worker 0123456789abcdef0123\nserver 0123456789abcdef0124\nserver 0123456789abcdef0125\n",
+            "t line 3: a second `server` line"},
+           {"server 0123456789abcdef0123\n", "t: no `worker TOKEN` or `reader TOKEN` line"},
+           {"# nothing\n", "t: no `worker TOKEN` or `reader TOKEN` line"}}) {
     absl::StatusOr<std::vector<Token>> parsed = ParseTokens(text, "t");
     ASSERT_FALSE(parsed.ok()) << text;
     EXPECT_NE(std::string(parsed.status().message()).find(says), std::string::npos) << parsed.status();

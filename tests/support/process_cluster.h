@@ -23,10 +23,20 @@ namespace segps {
 
 // A cluster whose servers keep their addresses and checkpoint directories,
 // so that a killed one is started again exactly as before.
+// With `tokens`, calls carry tokens as segps-local's do: the servers read
+// DIR/tokens (a worker, a reader and the servers' own `server` line, which
+// seals the states a rollback must show), workers DIR/worker.token, the
+// evaluator DIR/reader.token.
 class ProcessCluster {
  public:
-  ProcessCluster(std::string config, std::string dir, int servers, bool checkpoints = true)
-      : config_(std::move(config)), dir_(std::move(dir)), checkpoints_(checkpoints) {
+  ProcessCluster(std::string config, std::string dir, int servers, bool checkpoints = true, bool tokens = false)
+      : config_(std::move(config)), dir_(std::move(dir)), checkpoints_(checkpoints), tokens_(tokens) {
+    if (tokens_) {
+      WriteFile(dir_ + "/worker.token", "worker 0123456789abcdef0123456789abcdef\n");
+      WriteFile(dir_ + "/reader.token", "reader fedcba9876543210fedcba9876543210\n");
+      WriteFile(dir_ + "/tokens", ReadFile(dir_ + "/worker.token") + ReadFile(dir_ + "/reader.token") +
+                                      "server 00112233445566778899aabbccddeeff\n");
+    }
     for (int i = 0; i < servers; ++i) {
       addresses_.push_back("127.0.0.1:0");
       servers_.emplace_back();
@@ -42,7 +52,7 @@ class ProcessCluster {
       command.push_back("--checkpoint_dir");
       command.push_back(absl::StrCat(dir_, "/ckpt", i));
     }
-    servers_[i] = Subprocess::Start(command);
+    servers_[i] = Subprocess::Start(WithToken(command, "tokens"));
     std::optional<std::string> line = servers_[i]->WaitForLine("listening on", absl::Seconds(60));
     if (!line.has_value()) return false;
     addresses_[i] = line->substr(line->rfind(' ') + 1);
@@ -66,15 +76,16 @@ class ProcessCluster {
   }
 
   std::unique_ptr<Subprocess> StartWorker(const std::string& segment, int rank) const {
-    return Subprocess::Start({BinaryPath("segps-worker"), "--config", config_, "--segment", segment, "--rank",
-                              std::to_string(rank), "--servers", Joined()});
+    return Subprocess::Start(WithToken({BinaryPath("segps-worker"), "--config", config_, "--segment", segment,
+                                        "--rank", std::to_string(rank), "--servers", Joined()},
+                                       "worker.token"));
   }
 
   // segps-eval's output with `extra` flags (its exit checked).
   std::string Evaluate(const std::vector<std::string>& extra) const {
     std::vector<std::string> command = {BinaryPath("segps-eval"), "--config", config_, "--servers", Joined()};
     command.insert(command.end(), extra.begin(), extra.end());
-    std::unique_ptr<Subprocess> eval = Subprocess::Start(command);
+    std::unique_ptr<Subprocess> eval = Subprocess::Start(WithToken(command, "reader.token"));
     std::optional<int> status = eval->Wait(absl::Seconds(120));
     EXPECT_TRUE(status.has_value() && ExitedOk(*status)) << eval->output();
     return eval->output();
@@ -105,6 +116,13 @@ class ProcessCluster {
   }
 
  private:
+  std::vector<std::string> WithToken(std::vector<std::string> command, const char* file) const {
+    if (tokens_) {
+      command.push_back("--token_file");
+      command.push_back(absl::StrCat(dir_, "/", file));
+    }
+    return command;
+  }
   std::string Joined() const {
     std::string joined;
     for (const std::string& a : addresses_) joined += (joined.empty() ? "" : ",") + a;
@@ -112,7 +130,7 @@ class ProcessCluster {
   }
 
   const std::string config_, dir_;
-  const bool checkpoints_;
+  const bool checkpoints_, tokens_;
   std::vector<std::string> addresses_;
   std::vector<std::unique_ptr<Subprocess>> servers_;
 };

@@ -13,12 +13,15 @@
 #include <memory>
 #include <random>
 #include <thread>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_format.h"
 #include "common/config.h"
 #include "common/tensor_wire.h"
 #include "server/parameter_server.h"
+#include "server/state_seal.h"
 #include "tests/support/inprocess_membership.h"
 #include "tests/support/subprocess.h"
 
@@ -39,13 +42,20 @@ training { staleness: 0 }
 data { source: SYNTHETIC_SEED }
 )pb";
 
-constexpr uint64_t kClocks = 20;  // every case trains its segment through this many clocks
+constexpr uint64_t kClocks = 20;
+constexpr char kKey[] = "00112233445566778899aabbccddeeff";  // the servers' `server` line  // every case trains its segment through this many clocks
 
 // Servers in this process on one fake clock, each with a checkpoint
 // directory of its own (or none), restartable.
 class Cluster {
  public:
-  explicit Cluster(bool checkpoints) : config_(*ParseConfig(kConfig, "membership_test")) {
+  // `state_key`: the servers' key for sealed states (their token file's
+  // `server` line); `authenticated`: calls carry tokens, so a Rollback
+  // must show states sealed with it.
+  explicit Cluster(bool checkpoints, std::string state_key = "", bool authenticated = false)
+      : config_(*ParseConfig(kConfig, "membership_test")),
+        state_key_(std::move(state_key)),
+        authenticated_(authenticated) {
     for (size_t i = 0; i < 2; ++i) {
       dirs_.push_back(checkpoints ? MakeTempDir() : "");
       servers_.emplace_back();
@@ -61,6 +71,8 @@ class Cluster {
     options.clock = &clock_;
     options.tick = absl::ZeroDuration();  // time moves only when the test moves it
     options.checkpoint_dir = dirs_[i];
+    options.state_key = state_key_;
+    options.authenticated = authenticated_;
     servers_[i] = *ParameterServer::Create(config_, static_cast<uint32_t>(i), options);
   }
   // Kills server i (its written checkpoints stay on disk) and starts it again.
@@ -100,6 +112,8 @@ class Cluster {
 
  private:
   v1::JobConfig config_;
+  const std::string state_key_;
+  const bool authenticated_;
   FakeClock clock_;
   std::vector<std::string> dirs_;
   std::vector<std::unique_ptr<ParameterServer>> servers_;
@@ -221,18 +235,135 @@ void ExpectExactlyOnce(Cluster& cluster, int segment) {
   }
 }
 
+// With calls authenticated or not: where they are, the rollback shows the
+// servers' sealed states.
 TEST(Membership, ServerRestartedFromACheckpointRollsBackAndLosesNothing) {
-  Cluster cluster(/*checkpoints=*/true);
+  for (const bool sealed : {false, true}) {
+    SCOPED_TRACE(sealed ? "sealed states" : "unauthenticated");
+    Cluster cluster(/*checkpoints=*/true, sealed ? kKey : "", sealed);
+    Worker w(&cluster, 0, 0);
+    ASSERT_TRUE(w.Join().ok());
+    for (int c = 0; c < 10; ++c) ASSERT_TRUE(w.Push().ok());
+    cluster.Restart(1);  // back at its checkpoint of clock 8; server 0 is at 10
+    EXPECT_FALSE(w.Push().ok());
+    ASSERT_TRUE(w.Rejoin().ok());
+    EXPECT_EQ(w.next(), 8u) << "the servers agree on their newest common checkpoint";
+    EXPECT_EQ(cluster.Stats(0, 0).generation(), 2u) << "server 0 was rolled back";
+    TrainToEnd({&w});
+    ExpectExactlyOnce(cluster, 0);
+  }
+}
+
+// Registration ids and secrets, one a server.
+using Held = std::vector<std::pair<uint64_t, std::string>>;
+
+// The registrations of worker `w`'s membership.
+Held HeldBy(Worker& w) {
+  return {{w.membership().worker_id(0), w.membership().secret(0)},
+          {w.membership().worker_id(1), w.membership().secret(1)}};
+}
+
+// Registers segment 0 rank 0 with both servers as its worker would, taking
+// over `held` (its registrations there, updated); the servers' answers
+// (sealed states, registrations).
+std::vector<v1::RegisterResponse> RegisterBoth(Cluster& cluster, Held* held) {
+  v1::RegisterRequest request;
+  request.set_segment(0);
+  request.set_model_fingerprint(ModelFingerprint(cluster.config()));
+  request.set_shard_fingerprint(cluster.server(0).shard_map().fingerprint());
+  std::vector<v1::RegisterResponse> responses(2);
+  for (size_t i = 0; i < 2; ++i) {
+    request.set_replaces_worker_id((*held)[i].first);
+    request.set_replaces_secret((*held)[i].second);
+    const absl::Status status = cluster.server(i).Register(request, &responses[i]);
+    EXPECT_TRUE(status.ok()) << status;
+    (*held)[i] = {responses[i].worker_id(), responses[i].registration_secret()};
+  }
+  return responses;
+}
+
+// A Rollback of server 0 by the registration `responses[0]` names, to its
+// checkpoint at clock 8, showing `states`.
+absl::Status RollBack(Cluster& cluster, const std::vector<v1::RegisterResponse>& responses,
+                      std::vector<v1::SealedRankState> states) {
+  v1::RollbackRequest request;
+  request.set_segment(0);
+  request.set_worker_id(responses[0].worker_id());
+  request.set_registration_secret(responses[0].registration_secret());
+  request.set_clock(8);
+  request.set_generation(responses[0].generation());
+  for (v1::SealedRankState& state : states) *request.add_states() = std::move(state);
+  v1::RollbackResponse response;
+  return cluster.server(0).Rollback(request, &response);
+}
+
+// Where calls are authenticated, a caller with a registration rolls a
+// segment back only by showing every server's state sealed with the
+// servers' key, current, and disagreeing: states left out, altered, sealed
+// with another key, stale or agreeing are refused, naming why, and change
+// nothing; the servers' own states, shown within the lease, are taken.
+TEST(Membership, ARollbackIsTakenOnlyOnSealedStatesShowingTheServersDisagree) {
+  Cluster cluster(/*checkpoints=*/true, kKey, /*authenticated=*/true);
   Worker w(&cluster, 0, 0);
   ASSERT_TRUE(w.Join().ok());
   for (int c = 0; c < 10; ++c) ASSERT_TRUE(w.Push().ok());
   cluster.Restart(1);  // back at its checkpoint of clock 8; server 0 is at 10
-  EXPECT_FALSE(w.Push().ok());
-  ASSERT_TRUE(w.Rejoin().ok());
-  EXPECT_EQ(w.next(), 8u) << "the servers agree on their newest common checkpoint";
-  EXPECT_EQ(cluster.Stats(0, 0).generation(), 2u) << "server 0 was rolled back";
-  TrainToEnd({&w});
-  ExpectExactlyOnce(cluster, 0);
+  cluster.FlushAll();
+  Held held = HeldBy(w);
+  std::vector<v1::RegisterResponse> registered = RegisterBoth(cluster, &held);
+  const std::vector<v1::SealedRankState> shown = {registered[0].sealed(), registered[1].sealed()};
+  ASSERT_EQ(shown[0].rank_clock(), 10u);
+  ASSERT_EQ(shown[1].rank_clock(), 8u);
+  std::vector<v1::SealedRankState> altered = shown, foreign = shown;
+  altered[0].set_rank_clock(8);  // would say they agree, under the old seal
+  for (v1::SealedRankState& state : foreign) SealState("another job's servers' key", &state);
+  for (const auto& [states, code, says] : std::vector<std::tuple<std::vector<v1::SealedRankState>,
+                                                                 absl::StatusCode, std::string>>{
+           {{}, absl::StatusCode::kInvalidArgument, "states must hold the sealed state of each of the 2 servers"},
+           {{shown[1], shown[0]}, absl::StatusCode::kInvalidArgument, "states[0] is server 1's"},
+           {altered, absl::StatusCode::kPermissionDenied, "states[0] is not sealed by a server of this job"},
+           {foreign, absl::StatusCode::kPermissionDenied, "states[0] is not sealed by a server of this job"}}) {
+    const absl::Status refused = RollBack(cluster, registered, states);
+    EXPECT_EQ(refused.code(), code) << refused;
+    EXPECT_NE(refused.message().find(says), std::string::npos) << refused;
+  }
+  cluster.clock().Advance(absl::Milliseconds(1001));  // a lease (1 s) after they were sealed
+  const absl::Status stale = RollBack(cluster, registered, shown);
+  EXPECT_EQ(stale.code(), absl::StatusCode::kAborted) << stale;
+  EXPECT_NE(stale.message().find("sealed more than a lease (1s) from now"), std::string::npos) << stale;
+  EXPECT_EQ(cluster.Stats(0, 0).generation(), 1u) << "a refused rollback changed server 0";
+  EXPECT_EQ(cluster.Stats(0, 0).clock(), 10u);
+
+  registered = RegisterBoth(cluster, &held);
+  ASSERT_TRUE(RollBack(cluster, registered, {registered[0].sealed(), registered[1].sealed()}).ok());
+  EXPECT_EQ(cluster.Stats(0, 0).generation(), 2u);
+  EXPECT_EQ(cluster.Stats(0, 0).clock(), 8u);
+  cluster.clock().Advance(absl::Seconds(1));  // past the rate limit: only the states refuse the next
+  registered = RegisterBoth(cluster, &held);
+  const absl::Status agree = RollBack(cluster, registered, {registered[0].sealed(), registered[1].sealed()});
+  EXPECT_EQ(agree.code(), absl::StatusCode::kFailedPrecondition) << agree;
+  EXPECT_NE(agree.message().find("the servers agree on segment 0 rank 0 (server 0 at 8, server 1 at 8)"),
+            std::string::npos)
+      << agree;
+  EXPECT_EQ(cluster.Stats(0, 0).generation(), 2u);
+}
+
+// Servers that take tokens but were given no `server` line cannot check
+// the states, and refuse every rollback naming the line.
+TEST(Membership, AnAuthenticatedServerWithoutTheServersKeyRefusesRollbacks) {
+  Cluster cluster(/*checkpoints=*/true, /*state_key=*/"", /*authenticated=*/true);
+  Worker w(&cluster, 0, 0);
+  ASSERT_TRUE(w.Join().ok());
+  for (int c = 0; c < 10; ++c) ASSERT_TRUE(w.Push().ok());
+  cluster.Restart(1);
+  cluster.FlushAll();
+  Held held = HeldBy(w);
+  const std::vector<v1::RegisterResponse> registered = RegisterBoth(cluster, &held);
+  EXPECT_TRUE(registered[0].sealed().seal().empty());
+  const absl::Status refused = RollBack(cluster, registered, {registered[0].sealed(), registered[1].sealed()});
+  EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition) << refused;
+  EXPECT_NE(refused.message().find("no `server` line in its token file"), std::string::npos) << refused;
+  EXPECT_EQ(cluster.Stats(0, 0).generation(), 1u);
 }
 
 // A server rolls a segment back at most once a second: another Rollback
@@ -253,6 +384,15 @@ TEST(Membership, ASegmentIsRolledBackAtMostOnceASecond) {
   again.set_registration_secret(w.membership().secret(0));
   again.set_clock(8);
   again.set_generation(2);
+  // States that disagree (unauthenticated servers take them unsealed).
+  for (uint32_t i = 0; i < 2; ++i) {
+    v1::SealedRankState* state = again.add_states();
+    state->set_server_index(i);
+    state->set_incarnation(cluster.server(i).incarnation());
+    state->set_generation(cluster.Stats(i, 0).generation());
+    if (i == 0) state->set_rank_clock(8);
+    state->set_sealed_at_ms(absl::ToUnixMillis(cluster.clock().Now()));
+  }
   v1::RollbackResponse response;
   const absl::Status refused = cluster.server(0).Rollback(again, &response);
   EXPECT_EQ(refused.code(), absl::StatusCode::kUnavailable) << refused;

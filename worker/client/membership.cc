@@ -8,6 +8,7 @@
 #include "absl/strings/str_join.h"
 #include "common/grpc_status.h"
 #include "common/log.h"
+#include "common/rank_states.h"
 #include "common/status_macros.h"
 
 namespace segps {
@@ -102,17 +103,15 @@ absl::StatusOr<std::optional<uint64_t>> Membership::Agree(int segment,
           "directory (--checkpoint_dir or checkpoint.dir)"));
     }
   }
+  RankStates states;
   std::set<uint64_t> rank_clocks;
-  bool partial = false, some_new = false;
   uint64_t furthest = 0;
   for (const v1::RegisterResponse& r : responses) {
+    *states.Add() = r.sealed();
     if (r.has_rank_clock()) rank_clocks.insert(r.rank_clock());
-    some_new |= !r.has_rank_clock();
-    partial |= r.partial();
     furthest = std::max(furthest, r.start_clock());
   }
-  const bool disagree = partial || rank_clocks.size() > 1 || (!rank_clocks.empty() && some_new);
-  if (!disagree) return std::optional<uint64_t>(furthest);
+  if (!StatesDisagree(states)) return std::optional<uint64_t>(furthest);
   // The newest checkpoint clock every server holds.
   std::set<uint64_t> common(responses[0].checkpoint_clocks().begin(), responses[0].checkpoint_clocks().end());
   for (const v1::RegisterResponse& r : responses) {
@@ -122,39 +121,40 @@ absl::StatusOr<std::optional<uint64_t>> Membership::Agree(int segment,
     }
     common = std::move(both);
   }
-  std::vector<std::string> states;
-  for (size_t i = 0; i < responses.size(); ++i) {
-    states.push_back(absl::StrCat("server ", i, " at ",
-                                  responses[i].has_rank_clock() ? absl::StrCat(responses[i].rank_clock())
-                                                                : std::string("none"),
-                                  responses[i].partial() ? " (partly applied)" : ""));
-  }
   const std::string who = absl::StrCat("segment ", segment, " rank ", responses[0].rank());
   if (common.empty()) {
     // No checkpoint to agree on: continue from the lowest clock; servers
     // further on acknowledge the repeated pushes without applying them.
     const uint64_t lowest = rank_clocks.empty() ? furthest : *rank_clocks.begin();
-    SEGPS_LOG_WARNING << who << ": the servers disagree on its clock (" << absl::StrJoin(states, ", ")
+    SEGPS_LOG_WARNING << who << ": the servers disagree on its clock (" << DescribeStates(states)
                       << ") and share no checkpoint; continuing from clock " << lowest;
     return std::optional<uint64_t>(lowest);
   }
   const uint64_t target = *common.rbegin();
-  SEGPS_LOG_WARNING << who << ": the servers disagree (" << absl::StrJoin(states, ", ")
+  SEGPS_LOG_WARNING << who << ": the servers disagree (" << DescribeStates(states)
                     << "); rolling the segment back to its checkpoint at clock " << target;
-  SEGPS_RETURN_IF_ERROR(RollBack(segment, target, responses));
+  SEGPS_RETURN_IF_ERROR(RollBack(segment, target, responses, states));
   return std::optional<uint64_t>();
 }
 
-absl::Status Membership::RollBack(int segment, uint64_t target, const std::vector<v1::RegisterResponse>& responses) {
+absl::Status Membership::RollBack(int segment, uint64_t target, const std::vector<v1::RegisterResponse>& responses,
+                                  const RankStates& states) {
   for (size_t i = 0; i < servers_.size(); ++i) {
     v1::RollbackRequest rollback;
     rollback.set_segment(segment);
+    *rollback.mutable_states() = states;  // the proof that they disagree
     rollback.set_worker_id(responses[i].worker_id());
     rollback.set_registration_secret(responses[i].registration_secret());
     rollback.set_clock(target);
     rollback.set_generation(responses[i].generation());
     v1::RollbackResponse reply;
     absl::Status status = servers_[i]->Rollback(rollback, &reply);
+    // States gone stale since they were sealed (a slow server, one paused):
+    // register again for current ones.
+    if (absl::IsAborted(status)) {
+      SEGPS_LOG_INFO << "Rollback to " << servers_[i]->Name() << ": " << status.message();
+      return absl::OkStatus();
+    }
     // A registration already dropped by someone else's rollback is fine: register again.
     if (!status.ok() && !absl::IsNotFound(status)) return Annotate(status, i, "Rollback");
   }

@@ -18,6 +18,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
+#include "common/rank_states.h"
 #include "segps/v1/parameter_server.pb.h"
 #include "worker/client/ps_client.h"
 
@@ -69,7 +70,9 @@ class Membership {
   // The clock every server should start the rank at, or nullopt after
   // rolling the segment back (register again).
   absl::StatusOr<std::optional<uint64_t>> Agree(int segment, const std::vector<v1::RegisterResponse>& responses);
-  absl::Status RollBack(int segment, uint64_t target, const std::vector<v1::RegisterResponse>& responses);
+  // `states` (the servers' sealed states) show each server that they disagree.
+  absl::Status RollBack(int segment, uint64_t target, const std::vector<v1::RegisterResponse>& responses,
+                        const RankStates& states);
   absl::Status Annotate(const absl::Status& status, size_t i, const char* call) const;
 
   const std::vector<MembershipStub*> servers_;
