@@ -13,6 +13,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/ioctl.h>
 #include <sys/signalfd.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -39,6 +40,7 @@
 #include "absl/time/time.h"
 #include "common/command_line.h"
 #include "common/config.h"
+#include "deploy/local/console.h"
 #include "deploy/local/job_security.h"
 #include "worker/data/dataset.h"
 
@@ -75,6 +77,9 @@ ABSL_FLAG(std::string, onnx, "", "After training, write the model as an ONNX gra
 ABSL_FLAG(std::string, plot, "",
           "Write the run's learning curves (PNG, from the report's history) to this directory, with "
           "python/segps_plot.py and Debian's /usr/bin/python3 (python3-matplotlib).");
+ABSL_FLAG(bool, verbose, false,
+          "Show every line of every process (servers' start-up and checkpoints, registrations, traffic). By default: "
+          "warnings, errors, progress, results.");
 ABSL_FLAG(std::string, probabilities_out, "",
           "The evaluation writes the ensemble's test-set probabilities to this .npy file.");
 
@@ -93,12 +98,23 @@ struct Child {
   int restarts = 0;
 };
 
+// Whether stdout is a terminal that takes cursor movements: progress is then redrawn in place.
+bool LiveTerminal() {
+  const char* term = std::getenv("TERM");
+  return isatty(STDOUT_FILENO) != 0 && term != nullptr && std::string(term) != "dumb";
+}
+
+int TerminalWidth() {
+  winsize size{};
+  return ioctl(STDOUT_FILENO, TIOCGWINSZ, &size) == 0 && size.ws_col > 0 ? size.ws_col : 100;
+}
+
 // Times a process that exits abnormally during training is started again.
 constexpr int kMaxRestarts = 3;
 
 class Launcher {
  public:
-  Launcher() {
+  explicit Launcher(segps::Console* console) : console_(console) {
     sigset_t set;
     sigemptyset(&set);
     sigaddset(&set, SIGINT);
@@ -235,8 +251,8 @@ class Launcher {
     signalfd_siginfo info;
     while (read(signal_fd_, &info, sizeof(info)) == sizeof(info)) {
       if (info.ssi_signo == SIGINT || info.ssi_signo == SIGTERM) {
-        std::cerr << "segps-local: " << (info.ssi_signo == SIGINT ? "interrupted" : "terminated")
-                  << ", stopping every process" << std::endl;
+        console_->Say(absl::StrCat("segps-local: ", info.ssi_signo == SIGINT ? "interrupted" : "terminated",
+                                   ", stopping every process"));
         interrupted_ = true;
       }
     }
@@ -263,7 +279,7 @@ class Launcher {
 
   void Emit(Child* c, const std::string& line) {
     if (c->on_line) c->on_line(line);
-    std::cout << "[" << c->name << "] " << line << "\n" << std::flush;
+    console_->Line(c->name, line, absl::Now());
   }
 
   void Reap() {
@@ -277,6 +293,7 @@ class Launcher {
     }
   }
 
+  segps::Console* const console_;
   int signal_fd_ = -1;
   bool interrupted_ = false;
   std::vector<std::unique_ptr<Child>> children_;
@@ -327,7 +344,7 @@ class LocalJob {
       if (std::string failed = (this->*step)(); !failed.empty()) return failed;
     }
     t0_ = absl::Now();
-    launcher_.emplace();
+    launcher_.emplace(&console_);
     for (auto step : {&LocalJob::StartWorkers, &LocalJob::StartServers, &LocalJob::Connect, &LocalJob::Supervise,
                       &LocalJob::Evaluate, &LocalJob::Export, &LocalJob::Plot, &LocalJob::ShutDown}) {
       if (std::string failed = (this->*step)(); !failed.empty()) return failed;
@@ -527,8 +544,7 @@ class LocalJob {
         if (a == "127.0.0.1:0") a = addresses_[&c - group.data()];  // a server keeps its address
         if (a == "--servers=-") a = "--servers=" + server_list_;    // a worker is told the servers at once
       }
-      std::cout << "segps-local: " << why << "; restarting it (" << c->restarts + 1 << " of " << kMaxRestarts << ")"
-                << std::endl;
+      console_.Say(absl::StrCat("segps-local: ", why, "; restarting it (", c->restarts + 1, " of ", kMaxRestarts, ")"));
       Child* again = launcher_->Spawn(c->name, argv);
       if (again == nullptr) return "cannot restart " + c->name;
       again->restarts = c->restarts + 1;
@@ -557,8 +573,9 @@ class LocalJob {
     for (Child* c : workers_) {
       if (!c->running && !Succeeded(*c)) return absl::StrCat(c->name, " failed (", Describe(c->status), ")");
     }
-    std::cout << "segps-local: training finished in " << absl::ToDoubleSeconds(absl::Now() - t0_)
-              << " s; evaluating" << std::endl;
+    console_.EndProgress();
+    console_.Say(absl::StrCat("segps-local: training finished in ", absl::ToDoubleSeconds(absl::Now() - t0_),
+                              " s; evaluating"));
     return "";
   }
 
@@ -628,6 +645,7 @@ class LocalJob {
   absl::Time t0_;
   // Made once the job's files are ready (it takes over the job's signals);
   // declared after the directories, so that its processes end before those are removed.
+  segps::Console console_{&std::cout, absl::GetFlag(FLAGS_verbose), LiveTerminal(), TerminalWidth()};
   std::optional<Launcher> launcher_;
   std::map<std::pair<int, uint32_t>, std::string> stage_links_;
   std::vector<Child*> workers_, servers_;

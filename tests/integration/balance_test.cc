@@ -38,8 +38,9 @@ struct LocalRun {
 };
 
 LocalRun RunLocal(const std::vector<std::string>& extra, const std::string& config, const std::string& dir) {
+  // --verbose: the tests read the workers' registrations and shares.
   std::vector<std::string> args = {BinaryPath("segps-local"), "--config", config, "--report", dir + "/report.json",
-                                   "--params_dir", dir};
+                                   "--params_dir", dir, "--verbose"};
   args.insert(args.end(), extra.begin(), extra.end());
   std::unique_ptr<Subprocess> p = Subprocess::Start(args);
   std::optional<int> status = p->Wait(absl::Minutes(5));

@@ -53,7 +53,8 @@ void ExpectLocalJobOnTheGpuReaches(const std::string& config_name, double bar, a
   const std::string dir = MakeTempDir();
   std::unique_ptr<Subprocess> job =
       Subprocess::Start({BinaryPath("segps-local"), "--config", std::string(SEGPS_SOURCE_DIR) + "/deploy/configs/" + config_name,
-                         "--device", "cuda:0", "--report", dir + "/report.json"});
+                         "--device", "cuda:0", "--report", dir + "/report.json",
+                         "--verbose"});  // the workers' registrations name their device
   std::optional<int> status = job->Wait(timeout);
   ASSERT_TRUE(status.has_value() && WIFEXITED(*status) && WEXITSTATUS(*status) == 0) << job->output();
   EXPECT_NE(job->output().find("on cuda:0"), std::string::npos) << job->output();

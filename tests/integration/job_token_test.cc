@@ -94,7 +94,8 @@ TEST(JobToken, LocalLauncherMakesATokenPerJobThatStrangersLack) {
   const std::string config_path = std::string(SEGPS_SOURCE_DIR) + "/deploy/configs/teacher_chain.pbtxt";
   const v1::JobConfig config = *LoadConfig(config_path);
   std::unique_ptr<Subprocess> job =
-      Subprocess::Start({BinaryPath("segps-local"), "--config", config_path, "--report", dir + "/report.json"});
+      Subprocess::Start({BinaryPath("segps-local"), "--config", config_path, "--report", dir + "/report.json",
+                         "--verbose"});  // the stages' link addresses
   const std::optional<std::string> banner = job->WaitForLine("with a token for this job (", absl::Minutes(1));
   ASSERT_TRUE(banner.has_value()) << job->output();
   std::smatch where;

@@ -39,8 +39,9 @@ std::string ChainJobFile(const std::string& dir, const ChainJob& job) {
 // parameters (segps-eval --dump_params).
 std::vector<std::vector<float>> Train(const std::string& config, const std::string& dir, int stages,
                                       std::string* output, const std::vector<std::string>& more = {}) {
+  // --verbose: the tests read the stages' own lines.
   std::vector<std::string> argv = {BinaryPath("segps-local"), "--config", config, "--report", dir + "/report.json",
-                                   "--params_dir", dir};
+                                   "--params_dir", dir, "--verbose"};
   argv.insert(argv.end(), more.begin(), more.end());
   std::unique_ptr<Subprocess> p = Subprocess::Start(argv);
   std::optional<int> status = p->Wait(absl::Minutes(3));
