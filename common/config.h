@@ -62,6 +62,15 @@ std::string FingerprintedConfig(const v1::JobConfig& config);
 std::vector<std::string> FingerprintDifferences(const v1::JobConfig& config, const std::string& recorded,
                                                 const std::string& where);
 
+// What a checkpoint must share with a config for the config to resume it:
+// ModelFingerprint less the optimizer settings that may change between
+// runs of one job (learning_rate, schedule, clip_value,
+// clip_gradient_norm), which servers apply from the config they run with
+// and no saved state depends on.
+std::string CheckpointFingerprint(const v1::JobConfig& config);
+// Whether a FingerprintDifferences line is of such a setting.
+bool ChangesBetweenRuns(const std::string& difference);
+
 }  // namespace segps
 
 #endif  // SEGPS_COMMON_CONFIG_H_

@@ -119,4 +119,28 @@ std::vector<std::string> FingerprintDifferences(const v1::JobConfig& config, con
   return differences;
 }
 
+namespace {
+
+constexpr const char* kChangesBetweenRuns[] = {"optimizer.learning_rate", "optimizer.schedule", "optimizer.clip_value",
+                                               "optimizer.clip_gradient_norm"};
+
+}  // namespace
+
+std::string CheckpointFingerprint(const v1::JobConfig& config) {
+  v1::JobConfig resumable = config;
+  v1::OptimizerConfig* optimizer = resumable.mutable_optimizer();
+  optimizer->clear_learning_rate();
+  optimizer->clear_schedule();
+  optimizer->clear_clip_value();
+  optimizer->clear_clip_gradient_norm();
+  return ModelFingerprint(resumable);
+}
+
+bool ChangesBetweenRuns(const std::string& difference) {
+  for (const char* path : kChangesBetweenRuns) {
+    if (difference.rfind(path, 0) == 0) return true;
+  }
+  return false;
+}
+
 }  // namespace segps

@@ -64,7 +64,7 @@ std::vector<TensorPart> TensorParts(const v1::ModelConfig& model, const ShardMap
 
 CheckpointStore::CheckpointStore(const v1::JobConfig& config, uint32_t index, ShardMap map, std::string dir)
     : config_(config), index_(index), map_(std::move(map)), dir_(std::move(dir)),
-      model_fingerprint_(ModelFingerprint(config)) {}
+      checkpoint_fingerprint_(CheckpointFingerprint(config)) {}
 
 absl::StatusOr<std::unique_ptr<CheckpointStore>> CheckpointStore::Open(const v1::JobConfig& config, uint32_t index,
                                                                       const std::string& dir) {
@@ -124,7 +124,7 @@ absl::Status CheckpointStore::Write(int segment, const ShardState& state) {
   std::map<std::string, std::string> metadata = {
       {"format", kFormat},
       {"segps.job", config_.name()},
-      {"segps.model_fingerprint", model_fingerprint_},
+      {"segps.checkpoint_fingerprint", checkpoint_fingerprint_},
       {"segps.config", FingerprintedConfig(config_)},
       {"segps.shard_fingerprint", map_.fingerprint()},
       {"segps.optimizer", v1::OptimizerKind_Name(config_.optimizer().kind())},
@@ -203,9 +203,9 @@ absl::Status CheckpointStore::WriteManifest() const {
     }
   }
   const std::string json = absl::StrFormat(
-      "{\"format\":\"%s\",\"job\":%s,\"model_fingerprint\":\"%s\",\"shard_fingerprint\":\"%s\",\"server\":%u,"
+      "{\"format\":\"%s\",\"job\":%s,\"checkpoint_fingerprint\":\"%s\",\"shard_fingerprint\":\"%s\",\"server\":%u,"
       "\"num_servers\":%u,\"optimizer\":\"%s\",\"segments\":[%s]}\n",
-      kFormat, JsonQuote(config_.name()), model_fingerprint_, map_.fingerprint(), index_, map_.num_servers(),
+      kFormat, JsonQuote(config_.name()), checkpoint_fingerprint_, map_.fingerprint(), index_, map_.num_servers(),
       v1::OptimizerKind_Name(config_.optimizer().kind()), absl::StrJoin(segments, ","));
   return WriteFileAtomically(absl::StrCat(dir_, "/", ServerFile(index_, map_.num_servers()), ".json"), json);
 }
@@ -215,25 +215,30 @@ absl::StatusOr<ShardState> CheckpointStore::Read(int segment, uint64_t clock) co
   absl::StatusOr<CheckpointFile> file = ReadCheckpointFile(path);
   if (!file.ok()) return file.status();
   auto corrupt = [&](const std::string& what) { return absl::DataLossError(absl::StrCat(path, ": ", what)); };
-  if (file->Field("segps.model_fingerprint") != model_fingerprint_) {
-    const std::vector<std::string> differ = FingerprintDifferences(config_, file->Field("segps.config"), "the checkpoint");
+  ShardState state;
+  for (std::string& difference : FingerprintDifferences(config_, file->Field("segps.config"), "the checkpoint")) {
+    if (ChangesBetweenRuns(difference)) state.changed.push_back(std::move(difference));
+  }
+  if (file->Field("segps.checkpoint_fingerprint") != checkpoint_fingerprint_) {
+    std::vector<std::string> differ = FingerprintDifferences(config_, file->Field("segps.config"), "the checkpoint");
+    differ.erase(std::remove_if(differ.begin(), differ.end(), ChangesBetweenRuns), differ.end());
     if (!differ.empty()) {
       return absl::FailedPreconditionError(absl::StrCat(
           path, ": a checkpoint of another model or optimizer: ", absl::StrJoin(differ, "; "),
-          ". Resume with the checkpoint's settings, or move the directory away or use another --checkpoint_dir"));
+          ". Resume with the checkpoint's settings, or start over (segps-local --fresh), or move the directory "
+          "away or use another --checkpoint_dir"));
     }
   }
-  if (file->Field("segps.model_fingerprint") != model_fingerprint_ ||
+  if (file->Field("segps.checkpoint_fingerprint") != checkpoint_fingerprint_ ||
       file->Field("segps.shard_fingerprint") != map_.fingerprint()) {
     return absl::FailedPreconditionError(absl::StrCat(
-        path, ": a checkpoint of another job: model fingerprint ", file->Field("segps.model_fingerprint"),
+        path, ": a checkpoint of another job: checkpoint fingerprint ", file->Field("segps.checkpoint_fingerprint"),
         " and shard fingerprint ", file->Field("segps.shard_fingerprint"), " (", file->Field("segps.num_servers"),
-        " servers, optimizer ", file->Field("segps.optimizer"), "), but this server's are ", model_fingerprint_,
+        " servers, optimizer ", file->Field("segps.optimizer"), "), but this server's are ", checkpoint_fingerprint_,
         " and ", map_.fingerprint(), " (", map_.num_servers(), " servers, optimizer ",
         v1::OptimizerKind_Name(config_.optimizer().kind()),
         "); move the directory away or use another --checkpoint_dir"));
   }
-  ShardState state;
   uint64_t file_clock = 0;
   if (!absl::SimpleAtoi(file->Field("segps.clock"), &file_clock) || file_clock != clock ||
       !absl::SimpleAtoi(file->Field("segps.steps"), &state.steps) ||
@@ -431,7 +436,7 @@ class Merger {
     std::set<std::string> indices;
     for (const CheckpointFile& f : read) {
       if (f.Field("segps.num_servers") == read[0].Field("segps.num_servers") &&
-          f.Field("segps.model_fingerprint") == read[0].Field("segps.model_fingerprint")) {
+          f.Field("segps.checkpoint_fingerprint") == read[0].Field("segps.checkpoint_fingerprint")) {
         indices.insert(f.Field("segps.server"));
       }
     }
@@ -447,7 +452,8 @@ class Merger {
             "), which segps-checkpoint merge and split do not carry yet; keep the servers' own checkpoints"));
       }
     }
-    for (const char* key : {"segps.job", "segps.model_fingerprint", "segps.config", "segps.optimizer", "segps.model"}) {
+    for (const char* key :
+         {"segps.job", "segps.checkpoint_fingerprint", "segps.config", "segps.optimizer", "segps.model"}) {
       if (!metadata_.count(key)) metadata_[key] = read[0].Field(key);
       if (metadata_[key] != read[0].Field(key)) {
         return absl::FailedPreconditionError(absl::StrCat("merge: ", files[0].string(), " has ", key, " ",
@@ -522,12 +528,13 @@ absl::Status SplitCheckpoint(const std::string& merged, const v1::JobConfig& con
   if (field("format") != "segps-checkpoint-merged-1") {
     return absl::InvalidArgumentError(absl::StrCat(merged, ": not a merged checkpoint (segps-checkpoint merge)"));
   }
-  if (field("segps.model_fingerprint") != ModelFingerprint(config)) {
-    const std::vector<std::string> differ = FingerprintDifferences(config, field("segps.config"), "the checkpoint");
+  if (field("segps.checkpoint_fingerprint") != CheckpointFingerprint(config)) {
+    std::vector<std::string> differ = FingerprintDifferences(config, field("segps.config"), "the checkpoint");
+    differ.erase(std::remove_if(differ.begin(), differ.end(), ChangesBetweenRuns), differ.end());
     return absl::FailedPreconditionError(absl::StrCat(
         merged, ": a checkpoint of another model or optimizer",
-        differ.empty() ? absl::StrCat(" (model fingerprint ", field("segps.model_fingerprint"), ", the config's ",
-                                      ModelFingerprint(config), ")")
+        differ.empty() ? absl::StrCat(" (checkpoint fingerprint ", field("segps.checkpoint_fingerprint"),
+                                      ", the config's ", CheckpointFingerprint(config), ")")
                        : absl::StrCat(": ", absl::StrJoin(differ, "; "))));
   }
   absl::StatusOr<ShardMap> map = ShardMap::Create(config.model(), config.cluster().num_servers());

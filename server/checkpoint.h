@@ -48,6 +48,9 @@ struct ShardState {
   std::vector<float> values;    // the server's range of the segment
   std::vector<std::vector<float>> slots;  // optimizer state, in Optimizer::SlotNames order
   std::vector<TableState> tables;         // the segment's embedding tables' rows held here
+  // Read: settings the config changed from the checkpoint's that a resume
+  // takes (ChangesBetweenRuns): "optimizer.learning_rate: 0.01 here, 0.001 in the checkpoint".
+  std::vector<std::string> changed;
 };
 
 class CheckpointStore {
@@ -87,7 +90,7 @@ class CheckpointStore {
   const uint32_t index_;
   const ShardMap map_;
   const std::string dir_;
-  const std::string model_fingerprint_;
+  const std::string checkpoint_fingerprint_;  // CheckpointFingerprint of the config
   std::vector<std::string> slot_names_;
 
   mutable Mutex mu_;

@@ -36,6 +36,9 @@ class ClockTable {
     bool pulled = false;  // has pulled or pushed since it registered (MarkPulled only)
     uint32_t streams = 0;   // open PushStream/PullStream calls that carried its calls
     bool streamed = false;  // some stream has carried its calls
+    // A placeholder for a rank no worker has held yet (the segment's start):
+    // whoever takes it registers as new, on every server alike.
+    bool never_held = false;
   };
   using Workers = std::map<uint64_t, Worker>;
 

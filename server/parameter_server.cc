@@ -197,9 +197,14 @@ absl::Status ParameterServer::AddShard(int k) {
   if (!latest->has_value()) return absl::OkStatus();
   shards_.back()->Restore(**latest, std::nullopt, nullptr);
   SEGPS_LOG_INFO << "server " << index_ << ": restored " << config_.model().segments(k).name() << " at clock "
-                 << (*latest)->clock << " from " << store_->Path(k, (*latest)->clock) << " (ranks "
-                 << absl::StrJoin((*latest)->ranks, ",") << " resume there), read in "
-                 << absl::ToDoubleMilliseconds(absl::Now() - read_start) << " ms";
+                 << (*latest)->clock << " from " << store_->Path(k, (*latest)->clock)
+                 << ((*latest)->ranks.empty() ? " (no rank was training then)"
+                                              : absl::StrCat(" (ranks ", absl::StrJoin((*latest)->ranks, ","),
+                                                             " resume there)"))
+                 << ", read in "
+                 << absl::ToDoubleMilliseconds(absl::Now() - read_start) << " ms"
+                 << ((*latest)->changed.empty() ? "" : "; it goes on with ")
+                 << absl::StrJoin((*latest)->changed, "; ");
   return absl::OkStatus();
 }
 

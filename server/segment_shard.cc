@@ -137,7 +137,7 @@ absl::StatusOr<Registered> SegmentShard::Register(uint64_t id, uint32_t rank, st
     if (!started_) {
       started_ = true;
       for (uint32_t r = 0; r < options_.ranks; ++r) {
-        if (r != rank) AddPlaceholder(r, 0, now);
+        if (r != rank) AddPlaceholder(r, 0, now)->never_held = true;
       }
     }
     // Taken before the rank's registrations go: a live one holds it back.
@@ -148,7 +148,12 @@ absl::StatusOr<Registered> SegmentShard::Register(uint64_t id, uint32_t rank, st
         ++it;
         continue;
       }
-      if (!previous.has_value() || it->second.next_clock > previous->next_clock) previous = it->second;
+      // A rank only held for its first worker is that worker's to start
+      // afresh: reported as known here, it would look like a step applied
+      // on this server and not on one where the worker registered first.
+      if (!it->second.never_held && (!previous.has_value() || it->second.next_clock > previous->next_clock)) {
+        previous = it->second;
+      }
       if (replaced != nullptr) replaced->push_back(it->first);
       it = Erase(it, &ready);
     }
@@ -220,12 +225,13 @@ bool SegmentShard::Restore(const ShardState& state, std::optional<uint64_t> gene
   return true;
 }
 
-void SegmentShard::AddPlaceholder(uint32_t rank, uint64_t clock, absl::Time now) {
+SegmentShard::Worker* SegmentShard::AddPlaceholder(uint32_t rank, uint64_t clock, absl::Time now) {
   Worker& w = clocks_.Add(kPlaceholder + next_placeholder_++);
   w.rank = rank;
   w.last_pull_clock = clock;
   w.last_seen = now;
   clocks_.Start(&w, clock);
+  return &w;
 }
 
 uint64_t SegmentShard::generation() {

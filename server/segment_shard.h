@@ -297,7 +297,7 @@ class SegmentShard {
   void MaybeCheckpoint(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Cut(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Keeps `rank` at `clock`, live for one lease from `now`, until a worker registers it.
-  void AddPlaceholder(uint32_t rank, uint64_t clock, absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  Worker* AddPlaceholder(uint32_t rank, uint64_t clock, absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // With hold_for_joiners, whether `push` must wait for a peer that joined at its
   // clock (or a placeholder's rank) to pull that clock first, so that the
   // peer's step sees none of the clock's updates.

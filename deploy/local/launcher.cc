@@ -9,18 +9,13 @@
 // prefix, runs segps-eval when every worker has finished, and prints its
 // report (then segps-export, if asked). Exits non-zero if any process failed. Every child dies with the launcher: on
 // Ctrl-C, SIGTERM, an error, or the launcher's own death (PR_SET_PDEATHSIG).
-#include <fcntl.h>
-#include <poll.h>
 #include <signal.h>
-#include <sys/prctl.h>
 #include <sys/ioctl.h>
-#include <sys/signalfd.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <cerrno>
+#include <cctype>
 #include <cstdlib>
-#include <cstring>
 #include <filesystem>
 #include <system_error>
 #include <fstream>
@@ -42,6 +37,7 @@
 #include "common/config.h"
 #include "deploy/local/console.h"
 #include "deploy/local/job_security.h"
+#include "deploy/local/processes.h"
 #include "worker/data/dataset.h"
 
 ABSL_FLAG(std::string, config, "", "Job config file (*.pbtxt). Required.");
@@ -70,8 +66,10 @@ ABSL_FLAG(bool, no_restart, false,
           "Do not restart a server or worker killed by a signal during training (by default each is restarted "
           "up to 3 times; servers restore their newest checkpoint and workers rejoin).");
 ABSL_FLAG(std::string, checkpoint_dir, "",
-          "Directory of the servers' checkpoints. Default: checkpoint.dir of the config, else (unless --no_restart) "
-          "a temporary directory removed at the end, so that a restarted server restores the job.");
+          "Directory of the servers' checkpoints. Default: checkpoint.dir of the config, else segps-runs/<job name> "
+          "here. A job whose checkpoints are there resumes from them: Ctrl-C, then the same command, goes on.");
+ABSL_FLAG(bool, fresh, false,
+          "Start over: delete the job's checkpoints (each segment's folder in the checkpoint directory) first.");
 ABSL_FLAG(std::string, export, "", "After training, write the model as safetensors to this file (segps-export --out).");
 ABSL_FLAG(std::string, onnx, "", "After training, write the model as an ONNX graph to this file (segps-export --onnx).");
 ABSL_FLAG(std::string, plot, "",
@@ -85,18 +83,10 @@ ABSL_FLAG(std::string, probabilities_out, "",
 
 namespace {
 
-struct Child {
-  std::string name;
-  pid_t pid = -1;
-  int fd = -1;          // read end of the child's stdout+stderr
-  int input = -1;       // write end of the child's stdin, if it was given one
-  std::string partial;  // an output line not yet complete
-  bool running = true;
-  int status = 0;
-  std::function<void(const std::string&)> on_line;  // sees each line before it is relayed
-  std::vector<std::string> argv;  // to start it again
-  int restarts = 0;
-};
+using segps::Child;
+using segps::Describe;
+using segps::Launcher;
+using segps::Succeeded;
 
 // Whether stdout is a terminal that takes cursor movements: progress is then redrawn in place.
 bool LiveTerminal() {
@@ -112,200 +102,7 @@ int TerminalWidth() {
 // Times a process that exits abnormally during training is started again.
 constexpr int kMaxRestarts = 3;
 
-class Launcher {
- public:
-  explicit Launcher(segps::Console* console) : console_(console) {
-    sigset_t set;
-    sigemptyset(&set);
-    sigaddset(&set, SIGINT);
-    sigaddset(&set, SIGTERM);
-    sigaddset(&set, SIGCHLD);
-    sigprocmask(SIG_BLOCK, &set, nullptr);
-    signal_fd_ = signalfd(-1, &set, SFD_CLOEXEC | SFD_NONBLOCK);
-    // A child that exits before reading its stdin must not kill the launcher.
-    signal(SIGPIPE, SIG_IGN);
-  }
-  ~Launcher() { KillAll(); }
 
-  // `with_input`: the child's stdin is a pipe the launcher writes with
-  // SendInput (otherwise it inherits the launcher's).
-  Child* Spawn(const std::string& name, std::vector<std::string> argv, bool with_input = false) {
-    int fds[2], in[2] = {-1, -1};
-    if (pipe2(fds, O_CLOEXEC) != 0) return nullptr;
-    if (with_input && pipe2(in, O_CLOEXEC) != 0) {
-      close(fds[0]);
-      close(fds[1]);
-      return nullptr;
-    }
-    const pid_t parent = getpid();
-    const pid_t pid = fork();
-    if (pid == 0) {
-      prctl(PR_SET_PDEATHSIG, SIGKILL);
-      if (getppid() != parent) _exit(1);
-      sigset_t none;
-      sigemptyset(&none);
-      sigprocmask(SIG_SETMASK, &none, nullptr);
-      signal(SIGPIPE, SIG_DFL);
-      setpgid(0, 0);  // Ctrl-C reaches the launcher, which stops children in order
-      dup2(fds[1], STDOUT_FILENO);
-      dup2(fds[1], STDERR_FILENO);
-      if (with_input) dup2(in[0], STDIN_FILENO);
-      std::vector<char*> args;
-      for (std::string& a : argv) args.push_back(a.data());
-      args.push_back(nullptr);
-      execv(args[0], args.data());
-      std::fprintf(stderr, "cannot execute %s: %s\n", args[0], std::strerror(errno));
-      _exit(127);
-    }
-    close(fds[1]);
-    if (with_input) close(in[0]);
-    if (pid < 0) {
-      close(fds[0]);
-      if (with_input) close(in[1]);
-      return nullptr;
-    }
-    auto child = std::make_unique<Child>();
-    child->argv = argv;
-    child->name = name;
-    child->pid = pid;
-    child->fd = fds[0];
-    child->input = in[1];
-    children_.push_back(std::move(child));
-    return children_.back().get();
-  }
-
-  // Writes `text` to a child's stdin and closes it. A child that already
-  // exited is reported by its exit status, not here.
-  void SendInput(Child* child, const std::string& text) {
-    if (child->input < 0) return;
-    for (size_t done = 0; done < text.size();) {
-      const ssize_t n = write(child->input, text.data() + done, text.size() - done);
-      if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) break;
-      done += static_cast<size_t>(n);
-    }
-    close(child->input);
-    child->input = -1;
-  }
-
-  // Relays output and reaps children until `done()` or `deadline`; false on
-  // a deadline or an interrupt.
-  bool RunUntil(const std::function<bool()>& done, absl::Time deadline = absl::InfiniteFuture(),
-                bool stop_on_interrupt = true) {
-    while (!done()) {
-      if (interrupted_ && stop_on_interrupt) return false;
-      std::vector<pollfd> fds;
-      std::vector<Child*> owners;
-      fds.push_back({signal_fd_, POLLIN, 0});
-      owners.push_back(nullptr);
-      for (auto& c : children_) {
-        if (c->fd >= 0) {
-          fds.push_back({c->fd, POLLIN, 0});
-          owners.push_back(c.get());
-        }
-      }
-      const absl::Duration left = deadline - absl::Now();
-      if (left <= absl::ZeroDuration()) return false;
-      const int timeout = deadline == absl::InfiniteFuture() ? -1 : static_cast<int>(absl::ToInt64Milliseconds(left)) + 1;
-      if (poll(fds.data(), fds.size(), timeout) < 0 && errno != EINTR) return false;
-      for (size_t i = 0; i < fds.size(); ++i) {
-        if (fds[i].revents == 0) continue;
-        if (owners[i] == nullptr) {
-          HandleSignals();
-        } else {
-          ReadOutput(owners[i]);
-        }
-      }
-      Reap();
-    }
-    return true;
-  }
-
-  void Terminate(Child* c) {
-    if (c->running) kill(c->pid, SIGTERM);
-  }
-
-  // SIGTERM to everyone still running, SIGKILL after a grace period.
-  void KillAll() {
-    for (auto& c : children_) Terminate(c.get());
-    const auto exited = [this] { return AllExited(); };
-    if (!RunUntil(exited, absl::Now() + absl::Seconds(5), /*stop_on_interrupt=*/false)) {
-      for (auto& c : children_) {
-        if (c->running) kill(c->pid, SIGKILL);
-      }
-      RunUntil(exited, absl::Now() + absl::Seconds(5), /*stop_on_interrupt=*/false);
-    }
-  }
-
-  bool AllExited() const {
-    for (auto& c : children_) {
-      if (c->running || c->fd >= 0) return false;
-    }
-    return true;
-  }
-  bool interrupted() const { return interrupted_; }
-  const std::vector<std::unique_ptr<Child>>& children() const { return children_; }
-
- private:
-  void HandleSignals() {
-    signalfd_siginfo info;
-    while (read(signal_fd_, &info, sizeof(info)) == sizeof(info)) {
-      if (info.ssi_signo == SIGINT || info.ssi_signo == SIGTERM) {
-        console_->Say(absl::StrCat("segps-local: ", info.ssi_signo == SIGINT ? "interrupted" : "terminated",
-                                   ", stopping every process"));
-        interrupted_ = true;
-      }
-    }
-  }
-
-  void ReadOutput(Child* c) {
-    char buf[8192];
-    const ssize_t n = read(c->fd, buf, sizeof(buf));
-    if (n <= 0) {
-      if (!c->partial.empty()) Emit(c, c->partial);
-      c->partial.clear();
-      close(c->fd);
-      c->fd = -1;
-      return;
-    }
-    c->partial.append(buf, n);
-    size_t pos;
-    while ((pos = c->partial.find_first_of("\r\n")) != std::string::npos) {
-      std::string line = c->partial.substr(0, pos);
-      c->partial.erase(0, pos + 1);
-      if (!line.empty()) Emit(c, line);
-    }
-  }
-
-  void Emit(Child* c, const std::string& line) {
-    if (c->on_line) c->on_line(line);
-    console_->Line(c->name, line, absl::Now());
-  }
-
-  void Reap() {
-    for (auto& c : children_) {
-      if (!c->running) continue;
-      int status = 0;
-      if (waitpid(c->pid, &status, WNOHANG) == c->pid) {
-        c->running = false;
-        c->status = status;
-      }
-    }
-  }
-
-  segps::Console* const console_;
-  int signal_fd_ = -1;
-  bool interrupted_ = false;
-  std::vector<std::unique_ptr<Child>> children_;
-};
-
-std::string Describe(int status) {
-  if (WIFEXITED(status)) return absl::StrCat("exit code ", WEXITSTATUS(status));
-  if (WIFSIGNALED(status)) return absl::StrCat("killed by signal ", WTERMSIG(status));
-  return "stopped";
-}
-
-bool Succeeded(const Child& c) { return !c.running && WIFEXITED(c.status) && WEXITSTATUS(c.status) == 0; }
 
 std::string SelfDir() {
   char path[4096];
@@ -376,15 +173,34 @@ class LocalJob {
     if (mkdtemp(history_template) == nullptr) return "cannot make a directory for the workers' histories";
     history_dir_ = remove_history_.dir = history_template;
     // Checkpoints, so that a server that dies is restarted without losing
-    // the job (none with --no_restart, unless asked for).
+    // the job, and the same command resumes a job that was stopped.
     checkpoint_dir_ = absl::GetFlag(FLAGS_checkpoint_dir);
     if (checkpoint_dir_.empty()) checkpoint_dir_ = config_.checkpoint().dir();
-    if (checkpoint_dir_.empty() && !absl::GetFlag(FLAGS_no_restart)) {
-      char checkpoint_template[] = "/tmp/segps-checkpoints.XXXXXX";
-      if (mkdtemp(checkpoint_template) == nullptr) return "cannot make a directory for the checkpoints";
-      checkpoint_dir_ = remove_checkpoints_.dir = checkpoint_template;
+    if (checkpoint_dir_.empty()) checkpoint_dir_ = "segps-runs/" + JobName();
+    bool resuming = false;
+    for (const auto& segment : config_.model().segments()) {
+      const std::filesystem::path dir = std::filesystem::path(checkpoint_dir_) / segment.name();
+      std::error_code error;
+      if (absl::GetFlag(FLAGS_fresh)) {
+        std::filesystem::remove_all(dir, error);
+        if (error) return absl::StrCat("--fresh: cannot delete ", dir.string(), ": ", error.message());
+      }
+      resuming |= std::filesystem::is_directory(dir, error) && !std::filesystem::is_empty(dir, error);
     }
+    std::cout << "segps-local: " << (resuming ? "resuming the job from its checkpoints in " : "checkpoints in ")
+              << checkpoint_dir_ << (resuming ? " (--fresh starts over)" : " (the same command resumes the job)")
+              << std::endl;
     return "";
+  }
+
+  // The config's name, else its file's, as a folder name.
+  std::string JobName() const {
+    std::string name = config_.name();
+    if (name.empty()) name = std::filesystem::path(config_path_).stem().string();
+    for (char& c : name) {
+      if (!std::isalnum(static_cast<unsigned char>(c)) && c != '-' && c != '_' && c != '.') c = '_';
+    }
+    return name.empty() || name[0] == '.' ? "job" : name;
   }
 
   // A token for this job alone, or mutual TLS with tokens (--tls), or the
@@ -640,7 +456,7 @@ class LocalJob {
   const bool chain_;
   const int segments_;
   std::string history_dir_, checkpoint_dir_;
-  RemoveWhenDone remove_history_, remove_checkpoints_, remove_secrets_;
+  RemoveWhenDone remove_history_, remove_secrets_;
   segps::JobSecurity security_;
   absl::Time t0_;
   // Made once the job's files are ready (it takes over the job's signals);

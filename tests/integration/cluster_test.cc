@@ -274,5 +274,82 @@ TEST(Cluster, APlotThatCannotBeDrawnIsAWarningNotAFailedJob) {
   EXPECT_NE(ReadFile(dir + "/report.json").find("\"ensemble\""), std::string::npos);
 }
 
+// The teacher job, one worker a segment at staleness 0 (so that its model
+// is a pure function of the config), written to `path` with `optimizer` and
+// the first segment's hidden `units`.
+void WriteResumableTeacher(const std::string& path, const std::string& optimizer, int units) {
+  std::string job = ReadFile(Config("teacher.pbtxt"));
+  job.replace(job.find("optimizer { kind: ADAM learning_rate: 0.003 }"), 45, optimizer);
+  job.replace(job.find("epochs: 6 staleness: 2 workers_per_segment: 2"), 45,
+              "epochs: 12 staleness: 0 workers_per_segment: 1 log_interval_s: 0.01");
+  job.replace(job.find("units: 64"), 9, absl::StrCat("units: ", units));
+  WriteFile(path, job);
+}
+
+// segps-local keeps a job's checkpoints in segps-runs/<job name> of its
+// working directory: stopped with Ctrl-C and started again with the same
+// command, the job resumes, and its model equals the uninterrupted job's
+// bit for bit; --fresh starts over; a changed learning rate resumes with
+// the new rate, a changed layer is refused naming the field.
+TEST(Cluster, CtrlCThenTheSameCommandResumesAndEqualsTheUninterruptedRun) {
+  const std::string dir = MakeTempDir(), here = MakeTempDir();
+  const std::string config = dir + "/teacher.pbtxt";
+  WriteResumableTeacher(config, "optimizer { kind: ADAM learning_rate: 0.003 }", 64);
+  auto run = [&](const std::string& cwd, const std::string& params, std::vector<std::string> more = {}) {
+    std::vector<std::string> argv = {BinaryPath("segps-local"), "--config", config, "--params_dir", params};
+    argv.insert(argv.end(), more.begin(), more.end());
+    return Subprocess::Start(argv, cwd);
+  };
+  const std::string reference_dir = MakeTempDir();
+  std::unique_ptr<Subprocess> reference = run(MakeTempDir(), reference_dir);
+  ASSERT_TRUE(ExitedOk(reference->Wait(absl::Minutes(3)).value_or(-1))) << reference->output();
+  const std::string reference_params = ReadFile(reference_dir + "/relu64.npy") + ReadFile(reference_dir + "/tanh128.npy");
+  ASSERT_GT(reference_params.size(), 10000u);
+
+  std::unique_ptr<Subprocess> stopped = run(here, dir);
+  ASSERT_TRUE(stopped->WaitForLine("checkpoints in segps-runs/teacher (the same command resumes the job)",
+                                   absl::Minutes(1)).has_value()) << stopped->output();
+  // Both segments (independent at staleness 0) into their fifth epoch.
+  for (bool relu = false, tanh = false; !relu || !tanh;) {
+    const std::optional<std::string> line = stopped->WaitForLine(": epoch 5/12", absl::Minutes(2));
+    ASSERT_TRUE(line.has_value()) << stopped->output();
+    relu |= line->find("relu64/0:") != std::string::npos;
+    tanh |= line->find("tanh128/0:") != std::string::npos;
+  }
+  stopped->Signal(SIGINT);
+  ASSERT_FALSE(ExitedOk(stopped->Wait(absl::Minutes(1)).value_or(0))) << stopped->output();
+  ASSERT_EQ(stopped->output().find("ENSEMBLE"), std::string::npos) << "it finished before the interrupt";
+
+  std::unique_ptr<Subprocess> resumed = run(here, dir);
+  ASSERT_TRUE(ExitedOk(resumed->Wait(absl::Minutes(3)).value_or(-1))) << resumed->output();
+  EXPECT_NE(resumed->output().find("resuming the job from its checkpoints in segps-runs/teacher"), std::string::npos)
+      << resumed->output();
+  EXPECT_NE(resumed->output().find("restored relu64 at clock"), std::string::npos) << resumed->output();
+  EXPECT_EQ(resumed->output().find(": epoch 1/12"), std::string::npos) << "it started over:\n" << resumed->output();
+  EXPECT_TRUE(ReadFile(dir + "/relu64.npy") + ReadFile(dir + "/tanh128.npy") == reference_params)
+      << "the resumed job's model differs from the uninterrupted job's";
+
+  std::unique_ptr<Subprocess> fresh = run(here, dir, {"--fresh"});
+  ASSERT_TRUE(ExitedOk(fresh->Wait(absl::Minutes(3)).value_or(-1))) << fresh->output();
+  EXPECT_EQ(fresh->output().find("restored"), std::string::npos) << fresh->output();
+  EXPECT_NE(fresh->output().find("relu64/0: epoch 1/12"), std::string::npos) << fresh->output();
+  EXPECT_TRUE(ReadFile(dir + "/relu64.npy") + ReadFile(dir + "/tanh128.npy") == reference_params);
+
+  WriteResumableTeacher(config, "optimizer { kind: ADAM learning_rate: 0.001 }", 64);
+  std::unique_ptr<Subprocess> new_rate = run(here, dir);
+  ASSERT_TRUE(ExitedOk(new_rate->Wait(absl::Minutes(3)).value_or(-1))) << new_rate->output();
+  EXPECT_NE(new_rate->output().find(
+                "it goes on with optimizer.learning_rate: 0.001 here, 0.003 in the checkpoint"),
+            std::string::npos)
+      << new_rate->output();
+
+  WriteResumableTeacher(config, "optimizer { kind: ADAM learning_rate: 0.001 }", 32);
+  std::unique_ptr<Subprocess> new_layer = run(here, dir);
+  EXPECT_FALSE(ExitedOk(new_layer->Wait(absl::Minutes(3)).value_or(0))) << new_layer->output();
+  EXPECT_NE(new_layer->output().find("model.segments[0].layers[0].units: 32 here, 64 in the checkpoint"),
+            std::string::npos)
+      << new_layer->output();
+}
+
 }  // namespace
 }  // namespace segps

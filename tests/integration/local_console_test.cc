@@ -25,12 +25,14 @@ std::string Config(const std::string& name) { return std::string(SEGPS_SOURCE_DI
 // Runs `argv` on a pseudo-terminal (TERM=xterm, 120 columns) to its end or
 // `timeout`; what it wrote there, and its wait status (-1 on the timeout).
 std::pair<std::string, int> RunOnTerminal(std::vector<std::string> argv, absl::Duration timeout) {
+  const std::string dir = MakeTempDir();  // its working directory (segps-runs/ goes there)
   winsize size{};
   size.ws_row = 40;
   size.ws_col = 120;
   int terminal = -1;
   const pid_t pid = forkpty(&terminal, nullptr, nullptr, &size);
   if (pid == 0) {
+    if (chdir(dir.c_str()) != 0) _exit(126);
     setenv("TERM", "xterm", 1);
     std::vector<char*> args;
     for (std::string& a : argv) args.push_back(a.data());

@@ -21,12 +21,14 @@
 
 namespace segps {
 
-std::unique_ptr<Subprocess> Subprocess::Start(const std::vector<std::string>& argv) {
+std::unique_ptr<Subprocess> Subprocess::Start(const std::vector<std::string>& argv, const std::string& cwd) {
+  const std::string dir = cwd.empty() ? MakeTempDir() : cwd;
   int fds[2];
   if (pipe2(fds, O_CLOEXEC) != 0) return nullptr;
   const pid_t pid = fork();
   if (pid == 0) {
     prctl(PR_SET_PDEATHSIG, SIGKILL);  // never outlive the test
+    if (chdir(dir.c_str()) != 0) _exit(126);
     const int null = open("/dev/null", O_RDONLY | O_CLOEXEC);  // nothing a test starts reads the test's stdin
     if (null >= 0) dup2(null, STDIN_FILENO);
     dup2(fds[1], STDOUT_FILENO);

@@ -19,7 +19,10 @@ namespace segps {
 
 class Subprocess {
  public:
-  static std::unique_ptr<Subprocess> Start(const std::vector<std::string>& argv);
+  // Runs `argv` in working directory `cwd`; by default a fresh one of its
+  // own, so that what a program writes by default (segps-local's report,
+  // its runs' checkpoints) never meets another test's.
+  static std::unique_ptr<Subprocess> Start(const std::vector<std::string>& argv, const std::string& cwd = "");
   ~Subprocess();
 
   // Reads output until a line containing `needle` arrives; returns that line,

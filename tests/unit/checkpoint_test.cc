@@ -135,15 +135,26 @@ TEST(Checkpoint, DamagedOrTruncatedNewestFallsBackToThePreviousNamingTheFile) {
 }
 
 // Refused naming each field that differs, with both values, and the
-// server count (a matter of re-cutting the files, not of the model).
+// server count (a matter of re-cutting the files, not of the model); only
+// the optimizer settings that change between runs of one job
+// (ChangesBetweenRuns) resume, and the refusal names neither those nor a
+// fingerprint.
 TEST(Checkpoint, AnotherJobsCheckpointIsRefusedNamingWhatDiffers) {
   const std::string dir = MakeTempDir();
   {
     std::unique_ptr<CheckpointStore> store = *CheckpointStore::Open(Job(dir, 2, v1::ADAM, "learning_rate: 0.001"), 0, dir);
     ASSERT_TRUE(store->Write(0, StateOf(10, 493, 2)).ok());
   }
+  {
+    // A learning rate may change between runs: the checkpoint resumes, saying so.
+    std::unique_ptr<CheckpointStore> store = *CheckpointStore::Open(Job(dir, 2, v1::ADAM, "learning_rate: 0.003"), 0, dir);
+    absl::StatusOr<std::optional<ShardState>> latest = store->Latest(0);
+    ASSERT_TRUE(latest.ok() && latest->has_value()) << latest.status();
+    EXPECT_EQ((*latest)->changed,
+              std::vector<std::string>{"optimizer.learning_rate: 0.003 here, 0.001 in the checkpoint"});
+  }
   const std::pair<v1::JobConfig, std::string> others[] = {
-      {Job(dir, 2, v1::ADAM, "learning_rate: 0.003"), "optimizer.learning_rate: 0.003 here, 0.001 in the checkpoint"},
+      {Job(dir, 2, v1::ADAM, "learning_rate: 0.003 epsilon: 0.01"), "optimizer.epsilon: 0.01 here, "},
       {Job(dir, 2, v1::SGD, "learning_rate: 0.001"), "optimizer.kind: SGD here, ADAM in the checkpoint"},
       {Job(dir, 3, v1::ADAM, "learning_rate: 0.001"), "server-0-of-2.safetensors"}};
   for (const auto& [other, expected] : others) {
@@ -156,7 +167,8 @@ TEST(Checkpoint, AnotherJobsCheckpointIsRefusedNamingWhatDiffers) {
       EXPECT_NE(message.find("segps-checkpoint split"), std::string::npos) << message;
     } else {
       EXPECT_NE(message.find("a checkpoint of another model or optimizer"), std::string::npos) << message;
-      EXPECT_EQ(message.find(ModelFingerprint(other)), std::string::npos) << "fingerprints say nothing: " << message;
+      EXPECT_EQ(message.find(CheckpointFingerprint(other)), std::string::npos) << "fingerprints say nothing: " << message;
+      EXPECT_EQ(message.find("learning_rate"), std::string::npos) << "a setting that may change: " << message;
     }
   }
 }
