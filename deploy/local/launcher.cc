@@ -68,6 +68,9 @@ ABSL_FLAG(bool, no_restart, false,
 ABSL_FLAG(std::string, checkpoint_dir, "",
           "Directory of the servers' checkpoints. Default: checkpoint.dir of the config, else segps-runs/<job name> "
           "here. A job whose checkpoints are there resumes from them: Ctrl-C, then the same command, goes on.");
+ABSL_FLAG(bool, no_checkpoints, false,
+          "Servers keep no checkpoints but where the config's checkpoint.dir asks: a server that dies loses the "
+          "job, and nothing resumes (training measured alone).");
 ABSL_FLAG(bool, fresh, false,
           "Start over: delete the job's checkpoints (each segment's folder in the checkpoint directory) first.");
 ABSL_FLAG(std::string, export, "", "After training, write the model as safetensors to this file (segps-export --out).");
@@ -174,6 +177,7 @@ class LocalJob {
     history_dir_ = remove_history_.dir = history_template;
     // Checkpoints, so that a server that dies is restarted without losing
     // the job, and the same command resumes a job that was stopped.
+    if (absl::GetFlag(FLAGS_no_checkpoints)) return "";
     checkpoint_dir_ = absl::GetFlag(FLAGS_checkpoint_dir);
     if (checkpoint_dir_.empty()) checkpoint_dir_ = config_.checkpoint().dir();
     if (checkpoint_dir_.empty()) checkpoint_dir_ = "segps-runs/" + JobName();

@@ -12,6 +12,10 @@ quick=0
 peers=${SEGPS_PEERS:-../shared/peers}
 py=/usr/bin/python3
 bin=build/bin
+# Every job starts over (--fresh: segps-local resumes a job from its
+# checkpoints in segps-runs/ otherwise) and shows every line (--verbose:
+# the sections below read servers' and workers' own lines).
+segps_local="$bin/segps-local --fresh --verbose"
 cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo > /dev/null && cmake --build build -j"$(nproc)" > /dev/null || exit 1
 out=$(mktemp -d /tmp/segps-bench.XXXXXX)
 torch=0
@@ -96,7 +100,7 @@ target apply_adam_all_cores_vs_memory_bound "$(result apply_adam_all_cores_ratio
 echo "== 3. small model: the walk-through on a local cluster (2 servers, 1 worker per segment)"
 seg_sps=()
 for i in 1 2 3; do
-  $bin/segps-local --config deploy/configs/seed.pbtxt --report "$out/seed.json" > "$out/seed$i.txt" 2>&1
+  $segps_local --config deploy/configs/seed.pbtxt --report "$out/seed.json" > "$out/seed$i.txt" 2>&1
   s=$(sed -n 's/^segps-local: training finished in \([0-9.]*\) s.*/\1/p' "$out/seed$i.txt")
   [ -n "$s" ] && seg_sps+=("$(awk -v s="$s" 'BEGIN{print 50000/s}')")
 done
@@ -142,7 +146,7 @@ printf "%-8s %-8s %14s %14s %10s %10s %10s\n" servers workers "train samp/s" "jo
 for sw in "1 1" "1 2" "2 1" "2 2"; do
   set -- $sw
   fmnist_config "$out/fm.pbtxt" "$1" "$2" "$fm_epochs" 1
-  $bin/segps-local --config "$out/fm.pbtxt" --report "$out/fm.json" > "$out/fm_$1_$2.txt" 2>&1
+  $segps_local --config "$out/fm.pbtxt" --report "$out/fm.json" > "$out/fm_$1_$2.txt" 2>&1
   secs=$(sed -n 's/^segps-local: training finished in \([0-9.]*\) s.*/\1/p' "$out/fm_$1_$2.txt")
   acc=$(sed -n 's/.*"ensemble": {"name": "ensemble", "accuracy": \([0-9.]*\).*/\1/p' "$out/fm.json")
   tsps=$(train_sps "$out/fm_$1_$2.txt")
@@ -179,7 +183,7 @@ if [ $torch = 1 ]; then
       t=$(torch88 "$out/torch_fm$seed.txt") t2=$(torch88 "$out/torch2_fm$seed.txt")
       fmnist_config "$out/fm88.pbtxt" 1 1 12 0
       sed -i "s/^seed: 3/seed: $seed/; s/lease_ms: 10000 }/lease_ms: 10000 wire_dtype: FLOAT16 }/" "$out/fm88.pbtxt"
-      $bin/segps-local --config "$out/fm88.pbtxt" --cpu_threads 2 --apply_threads 2 --report "$out/fm88.json" > "$out/fm88_$seed.txt" 2>&1
+      $segps_local --config "$out/fm88.pbtxt" --cpu_threads 2 --apply_threads 2 --report "$out/fm88.json" > "$out/fm88_$seed.txt" 2>&1
       s=$(time_to "$out/fm88_$seed.txt" 0.88)
       e=$(sed -n 's/.*: epoch \([0-9]*\) test accuracy \([0-9.]*\) after .*/\1 \2/p' "$out/fm88_$seed.txt" | awk '$2 >= 0.88 {print $1; exit}')
       echo "seed $seed: time to 88% test accuracy: segps $(reached "$s" "$e"), PyTorch alone $(reached $t), with 2 BLAS threads $(reached $t2)"
@@ -208,7 +212,7 @@ echo "== 5. staleness: one straggler (the last worker of the first segment slowe
 if [ $quick = 1 ]; then bounds="0 2 -1"; else bounds="0 1 2 4 8 -1"; fi
 staleness_row() {  # label config accuracy-bar
   local label=$1 cfg=$2 bar=$3 secs blocked acc
-  $bin/segps-local --config "$cfg" --report "$out/t.json" --straggler_ms 2 > "$out/t.txt" 2>&1
+  $segps_local --config "$cfg" --report "$out/t.json" --straggler_ms 2 > "$out/t.txt" 2>&1
   secs=$(sed -n 's/^segps-local: training finished in \([0-9.]*\) s.*/\1/p' "$out/t.txt")
   blocked=$(sed -n 's/.* in \([0-9.]*\) s (.*blocked \([0-9.]*\) s$/\2 \1/p' "$out/t.txt" | awk '{b+=$1; t+=$2} END{if (t>0) printf "%.0f%%", 100*b/t}')
   acc=$(sed -n 's/.*"ensemble": {"name": "ensemble", "accuracy": \([0-9.]*\).*/\1/p' "$out/t.json")
@@ -258,7 +262,7 @@ if [ $quick = 0 ]; then
       topk1*) topk=0.01 ;;
     esac
     sed -i "s/lease_ms: 10000 }/lease_ms: 10000 wire_dtype: $dtype }/; s/test_every_epoch: true }/test_every_epoch: true gradient_topk: $topk }/" "$out/fmw.pbtxt"
-    $bin/segps-local --config "$out/fmw.pbtxt" --report "$out/fmw.json" > "$out/fmw.txt" 2>&1
+    $segps_local --config "$out/fmw.pbtxt" --report "$out/fmw.json" > "$out/fmw.txt" 2>&1
     acc=$(sed -n 's/.*"ensemble": {"name": "ensemble", "accuracy": \([0-9.]*\).*/\1/p' "$out/fmw.json")
     # Bytes a step as the server counted them (segps-eval's traffic line).
     push=$(sed -n 's/.*traffic .*push bytes\/step \([0-9]*\),.*/\1/p' "$out/fmw.txt" | head -1)
@@ -281,15 +285,15 @@ target scale_256_p99_vs_1_worker_p50 "$(result scale_256_p99_vs_1_p50 "$out/scal
 
 echo "== 9. durability: checkpoint overhead and recovery time (teacher config, segps-local)"
 # Overhead: training time with a checkpoint every 300 clocks (under a second
-# apart here) against none (--no_restart, no checkpoint dir), alternating runs.
+# apart here) against none (--no_restart --no_checkpoints, no checkpoint dir), alternating runs.
 sed "s/^training {/checkpoint { every_clocks: 300 }\ntraining {/" deploy/configs/teacher.pbtxt > "$out/teacher_ckpt.pbtxt"
 train_secs() { sed -n 's/^segps-local: training finished in \([0-9.]*\) s.*/\1/p' "$1"; }
 : > "$out/ckpt_on.txt"; : > "$out/ckpt_off.txt"
 for i in 1 2 3; do
-  $bin/segps-local --config "$out/teacher_ckpt.pbtxt" --report "$out/c.json" > "$out/ckpt_run.txt" 2>&1
+  $segps_local --config "$out/teacher_ckpt.pbtxt" --report "$out/c.json" > "$out/ckpt_run.txt" 2>&1
   train_secs "$out/ckpt_run.txt" >> "$out/ckpt_on.txt"
   written=$(grep -c "checkpoint of .* written" "$out/ckpt_run.txt")
-  $bin/segps-local --config "$out/teacher_ckpt.pbtxt" --report "$out/c.json" --no_restart > "$out/ckpt_run.txt" 2>&1
+  $segps_local --config "$out/teacher_ckpt.pbtxt" --report "$out/c.json" --no_restart --no_checkpoints > "$out/ckpt_run.txt" 2>&1
   train_secs "$out/ckpt_run.txt" >> "$out/ckpt_off.txt"
 done
 median_file() { sort -g "$1" | awk '{a[NR]=$1} END{if (NR) print a[int((NR+1)/2)]}'; }
@@ -299,7 +303,7 @@ target checkpoint_overhead_vs_none "$(div "$on" "$off")" 1.03 le
 # Recovery: server 1 killed mid-run; segps-local restarts it at once. From
 # the kill to the last worker training again (its "rejoined" line).
 sed "s/^training {/training { log_interval_s: 0.05 /" deploy/configs/teacher.pbtxt > "$out/teacher_kill.pbtxt"
-$bin/segps-local --config "$out/teacher_kill.pbtxt" --report "$out/k.json" > "$out/kill_run.txt" 2>&1 &
+$segps_local --config "$out/teacher_kill.pbtxt" --report "$out/k.json" > "$out/kill_run.txt" 2>&1 &
 local_pid=$!
 for _ in $(seq 1 600); do grep -q "epoch 2/6 step" "$out/kill_run.txt" && break; sleep 0.05; done
 victim=$(pgrep -f -- "--config $out/teacher_kill.pbtxt --index 1" | head -1)
@@ -327,7 +331,7 @@ balance_runs() {  # label config
   for mode in unslowed static balanced; do : > "$out/bal_$mode.txt"; done
   for i in 1 2 3; do
     for mode in unslowed static balanced; do
-      $bin/segps-local --config "$out/bal_cfg_$mode.pbtxt" --report "$out/b.json" --no_restart \
+      $segps_local --config "$out/bal_cfg_$mode.pbtxt" --report "$out/b.json" --no_restart --no_checkpoints \
         --straggler_factor "$([ $mode = unslowed ] && echo 1 || echo 3)" > "$out/bal_run.txt" 2>&1
       echo "$(train_secs "$out/bal_run.txt")" \
         "$(grep "^\[$first/" "$out/bal_run.txt" | sed -n 's/.*: done: .* in \([0-9.]*\) s (.*/\1/p' | sort -g | tail -1)" \
@@ -385,9 +389,9 @@ worst=0
 for K in 2 3; do
   for M in 1 2 4 8; do
     chain_config "$out/chain.pbtxt" $K $M
-    $bin/segps-local --config "$out/chain.pbtxt" --report "$out/p.json" --no_restart --pass_ms 8 > "$out/chain_run.txt" 2>&1
+    $segps_local --config "$out/chain.pbtxt" --report "$out/p.json" --no_restart --no_checkpoints --pass_ms 8 > "$out/chain_run.txt" 2>&1
     idle=$(mean_idle "$out/chain_run.txt")
-    $bin/segps-local --config "$out/chain.pbtxt" --report "$out/p.json" --no_restart --slowdown_factor 40 > "$out/chain_run.txt" 2>&1
+    $segps_local --config "$out/chain.pbtxt" --report "$out/p.json" --no_restart --no_checkpoints --slowdown_factor 40 > "$out/chain_run.txt" 2>&1
     stretched=$(mean_idle "$out/chain_run.txt")
     formula=$(awk -v k=$K -v m=$M 'BEGIN{printf "%.3f", (k-1)/(m+k-1)}')
     printf "%-8s %-14s %-14s %-20s %s\n" $K $M "$formula" "${idle:-n/a}" "${stretched:-n/a}" | tee -a "$out/bubble.txt"
@@ -412,9 +416,9 @@ CFG
 whole_vs_chain
 : > "$out/tp_whole.txt"; : > "$out/tp_chain.txt"
 for i in 1 2 3; do
-  $bin/segps-local --config "$out/whole.pbtxt" --report "$out/w.json" --no_restart > "$out/tp_run.txt" 2>&1
+  $segps_local --config "$out/whole.pbtxt" --report "$out/w.json" --no_restart --no_checkpoints > "$out/tp_run.txt" 2>&1
   train_secs "$out/tp_run.txt" >> "$out/tp_whole.txt"
-  $bin/segps-local --config "$out/two_stages.pbtxt" --report "$out/w.json" --no_restart > "$out/tp_run.txt" 2>&1
+  $segps_local --config "$out/two_stages.pbtxt" --report "$out/w.json" --no_restart --no_checkpoints > "$out/tp_run.txt" 2>&1
   train_secs "$out/tp_run.txt" >> "$out/tp_chain.txt"
 done
 act_bytes=$(sed -n 's/.*a\/0: idle share .*; \([0-9]*\) bytes of activations.*/\1/p' "$out/tp_run.txt")
