@@ -176,9 +176,15 @@ int RunStage(Worker& w) {
     if (!connected.ok()) return Fail(connected.status());
     downstream = *std::move(connected);
   }
+  // The last stage's replica 0 scores the whole chain as each epoch ends.
+  std::unique_ptr<segps::ParameterClient> reader;
   if (w.config.training().test_every_epoch() && stage + 1 == stages && *w.rank == 0) {
-    SEGPS_LOG_WARNING << "training.test_every_epoch: a chain is not scored after each epoch (its test set is "
-                         "scored once, at the end); its per-epoch history has the training loss and accuracy";
+    if (!data.ok() && !(data = segps::LoadData(w.config)).ok()) return Fail(data.status());
+    absl::StatusOr<std::unique_ptr<segps::ParameterClient>> connected = segps::ConnectGrpc(w.config, w.servers);
+    if (!connected.ok()) return Fail(connected.status());
+    reader = *std::move(connected);
+    options.test = &data->test;
+    options.reader = reader.get();
   }
   options.upstream = upstream.get();
   options.downstream = downstream.get();

@@ -162,6 +162,31 @@ TEST(Pipeline, ThreeStageTeacherChainWithTwoReplicasReachesItsBarAndExportsAsOne
 // staleness 1: 88.8-89.3% in 4 runs two at a time on 2 cores (the replicas'
 // asynchrony makes each run differ), so the bar leaves a point for a
 // loaded machine.
+// training.test_every_epoch on a chain: the last stage's replica 0 reads
+// every stage's parameters as each epoch ends and scores the whole network
+// on the test set; its history (the report, the plots) has each score.
+TEST(Pipeline, AChainIsScoredAsAWholeAfterEachEpoch) {
+  const std::string dir = MakeTempDir();
+  std::string job = ReadFile(std::string(SEGPS_SOURCE_DIR) + "/deploy/configs/teacher_chain.pbtxt");
+  job.replace(job.find("training {"), 10, "training { test_every_epoch: true");
+  WriteFile(dir + "/chain.pbtxt", job);
+  std::string output;
+  Train(dir + "/chain.pbtxt", dir, 3, &output);
+  const std::string report = ReadFile(dir + "/report.json");
+  const std::regex scored(R"re(stage2/0: epoch ([0-9]+) test accuracy ([0-9.]+) of the whole chain)re");
+  std::vector<double> accuracies;
+  for (auto it = std::sregex_iterator(output.begin(), output.end(), scored); it != std::sregex_iterator(); ++it) {
+    EXPECT_EQ(std::stoi((*it)[1]), static_cast<int>(accuracies.size()) + 1) << it->str();
+    accuracies.push_back(std::stod((*it)[2]));
+  }
+  ASSERT_EQ(accuracies.size(), 6u) << output;
+  EXPECT_GT(accuracies.back(), 0.85) << output;
+  EXPECT_GT(accuracies.back(), accuracies.front()) << output;
+  EXPECT_EQ(output.find("stage2/1: epoch 1 test accuracy"), std::string::npos) << "one replica scores";
+  const std::regex recorded(R"re("segment":\s*"stage2",\s*"rank":\s*0,\s*"epochs":\s*\[.*?"test_accuracy":)re");
+  EXPECT_TRUE(std::regex_search(report, recorded)) << report;
+}
+
 TEST(Pipeline, FashionMnistMlpInTwoStagesWithTwoReplicasReaches87AndAHalfPercent) {
   const std::string dir = MakeTempDir();
   std::string output;

@@ -46,6 +46,12 @@ struct StageOptions {
   // Where to report progress and the stage's own series (both may be null).
   WorkerMetrics* metrics = nullptr;
   StageMetrics* stage_metrics = nullptr;
+  // The last stage (one replica) with training.test_every_epoch: the test
+  // set, and a client of no registration that reads every stage's
+  // parameters as each epoch ends, to score the whole chain on it. Both
+  // outlive the training.
+  const Dataset* test = nullptr;
+  ParameterClient* reader = nullptr;
 };
 
 // Trains the stage through `client` (not yet registered). `train` is read

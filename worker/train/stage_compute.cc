@@ -6,9 +6,11 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "common/log.h"
 #include "common/status_macros.h"
+#include "worker/model/evaluator.h"
 
 namespace segps {
 namespace {
@@ -313,7 +315,7 @@ absl::Status StageCompute::Record(const StepRecord& record, TrainReport* report)
                                          std::max(1e-9, absl::ToDoubleSeconds(absl::Now() - steady_start_)));
   }
   if (epoch_ != recorded_epoch_) {  // the clock begins an epoch
-    if (last_stage_) CloseEpoch(report);
+    if (last_stage_) SEGPS_RETURN_IF_ERROR(CloseEpoch(report));
     recorded_epoch_ = epoch_;
     epoch_start_ = absl::Now();
     epoch_loss_ = 0;
@@ -338,8 +340,8 @@ absl::Status StageCompute::Record(const StepRecord& record, TrainReport* report)
   return absl::OkStatus();
 }
 
-void StageCompute::CloseEpoch(TrainReport* report) const {
-  if (!recorded_epoch_.has_value() || epoch_samples_ == 0) return;
+absl::Status StageCompute::CloseEpoch(TrainReport* report) {
+  if (!recorded_epoch_.has_value() || epoch_samples_ == 0) return absl::OkStatus();
   v1::EpochRecord* record = report->history.add_epochs();
   record->set_epoch(*recorded_epoch_ + 1);
   record->set_train_seconds(absl::ToDoubleSeconds(absl::Now() - t0_));
@@ -347,10 +349,29 @@ void StageCompute::CloseEpoch(TrainReport* report) const {
   record->set_accuracy(report->last_accuracy);
   record->set_samples_per_second(static_cast<double>(epoch_samples_) /
                                  std::max(1e-9, absl::ToDoubleSeconds(absl::Now() - epoch_start_)));
+  if (options_.test == nullptr || options_.reader == nullptr) return absl::OkStatus();
+  absl::StatusOr<double> accuracy = ScoreChain();
+  if (!accuracy.ok()) return accuracy.status();
+  record->set_test_accuracy(*accuracy);
+  SEGPS_LOG_INFO << absl::StrFormat("%s: epoch %u test accuracy %.4f of the whole chain, after %.2f s of training",
+                                    tag_, record->epoch(), *accuracy, record->train_seconds());
+  return absl::OkStatus();
+}
+
+// Every stage's parameters as the servers hold them now (a stage's
+// neighbours are within the pipeline's depth of this epoch's end), through
+// all the stages, on the test set.
+absl::StatusOr<double> StageCompute::ScoreChain() {
+  absl::StatusOr<std::vector<std::vector<float>>> params =
+      PullParameters(*options_.reader, config_.model(), config_.cluster().num_servers());
+  if (!params.ok()) return params.status();
+  absl::StatusOr<std::vector<float>> probs = Predict(config_.model(), *options_.test, *params, -1, backend_);
+  if (!probs.ok()) return probs.status();
+  return Accuracy(*probs, options_.test->y);
 }
 
 absl::Status StageCompute::Complete(TrainReport* report) {
-  if (last_stage_) CloseEpoch(report);
+  if (last_stage_) SEGPS_RETURN_IF_ERROR(CloseEpoch(report));
   if (options_.downstream != nullptr) SEGPS_RETURN_IF_ERROR(options_.downstream->Finish());
   // A stage's time waiting for its neighbours is its blocked time.
   report->blocked_seconds = absl::ToDoubleSeconds(waiting_);

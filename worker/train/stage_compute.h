@@ -50,8 +50,10 @@ class StageCompute final : public StepCompute {
  private:
   StageCompute(const v1::JobConfig& config, const StageOptions& options, const Dataset* train, Backend* backend,
                SegmentModel model, uint32_t slots);
-  // The last stage's record of the epoch that ends, in the report's history.
-  void CloseEpoch(TrainReport* report) const;
+  // The last stage's record of the epoch that ends, in the report's
+  // history, with the whole chain's test accuracy where it scores one.
+  absl::Status CloseEpoch(TrainReport* report);
+  absl::StatusOr<double> ScoreChain();
   // A micro-batch's forward and backward; `first`: its first row in the
   // model's slots. The last stage's forward adds its loss to `clock_stats`.
   absl::Status Forward(uint64_t clock, uint32_t m, uint32_t rows, int first, BatchStats* clock_stats);
