@@ -41,21 +41,19 @@ std::pair<std::string, int> RunOnTerminal(std::vector<std::string> argv, absl::D
     _exit(127);
   }
   std::string text;
-  const absl::Time give_up = absl::Now() + timeout;
-  while (absl::Now() < give_up) {
+  bool closed = false;
+  for (const absl::Time give_up = absl::Now() + timeout; !closed && absl::Now() < give_up;) {
     pollfd fd{terminal, POLLIN, 0};
     if (poll(&fd, 1, 100) <= 0) continue;
     char buf[4096];
     const ssize_t n = read(terminal, buf, sizeof(buf));
-    if (n <= 0) break;  // EIO: the child closed the terminal
-    text.append(buf, static_cast<size_t>(n));
+    closed = n <= 0;  // EIO: the child closed the terminal, exiting
+    if (n > 0) text.append(buf, static_cast<size_t>(n));
   }
+  if (!closed) kill(pid, SIGKILL);
   int status = -1;
-  if (waitpid(pid, &status, WNOHANG) != pid) {
-    kill(pid, SIGKILL);
-    waitpid(pid, nullptr, 0);
-    status = -1;
-  }
+  waitpid(pid, &status, 0);
+  if (!closed) status = -1;
   close(terminal);
   return {text, status};
 }
