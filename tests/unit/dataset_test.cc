@@ -8,6 +8,7 @@
 #include <map>
 #include <random>
 #include <set>
+#include <tuple>
 #include <sstream>
 
 #include "absl/strings/numbers.h"
@@ -364,6 +365,59 @@ TEST(NpyData, TestFractionHoldsOutASeededSplitInFileOrder) {
   EXPECT_EQ(all.size(), 1000u);  // disjoint, and every row is somewhere
   EXPECT_EQ(load(1).second, test);
   EXPECT_NE(load(2).second, test);
+}
+
+// data.shuffle: a file sorted by class, held out and shuffled, read from
+// the file (NPY, mapped a window at a time) and from memory (the same rows
+// as CSV) alike: the training rows are a seeded permutation of the file's
+// (each row once, with its label), the test set keeps its order, and every
+// segment of a BY_SEGMENT split now has every class.
+TEST(NpyData, ShuffleDealsTheRowsInASeededOrderFromFilesAndMemoryAlike) {
+  const std::string dir = TempDir();
+  std::vector<float> x(3 * 400);
+  std::vector<int32_t> y(400);
+  std::string csv = "a,b,c,label\n";
+  for (size_t i = 0; i < 400; ++i) {
+    x[3 * i] = static_cast<float>(i);
+    y[i] = static_cast<int32_t>(i / 100);  // sorted by class
+    absl::StrAppend(&csv, i, ",0,0,", y[i], "\n");
+  }
+  WriteArray<float>(dir + "/x.npy", "<f4", x, {400, 3});
+  WriteArray<int32_t>(dir + "/y.npy", "<i4", y, {400});
+  Write(dir + "/t.csv", csv);
+  auto rows = [&](const std::string& data) {
+    absl::StatusOr<v1::JobConfig> config = FileJob(data + " test_fraction: 0.25");
+    EXPECT_TRUE(config.ok()) << config.status();
+    TrainTest loaded = *LoadData(*config);
+    EXPECT_TRUE(CheckAllRows(loaded.train).ok());
+    EXPECT_TRUE(loaded.train.MapRows({0, loaded.train.size()}).ok());
+    EXPECT_TRUE(loaded.test.MapRows({0, loaded.test.size()}).ok());
+    std::vector<int> train, test;
+    for (size_t i = 0; i < loaded.train.size(); ++i) {
+      train.push_back(static_cast<int>(Row(loaded.train, i)[0]));
+      EXPECT_EQ(loaded.train.y[i], train.back() / 100) << "row " << train.back() << " lost its label";
+    }
+    for (size_t i = 0; i < loaded.test.size(); ++i) test.push_back(static_cast<int>(Row(loaded.test, i)[0]));
+    v1::JobConfig two = *config;
+    *two.mutable_model()->add_segments() = two.model().segments(0);
+    two.mutable_model()->mutable_segments(1)->set_name("t");
+    const bool warned = MissingClassesWarning(two, loaded.train, 0).has_value() ||
+                        MissingClassesWarning(two, loaded.train, 1).has_value();
+    return std::tuple{train, test, warned};
+  };
+  const std::string npy = absl::StrCat("source: NPY train_x: \"", dir, "/x.npy\" train_y: \"", dir, "/y.npy\"");
+  const std::string table = absl::StrCat("source: CSV train_csv: \"", dir, "/t.csv\"");
+  const auto [in_order, test, warned] = rows(npy);
+  EXPECT_TRUE(std::is_sorted(in_order.begin(), in_order.end()));
+  EXPECT_TRUE(warned) << "a class-sorted file cut in two";
+  const auto [shuffled, shuffled_test, shuffled_warned] = rows(npy + " shuffle: true");
+  EXPECT_FALSE(std::is_sorted(shuffled.begin(), shuffled.end()));
+  EXPECT_EQ(std::multiset<int>(shuffled.begin(), shuffled.end()), std::multiset<int>(in_order.begin(), in_order.end()));
+  EXPECT_EQ(shuffled_test, test) << "the test set keeps its order";
+  EXPECT_FALSE(shuffled_warned) << "every segment has every class";
+  EXPECT_EQ(std::get<0>(rows(npy + " shuffle: true")), shuffled) << "the same order in every process";
+  EXPECT_EQ(std::get<0>(rows(table + " shuffle: true")), shuffled) << "files and tables alike";
+  EXPECT_NE(std::get<0>(rows(npy + " shuffle: true data_seed: 2")), shuffled);
 }
 
 TEST(NpyData, EachMalformedInputGetsItsMessage) {

@@ -31,15 +31,24 @@ namespace segps {
 class FeatureFile {
  public:
   FeatureFile(std::string path, NpyHeader header, std::vector<uint64_t> rows)
-      : path_(std::move(path)), header_(std::move(header)), rows_(std::move(rows)) {
+      : path_(std::move(path)), header_(std::move(header)), rows_(std::move(rows)),
+        ascending_(std::is_sorted(rows_.begin(), rows_.end())) {
     row_bytes_ = header_.shape[1] * header_.item_bytes;
   }
   const std::string& path() const { return path_; }
 
+  // The same file with data-set row i at this one's row order[i] (data.shuffle).
+  std::shared_ptr<FeatureFile> Reordered(const std::vector<uint32_t>& order) const {
+    std::vector<uint64_t> rows(order.size());
+    for (size_t i = 0; i < order.size(); ++i) rows[i] = FileRow(order[i]);
+    return std::make_shared<FeatureFile>(path_, header_, std::move(rows));
+  }
+
   // Whether data-set rows `rows` are exactly the window mapped now.
   bool Maps(Range rows) const {
-    return rows.count == 0 ? region_.size() == 0
-                           : region_.size() > 0 && first_ == FileRow(rows.offset) && end_ == FileRow(rows.end() - 1) + 1;
+    if (rows.count == 0) return region_.size() == 0;
+    const auto [first, last] = Bounds(rows);
+    return region_.size() > 0 && first_ == first && end_ == last + 1;
   }
 
   // Maps the file rows that data-set rows [rows.offset, rows.end()) live in.
@@ -47,7 +56,7 @@ class FeatureFile {
     region_.Reset();
     first_ = end_ = 0;
     if (rows.count == 0) return absl::OkStatus();
-    const uint64_t first = FileRow(rows.offset), last = FileRow(rows.end() - 1);
+    const auto [first, last] = Bounds(rows);
     absl::StatusOr<MappedRegion> region =
         MappedRegion::Map(path_, header_.data_offset + first * row_bytes_, (last + 1 - first) * row_bytes_);
     if (!region.ok()) return region.status();
@@ -58,6 +67,13 @@ class FeatureFile {
   }
 
   uint64_t FileRow(size_t i) const { return rows_.empty() ? i : rows_[i]; }
+
+  // The first and last file rows that data-set rows `rows` (not empty) live in.
+  std::pair<uint64_t, uint64_t> Bounds(Range rows) const {
+    if (ascending_) return {FileRow(rows.offset), FileRow(rows.end() - 1)};
+    const auto [low, high] = std::minmax_element(rows_.begin() + rows.offset, rows_.begin() + rows.end());
+    return {*low, *high};
+  }
 
   // Row i's values times `scale`, into out[width]. REQUIRES: mapped.
   void Read(size_t i, float scale, float* out) const {
@@ -87,6 +103,7 @@ class FeatureFile {
   const std::string path_;
   const NpyHeader header_;
   const std::vector<uint64_t> rows_;
+  const bool ascending_;  // rows_ in file order: a range's bounds are its ends
   uint64_t row_bytes_ = 0;
   MappedRegion region_;
   uint64_t first_ = 0, end_ = 0;  // file rows mapped
@@ -506,6 +523,24 @@ absl::StatusOr<TrainTest> LoadFashionMnist(const std::string& dir) {
   return out;
 }
 
+// data.shuffle: the training rows in an order drawn with `seed`, before
+// anything splits them over segments and workers.
+void ShuffleRows(Dataset* d, uint64_t seed) {
+  const std::vector<uint32_t> order = EpochOrder({0, d->size()}, Mix64(seed ^ 0x5368756666ull), 0, 0, 0);
+  auto permute = [&](auto& values, size_t per_row) {
+    if (values.empty()) return;
+    std::remove_reference_t<decltype(values)> permuted(values.size());
+    for (size_t i = 0; i < order.size(); ++i) {
+      std::copy_n(&values[order[i] * per_row], per_row, &permuted[i * per_row]);
+    }
+    values = std::move(permuted);
+  };
+  permute(d->y, 1);
+  permute(d->x, static_cast<size_t>(d->width));
+  permute(d->ids, static_cast<size_t>(d->fields));
+  if (d->file != nullptr) d->file = d->file->Reordered(order);
+}
+
 absl::StatusOr<TrainTest> LoadData(const v1::JobConfig& config) {
   absl::StatusOr<TrainTest> data;
   switch (config.data().source()) {
@@ -532,6 +567,7 @@ absl::StatusOr<TrainTest> LoadData(const v1::JobConfig& config) {
   }
   if (!data.ok()) return data.status();
   if (config.data().normalize() == v1::STANDARDIZE) SEGPS_RETURN_IF_ERROR(Standardize(*data));
+  if (config.data().shuffle()) ShuffleRows(&data->train, config.data().data_seed());
   return data;
 }
 
@@ -581,7 +617,7 @@ std::optional<std::string> MissingClassesWarning(const v1::JobConfig& config, co
                       absl::StrJoin(missing, ", "),
                       ", which other rows have: with data.split BY_SEGMENT each segment trains on a contiguous part "
                       "of the file, and a file sorted by class leaves some classes out. Use data.split: SAME (every "
-                      "segment trains on every row), or shuffle the file's rows");
+                      "segment trains on every row), or data.shuffle: true (the rows in a seeded order)");
 }
 
 Range WorkerSlice(const v1::JobConfig& config, size_t train_size, int segment, uint32_t rank) {
