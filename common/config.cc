@@ -186,6 +186,12 @@ absl::Status ValidateLayers(const v1::ModelConfig* model, int k, bool chain, con
       return at.Error({{"model", -1}, {"segments", k}, {"layers", l}, {"activation", -1}},
                       "SOFTMAX is only allowed on a segment's last layer");
     }
+    if (!(layer.dropout() >= 0 && layer.dropout() < 1) ||
+        (layer.dropout() > 0 && layer.activation() == v1::SOFTMAX)) {
+      return at.Error({{"model", -1}, {"segments", k}, {"layers", l}, {"dropout", -1}},
+                      absl::StrCat("must be in [0, 1) on a layer that does not end in SOFTMAX, got ",
+                                   layer.dropout()));
+    }
     if (last && chain && k + 1 < model->segments_size()) {
       if (layer.activation() == v1::SOFTMAX) {
         return at.Error({{"model", -1}, {"segments", k}, {"layers", l}, {"activation", -1}},

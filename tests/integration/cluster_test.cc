@@ -351,5 +351,24 @@ TEST(Cluster, CtrlCThenTheSameCommandResumesAndEqualsTheUninterruptedRun) {
       << new_layer->output();
 }
 
+// Dropout on hidden layers, in an ensemble and in a chain: both train to
+// the teacher's bar (prediction uses every unit).
+TEST(Cluster, HiddenLayersWithDropoutTrainToTheBarInAnEnsembleAndAChain) {
+  for (const auto& [name, layer] : {std::pair{"teacher.pbtxt", "layers { units: 64 activation: RELU }"},
+                                    std::pair{"teacher_chain.pbtxt", "layers { units: 96 activation: RELU }"}}) {
+    SCOPED_TRACE(name);
+    const std::string dir = MakeTempDir();
+    std::string job = ReadFile(Config(name));
+    ASSERT_NE(job.find(layer), std::string::npos) << job;
+    std::string dropped = layer;
+    dropped.replace(dropped.size() - 2, 2, " dropout: 0.2 }");
+    job.replace(job.find(layer), std::strlen(layer), dropped);
+    WriteFile(dir + "/job.pbtxt", job);
+    LocalRun run = RunLocal(dir + "/job.pbtxt", dir, absl::Minutes(3));
+    ASSERT_TRUE(ExitedOk(run.status)) << run.output;
+    EXPECT_GT(EnsembleAccuracy(run.report), 0.90) << run.output;
+  }
+}
+
 }  // namespace
 }  // namespace segps

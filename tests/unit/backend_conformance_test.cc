@@ -11,6 +11,7 @@
 #include <array>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <random>
 #include <vector>
@@ -300,8 +301,10 @@ TEST_P(BackendTest, TimingCoversTheWorkEnqueuedBetweenItsMarks) {
 // units and activation; w in the shard map's order (per layer: kernel
 // [in, out] row-major, then bias). Returns the last layer's output after
 // its activation (SOFTMAX leaves the logits).
+// `mask(l, j)`, when given, multiplies hidden layer l's output j (dropout).
 std::vector<double> ReferenceForward(const std::vector<int>& widths, const std::vector<v1::Activation>& acts,
-                                     const std::vector<double>& w, std::vector<double> a) {
+                                     const std::vector<double>& w, std::vector<double> a,
+                                     const std::function<double(size_t, int)>& mask = nullptr) {
   size_t off = 0;
   for (size_t l = 0; l < acts.size(); ++l) {
     std::vector<double> z(widths[l + 1], 0.0);
@@ -314,6 +317,9 @@ std::vector<double> ReferenceForward(const std::vector<int>& widths, const std::
       if (acts[l] == v1::TANH) v = std::tanh(v);
       if (acts[l] == v1::RELU) v = std::max(v, 0.0);
       if (acts[l] == v1::SIGMOID) v = 1 / (1 + std::exp(-v));
+    }
+    if (mask && l + 1 < acts.size()) {
+      for (int j = 0; j < widths[l + 1]; ++j) z[j] *= mask(l, j);
     }
     a = z;
   }
@@ -357,6 +363,71 @@ void AddSegment(v1::ModelConfig* config, const std::string& name, uint32_t input
     l->set_units(layer.units);
     l->set_activation(layer.activation);
   }
+}
+
+// Dropout: out[i] = y[i] / (1 - rate) exactly where DropoutKeeps says (the
+// same elements on every backend), in place or not; rate 0 copies.
+TEST_P(BackendTest, DropoutKeepsTheElementsItsSeedDraws) {
+  const size_t n = 5000;
+  const std::vector<float> y = Random(n);
+  Buffer dy = ToDevice(y), dout = *backend_->Allocate(n * sizeof(float));
+  ASSERT_TRUE(backend_->Dropout(dy.data(), dout.data(), n, 0.25f, 77, 1000).ok());
+  const std::vector<float> out = ToHost(dout.data(), n);
+  size_t kept = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const bool keeps = DropoutKeeps(77, 1000 + i, DropoutThreshold(0.25f));
+    kept += keeps;
+    ASSERT_EQ(out[i], keeps ? y[i] * (1.0f / 0.75f) : 0.0f) << i;
+  }
+  EXPECT_NEAR(static_cast<double>(kept) / n, 0.75, 0.02);
+  ASSERT_TRUE(backend_->Dropout(dy.data(), dy.data(), n, 0.25f, 77, 1000).ok());
+  EXPECT_EQ(ToHost(dy.data(), n), out) << "in place";
+  ASSERT_TRUE(backend_->Dropout(dout.data(), dy.data(), n, 0.0f, 5, 0).ok());
+  EXPECT_EQ(ToHost(dy.data(), n), out) << "rate 0 copies";
+}
+
+// A training step with dropout on its hidden layers: the gradient of the
+// loss of the network with the same masks (a double-precision reference),
+// and prediction with every unit.
+TEST_P(BackendTest, ATrainingStepWithDropoutMatchesTheMaskedReference) {
+  v1::ModelConfig config;
+  config.set_input_width(8);
+  config.set_num_classes(3);
+  AddSegment(&config, "s", 0, {{9, v1::TANH}, {7, v1::RELU}, {3, v1::SOFTMAX}});
+  config.mutable_segments(0)->mutable_layers(0)->set_dropout(0.3f);
+  config.mutable_segments(0)->mutable_layers(1)->set_dropout(0.5f);
+  const std::vector<int> widths = {8, 9, 7, 3};
+  const std::vector<v1::Activation> acts = {v1::TANH, v1::RELU, v1::SOFTMAX};
+  const std::vector<float> rates = {0.3f, 0.5f};
+  const int rows = 5;
+  const uint64_t seed = DropoutSeed(7, 0, 1, 42);
+  absl::StatusOr<SegmentModel> model = SegmentModel::Create(backend_.get(), config, 0, rows);
+  ASSERT_TRUE(model.ok()) << model.status();
+  std::vector<float> params = Random(model->num_params(), 0.5), x = Random(rows * 8);
+  std::vector<int32_t> y(rows);
+  for (int r = 0; r < rows; ++r) y[r] = r % 3;
+  ASSERT_TRUE(backend_->Upload(params.data(), model->params(), params.size() * 4).ok());
+  ASSERT_TRUE(backend_->Upload(x.data(), model->input(), x.size() * 4).ok());
+  ASSERT_TRUE(backend_->Upload(y.data(), model->labels(), rows * 4).ok());
+  ASSERT_TRUE(model->TrainStep(rows, 0, seed).ok());
+  const std::vector<float> grad = ToHost(model->grad(), params.size());
+  auto loss = [&](const std::vector<double>& w) {
+    double total = 0;
+    for (int r = 0; r < rows; ++r) {
+      auto mask = [&](size_t l, int j) {
+        const uint64_t at = static_cast<uint64_t>(r) * widths[l + 1] + j;
+        return DropoutKeeps(Mix64(seed + l), at, DropoutThreshold(rates[l])) ? 1.0 / (1.0 - rates[l]) : 0.0;
+      };
+      total += CrossEntropy(ReferenceForward(widths, acts, w, {x.begin() + r * 8, x.begin() + (r + 1) * 8}, mask),
+                            y[r]);
+    }
+    return total / rows;
+  };
+  const std::vector<double> w(params.begin(), params.end()), numeric = NumericGradient(loss, w);
+  ExpectRelative(grad, numeric, std::vector<double>(numeric.size(), LargestMagnitude(numeric)),
+                 GetParam().model_tolerance, "gradient with dropout");
+  ASSERT_TRUE(model->TrainStep(rows, 0).ok());  // no seed: no dropout
+  EXPECT_NE(ToHost(model->grad(), params.size()), grad);
 }
 
 TEST_P(BackendTest, WholeTrainingStepMatchesDoubleReference) {

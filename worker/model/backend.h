@@ -15,6 +15,7 @@
 #ifndef SEGPS_WORKER_MODEL_BACKEND_H_
 #define SEGPS_WORKER_MODEL_BACKEND_H_
 
+#include <cmath>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -23,9 +24,20 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "common/hash.h"
 #include "segps/v1/config.pb.h"
 
 namespace segps {
+
+// Inverted dropout keeps element `index` under `seed` iff the top 24 bits
+// of Mix64(seed + index) (common/hash.h) are at least
+// DropoutThreshold(rate) = ceil(rate x 2^24): the same on every backend.
+inline uint64_t DropoutThreshold(float rate) {
+  return static_cast<uint64_t>(std::ceil(static_cast<double>(rate) * 16777216.0));
+}
+inline bool DropoutKeeps(uint64_t seed, uint64_t index, uint64_t threshold) {
+  return (Mix64(seed + index) >> 40) >= threshold;
+}
 
 // Memory owned by a backend: device memory, or pinned host memory for
 // staging transfers. Freed by its destructor.
@@ -99,6 +111,11 @@ class Backend {
   virtual absl::Status ActivationGrad(v1::Activation f, const float* y, float* dy, size_t n) = 0;
   // out[c] = sum over rows of x[r, c].
   virtual absl::Status ColumnSum(const float* x, int rows, int cols, float* out) = 0;
+  // Inverted dropout: out[i] = y[i] / (1 - rate) where DropoutKeeps(seed,
+  // first + i, DropoutThreshold(rate)), else 0 (out may be y). `first` places the n elements
+  // in the layer's output, so that a block's mask is the same in its
+  // forward and its backward, and on every backend.
+  virtual absl::Status Dropout(const float* y, float* out, size_t n, float rate, uint64_t seed, uint64_t first) = 0;
   // Row-wise softmax of logits into probs; with labels (may be null for
   // inference) also dlogits = (probs - onehot(labels)) * grad_scale and
   // stats[0] = summed cross-entropy, stats[1] = correct predictions.

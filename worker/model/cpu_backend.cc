@@ -94,6 +94,13 @@ class CpuBackend final : public Backend {
     return absl::OkStatus();
   }
 
+  absl::Status Dropout(const float* y, float* out, size_t n, float rate, uint64_t seed, uint64_t first) override {
+    const uint64_t threshold = DropoutThreshold(rate);
+    const float scale = 1.0f / (1.0f - rate);
+    for (size_t i = 0; i < n; ++i) out[i] = DropoutKeeps(seed, first + i, threshold) ? y[i] * scale : 0.0f;
+    return absl::OkStatus();
+  }
+
   absl::Status ColumnSum(const float* x, int rows, int cols, float* out) override {
     std::fill(out, out + cols, 0.0f);
     for (int r = 0; r < rows; ++r) {

@@ -120,6 +120,9 @@ class CudaBackend final : public Backend {
   absl::Status ColumnSum(const float* x, int rows, int cols, float* out) override {
     return SEGPS_CUDA(cuda::ColumnSum(x, rows, cols, out, stream_));
   }
+  absl::Status Dropout(const float* y, float* out, size_t n, float rate, uint64_t seed, uint64_t first) override {
+    return SEGPS_CUDA(cuda::Dropout(y, out, n, 1.0f / (1.0f - rate), seed, first, DropoutThreshold(rate), stream_));
+  }
   absl::Status SoftmaxCrossEntropy(const float* logits, const int32_t* labels, int rows, int cols,
                                    float grad_scale, float* probs, float* dlogits, float* stats) override {
     const size_t partials = 2 * static_cast<size_t>(cuda::SoftmaxBlocks(rows)) * sizeof(double);

@@ -46,6 +46,20 @@ __global__ void ActivationGradKernel(int activation, const float* y, float* dy, 
 }
 
 // One thread per column; adjacent threads read adjacent addresses of a row.
+// common/hash.h's Mix64, on the device.
+__device__ uint64_t Mix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+__global__ void DropoutKernel(const float* y, float* out, size_t n, float scale, uint64_t seed, uint64_t first,
+                              uint64_t threshold) {
+  const size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x;
+  if (i < n) out[i] = (Mix64(seed + first + i) >> 40) >= threshold ? y[i] * scale : 0.0f;
+}
+
 __global__ void ColumnSumKernel(const float* x, int rows, int cols, float* out) {
   const int c = blockIdx.x * blockDim.x + threadIdx.x;
   if (c >= cols) return;
@@ -152,6 +166,13 @@ cudaError_t ActivationGrad(int activation, const float* y, float* dy, size_t n, 
 cudaError_t ColumnSum(const float* x, int rows, int cols, float* out, cudaStream_t stream) {
   if (cols == 0) return cudaSuccess;
   ColumnSumKernel<<<(cols + kThreads - 1) / kThreads, kThreads, 0, stream>>>(x, rows, cols, out);
+  return cudaGetLastError();
+}
+
+cudaError_t Dropout(const float* y, float* out, size_t n, float scale, uint64_t seed, uint64_t first,
+                    uint64_t threshold, cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  DropoutKernel<<<Blocks(n), kThreads, 0, stream>>>(y, out, n, scale, seed, first, threshold);
   return cudaGetLastError();
 }
 

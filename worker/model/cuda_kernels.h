@@ -19,6 +19,10 @@ cudaError_t AddBias(float* y, const float* bias, int rows, int cols, cudaStream_
 cudaError_t Activate(int activation, float* y, size_t n, cudaStream_t stream);
 cudaError_t ActivationGrad(int activation, const float* y, float* dy, size_t n, cudaStream_t stream);
 cudaError_t ColumnSum(const float* x, int rows, int cols, float* out, cudaStream_t stream);
+// out[i] = y[i] * scale where the top 24 bits of Mix64(seed + first + i)
+// are at least `threshold`, else 0 (Backend::Dropout; out may be y).
+cudaError_t Dropout(const float* y, float* out, size_t n, float scale, uint64_t seed, uint64_t first,
+                    uint64_t threshold, cudaStream_t stream);
 // labels, dlogits and stats may be null. With labels and stats, the loss
 // and correct count are summed in double, per block and then over blocks in
 // a fixed order (the same sums on every run), in `partials`: scratch of

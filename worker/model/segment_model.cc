@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "common/hash.h"
 #include "common/shard_map.h"
 #include "common/status_macros.h"
 
@@ -28,6 +29,7 @@ absl::StatusOr<SegmentModel> SegmentModel::Create(Backend* backend, const v1::Mo
     m.num_params_ += layer.units();
     m.widths_.push_back(static_cast<int>(layer.units()));
     m.activations_.push_back(layer.activation());
+    m.dropout_.push_back(layer.dropout());
     widest = std::max(widest, static_cast<int>(layer.units()));
   }
   auto alloc = [&](Buffer* out, size_t bytes) -> absl::Status {
@@ -47,6 +49,10 @@ absl::StatusOr<SegmentModel> SegmentModel::Create(Backend* backend, const v1::Mo
   for (size_t l = 1; l < m.widths_.size(); ++l) {
     m.acts_.emplace_back();
     SEGPS_RETURN_IF_ERROR(alloc(&m.acts_.back(), static_cast<size_t>(max_batch) * m.widths_[l] * fb));
+    m.kept_.emplace_back();
+    if (m.dropout_[l - 1] > 0) {
+      SEGPS_RETURN_IF_ERROR(alloc(&m.kept_.back(), static_cast<size_t>(max_batch) * m.widths_[l] * fb));
+    }
   }
   SEGPS_RETURN_IF_ERROR(alloc(&m.logits_, static_cast<size_t>(max_batch) * m.widths_.back() * fb));
   SEGPS_RETURN_IF_ERROR(alloc(&m.delta_a_, static_cast<size_t>(max_batch) * widest * fb));
@@ -73,7 +79,25 @@ absl::StatusOr<SegmentModel> SegmentModel::Create(Backend* backend, const v1::Mo
   return m;
 }
 
-absl::Status SegmentModel::Forward(int rows, int slot, bool with_labels) {
+absl::Status SegmentModel::DropOut(size_t l, float* y, size_t n, uint64_t first, std::optional<uint64_t> seed) {
+  if (!seed.has_value() || dropout_[l] <= 0) return absl::OkStatus();
+  float* kept = kept_[l].data() + first;
+  SEGPS_RETURN_IF_ERROR(backend_->Dropout(y, kept, n, 0.0f, 0, 0));  // rate 0 keeps every element: a copy
+  return backend_->Dropout(kept, y, n, dropout_[l], Mix64(*seed + l), first);
+}
+
+absl::StatusOr<const float*> SegmentModel::UndoDropout(size_t l, float* delta, size_t n, uint64_t first,
+                                                       std::optional<uint64_t> seed) {
+  if (!seed.has_value() || dropout_[l] <= 0) return acts_[l].data() + first;
+  SEGPS_RETURN_IF_ERROR(backend_->Dropout(delta, delta, n, dropout_[l], Mix64(*seed + l), first));
+  return kept_[l].data() + first;
+}
+
+uint64_t DropoutSeed(uint64_t seed, int segment, uint32_t rank, uint64_t clock) {
+  return Mix64(seed ^ Mix64(static_cast<uint64_t>(segment) << 32 | rank) ^ Mix64(clock ^ 0x64726f706f7574ull));
+}
+
+absl::Status SegmentModel::Forward(int rows, int slot, bool with_labels, std::optional<uint64_t> dropout_seed) {
   if (rows <= 0 || rows > max_batch_) {
     return absl::InvalidArgumentError(absl::StrCat("batch of ", rows, " rows; this model takes 1..", max_batch_));
   }
@@ -88,7 +112,9 @@ absl::Status SegmentModel::Forward(int rows, int slot, bool with_labels) {
                                          params_.data() + kernel_offsets_[l], 0.0f, out));
     SEGPS_RETURN_IF_ERROR(backend_->AddBias(out, params_.data() + bias_offsets_[l], rows, units));
     if (!last) {
-      SEGPS_RETURN_IF_ERROR(backend_->Activate(activations_[l], out, static_cast<size_t>(rows) * units));
+      const size_t n = static_cast<size_t>(rows) * units;
+      SEGPS_RETURN_IF_ERROR(backend_->Activate(activations_[l], out, n));
+      SEGPS_RETURN_IF_ERROR(DropOut(l, out, n, 0, dropout_seed));
     }
     in = out;
   }
@@ -98,10 +124,12 @@ absl::Status SegmentModel::Forward(int rows, int slot, bool with_labels) {
                                        with_labels ? stats_.data() : nullptr);
 }
 
-absl::Status SegmentModel::Predict(int rows, int slot) { return Forward(rows, slot, /*with_labels=*/false); }
+absl::Status SegmentModel::Predict(int rows, int slot) {
+  return Forward(rows, slot, /*with_labels=*/false, std::nullopt);
+}
 
-absl::Status SegmentModel::TrainStep(int rows, int slot) {
-  SEGPS_RETURN_IF_ERROR(Forward(rows, slot, /*with_labels=*/true));
+absl::Status SegmentModel::TrainStep(int rows, int slot, std::optional<uint64_t> dropout_seed) {
+  SEGPS_RETURN_IF_ERROR(Forward(rows, slot, /*with_labels=*/true, dropout_seed));
   // delta holds dLoss/d(pre-activation) of the current layer.
   float* delta = delta_a_.data();
   float* spare = delta_b_.data();
@@ -109,8 +137,10 @@ absl::Status SegmentModel::TrainStep(int rows, int slot) {
     const int fan_in = widths_[l], units = widths_[l + 1];
     const bool last = l + 1 == activations_.size();
     if (!last) {
-      SEGPS_RETURN_IF_ERROR(backend_->ActivationGrad(activations_[l], acts_[l].data(), delta,
-                                                     static_cast<size_t>(rows) * units));
+      const size_t n = static_cast<size_t>(rows) * units;
+      absl::StatusOr<const float*> activated = UndoDropout(l, delta, n, 0, dropout_seed);
+      if (!activated.ok()) return activated.status();
+      SEGPS_RETURN_IF_ERROR(backend_->ActivationGrad(activations_[l], *activated, delta, n));
     }
     const float* layer_in = l == 0 ? inputs_[slot].data() : acts_[l - 1].data();
     // dW = in^T * delta, db = column sums of delta, d(in) = delta * W^T.
@@ -126,7 +156,8 @@ absl::Status SegmentModel::TrainStep(int rows, int slot) {
   return absl::OkStatus();
 }
 
-absl::Status SegmentModel::StageForward(int first, int rows, float grad_scale) {
+absl::Status SegmentModel::StageForward(int first, int rows, float grad_scale,
+                                        std::optional<uint64_t> dropout_seed) {
   if (rows <= 0 || first < 0 || first + rows > max_batch_) {
     return absl::InvalidArgumentError(absl::StrCat("micro-batch rows [", first, ", +", rows, ") outside this stage's ",
                                                    max_batch_));
@@ -140,7 +171,11 @@ absl::Status SegmentModel::StageForward(int first, int rows, float grad_scale) {
     SEGPS_RETURN_IF_ERROR(backend_->Gemm(false, false, rows, units, fan_in, 1.0f, in,
                                          params_.data() + kernel_offsets_[l], 0.0f, out));
     SEGPS_RETURN_IF_ERROR(backend_->AddBias(out, params_.data() + bias_offsets_[l], rows, units));
-    if (!logits) SEGPS_RETURN_IF_ERROR(backend_->Activate(activations_[l], out, static_cast<size_t>(rows) * units));
+    if (!logits) {
+      const size_t n = static_cast<size_t>(rows) * units;
+      SEGPS_RETURN_IF_ERROR(backend_->Activate(activations_[l], out, n));
+      SEGPS_RETURN_IF_ERROR(DropOut(l, out, n, static_cast<size_t>(first) * units, dropout_seed));
+    }
     in = out;
   }
   if (!final_stage_) return absl::OkStatus();
@@ -149,7 +184,8 @@ absl::Status SegmentModel::StageForward(int first, int rows, float grad_scale) {
                                        grad_scale, acts_.back().data() + at, dlogits_.data() + at, stats_.data());
 }
 
-absl::Status SegmentModel::StageBackward(int first, int rows, bool accumulate, bool input_grad) {
+absl::Status SegmentModel::StageBackward(int first, int rows, bool accumulate, bool input_grad,
+                                         std::optional<uint64_t> dropout_seed) {
   if (rows <= 0 || first < 0 || first + rows > max_batch_) {
     return absl::InvalidArgumentError(absl::StrCat("micro-batch rows [", first, ", +", rows, ") outside this stage's ",
                                                    max_batch_));
@@ -162,8 +198,11 @@ absl::Status SegmentModel::StageBackward(int first, int rows, bool accumulate, b
   for (size_t l = layers; l-- > 0;) {
     const int fan_in = widths_[l], units = widths_[l + 1];
     if (!(final_stage_ && l + 1 == layers)) {
-      SEGPS_RETURN_IF_ERROR(backend_->ActivationGrad(
-          activations_[l], acts_[l].data() + static_cast<size_t>(first) * units, delta, static_cast<size_t>(rows) * units));
+      const size_t n = static_cast<size_t>(rows) * units;
+      absl::StatusOr<const float*> activated =
+          UndoDropout(l, delta, n, static_cast<size_t>(first) * units, dropout_seed);
+      if (!activated.ok()) return activated.status();
+      SEGPS_RETURN_IF_ERROR(backend_->ActivationGrad(activations_[l], *activated, delta, n));
     }
     const float* layer_in = (l == 0 ? inputs_[0].data() : acts_[l - 1].data()) + static_cast<size_t>(first) * fan_in;
     // dW (+)= in^T * delta, db (+)= ones^T * delta, d(in) = delta * W^T.

@@ -9,6 +9,7 @@
 #define SEGPS_WORKER_MODEL_SEGMENT_MODEL_H_
 
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -21,6 +22,11 @@ struct BatchStats {
   double loss_sum = 0;  // summed cross-entropy over the batch
   int correct = 0;
 };
+
+// The dropout seed of a training step: a function of the job's seed, the
+// segment (or stage), the worker (or replica) and the clock only, so that
+// a step computed again draws the same masks.
+uint64_t DropoutSeed(uint64_t seed, int segment, uint32_t rank, uint64_t clock);
 
 class SegmentModel {
  public:
@@ -44,7 +50,9 @@ class SegmentModel {
   // Forward and backward on the `rows` rows staged in `slot`: fills grad()
   // with the gradient of the mean cross-entropy, and the device stats slot.
   // Enqueued: call DownloadStats, then read stats() after a Synchronize.
-  absl::Status TrainStep(int rows, int slot = 0);
+  // With `dropout_seed` (training), each layer's dropout (LayerConfig.dropout)
+  // masks its outputs as DropoutSeed draws them; without, none.
+  absl::Status TrainStep(int rows, int slot = 0, std::optional<uint64_t> dropout_seed = std::nullopt);
   // Forward only; probabilities land in probabilities() [rows x classes].
   absl::Status Predict(int rows, int slot = 0);
   const float* probabilities() const { return acts_.back().data(); }
@@ -63,7 +71,8 @@ class SegmentModel {
   // lands in output(first); the last stage's loss gradient, scaled by
   // `grad_scale` (1 / the mini-batch's rows), waits for StageBackward, and
   // its loss and accuracy in the stats (DownloadStats).
-  absl::Status StageForward(int first, int rows, float grad_scale);
+  // `dropout_seed` as TrainStep's; the micro-batch's backward takes the same.
+  absl::Status StageForward(int first, int rows, float grad_scale, std::optional<uint64_t> dropout_seed = std::nullopt);
   const float* output(int first) const { return acts_.back().data() + static_cast<size_t>(first) * widths_.back(); }
   // Where a middle stage's caller puts the gradient of the loss with
   // respect to output(first) before StageBackward.
@@ -72,7 +81,8 @@ class SegmentModel {
   // grad() (or, first micro-batch of a step, replaces it), and with
   // `input_grad` leaves the gradient with respect to its input in
   // input_grad(first) for the previous stage.
-  absl::Status StageBackward(int first, int rows, bool accumulate, bool input_grad);
+  absl::Status StageBackward(int first, int rows, bool accumulate, bool input_grad,
+                             std::optional<uint64_t> dropout_seed = std::nullopt);
   const float* input_grad(int first) const {
     return input_grad_.data() + static_cast<size_t>(first) * widths_.front();
   }
@@ -84,7 +94,15 @@ class SegmentModel {
 
  private:
   SegmentModel() = default;
-  absl::Status Forward(int rows, int slot, bool with_labels);
+  absl::Status Forward(int rows, int slot, bool with_labels, std::optional<uint64_t> dropout_seed);
+  // Layer l's activated outputs `y` (n of them, at element `first` of the
+  // layer's output): with a dropout seed and a rate, their pre-dropout
+  // values kept for the backward, and y masked in place.
+  absl::Status DropOut(size_t l, float* y, size_t n, uint64_t first, std::optional<uint64_t> seed);
+  // Before layer l's ActivationGrad: the mask on its output's gradient, and
+  // the activated values its derivative takes.
+  absl::StatusOr<const float*> UndoDropout(size_t l, float* delta, size_t n, uint64_t first,
+                                           std::optional<uint64_t> seed);
 
   Backend* backend_ = nullptr;
   int max_batch_ = 0;
@@ -95,6 +113,8 @@ class SegmentModel {
   Buffer params_, grad_, stats_, host_stats_;
   Buffer inputs_[kInputSlots], labels_[kInputSlots];
   std::vector<Buffer> acts_;    // per layer output [max_batch x units]; last = probabilities
+  std::vector<float> dropout_;  // per layer rate
+  std::vector<Buffer> kept_;    // per layer with dropout: its outputs before the mask
   Buffer logits_, delta_a_, delta_b_;
   // Pipeline stages only: the gradients at the stage's edges, the last
   // stage's loss gradient per micro-batch, and a column of ones (a bias

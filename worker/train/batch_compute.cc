@@ -197,8 +197,9 @@ absl::Status BatchCompute::ComputeWithRows(uint64_t clock, StepResult* result) {
   SEGPS_RETURN_IF_ERROR(backend_->Upload(input_host_.data(), model_.input(0), input_host_.size() * sizeof(float)));
   SEGPS_RETURN_IF_ERROR(backend_->Upload(labels_host_.data(), model_.labels(0), n * sizeof(int32_t)));
   const int rows = static_cast<int>(n);
-  SEGPS_RETURN_IF_ERROR(model_.StageForward(0, rows, 1.0f / static_cast<float>(rows)));
-  SEGPS_RETURN_IF_ERROR(model_.StageBackward(0, rows, false, true));
+  const uint64_t dropout = DropoutSeed(config_.seed(), options_.segment, rank_, clock);
+  SEGPS_RETURN_IF_ERROR(model_.StageForward(0, rows, 1.0f / static_cast<float>(rows), dropout));
+  SEGPS_RETURN_IF_ERROR(model_.StageBackward(0, rows, false, true, dropout));
   absl::StatusOr<const float*> grad = HostGradient();
   if (!grad.ok()) return grad.status();
   SEGPS_RETURN_IF_ERROR(model_.DownloadStats());
@@ -244,7 +245,8 @@ absl::StatusOr<StepResult> BatchCompute::Compute(uint64_t clock) {
     no_gradient_.assign(model_.num_params(), 0.0f);
     result.grad = no_gradient_.data();
   } else {
-    SEGPS_RETURN_IF_ERROR(model_.TrainStep(static_cast<int>(result.rows), slot_));
+    SEGPS_RETURN_IF_ERROR(model_.TrainStep(static_cast<int>(result.rows), slot_,
+                                           DropoutSeed(config_.seed(), options_.segment, rank_, clock)));
     absl::StatusOr<const float*> grad = HostGradient();
     if (!grad.ok()) return grad.status();
     result.grad = *grad;

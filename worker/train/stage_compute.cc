@@ -187,7 +187,8 @@ absl::Status StageCompute::Forward(uint64_t clock, uint32_t m, uint32_t rows, in
   if (last_stage_) SEGPS_RETURN_IF_ERROR(Upload(slot_labels, model_.labels() + first, rows * sizeof(int32_t)));
   SEGPS_RETURN_IF_ERROR(backend_->StartTiming());
   const absl::Time compute = absl::Now();
-  SEGPS_RETURN_IF_ERROR(model_.StageForward(first, static_cast<int>(rows), 1.0f / static_cast<float>(batch_rows_)));
+  SEGPS_RETURN_IF_ERROR(model_.StageForward(first, static_cast<int>(rows), 1.0f / static_cast<float>(batch_rows_),
+                                            DropoutSeed(config_.seed(), options_.stage, options_.replica, clock)));
   SEGPS_RETURN_IF_ERROR(EndPass(compute, 1));
   if (last_stage_) {
     SEGPS_RETURN_IF_ERROR(model_.DownloadStats());
@@ -215,7 +216,8 @@ absl::Status StageCompute::Backward(uint64_t clock, uint32_t m, uint32_t rows, i
   }
   SEGPS_RETURN_IF_ERROR(backend_->StartTiming());
   const absl::Time compute = absl::Now();
-  SEGPS_RETURN_IF_ERROR(model_.StageBackward(first, static_cast<int>(rows), accumulate_, !first_stage_));
+  SEGPS_RETURN_IF_ERROR(model_.StageBackward(first, static_cast<int>(rows), accumulate_, !first_stage_,
+                                             DropoutSeed(config_.seed(), options_.stage, options_.replica, clock)));
   SEGPS_RETURN_IF_ERROR(EndPass(compute, 2));
   accumulate_ = true;
   if (first_stage_) return absl::OkStatus();
