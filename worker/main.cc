@@ -214,7 +214,7 @@ int RunStage(Worker& w) {
   SEGPS_LOG_INFO << w.config.model().segments(stage).name() << ": done: " << segps::StepsComputed(*report) << ", "
                  << report->samples << " samples in " << report->seconds << " s"
                  << (stage + 1 == stages
-                         ? absl::StrCat("; last epoch loss ", report->last_loss, " acc ", report->last_accuracy)
+                         ? absl::StrCat("; ", segps::LastEpoch(*report))
                          : std::string());
   return 0;
 }
@@ -260,7 +260,7 @@ int RunEnsemble(Worker& w) {
   SEGPS_LOG_INFO << w.config.model().segments(w.segment).name() << ": done: " << segps::StepsComputed(*report)
                  << ", " << report->samples << " samples in " << report->seconds << " s ("
                  << static_cast<int64_t>(report->samples / std::max(1e-9, report->seconds))
-                 << " samples/s); last epoch loss " << report->last_loss << " acc " << report->last_accuracy
+                 << " samples/s); " << segps::LastEpoch(*report)
                  << "; staleness mean " << report->mean_staleness << " max " << report->max_staleness
                  << "; blocked " << report->blocked_seconds << " s";
   return 0;

@@ -18,6 +18,11 @@ std::string StepsComputed(const TrainReport& report) {
                       ")");
 }
 
+std::string LastEpoch(const TrainReport& report) {
+  if (report.samples == 0) return "no epoch trained here";
+  return absl::StrCat("last epoch loss ", report.last_loss, " acc ", report.last_accuracy);
+}
+
 absl::StatusOr<TrainReport> Train(const v1::JobConfig& config, const TrainerOptions& options, const Dataset& train,
                                   Backend* backend, ParameterClient* client) {
   absl::StatusOr<std::unique_ptr<BatchCompute>> compute =
