@@ -119,6 +119,10 @@ absl::Status ValidateDataFiles(v1::JobConfig& c, const Locator& at) {
   } else if (data->has_test_fraction()) {
     return at.Error({{"data", -1}, {"test_fraction", -1}}, "is used by data.source NPY and CSV only");
   }
+  if (!(data->validation_fraction() >= 0 && data->validation_fraction() < 1)) {
+    return at.Error({{"data", -1}, {"validation_fraction", -1}},
+                    absl::StrCat("must be in [0, 1), got ", data->validation_fraction()));
+  }
   return absl::OkStatus();
 }
 

@@ -30,7 +30,8 @@ DPI = 100
 
 
 def _by_segment(report):
-    """{segment: [(epoch, loss, accuracy, test accuracy or None)]}, averaged over its workers."""
+    """{segment: [(epoch, loss, accuracy, test accuracy or None, validation loss or None)]},
+    averaged over its workers."""
     segments = {}
     for worker in report.get("history", {}).get("workers", []):
         for record in worker["epochs"]:
@@ -42,22 +43,29 @@ def _by_segment(report):
             records = epochs[epoch]
             mean = lambda key: sum(r[key] for r in records) / len(records)  # noqa: E731
             tests = [r["test_accuracy"] for r in records if "test_accuracy" in r]
-            rows.append((epoch, mean("loss"), mean("accuracy"), sum(tests) / len(tests) if tests else None))
+            validations = [r["validation_loss"] for r in records if "validation_loss" in r]
+            rows.append((epoch, mean("loss"), mean("accuracy"), sum(tests) / len(tests) if tests else None,
+                         sum(validations) / len(validations) if validations else None))
         out[name] = rows
     return out
 
 
 def learning_curves_figure(reports):
-    """reports: [(label, report dict)]. Left: training loss; right: test accuracy
+    """reports: [(label, report dict)]. Left: training loss (and validation loss,
+    dashed, where the run held a validation set); right: test accuracy
     (training accuracy where a run kept no test accuracy); a line per segment
     and, where the history has it, the ensemble's."""
     fig, (loss_ax, acc_ax) = plt.subplots(1, 2, figsize=SIZE, dpi=DPI)
-    test_seen = False
+    test_seen = validation_seen = False
     for label, report in reports:
         prefix = f"{label}: " if len(reports) > 1 else ""
         for name, rows in _by_segment(report).items():
             epochs = [r[0] for r in rows]
-            loss_ax.plot(epochs, [r[1] for r in rows], marker="o", label=prefix + name)
+            line, = loss_ax.plot(epochs, [r[1] for r in rows], marker="o", label=prefix + name)
+            if all(r[4] is not None for r in rows):
+                validation_seen = True
+                loss_ax.plot(epochs, [r[4] for r in rows], marker="x", linestyle="--", color=line.get_color(),
+                             label=prefix + name + " (validation)")
             has_test = all(r[3] is not None for r in rows)
             test_seen |= has_test
             acc_ax.plot(epochs, [r[3] if has_test else r[2] for r in rows], marker="o", label=prefix + name)
@@ -65,7 +73,8 @@ def learning_curves_figure(reports):
         if ensemble:
             acc_ax.plot([e["epoch"] for e in ensemble], [e["test_accuracy"] for e in ensemble], marker="s",
                         linestyle="--", color="black", label=prefix + "ensemble")
-    loss_ax.set(title="training loss (mean cross-entropy)", xlabel="epoch", ylabel="loss")
+    loss_ax.set(title="training and validation loss" if validation_seen else "training loss (mean cross-entropy)",
+                xlabel="epoch", ylabel="loss (mean cross-entropy)")
     acc_ax.set(title="test accuracy" if test_seen else "training accuracy", xlabel="epoch", ylabel="accuracy")
     for ax in (loss_ax, acc_ax):
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))

@@ -178,12 +178,14 @@ int RunStage(Worker& w) {
   }
   // The last stage's replica 0 scores the whole chain as each epoch ends.
   std::unique_ptr<segps::ParameterClient> reader;
-  if (w.config.training().test_every_epoch() && stage + 1 == stages && *w.rank == 0) {
+  if ((w.config.training().test_every_epoch() || w.config.data().validation_fraction() > 0) &&
+      stage + 1 == stages && *w.rank == 0) {
     if (!data.ok() && !(data = segps::LoadData(w.config)).ok()) return Fail(data.status());
     absl::StatusOr<std::unique_ptr<segps::ParameterClient>> connected = segps::ConnectGrpc(w.config, w.servers);
     if (!connected.ok()) return Fail(connected.status());
     reader = *std::move(connected);
-    options.test = &data->test;
+    if (w.config.training().test_every_epoch()) options.test = &data->test;
+    if (data->validation.size() > 0) options.validation = &data->validation;
     options.reader = reader.get();
   }
   options.upstream = upstream.get();
@@ -245,6 +247,7 @@ int RunEnsemble(Worker& w) {
   if (options.slowdown_factor > 1) prctl(PR_SET_TIMERSLACK, 1UL, 0, 0, 0);
   options.progress_bar = isatty(STDOUT_FILENO) != 0;
   std::vector<std::vector<float>> test_probabilities;
+  if (data->validation.size() > 0) options.validation = &data->validation;
   if (w.config.training().test_every_epoch()) {
     options.test = &data->test;
     if (!absl::GetFlag(FLAGS_history_dir).empty()) options.test_probabilities = &test_probabilities;

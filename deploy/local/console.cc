@@ -89,7 +89,8 @@ bool Console::Shown(const std::string& process, char level, const std::string& m
   // A server restored from its checkpoint is a recovery the user sees.
   if (absl::StartsWith(process, "server")) return absl::StrContains(message, ": restored ");
   if (process.find('/') != std::string::npos) {
-    return absl::StrContains(message, ": done: ") || absl::StrContains(message, " test accuracy ");
+    return absl::StrContains(message, ": done: ") || absl::StrContains(message, " test accuracy ") ||
+           absl::StrContains(message, " validation loss ");
   }
   return true;
 }

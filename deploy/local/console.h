@@ -1,8 +1,8 @@
 // What segps-local shows of its processes' output.
 //
 // By default, what a user needs: segps-local's own lines, every warning
-// and error, each worker's progress, its per-epoch test scores and its
-// result, and the evaluation (less its traffic counters). Servers' start-up
+// and error, each worker's progress, its per-epoch validation and test
+// scores and its result, and the evaluation (less its traffic counters). Servers' start-up
 // lines, registrations, one line per checkpoint written or skipped and the
 // like are shown with --verbose only; the servers' periodic checkpoint
 // summaries and their restores from a checkpoint stay. A shown line keeps its process's prefix ("[relu64/1]").

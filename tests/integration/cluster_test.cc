@@ -370,5 +370,38 @@ TEST(Cluster, HiddenLayersWithDropoutTrainToTheBarInAnEnsembleAndAChain) {
   }
 }
 
+// data.validation_fraction: every epoch's validation loss and accuracy, of
+// each segment in an ensemble and of the whole network in a chain, in the
+// log, the report's history and the plot.
+TEST(Cluster, AValidationSetIsScoredAfterEveryEpochInTheLogTheReportAndThePlot) {
+  for (const auto& [name, scored] : {std::pair{"teacher.pbtxt", "relu64/0: epoch 3 validation loss "},
+                                     std::pair{"teacher_chain.pbtxt", "stage2/0: epoch 3 validation loss "}}) {
+    SCOPED_TRACE(name);
+    const std::string dir = MakeTempDir();
+    std::string job = ReadFile(Config(name));
+    job.replace(job.find("epochs: 6"), 9, "epochs: 3");
+    job.replace(job.find("data {"), 6, "data { validation_fraction: 0.1");
+    WriteFile(dir + "/job.pbtxt", job);
+    std::unique_ptr<Subprocess> p = Subprocess::Start({BinaryPath("segps-local"), "--config", dir + "/job.pbtxt",
+                                                       "--report", dir + "/report.json", "--plot", dir + "/plots"});
+    ASSERT_TRUE(ExitedOk(p->Wait(absl::Minutes(3)).value_or(-1))) << p->output();
+    const size_t at = p->output().find(scored);
+    ASSERT_NE(at, std::string::npos) << p->output();
+    std::smatch m;
+    const std::string line = p->output().substr(at, p->output().find('\n', at) - at);
+    ASSERT_TRUE(std::regex_search(line, m, std::regex("validation loss ([0-9.]+) acc ([0-9.]+)"))) << line;
+    EXPECT_LT(std::stod(m[1]), 0.6) << line;
+    EXPECT_GT(std::stod(m[2]), 0.85) << line;
+    const std::string report = ReadFile(dir + "/report.json");
+    size_t records = 0;
+    for (size_t i = report.find("\"validation_loss\""); i != std::string::npos;
+         i = report.find("\"validation_loss\"", i + 1)) {
+      ++records;
+    }
+    EXPECT_GE(records, 3u) << report;
+    EXPECT_NE(p->output().find("wrote " + dir + "/plots/learning_curves.png"), std::string::npos) << p->output();
+  }
+}
+
 }  // namespace
 }  // namespace segps

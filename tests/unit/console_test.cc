@@ -27,6 +27,7 @@ void FeedJob(Console& console) {
   console.Line("segment1/0", "23:09:40.223 I segment1/0: epoch 1/5 step 40/200 loss 2.3338 acc 0.1002", kStart);
   console.Line("segment1/0", "23:09:40.224 I segment1/0: epoch 1 test accuracy 0.5000 after 0.10 s of training",
                kStart);
+  console.Line("segment1/0", "23:09:40.224 I segment1/0: epoch 1 validation loss 0.5000 acc 0.8000", kStart);
   console.Line("segment1/0", "23:09:40.225 W segment1/0: rejoined at clock 40 after 3ms", kStart);
   console.Line("segment1/0", "23:09:40.256 I segment1: done: 200 steps computed here", kStart);
   console.Line("eval", "traffic segment1: 200 steps, push bytes/step 15656", kStart);
@@ -42,7 +43,8 @@ TEST(Console, ByDefaultShowsWarningsErrorsProgressAndResultsOnly) {
   for (const char* shown : {"[server1] 23:09:40.200 W server 1: checkpoints of segment2 in the last 30s",
                             "[server1] segps-server: cannot open the checkpoint directory",
                             "[segment1/0] 23:09:40.223 I segment1/0: epoch 1/5 step 40/200 loss 2.3338",
-                            "epoch 1 test accuracy 0.5000", "W segment1/0: rejoined at clock 40",
+                            "epoch 1 test accuracy 0.5000", "epoch 1 validation loss 0.5000 acc 0.8000",
+                            "W segment1/0: rejoined at clock 40",
                             "segment1: done: 200 steps", "[eval] ENSEMBLE", "segps-local: done\n"}) {
     EXPECT_NE(text.find(shown), std::string::npos) << shown << "\n" << text;
   }

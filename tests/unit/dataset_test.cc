@@ -420,6 +420,48 @@ TEST(NpyData, ShuffleDealsTheRowsInASeededOrderFromFilesAndMemoryAlike) {
   EXPECT_NE(std::get<0>(rows(npy + " shuffle: true data_seed: 2")), shuffled);
 }
 
+// data.validation_fraction: a seeded share of the training rows held out
+// (after any shuffle), both parts in the order they had, together the
+// training rows; the test set is untouched.
+TEST(NpyData, AValidationShareIsHeldOutOfTheTrainingRows) {
+  const std::string dir = TempDir();
+  std::vector<float> x(3 * 400);
+  std::vector<int32_t> y(400);
+  for (size_t i = 0; i < 400; ++i) x[3 * i] = static_cast<float>(i), y[i] = static_cast<int32_t>(i % 4);
+  WriteArray<float>(dir + "/x.npy", "<f4", x, {400, 3});
+  WriteArray<int32_t>(dir + "/y.npy", "<i4", y, {400});
+  auto load = [&](const std::string& more) {
+    TrainTest data = *LoadData(*FileJob(absl::StrCat("source: NPY train_x: \"", dir, "/x.npy\" train_y: \"", dir,
+                                                     "/y.npy\" test_fraction: 0.25 ", more)));
+    std::vector<std::vector<int>> parts;
+    for (const Dataset* d : {&data.train, &data.validation, &data.test}) {
+      EXPECT_TRUE(d->MapRows({0, d->size()}).ok());
+      parts.emplace_back();
+      for (size_t i = 0; i < d->size(); ++i) {
+        parts.back().push_back(static_cast<int>(Row(*d, i)[0]));
+        EXPECT_EQ(d->y[i], parts.back().back() % 4);
+      }
+    }
+    return parts;
+  };
+  const std::vector<std::vector<int>> none = load(""), held = load("validation_fraction: 0.2");
+  EXPECT_TRUE(none[1].empty());
+  ASSERT_EQ(held[0].size(), 240u);
+  ASSERT_EQ(held[1].size(), 60u);
+  EXPECT_EQ(held[2], none[2]) << "the test set is untouched";
+  EXPECT_TRUE(std::is_sorted(held[0].begin(), held[0].end()));
+  EXPECT_TRUE(std::is_sorted(held[1].begin(), held[1].end()));
+  std::vector<int> joined = held[0];
+  joined.insert(joined.end(), held[1].begin(), held[1].end());
+  std::sort(joined.begin(), joined.end());
+  EXPECT_EQ(joined, none[0]) << "together, the training rows, each once";
+  EXPECT_EQ(load("validation_fraction: 0.2"), held);
+  EXPECT_NE(load("validation_fraction: 0.2 data_seed: 2")[1], held[1]);
+  const std::vector<std::vector<int>> shuffled = load("validation_fraction: 0.2 shuffle: true");
+  EXPECT_FALSE(std::is_sorted(shuffled[0].begin(), shuffled[0].end())) << "held out after the shuffle";
+  EXPECT_EQ(shuffled[1].size(), 60u);
+}
+
 TEST(NpyData, EachMalformedInputGetsItsMessage) {
   const std::string dir = TempDir();
   WriteArray<float>(dir + "/x.npy", "<f4", {1, 2, 3, 4, 5, 6}, {2, 3});

@@ -523,22 +523,44 @@ absl::StatusOr<TrainTest> LoadFashionMnist(const std::string& dir) {
   return out;
 }
 
-// data.shuffle: the training rows in an order drawn with `seed`, before
-// anything splits them over segments and workers.
-void ShuffleRows(Dataset* d, uint64_t seed) {
-  const std::vector<uint32_t> order = EpochOrder({0, d->size()}, Mix64(seed ^ 0x5368756666ull), 0, 0, 0);
-  auto permute = [&](auto& values, size_t per_row) {
+// The rows `rows` of `d`, in that order (a file-backed set maps the same
+// file through a new row list).
+Dataset Rows(const Dataset& d, const std::vector<uint32_t>& rows) {
+  Dataset out;  // every field of d's but its rows'
+  out.width = d.width;
+  out.classes = d.classes;
+  out.mean = d.mean;
+  out.std = d.std;
+  out.scale = d.scale;
+  out.columns = d.columns;
+  out.fields = d.fields;
+  auto take = [&](const auto& values, auto* into, size_t per_row) {
     if (values.empty()) return;
-    std::remove_reference_t<decltype(values)> permuted(values.size());
-    for (size_t i = 0; i < order.size(); ++i) {
-      std::copy_n(&values[order[i] * per_row], per_row, &permuted[i * per_row]);
+    into->resize(rows.size() * per_row);
+    for (size_t i = 0; i < rows.size(); ++i) {
+      std::copy_n(&values[rows[i] * per_row], per_row, &(*into)[i * per_row]);
     }
-    values = std::move(permuted);
   };
-  permute(d->y, 1);
-  permute(d->x, static_cast<size_t>(d->width));
-  permute(d->ids, static_cast<size_t>(d->fields));
-  if (d->file != nullptr) d->file = d->file->Reordered(order);
+  take(d.y, &out.y, 1);
+  take(d.x, &out.x, static_cast<size_t>(d.width));
+  take(d.ids, &out.ids, static_cast<size_t>(d.fields));
+  if (d.file != nullptr) out.file = d.file->Reordered(rows);
+  return out;
+}
+
+// data.shuffle, then data.validation_fraction: the training rows in an
+// order drawn with `seed`, and a seeded share of them held out (both lists
+// in the order they had), before anything splits them over segments.
+void ShuffleAndHoldOut(const v1::DataConfig& data, TrainTest* sets) {
+  if (data.shuffle()) {
+    sets->train = Rows(sets->train, EpochOrder({0, sets->train.size()}, Mix64(data.data_seed() ^ 0x5368756666ull), 0, 0, 0));
+  }
+  if (data.validation_fraction() <= 0 || sets->train.size() < 2) return;
+  std::vector<uint64_t> kept, held;
+  HoldOut(sets->train.size(), data.validation_fraction(), Mix64(data.data_seed() ^ 0x76616c6964ull), &kept, &held);
+  const std::vector<uint32_t> train_rows(kept.begin(), kept.end()), validation_rows(held.begin(), held.end());
+  sets->validation = Rows(sets->train, validation_rows);
+  sets->train = Rows(sets->train, train_rows);
 }
 
 absl::StatusOr<TrainTest> LoadData(const v1::JobConfig& config) {
@@ -567,7 +589,7 @@ absl::StatusOr<TrainTest> LoadData(const v1::JobConfig& config) {
   }
   if (!data.ok()) return data.status();
   if (config.data().normalize() == v1::STANDARDIZE) SEGPS_RETURN_IF_ERROR(Standardize(*data));
-  if (config.data().shuffle()) ShuffleRows(&data->train, config.data().data_seed());
+  ShuffleAndHoldOut(config.data(), &*data);
   return data;
 }
 
@@ -589,56 +611,6 @@ absl::StatusOr<Dataset> OpenNpyFeatures(const std::string& path, int width, floa
   out.file = std::make_shared<FeatureFile>(path, *std::move(h), std::vector<uint64_t>{});
   SEGPS_RETURN_IF_ERROR(out.MapRows({0, out.size()}));
   return out;
-}
-
-Range SegmentRows(const v1::JobConfig& config, size_t train_size, int segment) {
-  // A CHAIN's stages train one network: stage 0 reads all of it.
-  if (config.data().split() == v1::BY_SEGMENT && config.model().combine() != v1::CHAIN) return BalancedRange(train_size, config.model().segments_size(), segment);
-  return {0, train_size};
-}
-
-std::optional<std::string> MissingClassesWarning(const v1::JobConfig& config, const Dataset& train, int segment) {
-  const Range rows = SegmentRows(config, train.size(), segment);
-  if (rows.count == train.size() || train.classes <= 0) return std::nullopt;
-  std::vector<bool> anywhere(train.classes, false), mine(train.classes, false);
-  for (size_t i = 0; i < train.size(); ++i) {
-    const int32_t c = train.y[i];
-    if (c < 0 || c >= train.classes) continue;
-    anywhere[c] = true;
-    if (i >= rows.offset && i < rows.end()) mine[c] = true;
-  }
-  std::vector<int> missing;
-  for (int c = 0; c < train.classes; ++c) {
-    if (anywhere[c] && !mine[c]) missing.push_back(c);
-  }
-  if (missing.empty()) return std::nullopt;
-  return absl::StrCat(config.model().segments(segment).name(), ": its training rows [", rows.offset, ", ", rows.end(),
-                      ") of ", train.size(), " have no sample of class", missing.size() == 1 ? " " : "es ",
-                      absl::StrJoin(missing, ", "),
-                      ", which other rows have: with data.split BY_SEGMENT each segment trains on a contiguous part "
-                      "of the file, and a file sorted by class leaves some classes out. Use data.split: SAME (every "
-                      "segment trains on every row), or data.shuffle: true (the rows in a seeded order)");
-}
-
-Range WorkerSlice(const v1::JobConfig& config, size_t train_size, int segment, uint32_t rank) {
-  const Range seg = SegmentRows(config, train_size, segment);
-  Range mine = BalancedRange(seg.count, WorkersOf(config, segment), rank);
-  mine.offset += seg.offset;
-  return mine;
-}
-
-std::vector<uint32_t> EpochOrder(Range slice, uint64_t seed, int segment, uint32_t rank,
-                                 uint32_t epoch) {
-  std::vector<uint32_t> order(slice.count);
-  for (uint64_t i = 0; i < slice.count; ++i) order[i] = static_cast<uint32_t>(slice.offset + i);
-  uint64_t state = Mix64(seed ^ Mix64(static_cast<uint64_t>(segment) << 32 | rank) ^ Mix64(epoch + 1));
-  for (uint64_t i = slice.count; i > 1; --i) {
-    state = Mix64(state);
-    // Multiply-shift maps 64 random bits onto [0, i) without modulo bias worth noting.
-    const uint64_t j = static_cast<uint64_t>((static_cast<unsigned __int128>(state) * i) >> 64);
-    std::swap(order[i - 1], order[j]);
-  }
-  return order;
 }
 
 void GatherBatch(const Dataset& data, const std::vector<uint32_t>& order, size_t begin, size_t rows,

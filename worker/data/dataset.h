@@ -63,6 +63,9 @@ struct Dataset {
 struct TrainTest {
   Dataset train;
   Dataset test;
+  // data.validation_fraction of the training rows, held out of `train`;
+  // empty without one.
+  Dataset validation;
 };
 
 // Builds the config's data (data.source), deterministically, checking every

@@ -88,6 +88,14 @@ class Scorer {
 
 }  // namespace
 
+double MeanCrossEntropy(absl::Span<const float> probs, absl::Span<const int32_t> labels) {
+  if (labels.empty()) return 0;
+  const size_t classes = probs.size() / labels.size();
+  Scorer scorer(static_cast<int>(classes));
+  for (size_t i = 0; i < labels.size(); ++i) scorer.Add(&probs[i * classes], labels[i]);
+  return scorer.score("").loss;
+}
+
 double Accuracy(absl::Span<const float> probs, absl::Span<const int32_t> labels) {
   if (labels.empty()) return 0;
   const size_t classes = probs.size() / labels.size();

@@ -47,6 +47,8 @@ absl::StatusOr<EvalReport> Evaluate(const v1::JobConfig& config, const Dataset& 
 // The share of rows whose most probable class (the first, on ties) is
 // their label; `probs` holds labels.size() rows.
 double Accuracy(absl::Span<const float> probs, absl::Span<const int32_t> labels);
+// Their mean cross-entropy (a probability below 1e-12 counts as 1e-12).
+double MeanCrossEntropy(absl::Span<const float> probs, absl::Span<const int32_t> labels);
 
 // Class probabilities [data.size() x num_classes], row-major, of segment
 // `segment` alone, or (segment -1) of the ensemble: the mean of every

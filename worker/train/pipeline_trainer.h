@@ -46,11 +46,13 @@ struct StageOptions {
   // Where to report progress and the stage's own series (both may be null).
   WorkerMetrics* metrics = nullptr;
   StageMetrics* stage_metrics = nullptr;
-  // The last stage (one replica) with training.test_every_epoch: the test
-  // set, and a client of no registration that reads every stage's
-  // parameters as each epoch ends, to score the whole chain on it. Both
+  // The last stage (one replica) with training.test_every_epoch or
+  // data.validation_fraction: the test set, the validation set (either may
+  // be null), and a client of no registration that reads every stage's
+  // parameters as each epoch ends, to score the whole chain on them. All
   // outlive the training.
   const Dataset* test = nullptr;
+  const Dataset* validation = nullptr;
   ParameterClient* reader = nullptr;
 };
 

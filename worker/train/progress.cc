@@ -114,20 +114,33 @@ absl::Status Progress::EndEpoch(uint32_t epoch, TrainReport* report) {
   record->set_blocked_seconds(absl::ToDoubleSeconds(w.blocked));
   record->set_mean_share(static_cast<double>(w.samples) / w.steps);
   record->set_compute_samples_per_second(w.samples / std::max(1e-9, absl::ToDoubleSeconds(w.compute)));
-  if (options_.test == nullptr) return absl::OkStatus();
+  if (options_.test == nullptr && options_.validation == nullptr) return absl::OkStatus();
   const absl::Time scoring = absl::Now();
-  SEGPS_RETURN_IF_ERROR(Score(epoch, record));
+  const size_t n = model_->num_params();
+  std::vector<std::vector<float>> segments(config_.model().segments_size());
+  segments[options_.segment].resize(n);
+  SEGPS_RETURN_IF_ERROR(backend_->Download(model_->params(), segments[options_.segment].data(), n * sizeof(float)));
+  SEGPS_RETURN_IF_ERROR(backend_->Synchronize());
+  if (options_.validation != nullptr) SEGPS_RETURN_IF_ERROR(Validate(epoch, segments, record));
+  if (options_.test != nullptr) SEGPS_RETURN_IF_ERROR(Score(epoch, segments, record));
   scoring_time_ += absl::Now() - scoring;
   return absl::OkStatus();
 }
 
-absl::Status Progress::Score(uint32_t epoch, v1::EpochRecord* record) {
-  const size_t n = model_->num_params();
-  std::vector<float> params(n);
-  SEGPS_RETURN_IF_ERROR(backend_->Download(model_->params(), params.data(), n * sizeof(float)));
-  SEGPS_RETURN_IF_ERROR(backend_->Synchronize());
-  std::vector<std::vector<float>> segments(config_.model().segments_size());
-  segments[options_.segment] = std::move(params);
+absl::Status Progress::Validate(uint32_t epoch, const std::vector<std::vector<float>>& segments,
+                                v1::EpochRecord* record) {
+  absl::StatusOr<std::vector<float>> probs =
+      Predict(config_.model(), *options_.validation, segments, options_.segment, backend_, rows_);
+  if (!probs.ok()) return probs.status();
+  record->set_validation_loss(MeanCrossEntropy(*probs, options_.validation->y));
+  record->set_validation_accuracy(Accuracy(*probs, options_.validation->y));
+  SEGPS_LOG_INFO << absl::StrFormat("%s: epoch %u validation loss %.4f acc %.4f", tag_, epoch + 1,
+                                    record->validation_loss(), record->validation_accuracy());
+  return absl::OkStatus();
+}
+
+absl::Status Progress::Score(uint32_t epoch, const std::vector<std::vector<float>>& segments,
+                             v1::EpochRecord* record) {
   absl::StatusOr<std::vector<float>> probs =
       Predict(config_.model(), *options_.test, segments, options_.segment, backend_, rows_);
   if (!probs.ok()) return probs.status();

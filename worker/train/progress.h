@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/time/clock.h"
@@ -72,8 +73,10 @@ class Progress {
   };
   void Log(uint64_t clock, const Throughput& throughput);
   absl::Status EndEpoch(uint32_t epoch, TrainReport* report);
-  // Scores the model's parameters on the test set into `record`.
-  absl::Status Score(uint32_t epoch, v1::EpochRecord* record);
+  // Scores the model's parameters (`segments`, this segment's filled in) on
+  // the validation set, and on the test set, into `record`.
+  absl::Status Validate(uint32_t epoch, const std::vector<std::vector<float>>& segments, v1::EpochRecord* record);
+  absl::Status Score(uint32_t epoch, const std::vector<std::vector<float>>& segments, v1::EpochRecord* record);
 
   const v1::JobConfig& config_;
   const TrainerOptions& options_;

@@ -351,25 +351,30 @@ absl::Status StageCompute::CloseEpoch(TrainReport* report) {
   record->set_accuracy(report->last_accuracy);
   record->set_samples_per_second(static_cast<double>(epoch_samples_) /
                                  std::max(1e-9, absl::ToDoubleSeconds(absl::Now() - epoch_start_)));
-  if (options_.test == nullptr || options_.reader == nullptr) return absl::OkStatus();
-  absl::StatusOr<double> accuracy = ScoreChain();
-  if (!accuracy.ok()) return accuracy.status();
-  record->set_test_accuracy(*accuracy);
-  SEGPS_LOG_INFO << absl::StrFormat("%s: epoch %u test accuracy %.4f of the whole chain, after %.2f s of training",
-                                    tag_, record->epoch(), *accuracy, record->train_seconds());
-  return absl::OkStatus();
-}
-
-// Every stage's parameters as the servers hold them now (a stage's
-// neighbours are within the pipeline's depth of this epoch's end), through
-// all the stages, on the test set.
-absl::StatusOr<double> StageCompute::ScoreChain() {
+  if (options_.reader == nullptr || (options_.test == nullptr && options_.validation == nullptr)) {
+    return absl::OkStatus();
+  }
+  // Every stage's parameters as the servers hold them now (a stage's
+  // neighbours are within the pipeline's depth of this epoch's end).
   absl::StatusOr<std::vector<std::vector<float>>> params =
       PullParameters(*options_.reader, config_.model(), config_.cluster().num_servers());
   if (!params.ok()) return params.status();
-  absl::StatusOr<std::vector<float>> probs = Predict(config_.model(), *options_.test, *params, -1, backend_);
-  if (!probs.ok()) return probs.status();
-  return Accuracy(*probs, options_.test->y);
+  if (options_.validation != nullptr) {
+    absl::StatusOr<std::vector<float>> probs = Predict(config_.model(), *options_.validation, *params, -1, backend_);
+    if (!probs.ok()) return probs.status();
+    record->set_validation_loss(MeanCrossEntropy(*probs, options_.validation->y));
+    record->set_validation_accuracy(Accuracy(*probs, options_.validation->y));
+    SEGPS_LOG_INFO << absl::StrFormat("%s: epoch %u validation loss %.4f acc %.4f of the whole chain", tag_,
+                                      record->epoch(), record->validation_loss(), record->validation_accuracy());
+  }
+  if (options_.test != nullptr) {
+    absl::StatusOr<std::vector<float>> probs = Predict(config_.model(), *options_.test, *params, -1, backend_);
+    if (!probs.ok()) return probs.status();
+    record->set_test_accuracy(Accuracy(*probs, options_.test->y));
+    SEGPS_LOG_INFO << absl::StrFormat("%s: epoch %u test accuracy %.4f of the whole chain, after %.2f s of training",
+                                      tag_, record->epoch(), record->test_accuracy(), record->train_seconds());
+  }
+  return absl::OkStatus();
 }
 
 absl::Status StageCompute::Complete(TrainReport* report) {

@@ -51,9 +51,9 @@ class StageCompute final : public StepCompute {
   StageCompute(const v1::JobConfig& config, const StageOptions& options, const Dataset* train, Backend* backend,
                SegmentModel model, uint32_t slots);
   // The last stage's record of the epoch that ends, in the report's
-  // history, with the whole chain's test accuracy where it scores one.
+  // history, with the whole chain's validation and test scores where it
+  // keeps them.
   absl::Status CloseEpoch(TrainReport* report);
-  absl::StatusOr<double> ScoreChain();
   // A micro-batch's forward and backward; `first`: its first row in the
   // model's slots. The last stage's forward adds its loss to `clock_stats`.
   absl::Status Forward(uint64_t clock, uint32_t m, uint32_t rows, int first, BatchStats* clock_stats);

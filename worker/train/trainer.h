@@ -34,6 +34,8 @@ struct TrainerOptions {
   bool progress_bar = false;
   // When set, the segment is scored on it after every epoch.
   const Dataset* test = nullptr;
+  // data.validation_fraction's rows: when set, scored after every epoch.
+  const Dataset* validation = nullptr;
   // With `test`: receives the segment's test-set probabilities [test rows x
   // classes] after every epoch (for the ensemble's history). May be null.
   std::vector<std::vector<float>>* test_probabilities = nullptr;
