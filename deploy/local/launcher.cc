@@ -91,10 +91,13 @@ using segps::Describe;
 using segps::Launcher;
 using segps::Succeeded;
 
-// Whether stdout is a terminal that takes cursor movements: progress is then redrawn in place.
-bool LiveTerminal() {
+// Whether stdout is a terminal that takes cursor movements and has room
+// for `lines` progress lines below what scrolls: progress is then redrawn in place.
+bool LiveTerminal(int lines) {
   const char* term = std::getenv("TERM");
-  return isatty(STDOUT_FILENO) != 0 && term != nullptr && std::string(term) != "dumb";
+  winsize size{};
+  const bool room = ioctl(STDOUT_FILENO, TIOCGWINSZ, &size) != 0 || size.ws_row == 0 || lines + 2 <= size.ws_row;
+  return isatty(STDOUT_FILENO) != 0 && term != nullptr && std::string(term) != "dumb" && room;
 }
 
 int TerminalWidth() {
@@ -465,7 +468,7 @@ class LocalJob {
   absl::Time t0_;
   // Made once the job's files are ready (it takes over the job's signals);
   // declared after the directories, so that its processes end before those are removed.
-  segps::Console console_{&std::cout, absl::GetFlag(FLAGS_verbose), LiveTerminal(), TerminalWidth()};
+  segps::Console console_{&std::cout, absl::GetFlag(FLAGS_verbose), LiveTerminal(segments_), TerminalWidth()};
   std::optional<Launcher> launcher_;
   std::map<std::pair<int, uint32_t>, std::string> stage_links_;
   std::vector<Child*> workers_, servers_;
