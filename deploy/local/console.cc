@@ -97,7 +97,7 @@ bool Console::Shown(const std::string& process, char level, const std::string& m
 
 void Console::Line(const std::string& process, const std::string& line, absl::Time now) {
   const auto [level, message] = SplitLevel(line);
-  if (level == 'I' && process.find('/') != std::string::npos) {
+  if (level == 'I' && process.find('/') != std::string::npos) {  // a worker's progress
     if (std::optional<Progress> progress = ParseProgress(message)) {
       if (live_ && !ended_) {
         Update(*progress, now);
@@ -107,7 +107,8 @@ void Console::Line(const std::string& process, const std::string& line, absl::Ti
       return;
     }
   }
-  if (const size_t done = message.find(": done: "); live_ && !ended_ && done != std::string::npos) {
+  const bool worker = process.find('/') != std::string::npos;
+  if (const size_t done = message.find(": done: "); worker && live_ && !ended_ && done != std::string::npos) {
     Bar& bar = BarOf(message.substr(0, done));  // the worker's tag is its segment's name here
     bar.text = "done";
     bar.left.clear();
