@@ -281,7 +281,7 @@ void WriteResumableTeacher(const std::string& path, const std::string& optimizer
   std::string job = ReadFile(Config("teacher.pbtxt"));
   job.replace(job.find("optimizer { kind: ADAM learning_rate: 0.003 }"), 45, optimizer);
   job.replace(job.find("epochs: 6 staleness: 2 workers_per_segment: 2"), 45,
-              "epochs: 12 staleness: 0 workers_per_segment: 1 log_interval_s: 0.01");
+              "epochs: 8 staleness: 0 workers_per_segment: 1 log_interval_s: 0.01");
   job.replace(job.find("units: 64"), 9, absl::StrCat("units: ", units));
   WriteFile(path, job);
 }
@@ -309,9 +309,9 @@ TEST(Cluster, CtrlCThenTheSameCommandResumesAndEqualsTheUninterruptedRun) {
   std::unique_ptr<Subprocess> stopped = run(here, dir);
   ASSERT_TRUE(stopped->WaitForLine("checkpoints in segps-runs/teacher (the same command resumes the job)",
                                    absl::Minutes(1)).has_value()) << stopped->output();
-  // Both segments (independent at staleness 0) into their fifth epoch.
+  // Both segments (independent at staleness 0) into their fourth epoch.
   for (bool relu = false, tanh = false; !relu || !tanh;) {
-    const std::optional<std::string> line = stopped->WaitForLine(": epoch 5/12", absl::Minutes(2));
+    const std::optional<std::string> line = stopped->WaitForLine(": epoch 4/8", absl::Minutes(2));
     ASSERT_TRUE(line.has_value()) << stopped->output();
     relu |= line->find("relu64/0:") != std::string::npos;
     tanh |= line->find("tanh128/0:") != std::string::npos;
@@ -325,14 +325,14 @@ TEST(Cluster, CtrlCThenTheSameCommandResumesAndEqualsTheUninterruptedRun) {
   EXPECT_NE(resumed->output().find("resuming the job from its checkpoints in segps-runs/teacher"), std::string::npos)
       << resumed->output();
   EXPECT_NE(resumed->output().find("restored relu64 at clock"), std::string::npos) << resumed->output();
-  EXPECT_EQ(resumed->output().find(": epoch 1/12"), std::string::npos) << "it started over:\n" << resumed->output();
+  EXPECT_EQ(resumed->output().find(": epoch 1/8"), std::string::npos) << "it started over:\n" << resumed->output();
   EXPECT_TRUE(ReadFile(dir + "/relu64.npy") + ReadFile(dir + "/tanh128.npy") == reference_params)
       << "the resumed job's model differs from the uninterrupted job's";
 
   std::unique_ptr<Subprocess> fresh = run(here, dir, {"--fresh"});
   ASSERT_TRUE(ExitedOk(fresh->Wait(absl::Minutes(3)).value_or(-1))) << fresh->output();
   EXPECT_EQ(fresh->output().find("restored"), std::string::npos) << fresh->output();
-  EXPECT_NE(fresh->output().find("relu64/0: epoch 1/12"), std::string::npos) << fresh->output();
+  EXPECT_NE(fresh->output().find("relu64/0: epoch 1/8"), std::string::npos) << fresh->output();
   EXPECT_TRUE(ReadFile(dir + "/relu64.npy") + ReadFile(dir + "/tanh128.npy") == reference_params);
 
   WriteResumableTeacher(config, "optimizer { kind: ADAM learning_rate: 0.001 }", 64);
