@@ -317,6 +317,12 @@ read_ms=$(sed -n 's/.*restored .* read in \([0-9.]*\) ms.*/\1/p' "$out/kill_run.
 recovery=$(awk -v a="$last_rejoin" -v b="$kill_s" 'BEGIN{ if (a=="") print ""; else printf "%.3f", a-b }')
 echo "recovery: server 1 killed at $killed_at; every worker training again after ${recovery:-n/a} s (checkpoints read in $read_ms ms); accuracy $(sed -n 's/.*"ensemble": {"name": "ensemble", "accuracy": \([0-9.]*\).*/\1/p' "$out/k.json")"
 target recovery_seconds_vs_2s_plus_read "$(div "$recovery" "$(awk -v r="$read_ms" 'BEGIN{print 2 + r/1000}')")" 1.0 le
+# A burst: 10 kill -9s of alternating servers about 0.8 s apart, each started
+# again at once (tests/bench/burst.sh); from the last restart to every worker
+# training again, against 1 s plus the checkpoints that restart read.
+bash tests/bench/burst.sh "$bin" "$out/burst" | tee "$out/burst.txt"
+burst=$(result burst_recovery_seconds "$out/burst.txt"); burst_read=$(result burst_read_ms "$out/burst.txt")
+target recovery_seconds_after_burst_vs_1s_plus_read "$(div "$burst" "$(awk -v r="$burst_read" 'BEGIN{print 1 + r/1000}')")" 1.0 le
 
 echo "== 10. load balancing: one worker's compute 3x slower (--straggler_factor 3), staleness 2"
 # Each row: medians of 3 alternating runs: static slices (batch_size each)
