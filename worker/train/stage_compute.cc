@@ -358,7 +358,10 @@ absl::Status StageCompute::CloseEpoch(TrainReport* report) {
   // neighbours are within the pipeline's depth of this epoch's end).
   absl::StatusOr<std::vector<std::vector<float>>> params =
       PullParameters(*options_.reader, config_.model(), config_.cluster().num_servers());
-  if (!params.ok()) return params.status();
+  if (!params.ok()) {  // a server restarting: the epoch goes unscored, the chain trains on
+    SEGPS_LOG_WARNING << tag_ << ": epoch " << record->epoch() << " is not scored: " << params.status().message();
+    return absl::OkStatus();
+  }
   if (options_.validation != nullptr) {
     absl::StatusOr<std::vector<float>> probs = Predict(config_.model(), *options_.validation, *params, -1, backend_);
     if (!probs.ok()) return probs.status();
