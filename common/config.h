@@ -68,8 +68,13 @@ std::vector<std::string> FingerprintDifferences(const v1::JobConfig& config, con
 // clip_gradient_norm), which servers apply from the config they run with
 // and no saved state depends on.
 std::string CheckpointFingerprint(const v1::JobConfig& config);
-// Whether a FingerprintDifferences line is of such a setting.
-bool ChangesBetweenRuns(const std::string& difference);
+// FingerprintDifferences split: those of such settings (a resume takes
+// them) and the rest (a resume must refuse them).
+struct ResumeDifferences {
+  std::vector<std::string> allowed, refused;
+};
+ResumeDifferences CompareForResume(const v1::JobConfig& config, const std::string& recorded,
+                                   const std::string& where);
 
 }  // namespace segps
 

@@ -121,26 +121,30 @@ std::vector<std::string> FingerprintDifferences(const v1::JobConfig& config, con
 
 namespace {
 
-constexpr const char* kChangesBetweenRuns[] = {"optimizer.learning_rate", "optimizer.schedule", "optimizer.clip_value",
-                                               "optimizer.clip_gradient_norm"};
+// The optimizer settings that may change between runs of one job: the
+// servers apply them from the config they run with, and no state depends on them.
+constexpr const char* kChangesBetweenRuns[] = {"learning_rate", "schedule", "clip_value", "clip_gradient_norm"};
 
 }  // namespace
 
 std::string CheckpointFingerprint(const v1::JobConfig& config) {
   v1::JobConfig resumable = config;
   v1::OptimizerConfig* optimizer = resumable.mutable_optimizer();
-  optimizer->clear_learning_rate();
-  optimizer->clear_schedule();
-  optimizer->clear_clip_value();
-  optimizer->clear_clip_gradient_norm();
+  for (const char* name : kChangesBetweenRuns) {
+    optimizer->GetReflection()->ClearField(optimizer, optimizer->GetDescriptor()->FindFieldByName(name));
+  }
   return ModelFingerprint(resumable);
 }
 
-bool ChangesBetweenRuns(const std::string& difference) {
-  for (const char* path : kChangesBetweenRuns) {
-    if (difference.rfind(path, 0) == 0) return true;
+ResumeDifferences CompareForResume(const v1::JobConfig& config, const std::string& recorded,
+                                   const std::string& where) {
+  ResumeDifferences out;
+  for (std::string& difference : FingerprintDifferences(config, recorded, where)) {
+    bool allowed = false;
+    for (const char* name : kChangesBetweenRuns) allowed |= difference.rfind(absl::StrCat("optimizer.", name), 0) == 0;
+    (allowed ? out.allowed : out.refused).push_back(std::move(difference));
   }
-  return false;
+  return out;
 }
 
 }  // namespace segps

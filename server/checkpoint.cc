@@ -216,15 +216,12 @@ absl::StatusOr<ShardState> CheckpointStore::Read(int segment, uint64_t clock) co
   if (!file.ok()) return file.status();
   auto corrupt = [&](const std::string& what) { return absl::DataLossError(absl::StrCat(path, ": ", what)); };
   ShardState state;
-  for (std::string& difference : FingerprintDifferences(config_, file->Field("segps.config"), "the checkpoint")) {
-    if (ChangesBetweenRuns(difference)) state.changed.push_back(std::move(difference));
-  }
+  ResumeDifferences differ = CompareForResume(config_, file->Field("segps.config"), "the checkpoint");
+  state.changed = std::move(differ.allowed);
   if (file->Field("segps.checkpoint_fingerprint") != checkpoint_fingerprint_) {
-    std::vector<std::string> differ = FingerprintDifferences(config_, file->Field("segps.config"), "the checkpoint");
-    differ.erase(std::remove_if(differ.begin(), differ.end(), ChangesBetweenRuns), differ.end());
-    if (!differ.empty()) {
+    if (!differ.refused.empty()) {
       return absl::FailedPreconditionError(absl::StrCat(
-          path, ": a checkpoint of another model or optimizer: ", absl::StrJoin(differ, "; "),
+          path, ": a checkpoint of another model or optimizer: ", absl::StrJoin(differ.refused, "; "),
           ". Resume with the checkpoint's settings, or start over (segps-local --fresh), or move the directory "
           "away or use another --checkpoint_dir"));
     }
@@ -529,8 +526,8 @@ absl::Status SplitCheckpoint(const std::string& merged, const v1::JobConfig& con
     return absl::InvalidArgumentError(absl::StrCat(merged, ": not a merged checkpoint (segps-checkpoint merge)"));
   }
   if (field("segps.checkpoint_fingerprint") != CheckpointFingerprint(config)) {
-    std::vector<std::string> differ = FingerprintDifferences(config, field("segps.config"), "the checkpoint");
-    differ.erase(std::remove_if(differ.begin(), differ.end(), ChangesBetweenRuns), differ.end());
+    const std::vector<std::string> differ =
+        CompareForResume(config, field("segps.config"), "the checkpoint").refused;
     return absl::FailedPreconditionError(absl::StrCat(
         merged, ": a checkpoint of another model or optimizer",
         differ.empty() ? absl::StrCat(" (checkpoint fingerprint ", field("segps.checkpoint_fingerprint"),

@@ -49,7 +49,7 @@ struct ShardState {
   std::vector<std::vector<float>> slots;  // optimizer state, in Optimizer::SlotNames order
   std::vector<TableState> tables;         // the segment's embedding tables' rows held here
   // Read: settings the config changed from the checkpoint's that a resume
-  // takes (ChangesBetweenRuns): "optimizer.learning_rate: 0.01 here, 0.001 in the checkpoint".
+  // takes (CompareForResume): "optimizer.learning_rate: 0.01 here, 0.001 in the checkpoint".
   std::vector<std::string> changed;
 };
 

@@ -137,7 +137,7 @@ TEST(Checkpoint, DamagedOrTruncatedNewestFallsBackToThePreviousNamingTheFile) {
 // Refused naming each field that differs, with both values, and the
 // server count (a matter of re-cutting the files, not of the model); only
 // the optimizer settings that change between runs of one job
-// (ChangesBetweenRuns) resume, and the refusal names neither those nor a
+// (CompareForResume) resume, and the refusal names neither those nor a
 // fingerprint.
 TEST(Checkpoint, AnotherJobsCheckpointIsRefusedNamingWhatDiffers) {
   const std::string dir = MakeTempDir();
