@@ -8,6 +8,7 @@
 #include <sstream>
 #include <vector>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/config_hints.h"
@@ -269,6 +270,15 @@ absl::Status ValidateSegments(v1::JobConfig& c, const Locator& at) {
     }
     if (seg->name().empty()) {
       return at.Error({{"model", -1}, {"segments", k}, {"name", -1}}, "is required");
+    }
+    // A segment's name names its folder of checkpoints (which segps-local
+    // --fresh deletes) and its tensors: one path component, never "." or "..".
+    if (seg->name().size() > 100 || seg->name()[0] == '.' ||
+        seg->name().find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-") !=
+            std::string::npos) {
+      return at.Error({{"model", -1}, {"segments", k}, {"name", -1}},
+                      absl::StrCat("\"", absl::CHexEscape(seg->name()),
+                                   "\" must be 1 to 100 letters, digits, '_', '-' or '.', not starting with '.'"));
     }
     for (int j = 0; j < k; ++j) {
       if (model->segments(j).name() == seg->name()) {

@@ -150,6 +150,8 @@ TEST(Config, RejectsEachBrokenField) {
       {"units: 64 activation: RELU", "units: 64 activation: SOFTMAX", "only allowed on a segment's last layer"},
       {"units: 64 activation: RELU", "units: 64", "activation: is required"},
       {"units: 64 activation: RELU", "units: 64 activation: 9", "layers[0].activation: 9 is no activation"},
+      {"name: \"a\"", "name: \"../a\"", "segments[0].name: \"../a\" must be 1 to 100 letters, digits"},
+      {"name: \"a\"", "name: \"a b\"", "segments[0].name: \"a b\" must be"},
       {"units: 64 activation: RELU", "units: 64 activation: RELU dropout: 1",
        "layers[0].dropout: must be in [0, 1) on a layer that does not end in SOFTMAX, got 1"},
       {"units: 10 activation: SOFTMAX", "units: 10 activation: SOFTMAX dropout: 0.1", "layers[1].dropout: must be"},

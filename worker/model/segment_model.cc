@@ -49,9 +49,9 @@ absl::StatusOr<SegmentModel> SegmentModel::Create(Backend* backend, const v1::Mo
   for (size_t l = 1; l < m.widths_.size(); ++l) {
     m.acts_.emplace_back();
     SEGPS_RETURN_IF_ERROR(alloc(&m.acts_.back(), static_cast<size_t>(max_batch) * m.widths_[l] * fb));
-    m.kept_.emplace_back();
+    m.unmasked_.emplace_back();
     if (m.dropout_[l - 1] > 0) {
-      SEGPS_RETURN_IF_ERROR(alloc(&m.kept_.back(), static_cast<size_t>(max_batch) * m.widths_[l] * fb));
+      SEGPS_RETURN_IF_ERROR(alloc(&m.unmasked_.back(), static_cast<size_t>(max_batch) * m.widths_[l] * fb));
     }
   }
   SEGPS_RETURN_IF_ERROR(alloc(&m.logits_, static_cast<size_t>(max_batch) * m.widths_.back() * fb));
@@ -81,16 +81,16 @@ absl::StatusOr<SegmentModel> SegmentModel::Create(Backend* backend, const v1::Mo
 
 absl::Status SegmentModel::DropOut(size_t l, float* y, size_t n, uint64_t first, std::optional<uint64_t> seed) {
   if (!seed.has_value() || dropout_[l] <= 0) return absl::OkStatus();
-  float* kept = kept_[l].data() + first;
-  SEGPS_RETURN_IF_ERROR(backend_->Dropout(y, kept, n, 0.0f, 0, 0));  // rate 0 keeps every element: a copy
-  return backend_->Dropout(kept, y, n, dropout_[l], Mix64(*seed + l), first);
+  float* unmasked = unmasked_[l].data() + first;
+  SEGPS_RETURN_IF_ERROR(backend_->Dropout(y, unmasked, n, 0.0f, 0, 0));  // rate 0 keeps every element: a copy
+  return backend_->Dropout(unmasked, y, n, dropout_[l], Mix64(*seed + l), first);
 }
 
 absl::StatusOr<const float*> SegmentModel::UndoDropout(size_t l, float* delta, size_t n, uint64_t first,
                                                        std::optional<uint64_t> seed) {
   if (!seed.has_value() || dropout_[l] <= 0) return acts_[l].data() + first;
   SEGPS_RETURN_IF_ERROR(backend_->Dropout(delta, delta, n, dropout_[l], Mix64(*seed + l), first));
-  return kept_[l].data() + first;
+  return unmasked_[l].data() + first;
 }
 
 uint64_t DropoutSeed(uint64_t seed, int segment, uint32_t rank, uint64_t clock) {

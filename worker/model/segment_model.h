@@ -114,7 +114,7 @@ class SegmentModel {
   Buffer inputs_[kInputSlots], labels_[kInputSlots];
   std::vector<Buffer> acts_;    // per layer output [max_batch x units]; last = probabilities
   std::vector<float> dropout_;  // per layer rate
-  std::vector<Buffer> kept_;    // per layer with dropout: its outputs before the mask
+  std::vector<Buffer> unmasked_;    // per layer with dropout: its outputs before the mask
   Buffer logits_, delta_a_, delta_b_;
   // Pipeline stages only: the gradients at the stage's edges, the last
   // stage's loss gradient per micro-batch, and a column of ones (a bias
