@@ -3,12 +3,15 @@
 //   segps-local --config job.pbtxt [--report report.json] [--device cpu] [--cpu_threads 1] [--apply_threads 1]
 //               [--export model.safetensors] [--onnx model.onnx]
 //
-// Starts the config's servers on free loopback ports and, alongside them,
-// one worker process per (segment, rank), which loads its data and then reads
-// the servers' addresses from stdin; relays their output line by line with a
-// prefix, runs segps-eval when every worker has finished, and prints its
-// report (then segps-export, if asked). Exits non-zero if any process failed. Every child dies with the launcher: on
-// Ctrl-C, SIGTERM, an error, or the launcher's own death (PR_SET_PDEATHSIG).
+// Starts the config's servers on free loopback ports, with their checkpoints
+// in segps-runs/<job name> (the same command resumes a stopped job), and,
+// alongside them, one worker process per (segment, rank), which loads its
+// data and then reads the servers' addresses from stdin; shows what a user
+// needs of their output (deploy/local/console.h), runs segps-eval when every
+// worker has finished, and prints its report (then segps-export, if asked).
+// Exits non-zero if any process failed. Every child dies with the launcher
+// (deploy/local/processes.h): on Ctrl-C, SIGTERM, an error, or the
+// launcher's own death.
 #include <signal.h>
 #include <sys/ioctl.h>
 #include <sys/wait.h>
