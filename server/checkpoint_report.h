@@ -1,8 +1,8 @@
 // What a server says about its checkpoints. The first of each segment is
 // told in full (clock, file, time taken); after it, at most one line a
-// segment every `interval`, summing up what was written and skipped
+// segment every `interval`, summing up what was written and what waited
 // meanwhile: a job that cuts every few clocks would otherwise log a line
-// per cut, and a disk slower than the cuts a line per skip. The first skip
+// per cut, and a disk slower than the cuts a line per wait. The first wait
 // of a segment is told at once, as a warning. Failures are not summed up:
 // the server logs each.
 //
@@ -44,17 +44,20 @@ class CheckpointReport {
     return Due(segment, &t, now);
   }
 
-  // A cut of `segment` at `clock` was dropped for a newer one before the
-  // disk took it: the line to log, if one is due.
-  std::optional<std::string> Skipped(const std::string& segment, uint64_t clock, absl::Time now) {
+  // The cut of `segment` at `clock` waits for the disk to take the one
+  // before it (asked again while it waits: each clock counts once): the
+  // line to log, if one is due.
+  std::optional<std::string> Waited(const std::string& segment, uint64_t clock, absl::Time now) {
     MutexLock lock(&mu_);
     Tally& t = tallies_[segment];
-    ++t.skipped;
+    if (t.waited_clock == clock) return std::nullopt;
+    t.waited_clock = clock;
+    ++t.waited;
     if (!t.warned) {
       t.warned = true;
       return absl::StrCat("server ", server_, ": checkpoint of ", segment, " at clock ", clock,
-                          " skipped: the disk is slower than checkpoint.every_clocks (further skips are counted in "
-                          "the summary)");
+                          " waits for the disk to take the one before it, and the pushes of that clock wait with it: "
+                          "the disk is slower than checkpoint.every_clocks (further waits are counted in the summary)");
     }
     return Due(segment, &t, now);
   }
@@ -63,19 +66,20 @@ class CheckpointReport {
   struct Tally {
     bool told = false, warned = false;
     absl::Time since;
-    uint64_t written = 0, skipped = 0;
+    uint64_t written = 0, waited = 0;
+    std::optional<uint64_t> waited_clock;
     std::string newest;
   };
 
   std::optional<std::string> Due(const std::string& segment, Tally* t, absl::Time now)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    if (now - t->since < interval_ || (t->written == 0 && t->skipped == 0)) return std::nullopt;
+    if (now - t->since < interval_ || (t->written == 0 && t->waited == 0)) return std::nullopt;
     std::string line = absl::StrCat("server ", server_, ": checkpoints of ", segment, " in the last ",
                                     absl::FormatDuration(now - t->since), ": ", t->written, " written (newest at ",
                                     t->newest, ")");
-    if (t->skipped > 0) absl::StrAppend(&line, ", ", t->skipped, " skipped (the disk is slower than the cuts)");
+    if (t->waited > 0) absl::StrAppend(&line, ", ", t->waited, " waited for the disk (it is slower than the cuts)");
     t->since = now;
-    t->written = t->skipped = 0;
+    t->written = t->waited = 0;
     return line;
   }
 

@@ -67,12 +67,13 @@ ParameterServer::~ParameterServer() {
 void ParameterServer::WriteCheckpoints() {
   MutexLock lock(&writer_mu_);
   while (true) {
-    while (cuts_.empty() && !writer_stop_) writer_wake_.Wait(&writer_mu_);
-    if (cuts_.empty()) return;
-    auto [segment, state] = *cuts_.begin();
-    cuts_.erase(cuts_.begin());
+    while (to_write_.empty() && !writer_stop_) writer_wake_.Wait(&writer_mu_);
+    if (to_write_.empty()) return;
+    auto [segment, state] = std::move(to_write_.front());
+    to_write_.pop_front();
     writing_ = true;
     writer_mu_.Unlock();
+    shards_[segment]->CutRoomMade();
     const absl::Time start = absl::Now();
     absl::Status written = store_->Write(segment, *state);
     if (written.ok()) {
@@ -95,7 +96,7 @@ void ParameterServer::WriteCheckpoints() {
 void ParameterServer::FlushCheckpoints() {
   if (!writer_.joinable()) return;
   MutexLock lock(&writer_mu_);
-  while (!cuts_.empty() || writing_) writer_wake_.Wait(&writer_mu_);
+  while (!to_write_.empty() || writing_) writer_wake_.Wait(&writer_mu_);
 }
 
 absl::StatusOr<std::unique_ptr<ParameterServer>> ParameterServer::Create(const v1::JobConfig& config,
@@ -162,15 +163,20 @@ ShardOptions ParameterServer::ShardOptionsFor(int k) {
     options.checkpoint_interval = absl::Seconds(config.checkpoint().every_seconds());
     options.on_checkpoint = [this, k](std::shared_ptr<const ShardState> state) {
       MutexLock lock(&writer_mu_);
-      auto& pending = cuts_[k];
-      if (pending != nullptr) {
+      to_write_.emplace_back(k, std::move(state));
+      writer_wake_.SignalAll();
+    };
+    options.cut_room = [this, k](uint64_t clock) {
+      MutexLock lock(&writer_mu_);
+      for (const auto& [segment, state] : to_write_) {
+        if (segment != k) continue;
         if (std::optional<std::string> line =
-                checkpoint_report_.Skipped(config_.model().segments(k).name(), pending->clock, clock_->Now())) {
+                checkpoint_report_.Waited(config_.model().segments(k).name(), clock, clock_->Now())) {
           SEGPS_LOG_WARNING << *line;
         }
+        return false;
       }
-      pending = std::move(state);
-      writer_wake_.SignalAll();
+      return true;
     };
   }
   return options;

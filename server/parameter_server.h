@@ -8,6 +8,7 @@
 #define SEGPS_SERVER_PARAMETER_SERVER_H_
 
 #include <atomic>
+#include <deque>
 #include <map>
 #include <memory>
 #include <optional>
@@ -201,7 +202,10 @@ class ParameterServer {
   void WriteCheckpoints();
   Mutex writer_mu_;
   CondVar writer_wake_;
-  std::map<int, std::shared_ptr<const ShardState>> cuts_ ABSL_GUARDED_BY(writer_mu_);
+  // Cuts taken and not yet being written, oldest first: at most one a
+  // segment, as a cut waits for room (ShardOptions::cut_room), besides a
+  // segment's final one.
+  std::deque<std::pair<int, std::shared_ptr<const ShardState>>> to_write_ ABSL_GUARDED_BY(writer_mu_);
   bool writing_ ABSL_GUARDED_BY(writer_mu_) = false;
   bool writer_stop_ ABSL_GUARDED_BY(writer_mu_) = false;
   std::thread writer_;  // joinable with a checkpoint dir

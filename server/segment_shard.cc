@@ -252,7 +252,18 @@ std::optional<v1::SharePlan> SegmentShard::PlanFrom(uint64_t clock) {
 }
 
 void SegmentShard::MaybeCheckpoint(absl::Time now) {
-  if (clocks_.live() > 0 && cuts_.Due(clocks_.SegmentClock(), now)) Cut(now);
+  if (clocks_.live() == 0 || !cuts_.Due(clocks_.SegmentClock(), now)) return;
+  if (options_.cut_room && !options_.cut_room(cuts_.next())) return;  // waits for the disk
+  Cut(now);
+}
+
+void SegmentShard::CutRoomMade() {
+  Completions ready;
+  {
+    MutexLock lock(&mu_);
+    Resume(options_.clock->Now(), &ready);
+  }
+  for (auto& complete : ready) std::move(complete)();
 }
 
 void SegmentShard::Cut(absl::Time now) {

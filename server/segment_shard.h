@@ -127,6 +127,12 @@ struct ShardOptions {
   RowBudget* row_budget = nullptr;
   // Takes each cut, under the shard's lock: it must only hand it on.
   std::function<void(std::shared_ptr<const ShardState>)> on_checkpoint;
+  // Whether on_checkpoint can take the cut at `clock` now; false while the
+  // segment's previous cut still waits for the disk. The due cut then
+  // waits, and the pushes at or past it with it (call CutRoomMade when
+  // room is made): no cut clock is ever skipped, so every server holds
+  // the same clocks and a recovery finds one they share. Null: always.
+  std::function<bool(uint64_t clock)> cut_room;
 };
 
 // What Register decided.
@@ -211,6 +217,9 @@ class SegmentShard {
   // Expires leases and fails the waits whose deadline has passed, at the
   // clock's time. A waiting worker's lease is renewed: it is alive.
   void Tick();
+  // The disk took the segment's previous cut: a cut that waited is taken
+  // now, and the pushes held behind it go on.
+  void CutRoomMade();
   // Fails every waiting call with UNAVAILABLE (`why`) and refuses to park
   // new ones: a server that is shutting down answers rather than waits.
   void Drain(const std::string& why);

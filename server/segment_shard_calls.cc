@@ -194,6 +194,10 @@ void SegmentShard::StartPush(std::unique_ptr<Waiter> waiter, absl::Time now, Com
 
 absl::Status SegmentShard::Late(const Worker& w, const Waiter& push) const {
   if (w.next_clock != push.clock || w.applied != push.first) return Skipped(w, push);
+  if (WaitsForCut(push) && clocks_.SegmentClock() >= cuts_.next()) {
+    return absl::UnavailableError(absl::StrCat("Push: clock ", push.clock, " waits for the checkpoint at clock ",
+                                               cuts_.next(), ", which waits for the disk to take the one before it"));
+  }
   if (WaitsForCut(push)) {
     return absl::UnavailableError(absl::StrCat("Push: clock ", push.clock, " waits for the checkpoint at clock ",
                                                cuts_.next(), ", which needs ", clocks_.Laggard(), " to push clock ",

@@ -173,32 +173,33 @@ TEST(Checkpoint, AnotherJobsCheckpointIsRefusedNamingWhatDiffers) {
   }
 }
 
-// A cut every few clocks logs its first checkpoint, its first skip, and
-// then one line a segment an interval, summing up what happened.
+// A cut every few clocks logs its first checkpoint, its first wait for the
+// disk, and then one line a segment an interval, summing up what happened.
 TEST(CheckpointReport, TellsTheFirstAndThenSumsUpAnIntervalAtATime) {
   CheckpointReport report(1, absl::Seconds(30));
   const absl::Time t0 = absl::FromUnixSeconds(1000);
   std::optional<std::string> first = report.Written("relu64", 0, "/ck/relu64/0", absl::Milliseconds(2), t0);
   ASSERT_TRUE(first.has_value());
   EXPECT_NE(first->find("server 1: checkpoint of relu64 at clock 0 written to /ck/relu64/0"), std::string::npos) << *first;
-  std::optional<std::string> skip = report.Skipped("relu64", 7, t0 + absl::Seconds(1));
-  ASSERT_TRUE(skip.has_value());
-  EXPECT_NE(skip->find("checkpoint of relu64 at clock 7 skipped"), std::string::npos) << *skip;
+  std::optional<std::string> wait = report.Waited("relu64", 7, t0 + absl::Seconds(1));
+  ASSERT_TRUE(wait.has_value());
+  EXPECT_NE(wait->find("checkpoint of relu64 at clock 7 waits for the disk"), std::string::npos) << *wait;
   // Another segment is told on its own.
   EXPECT_TRUE(report.Written("tanh128", 0, "/ck/tanh128/0", absl::Milliseconds(2), t0).has_value());
   int lines = 0;
-  for (int i = 1; i <= 100; ++i) {  // a cut every 0.2 s for 20 s, every other one skipped
+  for (int i = 1; i <= 100; ++i) {  // a cut every 0.2 s for 20 s, every other one waiting (asked twice)
     const absl::Time now = t0 + absl::Milliseconds(200 * i);
     lines += report.Written("relu64", 14 * i, "/ck/relu64/" + std::to_string(14 * i), absl::Milliseconds(2), now)
                  .has_value();
-    lines += report.Skipped("relu64", 14 * i + 7, now).has_value();
+    lines += report.Waited("relu64", 14 * i + 7, now).has_value();
+    lines += report.Waited("relu64", 14 * i + 7, now).has_value();
   }
   EXPECT_EQ(lines, 0) << "within the interval nothing more is said";
   std::optional<std::string> summary =
       report.Written("relu64", 1414, "/ck/relu64/1414", absl::Milliseconds(2), t0 + absl::Seconds(31));
   ASSERT_TRUE(summary.has_value());
   EXPECT_NE(summary->find("checkpoints of relu64 in the last 31s: 101 written (newest at clock 1414, /ck/relu64/1414), "
-                          "101 skipped"),
+                          "101 waited for the disk"),
             std::string::npos)
       << *summary;
 }

@@ -76,6 +76,7 @@ class SegmentShardTest : public ::testing::Test {
     options.hold_for_joiners = hold_for_joiners;
     options.batch_size = batch_size;
     options.on_checkpoint = [this](std::shared_ptr<const ShardState> cut) { cuts_.push_back(std::move(cut)); };
+    options.cut_room = [this](uint64_t) { return disk_has_room_; };
     return std::make_unique<SegmentShard>(options, std::vector<float>(kSize, 0.0f), *CreateOptimizer(sgd, kSize));
   }
 
@@ -127,6 +128,7 @@ class SegmentShardTest : public ::testing::Test {
 
   FakeClock clock_;
   std::vector<std::shared_ptr<const ShardState>> cuts_;  // the checkpoints cut, in order
+  bool disk_has_room_ = true;  // what cut_room answers
   std::vector<std::unique_ptr<Payload>> payloads_;
   std::vector<std::unique_ptr<DenseView>> views_;
 };

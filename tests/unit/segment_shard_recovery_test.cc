@@ -46,6 +46,36 @@ TEST_F(SegmentShardTest, PushWaitingForACutFailsAtItsDeadline) {
   EXPECT_EQ(shard->Snapshot(), std::vector<float>(kSize, -2.0f));
 }
 
+// A cut the disk has no room for waits, and the pushes of its clock with
+// it: no cut clock is skipped. One that waits past its deadline says so.
+TEST_F(SegmentShardTest, ACutWaitsForRoomOnTheDiskAndThePushesOfItsClockWithIt) {
+  auto shard = MakeShard(0, absl::Seconds(60), 2);
+  Reg(*shard, 1, 0);
+  ASSERT_EQ(cuts_.size(), 1u);
+  disk_has_room_ = false;
+  ASSERT_TRUE(Done(Push(*shard, 1, 0, Soon())).ok());
+  ASSERT_TRUE(Done(Push(*shard, 1, 1, Soon())).ok());
+  Call<PushResult> late = Push(*shard, 1, 2, Now() + absl::Seconds(1));
+  EXPECT_FALSE(late->done);
+  clock_.Advance(absl::Seconds(1));
+  shard->Tick();
+  absl::StatusOr<PushResult> r = Done(late);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kUnavailable) << r.status();
+  EXPECT_NE(std::string(r.status().message()).find("waits for the disk"), std::string::npos) << r.status();
+  Call<PushResult> waiting = Push(*shard, 1, 2, Soon());
+  shard->CutRoomMade();
+  EXPECT_FALSE(waiting->done);
+  EXPECT_EQ(shard->Waiting(), 1u);
+  EXPECT_EQ(cuts_.size(), 1u);
+  disk_has_room_ = true;
+  shard->CutRoomMade();
+  ASSERT_TRUE(Done(waiting).ok()) << Done(waiting).status();
+  ASSERT_EQ(cuts_.size(), 2u);
+  EXPECT_EQ(cuts_[1]->clock, 2u);
+  EXPECT_EQ(cuts_[1]->values, std::vector<float>(kSize, -2.0f));
+  EXPECT_EQ(shard->Snapshot(), std::vector<float>(kSize, -3.0f));
+}
+
 TEST_F(SegmentShardTest, FinalStateIsCutWhenTheLastWorkerLeaves) {
   auto shard = MakeShard(0, absl::Seconds(60), 100);
   Reg(*shard, 1, 0);
