@@ -1,4 +1,5 @@
-// The data block of a job config: checks and defaults.
+// The data block of a job config, and the early stopping that stands on its
+// validation set: checks and defaults.
 #include <cmath>
 #include <string>
 
@@ -6,6 +7,33 @@
 #include "common/config_locator.h"
 
 namespace segps {
+
+namespace {
+
+// training.early_stopping: scored on the validation set, ensembles only.
+absl::Status ValidateEarlyStopping(const v1::JobConfig& c, const Locator& at) {
+  if (!c.training().has_early_stopping()) return absl::OkStatus();
+  const v1::EarlyStopping& stop = c.training().early_stopping();
+  if (stop.patience() < 1) {
+    return at.Error({{"training", -1}, {"early_stopping", -1}, {"patience", -1}},
+                    "must be at least 1 (epochs without improvement before stopping)");
+  }
+  if (!(stop.min_delta() >= 0 && std::isfinite(stop.min_delta()))) {
+    return at.Error({{"training", -1}, {"early_stopping", -1}, {"min_delta", -1}},
+                    absl::StrCat("must be a finite number >= 0, got ", stop.min_delta()));
+  }
+  if (c.data().validation_fraction() <= 0) {
+    return at.Error({{"training", -1}, {"early_stopping", -1}},
+                    "stops on the validation loss: set data.validation_fraction (0.1, say) to hold out a validation "
+                    "set");
+  }
+  if (c.model().combine() == v1::CHAIN) {
+    return at.Error({{"training", -1}, {"early_stopping", -1}}, "is not supported with combine: CHAIN yet");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
 
 absl::Status ValidateDataSource(v1::JobConfig& c, const Locator& at) {
   auto* model = c.mutable_model();
@@ -123,7 +151,7 @@ absl::Status ValidateDataFiles(v1::JobConfig& c, const Locator& at) {
     return at.Error({{"data", -1}, {"validation_fraction", -1}},
                     absl::StrCat("must be in [0, 1), got ", data->validation_fraction()));
   }
-  return absl::OkStatus();
+  return ValidateEarlyStopping(c, at);
 }
 
 }  // namespace segps

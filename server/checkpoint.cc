@@ -169,17 +169,47 @@ absl::Status CheckpointStore::Write(int segment, const ShardState& state) {
     if (std::find(clocks.begin(), clocks.end(), state.clock) == clocks.end()) {
       clocks.insert(std::upper_bound(clocks.begin(), clocks.end(), state.clock), state.clock);
     }
-    while (clocks.size() > config_.checkpoint().keep()) {
-      removed.push_back(clocks.front());
-      clocks.erase(clocks.begin());
+    // Newest first: the `keep` newest stay, and early stopping's newest
+    // patience + 1 epoch ends.
+    size_t kept = 0, epochs_kept = 0;
+    const size_t epochs_to_keep = config_.training().early_stopping().patience() + 1;
+    std::vector<uint64_t> stay;
+    for (auto it = clocks.rbegin(); it != clocks.rend(); ++it) {
+      const bool epoch_end = state.epoch_clocks > 0 && *it % state.epoch_clocks == 0 && epochs_kept < epochs_to_keep;
+      if (kept < config_.checkpoint().keep() || epoch_end) {
+        stay.insert(stay.begin(), *it);
+      } else {
+        removed.push_back(*it);
+      }
+      ++kept;
+      epochs_kept += epoch_end;
     }
+    clocks = std::move(stay);
   }
-  for (uint64_t clock : removed) {
+  Remove(segment, removed);
+  return WriteManifest();
+}
+
+absl::Status CheckpointStore::DropAfter(int segment, uint64_t clock) {
+  std::vector<uint64_t> removed;
+  {
+    MutexLock lock(&mu_);
+    std::vector<uint64_t>& clocks = clocks_[segment];
+    const auto newer = std::upper_bound(clocks.begin(), clocks.end(), clock);
+    removed.assign(newer, clocks.end());
+    clocks.erase(newer, clocks.end());
+  }
+  Remove(segment, removed);
+  return WriteManifest();
+}
+
+void CheckpointStore::Remove(int segment, const std::vector<uint64_t>& clocks) const {
+  std::error_code error;
+  for (uint64_t clock : clocks) {
     const fs::path old = Path(segment, clock);
     fs::remove(old, error);
     fs::remove(old.parent_path(), error);  // only once every server's file of that clock is gone
   }
-  return WriteManifest();
 }
 
 absl::Status CheckpointStore::WriteManifest() const {

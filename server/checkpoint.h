@@ -48,6 +48,10 @@ struct ShardState {
   std::vector<float> values;    // the server's range of the segment
   std::vector<std::vector<float>> slots;  // optimizer state, in Optimizer::SlotNames order
   std::vector<TableState> tables;         // the segment's embedding tables' rows held here
+  // Early stopping: the segment's clocks per epoch (RegisterRequest.epoch_clocks).
+  // Writing this state keeps the newest patience + 1 epoch-end cuts besides
+  // checkpoint.keep. 0: none kept beyond keep.
+  uint64_t epoch_clocks = 0;
   // Read: settings the config changed from the checkpoint's that a resume
   // takes (CompareForResume): "optimizer.learning_rate: 0.01 here, 0.001 in the checkpoint".
   std::vector<std::string> changed;
@@ -61,8 +65,12 @@ class CheckpointStore {
                                                               const std::string& dir);
 
   // Writes segment k's state atomically, then deletes this server's
-  // checkpoints of k beyond the `keep` newest and rewrites the manifest.
+  // checkpoints of k beyond the `keep` newest (and the epoch-end cuts
+  // early stopping keeps) and rewrites the manifest.
   absl::Status Write(int segment, const ShardState& state);
+  // Deletes segment k's checkpoints newer than `clock` (early stopping
+  // ends the segment there).
+  absl::Status DropAfter(int segment, uint64_t clock);
 
   // Reads and verifies segment k's checkpoint at `clock`.
   absl::StatusOr<ShardState> Read(int segment, uint64_t clock) const;
@@ -85,6 +93,8 @@ class CheckpointStore {
  private:
   CheckpointStore(const v1::JobConfig& config, uint32_t index, ShardMap map, std::string dir);
   absl::Status WriteManifest() const;
+  // Deletes segment k's files of `clocks`.
+  void Remove(int segment, const std::vector<uint64_t>& clocks) const;
 
   const v1::JobConfig config_;
   const uint32_t index_;

@@ -140,6 +140,12 @@ class ParameterServer {
   absl::StatusOr<SegmentShard*> ShardFor(uint32_t segment, const char* call);
   absl::Status Reject(uint32_t segment, absl::Status status);
   absl::Status CheckFingerprints(const v1::RegisterRequest& request) const;
+  // Early stopping: a registration's epoch length, for its segment's epoch cuts.
+  absl::Status TakeEpochClocks(const v1::RegisterRequest& request, SegmentShard* shard);
+  // Early stopping: Leave with end_at_clock ends the caller's segment at its
+  // checkpoint of that clock (deleting the newer ones); asked again, it
+  // answers alike.
+  absl::Status EndSegment(const v1::LeaveRequest& request, v1::LeaveResponse* response);
   // This server's state of a rank as Register answers it, sealed.
   v1::SealedRankState Seal(uint32_t segment, uint32_t rank, const Registered& registered) const;
   // OK when a Rollback's states show that the servers disagree on the

@@ -49,6 +49,7 @@ absl::Status ParameterServer::Register(const v1::RegisterRequest& request, v1::R
   absl::StatusOr<SegmentShard*> shard = ShardFor(request.segment(), "Register");
   if (!shard.ok()) return Reject(request.segment(), shard.status());
   if (absl::Status agree = CheckFingerprints(request); !agree.ok()) return Reject(request.segment(), agree);
+  if (absl::Status epochs = TakeEpochClocks(request, *shard); !epochs.ok()) return Reject(request.segment(), epochs);
   const uint32_t workers = WorkersOf(config_, request.segment());
   uint32_t rank = request.rank();
   if (request.any_rank()) {
@@ -223,9 +224,67 @@ absl::Status ParameterServer::Heartbeat(const v1::HeartbeatRequest& request, v1:
   return absl::OkStatus();
 }
 
+absl::Status ParameterServer::TakeEpochClocks(const v1::RegisterRequest& request, SegmentShard* shard) {
+  if (request.epoch_clocks() == 0) return absl::OkStatus();
+  if (!config_.training().has_early_stopping()) {
+    return absl::InvalidArgumentError("Register: epoch_clocks is for training.early_stopping, which this job's "
+                                      "config does not set");
+  }
+  if (store_ == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Register: training.early_stopping ends a segment at a checkpoint, but server ", index_,
+        " keeps none: start it with --checkpoint_dir (or set checkpoint.dir)"));
+  }
+  return shard->SetEpochClocks(request.epoch_clocks());
+}
+
+absl::Status ParameterServer::EndSegment(const v1::LeaveRequest& request, v1::LeaveResponse* response) {
+  uint32_t segment = 0;
+  {
+    MutexLock lock(&secrets_mu_);
+    auto it = secrets_.find(request.worker_id());
+    if (it == secrets_.end()) return absl::NotFoundError("Leave: the registration ended meanwhile");
+    segment = it->second.segment;
+  }
+  SegmentShard* shard = shards_[segment].get();
+  const uint64_t clock = request.end_at_clock();
+  const std::string name = config_.model().segments(segment).name();
+  if (std::optional<uint64_t> ended = shard->EndedAt()) {  // asked again: every server is asked until all say yes
+    if (*ended == clock) return absl::OkStatus();
+    return absl::OutOfRangeError(absl::StrCat("Leave: segment ", name, " already ended at clock ", *ended));
+  }
+  if (store_ == nullptr || shard->EpochClocks() == 0 || clock % shard->EpochClocks() != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Leave: end_at_clock ", clock, " is no epoch end of segment ", name, " (epochs of ", shard->EpochClocks(),
+        " clocks", store_ == nullptr ? ", and this server keeps no checkpoints)" : ")"));
+  }
+  FlushCheckpoints();  // the cuts taken so far are on disk
+  const std::vector<uint64_t> clocks = store_->Clocks(segment);
+  if (std::find(clocks.begin(), clocks.end(), clock) == clocks.end()) {
+    return absl::UnavailableError(absl::StrCat("Leave: server ", index_, " has not cut segment ", name,
+                                               " at clock ", clock, " yet (it holds ", absl::StrJoin(clocks, ","),
+                                               "); a worker behind it has still to get there"));
+  }
+  absl::StatusOr<ShardState> state = store_->Read(segment, clock);
+  if (!state.ok()) return absl::DataLossError(absl::StrCat("Leave: ", state.status().message()));
+  std::vector<uint64_t> dropped;
+  shard->EndAt(*state, absl::StrCat("segment ", name, " stopped early: its rank 0 ended it at its checkpoint of ",
+                                    "clock ", clock, ", the best epoch's end (training.early_stopping)"),
+               &dropped);
+  dropped.erase(std::remove(dropped.begin(), dropped.end(), request.worker_id()), dropped.end());
+  ForgetRegistrations(dropped);  // the caller's stays, to ask again
+  FlushCheckpoints();  // the final cut, and any taken before the end
+  SEGPS_RETURN_IF_ERROR(store_->DropAfter(segment, clock));
+  SEGPS_LOG_WARNING << "server " << index_ << ": segment " << name << " stopped early at its checkpoint of clock "
+                    << clock << " (training.early_stopping)";
+  response->set_next_clock(clock);
+  return absl::OkStatus();
+}
+
 absl::Status ParameterServer::Leave(const v1::LeaveRequest& request, const std::string& caller,
                                     v1::LeaveResponse* response) {
   SEGPS_RETURN_IF_ERROR(CheckRegistration(request.worker_id(), request.registration_secret(), caller, "Leave"));
+  if (request.has_end_at_clock()) return EndSegment(request, response);
   {
     MutexLock lock(&secrets_mu_);
     secrets_.erase(request.worker_id());

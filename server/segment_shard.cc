@@ -67,6 +67,7 @@ absl::Status SegmentShard::BehindBound(uint64_t clock) const {
 absl::StatusOr<SegmentShard::Worker*> SegmentShard::FindLive(uint64_t id, absl::Time now,
                                                              const char* call) {
   Worker* found = clocks_.Find(id);
+  if (found == nullptr && !ended_.empty()) return absl::OutOfRangeError(absl::StrCat(call, ": ", ended_));
   if (found == nullptr) {
     return absl::NotFoundError(absl::StrCat(call, ": worker ", id, " is not registered for segment ",
                                             options_.segment, "; call Register first"));
@@ -131,6 +132,7 @@ absl::StatusOr<Registered> SegmentShard::Register(uint64_t id, uint32_t rank, st
   Registered out;
   {
     MutexLock lock(&mu_);
+    if (!ended_.empty()) return absl::OutOfRangeError(ended_);
     const absl::Time now = options_.clock->Now();
     ExpireLeases(now);
     SEGPS_RETURN_IF_ERROR(Held(rank, replaces, now));
@@ -200,29 +202,67 @@ bool SegmentShard::Restore(const ShardState& state, std::optional<uint64_t> gene
   {
     MutexLock lock(&mu_);
     if (generation.has_value() && *generation != generation_) return false;
-    const absl::Status gone = absl::NotFoundError(
-        absl::StrCat("segment ", options_.segment, " was rolled back to its checkpoint at clock ", state.clock,
-                     "; register again"));
-    for (std::unique_ptr<Waiter>& waiter : parked_.ReleaseAll()) Fail(std::move(waiter), gone, &ready);
-    for (const auto& [id, w] : clocks_.workers()) {
-      if (id < kPlaceholder && dropped != nullptr) dropped->push_back(id);
-    }
-    clocks_.Reset(state.clock);
-    values_ = state.values;
-    optimizer_->LoadState(state.slots);
-    optimizer_->Bound(values_);
-    for (size_t t = 0; t < tables_.size() && t < state.tables.size(); ++t) tables_[t]->Load(state.tables[t]);
-    steps_begun_ = state.steps;
-    pushes_ = state.updates;
-    restored_clock_ = state.clock;
-    ++generation_;
     const absl::Time now = options_.clock->Now();
+    Replace(state, absl::NotFoundError(absl::StrCat("segment ", options_.segment,
+                                                   " was rolled back to its checkpoint at clock ", state.clock,
+                                                   "; register again")),
+            dropped, &ready);
     cuts_.Taken(state.clock, state.updates, now);
     started_ = true;
     for (uint32_t rank : state.ranks) AddPlaceholder(rank, state.clock, now);
   }
   for (auto& complete : ready) std::move(complete)();
   return true;
+}
+
+absl::Status SegmentShard::SetEpochClocks(uint64_t epoch_clocks) {
+  MutexLock lock(&mu_);
+  if (cuts_.epoch() != 0 && cuts_.epoch() != epoch_clocks) {
+    return absl::InvalidArgumentError(absl::StrCat("Register: epoch_clocks ", epoch_clocks, " differs from the ",
+                                                   cuts_.epoch(), " other workers of segment ", options_.segment,
+                                                   " gave; its ranks must agree on the epoch's length"));
+  }
+  cuts_.set_epoch(epoch_clocks);
+  return absl::OkStatus();
+}
+
+void SegmentShard::EndAt(const ShardState& state, const std::string& why, std::vector<uint64_t>* dropped) {
+  Completions ready;
+  {
+    MutexLock lock(&mu_);
+    Replace(state, absl::OutOfRangeError(why), dropped, &ready);
+    ended_ = why;
+    ended_at_ = state.clock;
+    Cut(options_.clock->Now());  // no rank is live: none waits to resume there
+  }
+  for (auto& complete : ready) std::move(complete)();
+}
+
+std::optional<uint64_t> SegmentShard::EndedAt() {
+  MutexLock lock(&mu_);
+  return ended_at_;
+}
+
+uint64_t SegmentShard::EpochClocks() {
+  MutexLock lock(&mu_);
+  return cuts_.epoch();
+}
+
+void SegmentShard::Replace(const ShardState& state, const absl::Status& gone, std::vector<uint64_t>* dropped,
+                           Completions* ready) {
+  for (std::unique_ptr<Waiter>& waiter : parked_.ReleaseAll()) Fail(std::move(waiter), gone, ready);
+  for (const auto& [id, w] : clocks_.workers()) {
+    if (id < kPlaceholder && dropped != nullptr) dropped->push_back(id);
+  }
+  clocks_.Reset(state.clock);
+  values_ = state.values;
+  optimizer_->LoadState(state.slots);
+  optimizer_->Bound(values_);
+  for (size_t t = 0; t < tables_.size() && t < state.tables.size(); ++t) tables_[t]->Load(state.tables[t]);
+  steps_begun_ = state.steps;
+  pushes_ = state.updates;
+  restored_clock_ = state.clock;
+  ++generation_;
 }
 
 SegmentShard::Worker* SegmentShard::AddPlaceholder(uint32_t rank, uint64_t clock, absl::Time now) {
@@ -278,6 +318,7 @@ void SegmentShard::Cut(absl::Time now) {
   state->values = values_;
   optimizer_->SaveState(&state->slots);
   for (const auto& table : tables_) state->tables.push_back(table->Save());
+  state->epoch_clocks = cuts_.epoch();
   cuts_.Taken(state->clock, pushes_, now);
   if (options_.on_checkpoint) options_.on_checkpoint(std::move(state));
 }

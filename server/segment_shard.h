@@ -220,6 +220,19 @@ class SegmentShard {
   // The disk took the segment's previous cut: a cut that waited is taken
   // now, and the pushes held behind it go on.
   void CutRoomMade();
+
+  // Early stopping: the segment's clocks per epoch, alike for every rank
+  // (INVALID_ARGUMENT naming both otherwise); its epoch ends are cut too.
+  absl::Status SetEpochClocks(uint64_t epoch_clocks);
+  // Early stopping: ends the segment at `state`, its checkpoint of the best
+  // epoch's end. Every registration is dropped (their ids into `dropped`),
+  // waiting and later calls are answered OUT_OF_RANGE with `why`, and the
+  // state is cut as the segment's final one.
+  void EndAt(const ShardState& state, const std::string& why, std::vector<uint64_t>* dropped);
+  // The clock EndAt ended the segment at, once it did.
+  std::optional<uint64_t> EndedAt();
+  // Early stopping's epoch length (0: none given).
+  uint64_t EpochClocks();
   // Fails every waiting call with UNAVAILABLE (`why`) and refuses to park
   // new ones: a server that is shutting down answers rather than waits.
   void Drain(const std::string& why);
@@ -305,6 +318,10 @@ class SegmentShard {
   // Cuts a checkpoint if the segment clock has reached the next one.
   void MaybeCheckpoint(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Cut(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Replaces the state with `state`'s: waiting calls fail with `gone`, and
+  // every registration is dropped (their ids into `dropped`).
+  void Replace(const ShardState& state, const absl::Status& gone, std::vector<uint64_t>* dropped,
+               Completions* ready) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Keeps `rank` at `clock`, live for one lease from `now`, until a worker registers it.
   Worker* AddPlaceholder(uint32_t rank, uint64_t clock, absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // With hold_for_joiners, whether `push` must wait for a peer that joined at its
@@ -335,6 +352,8 @@ class SegmentShard {
   // Parked pulls (and pushes' pulls) by the segment clock they need; parked pushes.
   ParkedCalls parked_ ABSL_GUARDED_BY(mu_);
   std::string draining_ ABSL_GUARDED_BY(mu_);  // why calls no longer wait, once set
+  std::string ended_ ABSL_GUARDED_BY(mu_);     // why the segment stopped early, once it did
+  std::optional<uint64_t> ended_at_ ABSL_GUARDED_BY(mu_);
   CutPolicy cuts_ ABSL_GUARDED_BY(mu_);
   uint64_t generation_ ABSL_GUARDED_BY(mu_) = 1;
   uint64_t restored_clock_ ABSL_GUARDED_BY(mu_) = 0;

@@ -101,7 +101,7 @@ int Run() {
         rounds.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
       }
       const double wall = std::chrono::duration<double>(Clock::now() - start).count();
-      (void)client->Leave();
+      (void)client->Leave(std::nullopt);
       lines[w] = absl::StrFormat("segps sparse servers %d workers %d rows/s-per-worker %.0f ms/round %.3f rounds %d",
                                  servers, workers, static_cast<double>(batch) * rounds.size() / wall,
                                  1000 * bench::Percentile(rounds, 0.5), rounds.size());

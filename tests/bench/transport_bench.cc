@@ -296,7 +296,7 @@ Result RunRounds(Cluster& cluster, int workers, double seconds, int min_rounds) 
   const double wall = std::chrono::duration<double>(Clock::now() - start).count();
   double cpu = SelfCpuSeconds() - cpu0;
   for (auto& s : cluster.servers) cpu += CpuSeconds(s->pid());
-  for (auto& c : clients) (void)c->Leave();
+  for (auto& c : clients) (void)c->Leave(std::nullopt);
   std::vector<double> all;
   for (auto& r : rounds) all.insert(all.end(), r.begin(), r.end());
   if (all.empty()) return {};

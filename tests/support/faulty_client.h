@@ -84,10 +84,11 @@ class FaultyClient final : public ParameterClient {
     return inner_->PullRows(segment, clock, ids, values);
   }
   void Interrupt(const absl::Status& cause) override { inner_->Interrupt(cause); }
-  absl::StatusOr<std::vector<uint64_t>> Leave() override {
+  absl::StatusOr<std::vector<uint64_t>> Leave(std::optional<uint64_t> end_at_clock) override {
     using Counts = absl::StatusOr<std::vector<uint64_t>>;
-    return Run<Counts>("Leave", [=] { return Completion<Counts>::Done(inner_->Leave()); }).Wait();
+    return Run<Counts>("Leave", [=] { return Completion<Counts>::Done(inner_->Leave(end_at_clock)); }).Wait();
   }
+  void SetEpochClocks(uint64_t epoch_clocks) override { inner_->SetEpochClocks(epoch_clocks); }
   absl::StatusOr<std::vector<v1::StatsResponse>> Stats() override { return inner_->Stats(); }
 
  private:

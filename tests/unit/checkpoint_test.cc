@@ -100,6 +100,26 @@ TEST(Checkpoint, KeepsTheNewestAndFindsThemAgainAtOpen) {
   EXPECT_EQ((*latest)->clock, 20u);
 }
 
+// Early stopping keeps the newest patience + 1 epoch ends besides `keep`,
+// and ending a segment drops the checkpoints after its end.
+TEST(Checkpoint, EpochEndsEarlyStoppingNeedsAreKeptAndTheNewerDroppedAtTheEnd) {
+  const std::string dir = MakeTempDir();
+  v1::JobConfig config = Job(dir);
+  config.mutable_training()->mutable_early_stopping()->set_patience(1);
+  std::unique_ptr<CheckpointStore> store = *CheckpointStore::Open(config, 0, dir);
+  for (uint64_t c : {0, 10, 15, 20, 30, 40, 45, 50}) {
+    ShardState state = StateOf(c, 493, 2);
+    state.epoch_clocks = 15;
+    ASSERT_TRUE(store->Write(0, state).ok());
+  }
+  // keep: 2 gives 45 and 50; the two newest epoch ends, 45 and 30, stay too.
+  EXPECT_EQ(store->Clocks(0), (std::vector<uint64_t>{30, 45, 50}));
+  ASSERT_TRUE(store->DropAfter(0, 30).ok());
+  EXPECT_EQ(store->Clocks(0), (std::vector<uint64_t>{30}));
+  EXPECT_FALSE(std::filesystem::exists(store->Path(0, 50)));
+  EXPECT_EQ((*(*CheckpointStore::Open(config, 0, dir))->Latest(0))->clock, 30u);
+}
+
 // A damaged newest file is refused with its name, and the one before is used.
 TEST(Checkpoint, DamagedOrTruncatedNewestFallsBackToThePreviousNamingTheFile) {
   for (const char* damage : {"flip", "truncate", "torn write"}) {

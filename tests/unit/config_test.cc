@@ -201,6 +201,13 @@ TEST(Config, RejectsEachBrokenField) {
       {"source: SYNTHETIC_SEED", "source: CSV train_csv: \"a.csv\" scale: 2", "data.scale: is used by data.source NPY only"},
       {"source: SYNTHETIC_SEED", "source: SYNTHETIC_SEED test_fraction: 0.5",
        "data.test_fraction: is used by data.source NPY and CSV only"},
+      {"kind: ADAM }", "kind: ADAM } training { early_stopping { patience: 2 } }",
+       "training.early_stopping: stops on the validation loss: set data.validation_fraction"},
+      {"kind: ADAM }", "kind: ADAM } training { early_stopping { } }",
+       "training.early_stopping.patience: must be at least 1"},
+      {"source: SYNTHETIC_SEED }", "source: SYNTHETIC_SEED validation_fraction: 0.1 } "
+       "training { early_stopping { patience: 1 min_delta: -1 } }",
+       "training.early_stopping.min_delta: must be a finite number >= 0, got -1"},
   };
   for (const BadCase& bad : cases) {
     absl::StatusOr<v1::JobConfig> c = ParseConfig(Replace(kMinimal, bad.from, bad.to), "job.pbtxt");
@@ -252,6 +259,10 @@ TEST(Config, BrokenChainsAreRejectedNamingTheField) {
            // The last stage must still end in the classes' softmax.
            {"units: 10 activation: SOFTMAX", "units: 10 activation: RELU",
             "the last layer must be SOFTMAX with units == model.num_classes"},
+           // Early stopping ends ensemble segments only.
+           {"ONE_F_ONE_B }\ndata { source: SYNTHETIC_SEED",
+            "ONE_F_ONE_B early_stopping { patience: 1 } }\ndata { source: SYNTHETIC_SEED validation_fraction: 0.1",
+            "training.early_stopping: is not supported with combine: CHAIN yet"},
        }) {
     absl::StatusOr<v1::JobConfig> c = ParseConfig(Replace(kChain, from, to), "chain.pbtxt");
     ASSERT_FALSE(c.ok()) << to;

@@ -76,6 +76,35 @@ TEST_F(SegmentShardTest, ACutWaitsForRoomOnTheDiskAndThePushesOfItsClockWithIt) 
   EXPECT_EQ(shard->Snapshot(), std::vector<float>(kSize, -3.0f));
 }
 
+// Early stopping: every epoch's end is cut, whatever checkpoint_every says;
+// ending the segment at a state answers its workers OUT_OF_RANGE from then
+// on and cuts that state as the final one, with no rank waiting to resume.
+TEST_F(SegmentShardTest, EpochEndsAreCutAndAnEndedSegmentRefusesItsWorkers) {
+  auto shard = MakeShard(0, absl::Seconds(60), /*checkpoint_every=*/100);
+  Reg(*shard, 1, 0);
+  ASSERT_TRUE(shard->SetEpochClocks(3).ok());
+  EXPECT_EQ(shard->SetEpochClocks(4).code(), absl::StatusCode::kInvalidArgument);
+  for (uint64_t c = 0; c < 7; ++c) ASSERT_TRUE(Done(Push(*shard, 1, c, Soon())).ok()) << c;
+  std::vector<uint64_t> cut;
+  for (const auto& state : cuts_) cut.push_back(state->clock);
+  EXPECT_EQ(cut, (std::vector<uint64_t>{0, 3, 6}));
+  const ShardState best = *cuts_[1];
+  Call<PushResult> parked = Push(*shard, 1, 8, Soon());  // waits for clock 7
+  std::vector<uint64_t> dropped;
+  shard->EndAt(best, "segment 0 stopped early", &dropped);
+  EXPECT_EQ(dropped, (std::vector<uint64_t>{1}));
+  EXPECT_EQ(Done(parked).status().code(), absl::StatusCode::kOutOfRange);
+  EXPECT_EQ(Done(Push(*shard, 1, 7, Soon())).status().code(), absl::StatusCode::kOutOfRange);
+  absl::StatusOr<Registered> again = shard->Register(2, 0, std::nullopt, nullptr, std::nullopt);
+  EXPECT_EQ(again.status().code(), absl::StatusCode::kOutOfRange);
+  EXPECT_NE(std::string(again.status().message()).find("stopped early"), std::string::npos) << again.status();
+  EXPECT_EQ(shard->Snapshot(), std::vector<float>(kSize, -3.0f));
+  ASSERT_EQ(cuts_.size(), 4u);
+  EXPECT_EQ(cuts_.back()->clock, 3u);
+  EXPECT_TRUE(cuts_.back()->ranks.empty());
+  EXPECT_EQ(shard->EndedAt(), std::optional<uint64_t>(3));
+}
+
 TEST_F(SegmentShardTest, FinalStateIsCutWhenTheLastWorkerLeaves) {
   auto shard = MakeShard(0, absl::Seconds(60), 100);
   Reg(*shard, 1, 0);

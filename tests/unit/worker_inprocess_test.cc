@@ -548,7 +548,7 @@ TEST(WorkerInProcess, ReplicasWithoutARankGetTheFreeOnes) {
   std::unique_ptr<ParameterClient> extra = *ConnectGrpc(config, cluster.addresses());
   absl::StatusOr<Registration> refused = extra->Register(1, std::nullopt);
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted) << refused.status();
-  ASSERT_TRUE(clients[0]->Leave().ok());
+  ASSERT_TRUE(clients[0]->Leave(std::nullopt).ok());
   absl::StatusOr<Registration> again = extra->Register(1, std::nullopt);
   ASSERT_TRUE(again.ok()) << again.status();
   EXPECT_EQ(again->rank, 0u);  // the rank its first holder gave back

@@ -176,6 +176,8 @@ class GrpcClient final : public ParameterClient {
     return registered;
   }
 
+  void SetEpochClocks(uint64_t epoch_clocks) override { membership_->set_epoch_clocks(epoch_clocks); }
+
   Completion<PulledAt> StartPull(int segment, uint64_t clock, absl::Span<float> dest) override {
     return PullOn(segment, clock, dest, false);
   }
@@ -343,12 +345,13 @@ class GrpcClient final : public ParameterClient {
     }
   }
 
-  absl::StatusOr<std::vector<uint64_t>> Leave() override {
+  absl::StatusOr<std::vector<uint64_t>> Leave(std::optional<uint64_t> end_at_clock) override {
     std::vector<v1::LeaveRequest> requests(stubs_.size());
     std::vector<v1::LeaveResponse> responses(stubs_.size());
     for (size_t i = 0; i < stubs_.size(); ++i) {
       requests[i].set_worker_id(membership_->worker_id(i));
       requests[i].set_registration_secret(membership_->secret(i));
+      if (end_at_clock.has_value()) requests[i].set_end_at_clock(*end_at_clock);
     }
     SEGPS_RETURN_IF_ERROR(FanOut("Leave", rpc_deadline_, rpc_deadline_,
                                  [&](size_t i, grpc::ClientContext* context, grpc::CompletionQueue* cq, Call* call) {

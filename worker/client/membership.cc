@@ -35,6 +35,7 @@ absl::StatusOr<Registration> Membership::Register(int segment, std::optional<uin
   request.set_model_fingerprint(model_fingerprint_);
   request.mutable_fingerprint_parts()->insert(fingerprint_parts_.begin(), fingerprint_parts_.end());
   request.set_shard_fingerprint(shard_fingerprint_);
+  request.set_epoch_clocks(epoch_clocks_);
   // Each rollback moves a generation on; a few in a row mean servers that
   // keep failing, which the caller's recovery retries.
   for (int attempt = 0; attempt < 4; ++attempt) {

@@ -60,6 +60,8 @@ class Membership {
   // server 0 assigns the lowest free one). `plan`, if not null, gets server
   // 0's share plan of a balanced segment.
   absl::StatusOr<Registration> Register(int segment, std::optional<uint32_t> rank, v1::SharePlan* plan = nullptr);
+  // Early stopping: RegisterRequest.epoch_clocks from now on.
+  void set_epoch_clocks(uint64_t epoch_clocks) { epoch_clocks_ = epoch_clocks; }
 
   // This worker's registration with server `i` (0 and empty until registered).
   uint64_t worker_id(size_t i) const { return worker_ids_[i]; }
@@ -81,6 +83,7 @@ class Membership {
   std::vector<uint64_t> worker_ids_;    // per server; 0 until registered
   std::vector<std::string> secrets_;    // per server: each registration's secret
   std::vector<uint64_t> incarnations_;  // per server: as of the last registration (0: none yet)
+  uint64_t epoch_clocks_ = 0;
 };
 
 // Failures a worker recovers from by registering again: a server that

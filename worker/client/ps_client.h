@@ -94,6 +94,9 @@ class ParameterClient {
   // servers that are still starting); without a rank, server 0 assigns the
   // lowest free one.
   virtual absl::StatusOr<Registration> Register(int segment, std::optional<uint32_t> rank) = 0;
+  // Early stopping: the epoch length the registrations from now on give
+  // (RegisterRequest.epoch_clocks; 0: none).
+  virtual void SetEpochClocks(uint64_t epoch_clocks) = 0;
 
   // The tensor traffic, started without waiting. Pulls run one at a time in
   // the order started, as do pushes; a pull may pass a push.
@@ -145,8 +148,10 @@ class ParameterClient {
   // for peers that wait for this worker). Any thread.
   virtual void Interrupt(const absl::Status& cause) = 0;
   // Leaves every server, so that peers no longer wait for this worker; the
-  // steps of its rank each server applied, in index order.
-  virtual absl::StatusOr<std::vector<uint64_t>> Leave() = 0;
+  // steps of its rank each server applied, in index order. With
+  // `end_at_clock` (early stopping, rank 0): every server ends the segment
+  // at its checkpoint of that clock (LeaveRequest.end_at_clock).
+  virtual absl::StatusOr<std::vector<uint64_t>> Leave(std::optional<uint64_t> end_at_clock) = 0;
 
   // Every server's counters and clocks, in index order.
   virtual absl::StatusOr<std::vector<v1::StatsResponse>> Stats() = 0;

@@ -88,6 +88,13 @@ absl::Status BatchCompute::Allocate() {
   return absl::OkStatus();
 }
 
+uint64_t BatchCompute::EpochClocks() const {
+  const int segment = options_.segment;
+  const Range slice =
+      balanced_ ? SegmentRows(config_, train_.size(), segment) : WorkerSlice(config_, train_.size(), segment, 0);
+  return StepsPerEpoch(slice.count, clock_samples_);
+}
+
 absl::Status BatchCompute::Start(const Registration& registration, const std::string& tag) {
   rank_ = registration.rank;
   tag_ = tag;
@@ -103,7 +110,7 @@ absl::Status BatchCompute::Start(const Registration& registration, const std::st
   schedule_.epochs = config_.training().epochs();
   schedule_.steps_per_epoch = StepsPerEpoch(slice_.count, clock_samples_);
   schedule_.total_steps = schedule_.steps_per_epoch * schedule_.epochs;
-  progress_.Start(tag, schedule_, balanced_);
+  progress_.Start(tag, rank_, schedule_, balanced_);
   const int32_t staleness = StalenessOf(config_, segment);
   const double topk = config_.training().gradient_topk();
   SEGPS_LOG_INFO << tag << ": registered at clock " << registration.start_clock << " on " << backend_->name()

@@ -38,6 +38,7 @@ class BatchCompute final : public StepCompute {
 
   SegmentModel* model() override { return &model_; }
   absl::Status Start(const Registration& registration, const std::string& tag) override;
+  uint64_t EpochClocks() const override;
   absl::StatusOr<bool> HasStep(uint64_t clock) override { return clock < schedule_.total_steps; }
   bool IsLast(uint64_t clock) const override { return clock + 1 == schedule_.total_steps; }
   absl::Status Fetch(uint64_t clock) override;

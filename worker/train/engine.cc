@@ -31,6 +31,7 @@ absl::Status TrainingEngine::Begin() {
     if (!allocated.ok()) return allocated.status();
     buffer = *std::move(allocated);
   }
+  if (config_.training().has_early_stopping()) client_->SetEpochClocks(compute_->EpochClocks());
   // Servers may still be starting, or a worker of the rank still live (a
   // restarted process while its predecessor's lease runs): retried like a
   // rejoin.
@@ -218,6 +219,7 @@ absl::StatusOr<TrainReport> TrainingEngine::Run() {
       failure.status = Step(clock, &failure);
       if (failure.status.ok()) {
         ++clock;
+        if (report_.end_at_clock.has_value()) break;  // early stopping, decided here
         continue;
       }
     } else {
@@ -225,8 +227,14 @@ absl::StatusOr<TrainReport> TrainingEngine::Run() {
       failure.servers = true;
       if (failure.status.ok()) break;
     }
-    if (!failure.servers || !Recoverable(failure.status)) return failure.status;
-    absl::StatusOr<uint64_t> resume = Recover(failure, clock);
+    absl::StatusOr<uint64_t> resume =
+        failure.servers && Recoverable(failure.status) ? Recover(failure, clock) : failure.status;
+    if (absl::IsOutOfRange(resume.status())) {  // the segment's rank 0 stopped it early
+      report_.stopped_early =
+          "its segment stopped early (its rank 0 ended it at the best epoch's checkpoint), so it stops too";
+      SEGPS_LOG_WARNING << tag_ << ": " << report_.stopped_early;
+      break;
+    }
     if (!resume.ok()) return resume.status();
     clock = *resume;
   }
@@ -237,13 +245,38 @@ absl::StatusOr<TrainReport> TrainingEngine::Run() {
   report_.history.set_rank(rank_);
   report_.last_clock = clock;
   SEGPS_RETURN_IF_ERROR(compute_->Complete(&report_));
-  SEGPS_RETURN_IF_ERROR(Leave());
+  if (report_.end_at_clock.has_value()) {
+    SEGPS_RETURN_IF_ERROR(EndSegment());
+  } else if (report_.stopped_early.empty()) {
+    SEGPS_RETURN_IF_ERROR(Leave());
+  }
   return report_;
+}
+
+absl::Status TrainingEngine::EndSegment() {
+  // The best epoch's cut may still wait for a peer behind it (staleness):
+  // a server that has not cut it yet answers UNAVAILABLE, and so does one
+  // restarting; others that ended the segment already answer again alike.
+  const absl::Duration timeout = absl::Milliseconds(config_.cluster().recovery_timeout_ms());
+  const absl::Time since = options_.clock->Now();
+  while (true) {
+    absl::StatusOr<std::vector<uint64_t>> ended = client_->Leave(report_.end_at_clock);
+    if (ended.ok()) break;
+    if (!absl::IsUnavailable(ended.status()) || options_.clock->Now() - since > timeout) {
+      return absl::Status(ended.status().code(),
+                          absl::StrCat(tag_, ": ending the segment at clock ", *report_.end_at_clock,
+                                       " (early stopping): ", ended.status().message()));
+    }
+    options_.clock->SleepFor(absl::Milliseconds(50));
+  }
+  SEGPS_LOG_INFO << tag_ << ": every server ended the segment at its checkpoint of clock " << *report_.end_at_clock;
+  report_.confirmed = true;
+  return absl::OkStatus();
 }
 
 absl::Status TrainingEngine::Leave() {
   // Leaving also ends an outstanding prefetch that waits on peers.
-  absl::StatusOr<std::vector<uint64_t>> applied = client_->Leave();
+  absl::StatusOr<std::vector<uint64_t>> applied = client_->Leave(std::nullopt);
   if (!applied.ok()) {  // a server restarting as the job ends: what it holds is its own to check
     SEGPS_LOG_WARNING << tag_ << ": leave: " << applied.status().message()
                       << " (the servers' count of this rank's steps is unconfirmed)";

@@ -83,6 +83,9 @@ class TrainingEngine {
   void CountBlocked(absl::Duration waited);
   // Leaves the servers, checking that each applied the schedule's steps of this rank.
   absl::Status Leave();
+  // Early stopping, decided here: every server ends the segment at the
+  // best epoch's checkpoint (report_.end_at_clock).
+  absl::Status EndSegment();
 
   const v1::JobConfig& config_;
   const EngineOptions options_;

@@ -28,8 +28,10 @@ Progress::Progress(const v1::JobConfig& config, const TrainerOptions& options, B
       model_(model),
       log_every_(absl::Seconds(config.training().log_interval_s())) {}
 
-void Progress::Start(const std::string& tag, const Schedule& schedule, bool balanced) {
+void Progress::Start(const std::string& tag, uint32_t rank, const Schedule& schedule, bool balanced) {
   tag_ = tag;
+  rank_ = rank;
+  if (rank == 0 && config_.training().has_early_stopping()) early_stop_.emplace(config_.training().early_stopping());
   schedule_ = schedule;
   balanced_ = balanced;
   t0_ = absl::Now();
@@ -124,7 +126,21 @@ absl::Status Progress::EndEpoch(uint32_t epoch, TrainReport* report) {
   if (options_.validation != nullptr) SEGPS_RETURN_IF_ERROR(Validate(epoch, segments, record));
   if (options_.test != nullptr) SEGPS_RETURN_IF_ERROR(Score(epoch, segments, record));
   scoring_time_ += absl::Now() - scoring;
+  if (options_.validation != nullptr) MaybeStop(epoch, *record, report);
   return absl::OkStatus();
+}
+
+void Progress::MaybeStop(uint32_t epoch, const v1::EpochRecord& record, TrainReport* report) {
+  if (!early_stop_.has_value() || !early_stop_->Observe(epoch + 1, record.validation_loss())) return;
+  const v1::EarlyStopping& config = config_.training().early_stopping();
+  const uint32_t best = early_stop_->best_epoch();
+  report->end_at_clock = best * schedule_.steps_per_epoch;
+  report->history.set_best_epoch(best);
+  report->stopped_early = absl::StrFormat(
+      "stopped early after epoch %u: the validation loss has not fallen by more than %g for %u epochs; the segment "
+      "ends at epoch %u's parameters (validation loss %.4f)",
+      epoch + 1, config.min_delta(), config.patience(), best, early_stop_->best_loss());
+  SEGPS_LOG_WARNING << tag_ << ": " << report->stopped_early;
 }
 
 absl::Status Progress::Validate(uint32_t epoch, const std::vector<std::vector<float>>& segments,

@@ -19,6 +19,7 @@
 #include "worker/model/backend.h"
 #include "worker/model/evaluator.h"
 #include "worker/model/segment_model.h"
+#include "worker/train/early_stop.h"
 #include "worker/train/step_compute.h"
 #include "worker/train/trainer.h"
 
@@ -50,8 +51,9 @@ class Progress {
 
   // Where scoring gets a segment's embedding rows (the servers' current ones).
   void set_rows(RowSource rows) { rows_ = std::move(rows); }
-  // Starts counting for worker `tag` on `schedule`; `balanced`: log the share.
-  void Start(const std::string& tag, const Schedule& schedule, bool balanced);
+  // Starts counting for worker `tag` (rank `rank`) on `schedule`;
+  // `balanced`: log the share.
+  void Start(const std::string& tag, uint32_t rank, const Schedule& schedule, bool balanced);
   // A step done; `throughput` as of it.
   absl::Status Record(const StepRecord& record, const Throughput& throughput, TrainReport* report);
   // Seconds training since Start, scoring left out: what the epochs' records count.
@@ -77,6 +79,9 @@ class Progress {
   // the validation set, and on the test set, into `record`.
   absl::Status Validate(uint32_t epoch, const std::vector<std::vector<float>>& segments, v1::EpochRecord* record);
   absl::Status Score(uint32_t epoch, const std::vector<std::vector<float>>& segments, v1::EpochRecord* record);
+  // Early stopping, on rank 0: after `epoch`'s validation, whether the
+  // segment stops (report->end_at_clock, its history's best_epoch).
+  void MaybeStop(uint32_t epoch, const v1::EpochRecord& record, TrainReport* report);
 
   const v1::JobConfig& config_;
   const TrainerOptions& options_;
@@ -84,7 +89,9 @@ class Progress {
   SegmentModel* const model_;
   const absl::Duration log_every_;
   std::string tag_;
+  uint32_t rank_ = 0;
   Schedule schedule_;
+  std::optional<EarlyStop> early_stop_;  // training.early_stopping, on rank 0
   bool balanced_ = false;
   absl::Time t0_ = absl::Now(), next_log_;
   Window window_, epoch_window_;

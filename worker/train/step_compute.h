@@ -51,6 +51,10 @@ class StepCompute {
   virtual SegmentModel* model() = 0;
   // Registered with the servers: sets up the worker's data. `tag` names it in logs.
   virtual absl::Status Start(const Registration& registration, const std::string& tag) = 0;
+  // Early stopping: the clocks of the segment's epoch as its rank 0 counts
+  // them (RegisterRequest.epoch_clocks), known before registering; 0 where
+  // a compute has no epochs of its own.
+  virtual uint64_t EpochClocks() const { return 0; }
   // Whether step `clock` is to be computed (false once training is over).
   virtual absl::StatusOr<bool> HasStep(uint64_t clock) = 0;
   // Whether step `clock` is the last; false when not yet known.

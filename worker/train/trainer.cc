@@ -13,8 +13,12 @@ namespace segps {
 std::string StepsComputed(const TrainReport& report) {
   return absl::StrCat(report.steps, " steps computed here (clocks ", report.first_clock, " to ", report.last_clock,
                       report.taken_over > 0 ? absl::StrCat("; ", report.taken_over, " by another process") : "",
-                      report.confirmed ? absl::StrCat("; every server applied ", report.last_clock)
-                                       : std::string("; the servers' count unconfirmed"),
+                      report.end_at_clock.has_value()
+                          ? absl::StrCat("; the servers ended the segment at clock ", *report.end_at_clock,
+                                         ", the best epoch's end")
+                      : report.confirmed       ? absl::StrCat("; every server applied ", report.last_clock)
+                      : !report.stopped_early.empty() ? std::string("; its segment stopped early")
+                                                      : std::string("; the servers' count unconfirmed"),
                       ")");
 }
 

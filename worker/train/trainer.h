@@ -59,6 +59,12 @@ struct TrainReport {
   uint64_t first_clock = 0, last_clock = 0, taken_over = 0;
   bool confirmed = false;
   v1::WorkerHistory history;  // one record per epoch
+  // Early stopping (training.early_stopping). `end_at_clock`: set where this
+  // worker (its segment's rank 0) decided to stop; leaving ends the segment
+  // at its checkpoint of that clock, the best epoch's end. `stopped_early`:
+  // why training ended before its schedule, here or by rank 0's decision.
+  std::optional<uint64_t> end_at_clock;
+  std::string stopped_early;
 };
 
 // "S steps computed here (clocks F to L...)": what a report's steps are.
