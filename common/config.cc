@@ -199,12 +199,12 @@ absl::Status ValidateLayers(const v1::ModelConfig* model, int k, bool chain, con
                         absl::StrCat("stage \"", seg->name(),
                                      "\" of a CHAIN ends in SOFTMAX: only the last stage may"));
       }
-    } else if (last && (layer.activation() != v1::SOFTMAX || layer.units() != model->num_classes())) {
+    } else if (last && (layer.activation() != OutputActivation(*model) || layer.units() != model->num_classes())) {
       return at.Error({{"model", -1}, {"segments", k}, {"layers", l}},
-                      absl::StrCat("segment \"", seg->name(),
-                                   "\": the last layer must be SOFTMAX with units == "
-                                   "model.num_classes (",
-                                   model->num_classes(), ")"));
+                      absl::StrCat("segment \"", seg->name(), "\": the last layer must be ",
+                                   v1::Activation_Name(OutputActivation(*model)), " with units == model.num_classes (",
+                                   model->num_classes(), ")",
+                                   model->loss() == v1::MSE ? " under loss: MSE" : ""));
     }
   }
   return absl::OkStatus();
@@ -313,9 +313,16 @@ absl::Status ValidateModel(v1::JobConfig& c, const Locator& at) {
   if (model->input_width() == 0) {
     return at.Error({{"model", -1}, {"input_width", -1}}, "must be > 0");
   }
-  if (model->num_classes() < 2) {
+  if (!v1::Loss_IsValid(model->loss())) {
+    return at.Error({{"model", -1}, {"loss", -1}}, absl::StrCat(model->loss(), " is no loss: CROSS_ENTROPY or MSE"));
+  }
+  if (model->loss() == v1::MSE && model->num_classes() != 1) {
     return at.Error({{"model", -1}, {"num_classes", -1}},
-                    absl::StrCat("must be >= 2, got ", model->num_classes()));
+                    absl::StrCat("is ", model->num_classes(), "; loss: MSE regresses one target: set 1"));
+  }
+  if (model->loss() != v1::MSE && model->num_classes() < 2) {
+    return at.Error({{"model", -1}, {"num_classes", -1}},
+                    absl::StrCat("must be >= 2, got ", model->num_classes(), " (a regression sets loss: MSE)"));
   }
   if (model->segments_size() == 0) {
     return at.Error({{"model", -1}, {"segments", -1}}, "at least one segment is required");

@@ -34,6 +34,12 @@ inline int32_t StalenessOf(const v1::JobConfig& config, int segment) {
 // The segment a user names by its name or its index; -1 if none.
 int SegmentIndex(const v1::ModelConfig& model, const std::string& name_or_index);
 
+// The activation every segment's (a chain's last stage's) last layer
+// ends in: SOFTMAX for classes, IDENTITY for a regression (loss: MSE).
+inline v1::Activation OutputActivation(const v1::ModelConfig& model) {
+  return model.loss() == v1::MSE ? v1::IDENTITY : v1::SOFTMAX;
+}
+
 inline uint32_t WorkersOf(const v1::JobConfig& config, int segment) {
   return config.model().segments(segment).workers();
 }

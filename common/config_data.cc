@@ -151,6 +151,11 @@ absl::Status ValidateDataFiles(v1::JobConfig& c, const Locator& at) {
     return at.Error({{"data", -1}, {"validation_fraction", -1}},
                     absl::StrCat("must be in [0, 1), got ", data->validation_fraction()));
   }
+  if (c.model().loss() == v1::MSE && data->source() != v1::NPY && data->source() != v1::CSV) {
+    return at.Error({{"data", -1}, {"source", -1}},
+                    absl::StrCat(v1::DataSource_Name(data->source()),
+                                 " has classes for labels; model.loss MSE regresses real-valued targets: NPY or CSV"));
+  }
   return ValidateEarlyStopping(c, at);
 }
 

@@ -54,7 +54,11 @@ def learning_curves_figure(reports):
     """reports: [(label, report dict)]. Left: training loss (and validation loss,
     dashed, where the run held a validation set); right: test accuracy
     (training accuracy where a run kept no test accuracy); a line per segment
-    and, where the history has it, the ensemble's."""
+    and, where the history has it, the ensemble's. A regression's report
+    (model.loss MSE, with baseline_rmse) keeps the mean absolute error where
+    a classifier's keeps the accuracy, and its loss is the squared error."""
+    regression = any("baseline_rmse" in report for _, report in reports)
+    second, loss_name = ("MAE", "mean squared error") if regression else ("accuracy", "mean cross-entropy")
     fig, (loss_ax, acc_ax) = plt.subplots(1, 2, figsize=SIZE, dpi=DPI)
     test_seen = validation_seen = False
     for label, report in reports:
@@ -73,9 +77,9 @@ def learning_curves_figure(reports):
         if ensemble:
             acc_ax.plot([e["epoch"] for e in ensemble], [e["test_accuracy"] for e in ensemble], marker="s",
                         linestyle="--", color="black", label=prefix + "ensemble")
-    loss_ax.set(title="training and validation loss" if validation_seen else "training loss (mean cross-entropy)",
-                xlabel="epoch", ylabel="loss (mean cross-entropy)")
-    acc_ax.set(title="test accuracy" if test_seen else "training accuracy", xlabel="epoch", ylabel="accuracy")
+    loss_ax.set(title="training and validation loss" if validation_seen else f"training loss ({loss_name})",
+                xlabel="epoch", ylabel=f"loss ({loss_name})")
+    acc_ax.set(title=f"test {second}" if test_seen else f"training {second}", xlabel="epoch", ylabel=second)
     for ax in (loss_ax, acc_ax):
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(alpha=0.3)

@@ -216,7 +216,7 @@ int RunStage(Worker& w) {
   SEGPS_LOG_INFO << w.config.model().segments(stage).name() << ": done: " << segps::StepsComputed(*report) << ", "
                  << report->samples << " samples in " << report->seconds << " s"
                  << (stage + 1 == stages
-                         ? absl::StrCat("; ", segps::LastEpoch(*report))
+                         ? absl::StrCat("; ", segps::LastEpoch(*report, w.config.model()))
                          : std::string());
   return 0;
 }
@@ -263,7 +263,7 @@ int RunEnsemble(Worker& w) {
   SEGPS_LOG_INFO << w.config.model().segments(w.segment).name() << ": done: " << segps::StepsComputed(*report)
                  << ", " << report->samples << " samples in " << report->seconds << " s ("
                  << static_cast<int64_t>(report->samples / std::max(1e-9, report->seconds))
-                 << " samples/s); " << segps::LastEpoch(*report)
+                 << " samples/s); " << segps::LastEpoch(*report, w.config.model())
                  << "; staleness mean " << report->mean_staleness << " max " << report->max_staleness
                  << "; blocked " << report->blocked_seconds << " s";
   return 0;

@@ -274,6 +274,36 @@ TEST_P(BackendTest, SoftmaxWithoutLabelsLeavesGradientAndStatisticsAlone) {
   EXPECT_EQ(ToHost(ds.data(), 2), (std::vector<float>{7.0f, 7.0f}));
 }
 
+// A regression's output (model.loss MSE): predictions as they are, the
+// gradient 2 (p - t) / rows, squared and absolute errors summed in a fixed
+// order over many blocks; without targets, the outputs only.
+TEST_P(BackendTest, SquaredErrorOverManyBlocks) {
+  for (int rows : {1, 33, 4097}) {
+    const std::vector<float> p = Random(rows, 3.0), t = Random(rows, 3.0);
+    Buffer dp = ToDevice(p), dt = ToDevice(t), dout = *backend_->Allocate(rows * sizeof(float)),
+           dd = *backend_->Allocate(rows * sizeof(float)), ds = *backend_->Allocate(2 * sizeof(float));
+    std::vector<double> out(rows), d(rows);
+    double squared = 0, absolute = 0;
+    for (int r = 0; r < rows; ++r) {
+      const double e = static_cast<double>(p[r]) - t[r];
+      out[r] = p[r];
+      d[r] = 2 * e / rows;
+      squared += e * e;
+      absolute += std::fabs(e);
+    }
+    ASSERT_TRUE(backend_->SquaredError(dp.data(), dt.data(), rows, 1.0f / rows, dout.data(), dd.data(), ds.data()).ok());
+    const std::vector<float> stats = ToHost(ds.data(), 2);
+    ExpectClose(ToHost(dout.data(), rows), out, absl::StrCat("outputs of ", rows));
+    ExpectClose(ToHost(dd.data(), rows), d, absl::StrCat("gradient of ", rows));
+    EXPECT_NEAR(stats[0], squared, 1e-6 * squared) << rows;
+    EXPECT_NEAR(stats[1], absolute, 1e-6 * absolute) << rows;
+    Buffer untouched = ToDevice(std::vector<float>(rows, 7.0f)), kept = ToDevice(std::vector<float>{7.0f, 7.0f});
+    ASSERT_TRUE(backend_->SquaredError(dp.data(), nullptr, rows, 1.0f, dout.data(), untouched.data(), kept.data()).ok());
+    EXPECT_EQ(ToHost(untouched.data(), rows), std::vector<float>(rows, 7.0f));
+    EXPECT_EQ(ToHost(kept.data(), 2), (std::vector<float>{7.0f, 7.0f}));
+  }
+}
+
 // More memory than any machine has: RESOURCE_EXHAUSTED naming the size, on
 // the device as on the CPU, and the backend goes on working.
 TEST_P(BackendTest, AnAllocationBeyondTheMemoryIsResourceExhausted) {

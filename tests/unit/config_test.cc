@@ -201,6 +201,15 @@ TEST(Config, RejectsEachBrokenField) {
       {"source: SYNTHETIC_SEED", "source: CSV train_csv: \"a.csv\" scale: 2", "data.scale: is used by data.source NPY only"},
       {"source: SYNTHETIC_SEED", "source: SYNTHETIC_SEED test_fraction: 0.5",
        "data.test_fraction: is used by data.source NPY and CSV only"},
+      {"num_classes: 10", "num_classes: 10 loss: MSE", "model.num_classes: is 10; loss: MSE regresses one target"},
+      {"num_classes: 10", "num_classes: 1 loss: MSE", "the last layer must be IDENTITY with units == model.num_classes (1)"},
+      {"num_classes: 10", "num_classes: 1", "model.num_classes: must be >= 2, got 1 (a regression sets loss: MSE)"},
+      {"num_classes: 10", "num_classes: 1 loss: 7", "model.loss: 7 is no loss"},
+      {"num_classes: 10\n  segments {\n    name: \"a\"\n    layers { units: 64 activation: RELU }\n    layers { units: 10 "
+       "activation: SOFTMAX }",
+       "num_classes: 1 loss: MSE\n  segments {\n    name: \"a\"\n    layers { units: 64 activation: RELU }\n    layers { "
+       "units: 1 activation: IDENTITY }",
+       "data.source: SYNTHETIC_SEED has classes for labels; model.loss MSE regresses real-valued targets: NPY or CSV"},
       {"kind: ADAM }", "kind: ADAM } training { early_stopping { patience: 2 } }",
        "training.early_stopping: stops on the validation loss: set data.validation_fraction"},
       {"kind: ADAM }", "kind: ADAM } training { early_stopping { } }",

@@ -35,6 +35,7 @@ class CsvReader {
         data_(config.data()),
         width_(static_cast<int>(config.model().input_width())),
         classes_(static_cast<int>(config.model().num_classes())),
+        regression_(config.model().loss() == v1::MSE),
         row_(width_) {
     out_.width = width_;
     out_.classes = classes_;
@@ -150,6 +151,12 @@ class CsvReader {
       }
       if (static_cast<int>(c) != label_) {
         row_[j++] = static_cast<float>(v);
+      } else if (regression_) {
+        if (!std::isfinite(static_cast<float>(v))) {
+          return Bad(absl::StrCat("line ", line_, " ", ColumnName(c), ": target '", fields[c],
+                                  "' is not finite as a float32"));
+        }
+        y = TargetBits(static_cast<float>(v));
       } else if (v != std::floor(v) || v < 0 || v >= classes_) {
         return Bad(absl::StrCat("line ", line_, " ", ColumnName(c), ": label '", fields[c], "' is not a class in [0, ",
                                 classes_, ")"));
@@ -166,6 +173,7 @@ class CsvReader {
   const std::string& path_;
   const v1::DataConfig& data_;
   const int width_, classes_;
+  const bool regression_;
   uint64_t line_ = 0;
   size_t columns_ = 0;
   int label_ = -1;

@@ -334,13 +334,17 @@ absl::StatusOr<NpyHeader> FeatureHeader(const std::string& path, int width) {
   return h;
 }
 
-// Every label of an .npy file of [rows] integers, checked against [0, classes).
-absl::StatusOr<std::vector<int32_t>> ReadLabels(const std::string& path, uint64_t rows, int classes,
+// Every label of an .npy file of [rows] integers, checked against [0, classes);
+// or (`regression`) every target, of [rows] numbers finite as float32, as
+// TargetBits.
+absl::StatusOr<std::vector<int32_t>> ReadLabels(const std::string& path, uint64_t rows, int classes, bool regression,
                                                 const std::string& x_path) {
   absl::StatusOr<NpyHeader> h = ReadNpyHeader(path);
   if (!h.ok()) return h.status();
-  if (h->kind != 'i' && h->kind != 'u' && h->kind != 'b') {
-    return Bad(path, absl::StrCat("labels have dtype '", h->descr, "'; they must be integers"));
+  const bool floats = h->kind == 'f' && (h->item_bytes == 4 || h->item_bytes == 8);
+  if (regression ? !floats : h->kind != 'i' && h->kind != 'u' && h->kind != 'b') {
+    return Bad(path, absl::StrCat("labels have dtype '", h->descr, "'; they must be ",
+                                  regression ? "float32 or float64 (model.loss MSE)" : "integers"));
   }
   if (h->shape.size() != 1) {
     return Bad(path, absl::StrCat("labels have ", h->shape.size(), " dimensions; they must have shape [n]"));
@@ -356,8 +360,22 @@ absl::StatusOr<std::vector<int32_t>> ReadLabels(const std::string& path, uint64_
   const bool is_signed = h->kind == 'i';
   const int shift = 64 - 8 * h->item_bytes;
   for (uint64_t i = 0; i < rows; ++i) {
+    const char* at = region->data() + i * h->item_bytes;
+    if (regression) {
+      float f = 0;
+      if (h->item_bytes == 4) {
+        std::memcpy(&f, at, 4);
+      } else {
+        double d = 0;
+        std::memcpy(&d, at, 8);
+        f = static_cast<float>(d);
+      }
+      if (!std::isfinite(f)) return Bad(path, absl::StrCat("row ", i, ": target is not finite as a float32"));
+      labels[i] = TargetBits(f);
+      continue;
+    }
     uint64_t raw = 0;
-    std::memcpy(&raw, region->data() + i * h->item_bytes, h->item_bytes);
+    std::memcpy(&raw, at, h->item_bytes);
     const int64_t value = static_cast<int64_t>(raw << shift) >> shift;
     if (is_signed ? value < 0 || value >= classes : raw >= static_cast<uint64_t>(classes)) {
       return Bad(path, absl::StrCat("row ", i, ": label ", is_signed ? absl::StrCat(value) : absl::StrCat(raw),
@@ -382,7 +400,8 @@ absl::StatusOr<TrainTest> LoadNpy(const v1::JobConfig& config) {
                   const std::string& ids_path) -> absl::StatusOr<Arrays> {
     absl::StatusOr<NpyHeader> h = FeatureHeader(x_path, width);
     if (!h.ok()) return h.status();
-    absl::StatusOr<std::vector<int32_t>> labels = ReadLabels(y_path, h->shape[0], classes, x_path);
+    absl::StatusOr<std::vector<int32_t>> labels =
+        ReadLabels(y_path, h->shape[0], classes, config.model().loss() == v1::MSE, x_path);
     if (!labels.ok()) return labels.status();
     Arrays arrays{*std::move(h), *std::move(labels), {}};
     if (fields > 0) {
@@ -440,6 +459,7 @@ Dataset SelectRows(const Dataset& from, const std::vector<uint64_t>& rows) {
   Dataset out;
   out.width = from.width;
   out.classes = from.classes;
+  out.regression = from.regression;
   out.columns = from.columns;
   out.fields = from.fields;
   out.x.resize(rows.size() * from.width);
@@ -529,6 +549,7 @@ Dataset Rows(const Dataset& d, const std::vector<uint32_t>& rows) {
   Dataset out;  // every field of d's but its rows'
   out.width = d.width;
   out.classes = d.classes;
+  out.regression = d.regression;
   out.mean = d.mean;
   out.std = d.std;
   out.scale = d.scale;
@@ -590,6 +611,9 @@ absl::StatusOr<TrainTest> LoadData(const v1::JobConfig& config) {
   if (!data.ok()) return data.status();
   if (config.data().normalize() == v1::STANDARDIZE) SEGPS_RETURN_IF_ERROR(Standardize(*data));
   ShuffleAndHoldOut(config.data(), &*data);
+  for (Dataset* set : {&data->train, &data->test, &data->validation}) {
+    set->regression = config.model().loss() == v1::MSE;
+  }
   return data;
 }
 

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/base/casts.h"
 #include "absl/status/statusor.h"
 #include "common/shard_map.h"
 #include "segps/v1/config.pb.h"
@@ -23,13 +24,17 @@ namespace segps {
 
 class FeatureFile;
 
-// Row-major float inputs [size x width] and integer labels in [0, classes).
+// Row-major float inputs [size x width] and integer labels in [0, classes),
+// or (model.loss MSE, `regression`) one real-valued target a row.
 //
 // Thread safety: reading rows (CopyRow, GatherBatch) may run concurrently;
 // MapRows must not overlap any other use of the same data set.
 struct Dataset {
   int width = 0;
   int classes = 0;
+  // loss: MSE: y holds each row's target as its float's bits (TargetOf), so
+  // that targets move through shuffles and splits as labels do.
+  bool regression = false;
   // In-memory features [size x width], standardised when `mean` is set;
   // empty when `file` holds them.
   std::vector<float> x;
@@ -59,6 +64,10 @@ struct Dataset {
   // Row i's features, as the model sees them, into out[width].
   void CopyRow(size_t i, float* out) const;
 };
+
+// A regression target as Dataset::y keeps it, and back.
+inline int32_t TargetBits(float target) { return absl::bit_cast<int32_t>(target); }
+inline float TargetOf(int32_t bits) { return absl::bit_cast<float>(bits); }
 
 struct TrainTest {
   Dataset train;

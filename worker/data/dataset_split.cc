@@ -21,7 +21,7 @@ Range SegmentRows(const v1::JobConfig& config, size_t train_size, int segment) {
 
 std::optional<std::string> MissingClassesWarning(const v1::JobConfig& config, const Dataset& train, int segment) {
   const Range rows = SegmentRows(config, train.size(), segment);
-  if (rows.count == train.size() || train.classes <= 0) return std::nullopt;
+  if (rows.count == train.size() || train.classes <= 0 || train.regression) return std::nullopt;
   std::vector<bool> anywhere(train.classes, false), mine(train.classes, false);
   for (size_t i = 0; i < train.size(); ++i) {
     const int32_t c = train.y[i];

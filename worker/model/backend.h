@@ -122,6 +122,12 @@ class Backend {
   virtual absl::Status SoftmaxCrossEntropy(const float* logits, const int32_t* labels, int rows,
                                            int cols, float grad_scale, float* probs,
                                            float* dlogits, float* stats) = 0;
+  // A regression's one-column output (model.loss MSE): outputs = preds;
+  // with targets (may be null for inference) also dpreds = 2 (preds -
+  // targets) * grad_scale and stats[0] = summed squared error, stats[1] =
+  // summed absolute error.
+  virtual absl::Status SquaredError(const float* preds, const float* targets, int rows, float grad_scale,
+                                    float* outputs, float* dpreds, float* stats) = 0;
 
   // The time the ops enqueued between StartTiming() and StopTiming() took
   // to run on the device; StopTiming waits for them. On the CPU, where an op

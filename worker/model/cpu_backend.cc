@@ -145,6 +145,25 @@ class CpuBackend final : public Backend {
     return absl::OkStatus();
   }
 
+  absl::Status SquaredError(const float* preds, const float* targets, int rows, float grad_scale, float* outputs,
+                            float* dpreds, float* stats) override {
+    double squared = 0.0, absolute = 0.0;
+    for (int r = 0; r < rows; ++r) {
+      const float p = preds[r];
+      outputs[r] = p;
+      if (targets == nullptr) continue;
+      const float e = p - targets[r];
+      if (dpreds != nullptr) dpreds[r] = 2.0f * e * grad_scale;
+      squared += static_cast<double>(e) * e;
+      absolute += std::fabs(static_cast<double>(e));
+    }
+    if (targets != nullptr && stats != nullptr) {
+      stats[0] = static_cast<float>(squared);
+      stats[1] = static_cast<float>(absolute);
+    }
+    return absl::OkStatus();
+  }
+
   absl::Status StartTiming() override {
     timing_since_ = absl::Now();
     return absl::OkStatus();

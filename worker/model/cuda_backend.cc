@@ -4,6 +4,7 @@
 #include <cuda_runtime_api.h>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "worker/model/cuda_kernels.h"
 
 namespace segps {
@@ -125,17 +126,15 @@ class CudaBackend final : public Backend {
   }
   absl::Status SoftmaxCrossEntropy(const float* logits, const int32_t* labels, int rows, int cols,
                                    float grad_scale, float* probs, float* dlogits, float* stats) override {
-    const size_t partials = 2 * static_cast<size_t>(cuda::SoftmaxBlocks(rows)) * sizeof(double);
-    if (labels != nullptr && stats != nullptr && partials > partials_.bytes()) {
-      // Grown to the largest batch seen; the old scratch may still be read by enqueued work.
-      absl::Status s = Synchronize();
-      if (s.ok()) partials_ = Buffer();
-      absl::StatusOr<Buffer> grown = s.ok() ? Allocate(partials) : absl::StatusOr<Buffer>(s);
-      if (!grown.ok()) return grown.status();
-      partials_ = *std::move(grown);
-    }
+    if (labels != nullptr && stats != nullptr) SEGPS_RETURN_IF_ERROR(GrowPartials(rows));
     return SEGPS_CUDA(cuda::SoftmaxCrossEntropy(logits, labels, rows, cols, grad_scale, probs, dlogits, stats,
                                                 partials_.data<double>(), stream_));
+  }
+  absl::Status SquaredError(const float* preds, const float* targets, int rows, float grad_scale, float* outputs,
+                            float* dpreds, float* stats) override {
+    if (targets != nullptr && stats != nullptr) SEGPS_RETURN_IF_ERROR(GrowPartials(rows));
+    return SEGPS_CUDA(cuda::SquaredError(preds, targets, rows, grad_scale, outputs, dpreds, stats,
+                                         partials_.data<double>(), stream_));
   }
 
   absl::Status StartTiming() override { return SEGPS_CUDA(cudaEventRecord(timing_[0], stream_)); }
@@ -150,11 +149,23 @@ class CudaBackend final : public Backend {
 
  private:
   explicit CudaBackend(int device) : device_(device) {}
+  // Room for the loss kernels' per-block sums of `rows` rows: grown to the
+  // largest batch seen; the old scratch may still be read by enqueued work.
+  absl::Status GrowPartials(int rows) {
+    const size_t partials = 2 * static_cast<size_t>(cuda::SoftmaxBlocks(rows)) * sizeof(double);
+    if (partials <= partials_.bytes()) return absl::OkStatus();
+    SEGPS_RETURN_IF_ERROR(Synchronize());
+    partials_ = Buffer();
+    absl::StatusOr<Buffer> grown = Allocate(partials);
+    if (!grown.ok()) return grown.status();
+    partials_ = *std::move(grown);
+    return absl::OkStatus();
+  }
   const int device_;
   cudaStream_t stream_ = nullptr;
   cublasHandle_t handle_ = nullptr;
   cudaEvent_t timing_[2] = {nullptr, nullptr};  // StartTiming's and StopTiming's marks
-  Buffer partials_;                             // SoftmaxCrossEntropy's per-block sums
+  Buffer partials_;                             // the loss kernels' per-block sums
 };
 
 int CudaDeviceCount() {

@@ -126,6 +126,33 @@ __global__ void SoftmaxXentKernel(const float* logits, const int32_t* labels, in
   }
 }
 
+// One thread per row of a one-column output: outputs = preds, and with
+// targets dpreds = 2 (pred - target) grad_scale; each block leaves its
+// rows' summed squared and absolute errors at partials[2 * block], [+ 1].
+__global__ void SquaredErrorKernel(const float* preds, const float* targets, int rows, float grad_scale,
+                                   float* outputs, float* dpreds, double* partials) {
+  __shared__ double shared[kThreads];
+  const int r = blockIdx.x * blockDim.x + threadIdx.x;
+  double squared = 0.0, absolute = 0.0;
+  if (r < rows) {
+    const float p = preds[r];
+    outputs[r] = p;
+    if (targets != nullptr) {
+      const float e = p - targets[r];
+      if (dpreds != nullptr) dpreds[r] = 2.0f * e * grad_scale;
+      squared = static_cast<double>(e) * e;
+      absolute = fabs(static_cast<double>(e));
+    }
+  }
+  if (targets == nullptr || partials == nullptr) return;  // uniform over the block
+  squared = BlockSum(squared, shared);
+  absolute = BlockSum(absolute, shared);
+  if (threadIdx.x == 0) {
+    partials[2 * blockIdx.x] = squared;
+    partials[2 * blockIdx.x + 1] = absolute;
+  }
+}
+
 // One block: the blocks' partial sums in a fixed order, into stats[0..1].
 __global__ void ReduceStatsKernel(const double* partials, int blocks, float* stats) {
   __shared__ double shared[kThreads];
@@ -186,6 +213,18 @@ cudaError_t SoftmaxCrossEntropy(const float* logits, const int32_t* labels, int 
   const bool sums = labels != nullptr && stats != nullptr;
   SoftmaxXentKernel<<<blocks, kThreads, 0, stream>>>(logits, labels, rows, cols, grad_scale, probs, dlogits,
                                                      sums ? partials : nullptr);
+  if (!sums) return cudaGetLastError();
+  ReduceStatsKernel<<<1, kThreads, 0, stream>>>(partials, blocks, stats);
+  return cudaGetLastError();
+}
+
+cudaError_t SquaredError(const float* preds, const float* targets, int rows, float grad_scale, float* outputs,
+                         float* dpreds, float* stats, double* partials, cudaStream_t stream) {
+  if (rows == 0) return cudaSuccess;
+  const int blocks = SoftmaxBlocks(rows);
+  const bool sums = targets != nullptr && stats != nullptr;
+  SquaredErrorKernel<<<blocks, kThreads, 0, stream>>>(preds, targets, rows, grad_scale, outputs, dpreds,
+                                                      sums ? partials : nullptr);
   if (!sums) return cudaGetLastError();
   ReduceStatsKernel<<<1, kThreads, 0, stream>>>(partials, blocks, stats);
   return cudaGetLastError();

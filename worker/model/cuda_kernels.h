@@ -31,6 +31,10 @@ int SoftmaxBlocks(int rows);
 cudaError_t SoftmaxCrossEntropy(const float* logits, const int32_t* labels, int rows, int cols,
                                 float grad_scale, float* probs, float* dlogits, float* stats,
                                 double* partials, cudaStream_t stream);
+// The squared error of a one-column output (Backend::SquaredError), with
+// per-block sums in `partials` (2 * SoftmaxBlocks(rows) doubles) as above.
+cudaError_t SquaredError(const float* preds, const float* targets, int rows, float grad_scale, float* outputs,
+                         float* dpreds, float* stats, double* partials, cudaStream_t stream);
 
 }  // namespace cuda
 }  // namespace segps

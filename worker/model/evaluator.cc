@@ -66,32 +66,28 @@ absl::Status ForEachPrediction(const v1::ModelConfig& config, int k, const Datas
   return absl::OkStatus();
 }
 
-// Accuracy and mean cross-entropy of class probabilities against labels.
-class Scorer {
- public:
-  explicit Scorer(int classes) : classes_(classes) {}
-  template <typename T>
-  void Add(const T* p, int label) {
-    loss_ -= std::log(std::max(static_cast<double>(p[label]), 1e-12));
-    correct_ += std::max_element(p, p + classes_) - p == label;
-    ++samples_;
-  }
-  Score score(std::string name) const {
-    return {std::move(name), static_cast<double>(correct_) / samples_, loss_ / samples_, std::nullopt};
-  }
-
- private:
-  const int classes_;
-  double loss_ = 0;
-  uint64_t correct_ = 0, samples_ = 0;
-};
-
 }  // namespace
+
+Score Scorer::score(std::string name) const {
+  const double n = std::max<double>(1, static_cast<double>(samples_));
+  Score s{std::move(name), regression_ ? 0 : absolute_ / n, loss_ / n, std::nullopt, std::nullopt, std::nullopt};
+  if (regression_) {
+    s.rmse = std::sqrt(loss_ / n);
+    s.mae = absolute_ / n;
+  }
+  return s;
+}
+
+Score ScoreRows(const v1::ModelConfig& model, absl::Span<const float> outputs, absl::Span<const int32_t> labels) {
+  Scorer scorer(static_cast<int>(model.num_classes()), model.loss() == v1::MSE);
+  for (size_t i = 0; i < labels.size(); ++i) scorer.Add(&outputs[i * model.num_classes()], labels[i]);
+  return scorer.score("");
+}
 
 double MeanCrossEntropy(absl::Span<const float> probs, absl::Span<const int32_t> labels) {
   if (labels.empty()) return 0;
   const size_t classes = probs.size() / labels.size();
-  Scorer scorer(static_cast<int>(classes));
+  Scorer scorer(static_cast<int>(classes), false);
   for (size_t i = 0; i < labels.size(); ++i) scorer.Add(&probs[i * classes], labels[i]);
   return scorer.score("").loss;
 }
@@ -222,7 +218,8 @@ absl::StatusOr<EvalReport> Evaluate(const v1::JobConfig& config, const Dataset& 
   const int classes = static_cast<int>(config.model().num_classes());
   const size_t n = test.size();
   if (n == 0) return absl::InvalidArgumentError("evaluation: the test set is empty");
-  std::vector<Scorer> scorers(segments, Scorer(classes));
+  const bool regression = config.model().loss() == v1::MSE;
+  std::vector<Scorer> scorers(segments, Scorer(classes, regression));
   // Two classes: class 1's probability per segment, for the ROC AUC.
   std::vector<std::vector<float>> positive(classes == 2 ? segments : 0, std::vector<float>(n));
   absl::StatusOr<std::vector<double>> ensemble =
@@ -239,12 +236,18 @@ absl::StatusOr<EvalReport> Evaluate(const v1::JobConfig& config, const Dataset& 
     report.segments.push_back(scorers[k].score(config.model().segments(k).name()));
     if (classes == 2) report.segments.back().auc = RocAuc(positive[k], test.y);
   }
-  Scorer scorer(classes);
+  Scorer scorer(classes, regression);
   std::vector<uint64_t> counts(classes, 0);
+  double mean = 0, squares = 0;  // a regression's targets
   report.probabilities.resize(n * classes);
   for (size_t i = 0; i < n; ++i) {
     scorer.Add(&(*ensemble)[i * classes], test.y[i]);
-    counts[test.y[i]] += 1;
+    if (regression) {
+      mean += TargetOf(test.y[i]);
+      squares += double{TargetOf(test.y[i])} * TargetOf(test.y[i]);
+    } else {
+      counts[test.y[i]] += 1;
+    }
   }
   for (size_t i = 0; i < report.probabilities.size(); ++i) {
     report.probabilities[i] = static_cast<float>((*ensemble)[i]);
@@ -255,12 +258,18 @@ absl::StatusOr<EvalReport> Evaluate(const v1::JobConfig& config, const Dataset& 
     for (size_t i = 0; i < n; ++i) p1[i] = static_cast<float>((*ensemble)[i * 2 + 1]);
     report.ensemble.auc = RocAuc(p1, test.y);
   }
-  report.chance = static_cast<double>(*std::max_element(counts.begin(), counts.end())) / n;
+  mean /= static_cast<double>(n);
+  report.chance = regression ? std::sqrt(std::max(0.0, squares / static_cast<double>(n) - mean * mean))
+                             : static_cast<double>(*std::max_element(counts.begin(), counts.end())) / n;
   return report;
 }
 
 std::string ToJson(const v1::JobConfig& config, const EvalReport& report) {
   auto score = [](const Score& s) {
+    if (s.rmse.has_value()) {
+      return absl::StrFormat("{\"name\": \"%s\", \"rmse\": %.6f, \"mae\": %.6f, \"loss\": %.6f}", s.name, *s.rmse,
+                             s.mae.value_or(0), s.loss);
+    }
     return absl::StrFormat("{\"name\": \"%s\", \"accuracy\": %.6f, \"loss\": %.6f%s}", s.name, s.accuracy, s.loss,
                            s.auc.has_value() ? absl::StrFormat(", \"auc\": %.6f", *s.auc) : "");
   };
@@ -285,7 +294,9 @@ std::string ToJson(const v1::JobConfig& config, const EvalReport& report) {
     absl::StrAppend(&out, "],\n");
   }
   absl::StrAppend(&out, "  \"ensemble\": ", score(report.ensemble), ",\n");
-  absl::StrAppend(&out, absl::StrFormat("  \"chance_accuracy\": %.6f", report.chance));
+  absl::StrAppend(&out, absl::StrFormat(config.model().loss() == v1::MSE ? "  \"baseline_rmse\": %.6f"
+                                                                         : "  \"chance_accuracy\": %.6f",
+                                        report.chance));
   if (report.history.workers_size() > 0) {
     absl::StrAppend(&out, ",\n  \"history\": ", ToJson(report.history));
   }

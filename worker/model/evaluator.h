@@ -3,6 +3,8 @@
 #ifndef SEGPS_WORKER_MODEL_EVALUATOR_H_
 #define SEGPS_WORKER_MODEL_EVALUATOR_H_
 
+#include <algorithm>
+#include <cmath>
 #include <functional>
 #include <optional>
 #include <string>
@@ -20,9 +22,47 @@ namespace segps {
 struct Score {
   std::string name;
   double accuracy = 0;
-  double loss = 0;  // mean cross-entropy
+  double loss = 0;  // mean cross-entropy (loss MSE: mean squared error)
   std::optional<double> auc;  // two classes: ROC AUC of class 1's probability
+  std::optional<double> rmse, mae;  // a regression's (loss MSE), where accuracy means nothing
 };
+
+// Scores outputs (class probabilities, or a regression's predictions)
+// against labels (or TargetBits) row by row.
+class Scorer {
+ public:
+  Scorer(int classes, bool regression) : classes_(classes), regression_(regression) {}
+  // One row: outputs `p` (float or double) and its label.
+  template <typename T>
+  void Add(const T* p, int32_t label) {
+    if (regression_) {
+      const double e = static_cast<double>(p[0]) - TargetOf(label);
+      loss_ += e * e;
+      absolute_ += std::fabs(e);
+    } else {
+      loss_ -= std::log(std::max(static_cast<double>(p[label]), 1e-12));
+      absolute_ += std::max_element(p, p + classes_) - p == label;
+    }
+    ++samples_;
+  }
+  Score score(std::string name) const;
+
+ private:
+  int classes_;
+  bool regression_;
+  double loss_ = 0;
+  double absolute_ = 0;  // correct predictions, or a regression's summed absolute error
+  uint64_t samples_ = 0;
+};
+
+// A score's second figure beside its loss, and its name in logs: the
+// accuracy ("acc"), or under loss MSE the mean absolute error ("mae").
+inline double SecondStat(const Score& s) { return s.mae.value_or(s.accuracy); }
+inline const char* SecondStatName(const v1::ModelConfig& model) { return model.loss() == v1::MSE ? "mae" : "acc"; }
+
+// The score of `outputs` [labels.size() x num_classes] against `labels`, by
+// the model's loss: mean cross-entropy and accuracy, or MSE, RMSE and MAE.
+Score ScoreRows(const v1::ModelConfig& model, absl::Span<const float> outputs, absl::Span<const int32_t> labels);
 
 // A segment's embedding rows for scoring: per table of segment `segment`,
 // the rows of the distinct `ids` into `values` (ids x dim each), as
@@ -34,7 +74,9 @@ struct EvalReport {
   std::vector<Score> segments;
   Score ensemble;
   uint64_t samples = 0;
-  double chance = 0;  // accuracy of guessing the most frequent test label
+  // Accuracy of guessing the most frequent test label; under loss MSE the
+  // RMSE of predicting the test targets' mean (their standard deviation).
+  double chance = 0;
   std::vector<float> probabilities;  // the ensemble's, [samples x classes]
   v1::RunHistory history;            // per epoch, where the workers kept it
 };

@@ -94,7 +94,13 @@ absl::StatusOr<TrainedModel> ReadModelSafetensors(const std::string& path) {
   *check.mutable_model() = out.model;
   check.mutable_cluster()->set_num_servers(1);
   check.mutable_optimizer()->set_kind(v1::SGD);
-  check.mutable_data()->set_source(v1::SYNTHETIC_SEED);
+  if (out.model.loss() == v1::MSE) {  // a regression trains on files of real-valued targets
+    check.mutable_data()->set_source(v1::NPY);
+    check.mutable_data()->set_train_x("x.npy");
+    check.mutable_data()->set_train_y("y.npy");
+  } else {
+    check.mutable_data()->set_source(v1::SYNTHETIC_SEED);
+  }
   std::string text;
   google::protobuf::TextFormat::PrintToString(check, &text);
   absl::StatusOr<v1::JobConfig> valid = ParseConfig(text, path + " metadata segps.model");

@@ -21,6 +21,7 @@ absl::StatusOr<SegmentModel> SegmentModel::Create(Backend* backend, const v1::Mo
   m.widths_.push_back(static_cast<int>(SegmentInputWidth(model, segment)));
   const bool chain = model.combine() == v1::CHAIN;
   m.final_stage_ = !chain || segment + 1 == model.segments_size();
+  m.regression_ = model.loss() == v1::MSE;
   int widest = m.widths_[0];
   for (const auto& layer : model.segments(segment).layers()) {
     m.kernel_offsets_.push_back(m.num_params_);
@@ -118,10 +119,19 @@ absl::Status SegmentModel::Forward(int rows, int slot, bool with_labels, std::op
     }
     in = out;
   }
-  return backend_->SoftmaxCrossEntropy(logits_.data(), with_labels ? labels_[slot].data<int32_t>() : nullptr,
-                                       rows, widths_.back(), 1.0f / rows, acts_.back().data(),
-                                       with_labels ? delta_a_.data() : nullptr,
-                                       with_labels ? stats_.data() : nullptr);
+  return Loss(0, rows, slot, with_labels, 1.0f / rows, with_labels ? delta_a_.data() : nullptr);
+}
+
+absl::Status SegmentModel::Loss(int first, int rows, int slot, bool with_labels, float grad_scale, float* dlogits) {
+  const size_t at = static_cast<size_t>(first) * widths_.back();
+  float* stats = with_labels ? stats_.data() : nullptr;
+  if (regression_) {
+    return backend_->SquaredError(logits_.data() + at, with_labels ? labels_[slot].data<float>() + first : nullptr,
+                                  rows, grad_scale, acts_.back().data() + at, dlogits, stats);
+  }
+  return backend_->SoftmaxCrossEntropy(logits_.data() + at,
+                                       with_labels ? labels_[slot].data<int32_t>() + first : nullptr, rows,
+                                       widths_.back(), grad_scale, acts_.back().data() + at, dlogits, stats);
 }
 
 absl::Status SegmentModel::Predict(int rows, int slot) {
@@ -179,9 +189,8 @@ absl::Status SegmentModel::StageForward(int first, int rows, float grad_scale,
     in = out;
   }
   if (!final_stage_) return absl::OkStatus();
-  const size_t at = static_cast<size_t>(first) * widths_.back();
-  return backend_->SoftmaxCrossEntropy(logits_.data() + at, labels_[0].data<int32_t>() + first, rows, widths_.back(),
-                                       grad_scale, acts_.back().data() + at, dlogits_.data() + at, stats_.data());
+  return Loss(first, rows, 0, /*with_labels=*/true, grad_scale,
+              dlogits_.data() + static_cast<size_t>(first) * widths_.back());
 }
 
 absl::Status SegmentModel::StageBackward(int first, int rows, bool accumulate, bool input_grad,

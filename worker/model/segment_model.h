@@ -19,8 +19,8 @@
 namespace segps {
 
 struct BatchStats {
-  double loss_sum = 0;  // summed cross-entropy over the batch
-  int correct = 0;
+  double loss_sum = 0;  // summed cross-entropy (loss MSE: squared error) over the batch
+  double correct = 0;   // correct predictions (loss MSE: summed absolute error)
 };
 
 // The dropout seed of a training step: a function of the job's seed, the
@@ -90,11 +90,15 @@ class SegmentModel {
   // Enqueues the copy of the last step's loss and accuracy to the host.
   absl::Status DownloadStats();
   // The last step's stats; valid after DownloadStats and a Synchronize.
-  BatchStats stats() const { return {host_stats_.data()[0], static_cast<int>(host_stats_.data()[1])}; }
+  BatchStats stats() const { return {host_stats_.data()[0], host_stats_.data()[1]}; }
 
  private:
   SegmentModel() = default;
   absl::Status Forward(int rows, int slot, bool with_labels, std::optional<uint64_t> dropout_seed);
+  // The output layer's loss over rows [first, first + rows) of the logits,
+  // into the outputs (probabilities, or a regression's predictions) and,
+  // with labels (of input slot `slot`), `dlogits` and the stats.
+  absl::Status Loss(int first, int rows, int slot, bool with_labels, float grad_scale, float* dlogits);
   // Layer l's activated outputs `y` (n of them, at element `first` of the
   // layer's output): with a dropout seed and a rate, their pre-dropout
   // values kept for the backward, and y masked in place.
@@ -120,6 +124,7 @@ class SegmentModel {
   // stage's loss gradient per micro-batch, and a column of ones (a bias
   // gradient accumulates as ones^T * delta).
   bool final_stage_ = true;
+  bool regression_ = false;  // model.loss MSE: a squared error on one output, not softmax
   Buffer output_grad_, input_grad_, dlogits_, ones_;
 };
 

@@ -153,8 +153,22 @@ absl::StatusOr<std::vector<std::vector<float>>> PullAgreed(segps::ParameterClien
   }
 }
 
+// A regression's scores (model.loss MSE): RMSE and MAE, beside the RMSE of
+// predicting the test targets' mean.
+void PrintRegression(const segps::v1::JobConfig& config, const segps::EvalReport& report) {
+  for (const segps::Score& s : report.segments) {
+    std::cout << absl::StrFormat("segment %-12s rmse %.4f  mae %.4f\n", s.name, s.rmse.value_or(0), s.mae.value_or(0));
+  }
+  std::cout << absl::StrFormat("ENSEMBLE (%s) rmse %.4f  mae %.4f\n",
+                               config.model().combine() == segps::v1::CHAIN ? "one network: a chain"
+                                                                            : "average of the predictions",
+                               report.ensemble.rmse.value_or(0), report.ensemble.mae.value_or(0));
+  std::cout << absl::StrFormat("baseline (predicting the test targets' mean) rmse %.4f\n", report.chance);
+}
+
 void PrintReport(const segps::v1::JobConfig& config, const segps::EvalReport& report) {
   std::cout << absl::StrFormat("== segps evaluation: %s, %d test samples ==\n", config.name(), report.samples);
+  if (config.model().loss() == segps::v1::MSE) return PrintRegression(config, report);
   for (const segps::Score& s : report.segments) {
     std::cout << absl::StrFormat("segment %-12s accuracy %6.2f%%  loss %.4f%s\n", s.name, 100 * s.accuracy, s.loss,
                                  s.auc.has_value() ? absl::StrFormat("  auc %.4f", *s.auc) : "");

@@ -14,6 +14,7 @@
 #include "common/config.h"
 #include "common/config_hints.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "common/lock_checks.h"
 #include "common/status_macros.h"
 #include "worker/model/backend.h"
@@ -60,8 +61,9 @@ absl::StatusOr<segps::Dataset> ReadInput(const segps::TrainedModel& model) {
   return input;
 }
 
-// The probabilities to --out (.npy) or one class a line, and to --probabilities.
-absl::Status WriteOutputs(const std::vector<float>& probs, size_t rows, size_t classes) {
+// The probabilities to --out (.npy) or one class a line (a regression's
+// prediction, under loss MSE), and to --probabilities.
+absl::Status WriteOutputs(const std::vector<float>& probs, size_t rows, size_t classes, bool regression) {
   const std::string out = absl::GetFlag(FLAGS_out), also = absl::GetFlag(FLAGS_probabilities);
   for (const std::string& npy : {EndsWith(out, ".npy") ? out : std::string(), also}) {
     if (!npy.empty()) SEGPS_RETURN_IF_ERROR(segps::WriteNpyFloat32(npy, probs.data(), {rows, classes}));
@@ -70,7 +72,11 @@ absl::Status WriteOutputs(const std::vector<float>& probs, size_t rows, size_t c
   std::string text;
   for (size_t r = 0; r < rows; ++r) {
     const float* p = probs.data() + r * classes;
-    absl::StrAppend(&text, std::max_element(p, p + classes) - p, "\n");
+    if (regression) {
+      absl::StrAppend(&text, absl::StrFormat("%.9g", p[0]), "\n");
+    } else {
+      absl::StrAppend(&text, std::max_element(p, p + classes) - p, "\n");
+    }
   }
   std::ofstream file(out, std::ios::trunc);
   file << text;
@@ -105,7 +111,8 @@ int main(int argc, char** argv) {
   std::unique_ptr<segps::Backend> backend = segps::CreateCpuBackend(absl::GetFlag(FLAGS_cpu_threads));
   absl::StatusOr<std::vector<float>> probs = segps::Predict(model->model, *input, model->params, segment, backend.get());
   if (!probs.ok()) return Fail(std::string(probs.status().message()));
-  absl::Status written = WriteOutputs(*probs, input->size(), model->model.num_classes());
+  absl::Status written = WriteOutputs(*probs, input->size(), model->model.num_classes(),
+                                      model->model.loss() == segps::v1::MSE);
   if (!written.ok()) return Fail(std::string(written.message()));
   std::cout << "segps-predict: " << input->size() << " rows -> " << absl::GetFlag(FLAGS_out) << "\n";
   return 0;

@@ -1,8 +1,10 @@
 #include "worker/train/link_messages.h"
 
+#include <cmath>
 #include <cstring>
 #include <optional>
 
+#include "absl/base/casts.h"
 #include "absl/strings/str_cat.h"
 #include "absl/types/span.h"
 #include "common/tensor_wire.h"
@@ -49,9 +51,14 @@ absl::StatusOr<MicroBatch> CheckActivations(const v1::Activations& m, const Link
   batch.values = *std::move(values);
   batch.labels.resize(m.rows());
   std::memcpy(batch.labels.data(), m.labels().data(), m.labels().size());
-  // The last stage indexes its softmax by them.
+  // The last stage indexes its softmax by them, or (classes 0: loss MSE)
+  // takes them as float targets.
   for (uint32_t r = 0; r < m.rows(); ++r) {
-    if (batch.labels[r] < 0 || static_cast<uint32_t>(batch.labels[r]) >= end.classes) {
+    if (end.classes == 0) {
+      if (!std::isfinite(absl::bit_cast<float>(batch.labels[r]))) {
+        return absl::InvalidArgumentError(absl::StrCat("Exchange: the target of row ", r, " is not finite"));
+      }
+    } else if (batch.labels[r] < 0 || static_cast<uint32_t>(batch.labels[r]) >= end.classes) {
       return absl::InvalidArgumentError(absl::StrCat("Exchange: label ", batch.labels[r], " of row ", r,
                                                      " is outside [0, ", end.classes, ")"));
     }

@@ -32,7 +32,7 @@ struct LinkEnd {
   int stage = 0;            // the receiving stage (the sender is stage - 1)
   uint32_t replica = 0;
   uint64_t width = 0;   // values a row
-  uint32_t classes = 0;  // labels in [0, classes)
+  uint32_t classes = 0;  // labels in [0, classes); 0: float targets (loss MSE)
   std::string peer;      // the sender, as messages name it
 };
 

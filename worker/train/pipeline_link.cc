@@ -84,7 +84,7 @@ class UpstreamImpl final : public Upstream, public v1::PipelineStage::Service {
  public:
   UpstreamImpl(const v1::JobConfig& config, int stage, uint32_t replica)
       : end_{ModelFingerprint(config), stage, replica, SegmentInputWidth(config.model(), stage),
-             config.model().num_classes(),
+             config.model().loss() == v1::MSE ? 0 : config.model().num_classes(),
              absl::StrCat("stage ", stage - 1, " (", config.model().segments(stage - 1).name(), ") replica ",
                           replica)} {}
   ~UpstreamImpl() override {

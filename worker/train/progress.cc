@@ -72,9 +72,9 @@ void Progress::Log(uint64_t clock, const Throughput& throughput) {
   const double secs = std::max(1e-9, absl::ToDoubleSeconds(now - window_.start));
   const double samples = std::max<double>(1, static_cast<double>(window_.samples));
   std::string line = absl::StrFormat(
-      "%s: epoch %u/%u step %d/%d loss %.4f acc %.4f samples/s %.0f staleness avg %.2f max %d blocked %.0f%%", tag_,
+      "%s: epoch %u/%u step %d/%d loss %.4f %s %.4f samples/s %.0f staleness avg %.2f max %d blocked %.0f%%", tag_,
       epoch + 1, schedule_.epochs, clock + 1, schedule_.total_steps, window_.loss / samples,
-      static_cast<double>(window_.correct) / samples, window_.samples / secs, window_.staleness / window_.steps,
+      SecondStatName(config_.model()), window_.correct / samples, window_.samples / secs, window_.staleness / window_.steps,
       window_.max_staleness, 100.0 * absl::ToDoubleSeconds(window_.blocked) / secs);
   if (balanced_) {
     absl::StrAppendFormat(&line, " share %.0f compute %.0f samples/s",
@@ -148,10 +148,12 @@ absl::Status Progress::Validate(uint32_t epoch, const std::vector<std::vector<fl
   absl::StatusOr<std::vector<float>> probs =
       Predict(config_.model(), *options_.validation, segments, options_.segment, backend_, rows_);
   if (!probs.ok()) return probs.status();
-  record->set_validation_loss(MeanCrossEntropy(*probs, options_.validation->y));
-  record->set_validation_accuracy(Accuracy(*probs, options_.validation->y));
-  SEGPS_LOG_INFO << absl::StrFormat("%s: epoch %u validation loss %.4f acc %.4f", tag_, epoch + 1,
-                                    record->validation_loss(), record->validation_accuracy());
+  const segps::Score score = ScoreRows(config_.model(), *probs, options_.validation->y);
+  record->set_validation_loss(score.loss);
+  record->set_validation_accuracy(SecondStat(score));
+  SEGPS_LOG_INFO << absl::StrFormat("%s: epoch %u validation loss %.4f %s %.4f", tag_, epoch + 1,
+                                    record->validation_loss(), SecondStatName(config_.model()),
+                                    record->validation_accuracy());
   return absl::OkStatus();
 }
 
@@ -160,7 +162,7 @@ absl::Status Progress::Score(uint32_t epoch, const std::vector<std::vector<float
   absl::StatusOr<std::vector<float>> probs =
       Predict(config_.model(), *options_.test, segments, options_.segment, backend_, rows_);
   if (!probs.ok()) return probs.status();
-  const double accuracy = Accuracy(*probs, options_.test->y);
+  const double accuracy = SecondStat(ScoreRows(config_.model(), *probs, options_.test->y));
   record->set_test_accuracy(accuracy);
   // Indexed by epoch: an epoch computed again replaces its entry; a worker
   // that joined after the first epochs (its peers trained them) gives those

@@ -66,7 +66,8 @@ class Progress {
   // Progress between two log lines, or over an epoch.
   struct Window {
     double loss = 0;
-    uint64_t correct = 0, samples = 0, steps = 0;
+    double correct = 0;  // or, under loss MSE, summed absolute error
+    uint64_t samples = 0, steps = 0;
     double staleness = 0;
     uint64_t max_staleness = 0;
     absl::Duration blocked;

@@ -80,7 +80,7 @@ absl::StatusOr<v1::RunHistory> ReadHistory(const std::string& dir, const v1::Job
     for (uint64_t i = 0; i < per_epoch; ++i) ensemble[i] = static_cast<float>(sum[i]);
     v1::EnsembleEpoch* record = out.add_ensemble();
     record->set_epoch(static_cast<uint32_t>(e + 1));
-    record->set_test_accuracy(Accuracy(ensemble, test.y));
+    record->set_test_accuracy(SecondStat(ScoreRows(model, ensemble, test.y)));
   }
   return out;
 }

@@ -321,22 +321,24 @@ absl::Status StageCompute::Record(const StepRecord& record, TrainReport* report)
     recorded_epoch_ = epoch_;
     epoch_start_ = absl::Now();
     epoch_loss_ = 0;
-    epoch_correct_ = epoch_samples_ = 0;
+    epoch_correct_ = 0;
+    epoch_samples_ = 0;
   }
   if (record.result->stats.has_value()) {  // the last stage's loss
     epoch_loss_ += record.result->stats->loss_sum;
-    epoch_correct_ += static_cast<uint64_t>(record.result->stats->correct);
+    epoch_correct_ += record.result->stats->correct;
   }
   epoch_samples_ += record.result->rows;
   if (last_stage_ && epoch_samples_ > 0) {
     report->last_loss = epoch_loss_ / static_cast<double>(epoch_samples_);
-    report->last_accuracy = static_cast<double>(epoch_correct_) / static_cast<double>(epoch_samples_);
+    report->last_accuracy = epoch_correct_ / static_cast<double>(epoch_samples_);
   }
   if (absl::Now() >= next_log_) {
     next_log_ = absl::Now() + absl::Seconds(config_.training().log_interval_s());
     SEGPS_LOG_INFO << tag_ << ": step " << record.clock + 1
                    << (first_stage_ ? absl::StrCat("/", total_steps_) : std::string())
-                   << (last_stage_ ? absl::StrCat(" loss ", report->last_loss, " acc ", report->last_accuracy)
+                   << (last_stage_ ? absl::StrCat(" loss ", report->last_loss, " ", SecondStatName(config_.model()), " ",
+                                                report->last_accuracy)
                                    : std::string());
   }
   return absl::OkStatus();
@@ -365,15 +367,17 @@ absl::Status StageCompute::CloseEpoch(TrainReport* report) {
   if (options_.validation != nullptr) {
     absl::StatusOr<std::vector<float>> probs = Predict(config_.model(), *options_.validation, *params, -1, backend_);
     if (!probs.ok()) return probs.status();
-    record->set_validation_loss(MeanCrossEntropy(*probs, options_.validation->y));
-    record->set_validation_accuracy(Accuracy(*probs, options_.validation->y));
-    SEGPS_LOG_INFO << absl::StrFormat("%s: epoch %u validation loss %.4f acc %.4f of the whole chain", tag_,
-                                      record->epoch(), record->validation_loss(), record->validation_accuracy());
+    const segps::Score score = ScoreRows(config_.model(), *probs, options_.validation->y);
+    record->set_validation_loss(score.loss);
+    record->set_validation_accuracy(SecondStat(score));
+    SEGPS_LOG_INFO << absl::StrFormat("%s: epoch %u validation loss %.4f %s %.4f of the whole chain", tag_,
+                                      record->epoch(), record->validation_loss(), SecondStatName(config_.model()),
+                                      record->validation_accuracy());
   }
   if (options_.test != nullptr) {
     absl::StatusOr<std::vector<float>> probs = Predict(config_.model(), *options_.test, *params, -1, backend_);
     if (!probs.ok()) return probs.status();
-    record->set_test_accuracy(Accuracy(*probs, options_.test->y));
+    record->set_test_accuracy(SecondStat(ScoreRows(config_.model(), *probs, options_.test->y)));
     SEGPS_LOG_INFO << absl::StrFormat("%s: epoch %u test accuracy %.4f of the whole chain, after %.2f s of training",
                                       tag_, record->epoch(), record->test_accuracy(), record->train_seconds());
   }

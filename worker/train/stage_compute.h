@@ -111,7 +111,8 @@ class StageCompute final : public StepCompute {
   std::optional<uint32_t> recorded_epoch_;
   absl::Time epoch_start_;
   double epoch_loss_ = 0;
-  uint64_t epoch_correct_ = 0, epoch_samples_ = 0;
+  double epoch_correct_ = 0;  // or, under loss MSE, summed absolute error
+  uint64_t epoch_samples_ = 0;
 };
 
 }  // namespace segps

@@ -22,9 +22,9 @@ std::string StepsComputed(const TrainReport& report) {
                       ")");
 }
 
-std::string LastEpoch(const TrainReport& report) {
+std::string LastEpoch(const TrainReport& report, const v1::ModelConfig& model) {
   if (report.samples == 0) return "no epoch trained here";
-  return absl::StrCat("last epoch loss ", report.last_loss, " acc ", report.last_accuracy);
+  return absl::StrCat("last epoch loss ", report.last_loss, " ", SecondStatName(model), " ", report.last_accuracy);
 }
 
 absl::StatusOr<TrainReport> Train(const v1::JobConfig& config, const TrainerOptions& options, const Dataset& train,

@@ -69,9 +69,9 @@ struct TrainReport {
 
 // "S steps computed here (clocks F to L...)": what a report's steps are.
 std::string StepsComputed(const TrainReport& report);
-// "last epoch loss L acc A", or that this process trained no epoch (a
+// "last epoch loss L acc A" (mae under loss MSE), or that this process trained no epoch (a
 // finished job resumed: nothing was left to train).
-std::string LastEpoch(const TrainReport& report);
+std::string LastEpoch(const TrainReport& report, const v1::ModelConfig& model);
 
 // Trains a worker of `options.segment` on its slice of `train`
 // through `client` (not yet registered). `config` must come from LoadConfig.
