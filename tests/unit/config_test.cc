@@ -141,8 +141,18 @@ struct BadCase {
   const char* expect;  // substring of the message
 };
 
+// Each case's config is refused with a message holding its `expect`.
+void ExpectRejected(const std::vector<BadCase>& cases) {
+  for (const BadCase& bad : cases) {
+    absl::StatusOr<v1::JobConfig> c = ParseConfig(Replace(kMinimal, bad.from, bad.to), "job.pbtxt");
+    ASSERT_FALSE(c.ok()) << bad.to;
+    EXPECT_NE(std::string(c.status().message()).find(bad.expect), std::string::npos)
+        << "got: " << c.status().message() << "\nexpected: " << bad.expect;
+  }
+}
+
 TEST(Config, RejectsEachBrokenField) {
-  const BadCase cases[] = {
+  const std::vector<BadCase> cases = {
       {"num_servers: 2", "num_servers: 0", "cluster.num_servers: must be >= 1"},
       {"input_width: 50", "input_width: 0", "model.input_width: must be > 0"},
       {"num_classes: 10", "num_classes: 1", "model.num_classes: must be >= 2"},
@@ -201,6 +211,13 @@ TEST(Config, RejectsEachBrokenField) {
       {"source: SYNTHETIC_SEED", "source: CSV train_csv: \"a.csv\" scale: 2", "data.scale: is used by data.source NPY only"},
       {"source: SYNTHETIC_SEED", "source: SYNTHETIC_SEED test_fraction: 0.5",
        "data.test_fraction: is used by data.source NPY and CSV only"},
+  };
+  ExpectRejected(cases);
+}
+
+// model.loss and training.early_stopping, and what they need of the rest.
+TEST(Config, RejectsBrokenLossesAndEarlyStopping) {
+  ExpectRejected({
       {"num_classes: 10", "num_classes: 10 loss: MSE", "model.num_classes: is 10; loss: MSE regresses one target"},
       {"num_classes: 10", "num_classes: 1 loss: MSE", "the last layer must be IDENTITY with units == model.num_classes (1)"},
       {"num_classes: 10", "num_classes: 1", "model.num_classes: must be >= 2, got 1 (a regression sets loss: MSE)"},
@@ -217,13 +234,7 @@ TEST(Config, RejectsEachBrokenField) {
       {"source: SYNTHETIC_SEED }", "source: SYNTHETIC_SEED validation_fraction: 0.1 } "
        "training { early_stopping { patience: 1 min_delta: -1 } }",
        "training.early_stopping.min_delta: must be a finite number >= 0, got -1"},
-  };
-  for (const BadCase& bad : cases) {
-    absl::StatusOr<v1::JobConfig> c = ParseConfig(Replace(kMinimal, bad.from, bad.to), "job.pbtxt");
-    ASSERT_FALSE(c.ok()) << bad.to;
-    EXPECT_NE(std::string(c.status().message()).find(bad.expect), std::string::npos)
-        << "got: " << c.status().message() << "\nexpected: " << bad.expect;
-  }
+  });
 }
 
 const char kChain[] = R"pb(
