@@ -170,9 +170,10 @@ absl::Status CheckpointStore::Write(int segment, const ShardState& state) {
       clocks.insert(std::upper_bound(clocks.begin(), clocks.end(), state.clock), state.clock);
     }
     // Newest first: the `keep` newest stay, and early stopping's newest
-    // patience + 1 epoch ends.
+    // patience + 2 epoch ends (the best, the patience after it, and one
+    // that a peer ahead within its staleness may have cut meanwhile).
     size_t kept = 0, epochs_kept = 0;
-    const size_t epochs_to_keep = config_.training().early_stopping().patience() + 1;
+    const size_t epochs_to_keep = config_.training().early_stopping().patience() + 2;
     std::vector<uint64_t> stay;
     for (auto it = clocks.rbegin(); it != clocks.rend(); ++it) {
       const bool epoch_end = state.epoch_clocks > 0 && *it % state.epoch_clocks == 0 && epochs_kept < epochs_to_keep;

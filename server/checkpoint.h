@@ -49,7 +49,7 @@ struct ShardState {
   std::vector<std::vector<float>> slots;  // optimizer state, in Optimizer::SlotNames order
   std::vector<TableState> tables;         // the segment's embedding tables' rows held here
   // Early stopping: the segment's clocks per epoch (RegisterRequest.epoch_clocks).
-  // Writing this state keeps the newest patience + 1 epoch-end cuts besides
+  // Writing this state keeps the newest patience + 2 epoch-end cuts besides
   // checkpoint.keep. 0: none kept beyond keep.
   uint64_t epoch_clocks = 0;
   // Read: settings the config changed from the checkpoint's that a resume

@@ -261,6 +261,11 @@ absl::Status ParameterServer::EndSegment(const v1::LeaveRequest& request, v1::Le
   FlushCheckpoints();  // the cuts taken so far are on disk
   const std::vector<uint64_t> clocks = store_->Clocks(segment);
   if (std::find(clocks.begin(), clocks.end(), clock) == clocks.end()) {
+    if (!clocks.empty() && clock < clocks.back()) {  // cut, and deleted: peers ran further ahead than kept
+      return absl::FailedPreconditionError(absl::StrCat("Leave: server ", index_, " no longer holds segment ", name,
+                                                        "'s checkpoint of clock ", clock, " (it holds ",
+                                                        absl::StrJoin(clocks, ","), ")"));
+    }
     return absl::UnavailableError(absl::StrCat("Leave: server ", index_, " has not cut segment ", name,
                                                " at clock ", clock, " yet (it holds ", absl::StrJoin(clocks, ","),
                                                "); a worker behind it has still to get there"));

@@ -100,7 +100,7 @@ TEST(Checkpoint, KeepsTheNewestAndFindsThemAgainAtOpen) {
   EXPECT_EQ((*latest)->clock, 20u);
 }
 
-// Early stopping keeps the newest patience + 1 epoch ends besides `keep`,
+// Early stopping keeps the newest patience + 2 epoch ends besides `keep`,
 // and ending a segment drops the checkpoints after its end.
 TEST(Checkpoint, EpochEndsEarlyStoppingNeedsAreKeptAndTheNewerDroppedAtTheEnd) {
   const std::string dir = MakeTempDir();
@@ -112,10 +112,10 @@ TEST(Checkpoint, EpochEndsEarlyStoppingNeedsAreKeptAndTheNewerDroppedAtTheEnd) {
     state.epoch_clocks = 15;
     ASSERT_TRUE(store->Write(0, state).ok());
   }
-  // keep: 2 gives 45 and 50; the two newest epoch ends, 45 and 30, stay too.
-  EXPECT_EQ(store->Clocks(0), (std::vector<uint64_t>{30, 45, 50}));
+  // keep: 2 gives 45 and 50; the three newest epoch ends, 45, 30 and 15, stay too.
+  EXPECT_EQ(store->Clocks(0), (std::vector<uint64_t>{15, 30, 45, 50}));
   ASSERT_TRUE(store->DropAfter(0, 30).ok());
-  EXPECT_EQ(store->Clocks(0), (std::vector<uint64_t>{30}));
+  EXPECT_EQ(store->Clocks(0), (std::vector<uint64_t>{15, 30}));
   EXPECT_FALSE(std::filesystem::exists(store->Path(0, 50)));
   EXPECT_EQ((*(*CheckpointStore::Open(config, 0, dir))->Latest(0))->clock, 30u);
 }
