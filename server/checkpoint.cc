@@ -437,9 +437,10 @@ class Merger {
         " with every server's file", skipped.empty() ? "" : absl::StrCat(" (", absl::StrJoin(skipped, ", "), ")")));
   }
 
-  absl::Status Write(const std::string& dir, const std::string& out) const {
+  absl::Status Write(const std::string& dir, const std::string& out) {
     if (segments_ == 0) return absl::NotFoundError(absl::StrCat("merge: no checkpoints under ", dir));
     std::vector<TensorToWrite> out_tensors;
+    SEGPS_RETURN_IF_ERROR(AddMergedTables(&tables_, &out_tensors, &metadata_));
     for (const auto& [name, whole] : tensors_) {
       if (whole.covered != whole.values.size()) {
         return absl::DataLossError(absl::StrCat("merge: tensor ", name, ": the servers' parts cover ", whole.covered,
@@ -473,12 +474,10 @@ class Merger {
       return false;
     }
     const std::string name = read[0].Field("segps.segment");
-    for (const auto& [key, value] : read[0].metadata) {
-      if (key.rfind("segps.embeddings.", 0) == 0) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "merge: segment ", name, " has embedding tables (", key.substr(17),
-            "), which segps-checkpoint merge and split do not carry yet; keep the servers' own checkpoints"));
-      }
+    v1::OptimizerKind kind = v1::OPTIMIZER_UNSPECIFIED;
+    v1::OptimizerKind_Parse(read[0].Field("segps.optimizer"), &kind);
+    for (const CheckpointFile& f : read) {
+      SEGPS_RETURN_IF_ERROR(AddTableRows(f.file, f.metadata, name, kind, slots_, &tables_));
     }
     for (const char* key :
          {"segps.job", "segps.checkpoint_fingerprint", "segps.config", "segps.optimizer", "segps.model"}) {
@@ -520,6 +519,7 @@ class Merger {
   const std::optional<uint64_t> clock_;
   const bool slots_;
   std::map<std::string, Whole> tensors_;
+  std::map<std::string, MergedTable> tables_;  // embedding tables, by tensor base name
   std::map<std::string, std::string> metadata_ = {{"format", "segps-checkpoint-merged-1"}};
   int segments_ = 0;
 };
@@ -541,12 +541,6 @@ absl::Status MergeCheckpoints(const std::string& dir, std::optional<uint64_t> cl
 }
 
 absl::Status SplitCheckpoint(const std::string& merged, const v1::JobConfig& config, const std::string& dir) {
-  for (const v1::SegmentConfig& segment : config.model().segments()) {
-    if (segment.embeddings_size() > 0) {
-      return absl::FailedPreconditionError(absl::StrCat("split: segment ", segment.name(),
-                                                        " has embedding tables, which split does not carry yet"));
-    }
-  }
   absl::StatusOr<SafetensorsFile> file = SafetensorsFile::Read(merged);
   if (!file.ok()) return file.status();
   auto field = [&](const std::string& key) -> std::string {
@@ -603,6 +597,7 @@ absl::Status SplitCheckpoint(const std::string& merged, const v1::JobConfig& con
                     into.begin() + part.range_offset);
         }
       }
+      SEGPS_RETURN_IF_ERROR(SplitTables(*file, config, k, i, map->num_servers(), &state.tables));
       absl::Status written = (*store)->Write(k, state);
       if (!written.ok()) return written;
     }

@@ -1,5 +1,6 @@
 #include "server/checkpoint_tables.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "absl/strings/numbers.h"
@@ -16,11 +17,24 @@ std::string TensorBase(const v1::ModelConfig& model, int segment, const v1::Embe
   return absl::StrCat(kPrefix, model.segments(segment).name(), "/", table.name());
 }
 
-// Floats a stored row takes under `kind` (server/embedding_table.h).
+// Optimizer slots a stored row carries beside its values under `kind`
+// (server/embedding_table.h).
+uint64_t SlotsOf(v1::OptimizerKind kind) {
+  return kind == v1::ADAM ? 2 : kind == v1::MOMENTUM || kind == v1::ADAGRAD ? 1 : 0;
+}
+
+// Floats a stored row takes.
 uint64_t StrideOf(const v1::JobConfig& config, const v1::EmbeddingConfig& table) {
-  const v1::OptimizerKind kind = config.optimizer().kind();
-  const uint64_t slots = kind == v1::ADAM ? 2 : kind == v1::MOMENTUM || kind == v1::ADAGRAD ? 1 : 0;
-  return table.dim() * (1 + slots);
+  return table.dim() * (1 + SlotsOf(config.optimizer().kind()));
+}
+
+// "N WIDTH" metadata: false unless it reads so.
+bool RowsAndWidth(const std::map<std::string, std::string>& metadata, const std::string& key, uint64_t* n,
+                  uint64_t* width) {
+  auto it = metadata.find(key);
+  if (it == metadata.end()) return false;
+  const std::vector<std::string> words = absl::StrSplit(it->second, ' ');
+  return words.size() == 2 && absl::SimpleAtoi(words[0], n) && absl::SimpleAtoi(words[1], width);
 }
 
 }  // namespace
@@ -55,11 +69,8 @@ absl::Status ReadTables(const SafetensorsFile& file, const std::map<std::string,
     auto corrupt = [&](const std::string& what) {
       return absl::DataLossError(absl::StrCat(file.path(), ": embedding table \"", table.name(), "\": ", what));
     };
-    auto it = metadata.find("segps.embeddings." + table.name());
-    const std::vector<std::string> words =
-        it == metadata.end() ? std::vector<std::string>() : absl::StrSplit(it->second, ' ');
     uint64_t n = 0, stride = 0;
-    if (words.size() != 2 || !absl::SimpleAtoi(words[0], &n) || !absl::SimpleAtoi(words[1], &stride)) {
+    if (!RowsAndWidth(metadata, "segps.embeddings." + table.name(), &n, &stride)) {
       return corrupt("metadata segps.embeddings." + table.name() + " is missing or not \"ROWS WIDTH\"");
     }
     if (n == 0) continue;
@@ -87,6 +98,110 @@ absl::Status ReadTables(const SafetensorsFile& file, const std::map<std::string,
         return corrupt(absl::StrCat("id ", id, " (row ", r, ") is out of order, not below vocab ", table.vocab(),
                                     ", or held by another server"));
       }
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status AddTableRows(const SafetensorsFile& file, const std::map<std::string, std::string>& metadata,
+                          const std::string& segment, v1::OptimizerKind kind, bool slots,
+                          std::map<std::string, MergedTable>* tables) {
+  const std::string prefix = "segps.embeddings.";
+  for (auto it = metadata.lower_bound(prefix); it != metadata.end() && it->first.rfind(prefix, 0) == 0; ++it) {
+    const std::string base = absl::StrCat(kPrefix, segment, "/", it->first.substr(prefix.size()));
+    uint64_t n = 0, stride = 0;
+    if (!RowsAndWidth(metadata, it->first, &n, &stride)) {
+      return absl::DataLossError(absl::StrCat("merge: ", file.path(), ": metadata ", it->first, " is not \"ROWS WIDTH\""));
+    }
+    MergedTable& merged = (*tables)[base];
+    if (n == 0) continue;
+    const uint64_t width = slots ? stride : stride / (1 + SlotsOf(kind));
+    const auto ids = file.tensors().find(base + "/ids");
+    const auto rows = file.tensors().find(base + "/rows");
+    if (ids == file.tensors().end() || rows == file.tensors().end() || ids->second.dtype != "U64" ||
+        rows->second.dtype != "F32" || ids->second.bytes.size() != n * 8 ||
+        rows->second.bytes.size() != n * stride * sizeof(float) || (merged.width != 0 && merged.width != width)) {
+      return absl::DataLossError(absl::StrCat("merge: ", file.path(), ": table ", base,
+                                              ": its tensors disagree with its metadata or another server's"));
+    }
+    merged.width = width;
+    const size_t before = merged.ids.size();
+    merged.ids.resize(before + n);
+    std::memcpy(merged.ids.data() + before, ids->second.bytes.data(), n * 8);
+    // The file's bytes may sit at any alignment: copied, not cast.
+    const char* stored = rows->second.bytes.data();
+    const size_t at = merged.rows.size();
+    merged.rows.resize(at + n * width);
+    for (uint64_t r = 0; r < n; ++r) {
+      std::memcpy(merged.rows.data() + at + r * width, stored + r * stride * sizeof(float), width * sizeof(float));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status AddMergedTables(std::map<std::string, MergedTable>* tables, std::vector<TensorToWrite>* tensors,
+                             std::map<std::string, std::string>* metadata) {
+  for (auto& [base, table] : *tables) {
+    const uint64_t n = table.ids.size();
+    std::vector<size_t> order(n);
+    for (size_t r = 0; r < n; ++r) order[r] = r;
+    std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return table.ids[a] < table.ids[b]; });
+    MergedTable sorted{std::vector<uint64_t>(n), std::vector<float>(n * table.width), table.width};
+    for (size_t r = 0; r < n; ++r) {
+      sorted.ids[r] = table.ids[order[r]];
+      if (r > 0 && sorted.ids[r] == sorted.ids[r - 1]) {
+        return absl::DataLossError(absl::StrCat("merge: table ", base, ": id ", sorted.ids[r], " held twice"));
+      }
+      std::copy_n(table.rows.data() + order[r] * table.width, table.width, sorted.rows.data() + r * table.width);
+    }
+    table = std::move(sorted);
+    (*metadata)["segps.embeddings." + base.substr(std::strlen(kPrefix))] = absl::StrCat(n, " ", table.width);
+    if (n == 0) continue;
+    tensors->push_back({base + "/ids", {n}, {}, table.ids});
+    tensors->push_back({base + "/rows", {n, table.width}, table.rows, {}});
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SplitTables(const SafetensorsFile& merged, const v1::JobConfig& config, int segment, uint32_t server,
+                         uint32_t num_servers, std::vector<TableState>* tables) {
+  const v1::SegmentConfig& seg = config.model().segments(segment);
+  tables->assign(seg.embeddings_size(), TableState());
+  for (int t = 0; t < seg.embeddings_size(); ++t) {
+    const v1::EmbeddingConfig& table = seg.embeddings(t);
+    const std::string base = TensorBase(config.model(), segment, table);
+    uint64_t n = 0, width = 0;
+    if (!RowsAndWidth(merged.metadata(), "segps.embeddings." + base.substr(std::strlen(kPrefix)), &n, &width)) {
+      return absl::NotFoundError(absl::StrCat("split: ", merged.path(), " has no table ", base));
+    }
+    if (n == 0) continue;
+    if (width != StrideOf(config, table)) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "split: ", merged.path(), ": table ", base, " rows hold ", width, " floats, but the job's rows carry ",
+          StrideOf(config, table), " (values and optimizer slots); merge with --optimizer_slots"));
+    }
+    const auto ids = merged.tensors().find(base + "/ids");
+    const auto rows = merged.tensors().find(base + "/rows");
+    if (ids == merged.tensors().end() || rows == merged.tensors().end() || ids->second.dtype != "U64" ||
+        rows->second.dtype != "F32" || ids->second.bytes.size() != n * 8 ||
+        rows->second.bytes.size() != n * width * sizeof(float)) {
+      return absl::DataLossError(absl::StrCat("split: ", merged.path(), ": table ", base,
+                                              ": its tensors disagree with its metadata"));
+    }
+    // The file's bytes may sit at any alignment: copied, not cast.
+    std::vector<uint64_t> all_ids(n);
+    std::vector<float> all_rows(n * width);
+    std::memcpy(all_ids.data(), ids->second.bytes.data(), n * 8);
+    std::memcpy(all_rows.data(), rows->second.bytes.data(), n * width * sizeof(float));
+    TableState& state = (*tables)[t];
+    for (uint64_t r = 0; r < n; ++r) {
+      if (all_ids[r] >= table.vocab() || (r > 0 && all_ids[r] <= all_ids[r - 1])) {
+        return absl::DataLossError(absl::StrCat("split: ", merged.path(), ": table ", base, ": id ", all_ids[r],
+                                                " (row ", r, ") is out of order or not below vocab ", table.vocab()));
+      }
+      if (RowServer(segment, static_cast<uint32_t>(t), all_ids[r], num_servers) != server) continue;
+      state.ids.push_back(all_ids[r]);
+      state.rows.insert(state.rows.end(), all_rows.begin() + r * width, all_rows.begin() + (r + 1) * width);
     }
   }
   return absl::OkStatus();

@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_format.h"
 #include "common/config.h"
+#include "common/embedding.h"
 #include "common/safetensors.h"
 #include "tests/support/subprocess.h"
 
@@ -274,6 +275,81 @@ TEST(Checkpoint, MergeJoinsTheServersFilesAndSplitRecutsThemForThreeServers) {
     EXPECT_EQ((*restored)->values, std::vector<float>(whole.begin() + r.offset, whole.begin() + r.end()));
     EXPECT_EQ((*restored)->slots[0][0], 2 * whole[r.offset]);
   }
+}
+
+// Embedding tables survive merge and split: the merged file holds each
+// table whole (ids ascending; rows with their optimizer slots, or values
+// only without), and a split re-deals the rows by the new server count.
+TEST(Checkpoint, MergeAndSplitCarryEmbeddingTables) {
+  const std::string dir = MakeTempDir();
+  auto job = [&](const std::string& at, uint32_t servers) {
+    absl::StatusOr<v1::JobConfig> config = ParseConfig(absl::StrFormat(R"pb(
+      name: "tables"
+      cluster { num_servers: %u }
+      model {
+        input_width: 4
+        num_classes: 2
+        categorical_fields: 1
+        segments {
+          name: "a"
+          embeddings { name: "user" vocab: 1000 dim: 4 field: 0 }
+          layers { units: 8 activation: RELU }
+          layers { units: 2 activation: SOFTMAX }
+        }
+      }
+      optimizer { kind: ADAM }
+      data { source: SYNTHETIC_CTR }
+      checkpoint { dir: "%s" every_clocks: 10 keep: 2 }
+    )pb", servers, at), "tables.pbtxt");
+    EXPECT_TRUE(config.ok()) << config.status();
+    return *config;
+  };
+  const v1::JobConfig two = job(dir + "/ckpt", 2);
+  const ShardMap map2 = *ShardMap::Create(two.model(), 2);
+  constexpr uint64_t kStride = 12;  // 4 values, Adam's 4 m and 4 v
+  auto row_of = [](uint64_t id) {
+    std::vector<float> row(kStride);
+    for (uint64_t i = 0; i < kStride; ++i) row[i] = static_cast<float>(id) + 0.01f * static_cast<float>(i);
+    return row;
+  };
+  for (uint32_t server = 0; server < 2; ++server) {
+    ShardState state;
+    state.clock = 30;
+    state.values.assign(map2.range(0, server).count, 0.25f);
+    state.slots.assign(2, state.values);
+    state.tables.resize(1);
+    for (uint64_t id = 0; id < 1000; id += 7) {
+      if (RowServer(0, 0, id, 2) != server) continue;
+      state.tables[0].ids.push_back(id);
+      const std::vector<float> row = row_of(id);
+      state.tables[0].rows.insert(state.tables[0].rows.end(), row.begin(), row.end());
+    }
+    ASSERT_TRUE((*CheckpointStore::Open(two, server, dir + "/ckpt"))->Write(0, state).ok());
+  }
+  ASSERT_TRUE(MergeCheckpoints(dir + "/ckpt", std::nullopt, false, dir + "/values.safetensors").ok());
+  absl::StatusOr<SafetensorsFile> values = SafetensorsFile::Read(dir + "/values.safetensors");
+  ASSERT_TRUE(values.ok()) << values.status();
+  EXPECT_EQ(values->metadata().at("segps.embeddings.a/user"), "143 4");
+  EXPECT_EQ(*values->Float32("embeddings/a/user/rows", {143, 4})->begin(), 0.0f);
+  ASSERT_TRUE(MergeCheckpoints(dir + "/ckpt", std::nullopt, true, dir + "/merged.safetensors").ok());
+
+  const v1::JobConfig three = job(dir + "/three", 3);
+  ASSERT_TRUE(SplitCheckpoint(dir + "/merged.safetensors", three, dir + "/three").ok());
+  size_t rows = 0;
+  for (uint32_t server = 0; server < 3; ++server) {
+    absl::StatusOr<std::optional<ShardState>> restored =
+        (*CheckpointStore::Open(three, server, dir + "/three"))->Latest(0);
+    ASSERT_TRUE(restored.ok() && restored->has_value()) << restored.status();
+    const TableState& table = (*restored)->tables.at(0);
+    for (size_t r = 0; r < table.ids.size(); ++r) {
+      EXPECT_EQ(table.ids[r] % 7, 0u);
+      EXPECT_EQ(RowServer(0, 0, table.ids[r], 3), server);
+      const std::vector<float> row(table.rows.begin() + r * kStride, table.rows.begin() + (r + 1) * kStride);
+      EXPECT_EQ(row, row_of(table.ids[r])) << "id " << table.ids[r];
+    }
+    rows += table.ids.size();
+  }
+  EXPECT_EQ(rows, 143u);
 }
 
 }  // namespace
