@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstring>
 #include <algorithm>
+#include <atomic>
 #include <fstream>
 #include <sstream>
 
@@ -375,7 +376,9 @@ absl::StatusOr<std::vector<float>> SafetensorsFile::Float32(const std::string& n
 }
 
 absl::Status WriteFileAtomically(const std::string& path, absl::string_view bytes) {
-  const std::string temp = absl::StrCat(path, ".tmp.", getpid());
+  // Unique per call: two threads writing one path never share a temporary file.
+  static std::atomic<uint64_t> writes{0};
+  const std::string temp = absl::StrCat(path, ".tmp.", getpid(), ".", writes.fetch_add(1));
   const int fd = open(temp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) return absl::PermissionDeniedError(absl::StrCat(path, ": cannot write: ", std::strerror(errno)));
   size_t done = 0;

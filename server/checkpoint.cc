@@ -214,6 +214,7 @@ void CheckpointStore::Remove(int segment, const std::vector<uint64_t>& clocks) c
 }
 
 absl::Status CheckpointStore::WriteManifest() const {
+  MutexLock written(&manifest_mu_);
   std::vector<std::string> segments;
   {
     MutexLock lock(&mu_);

@@ -103,6 +103,7 @@ class CheckpointStore {
   const std::string checkpoint_fingerprint_;  // CheckpointFingerprint of the config
   std::vector<std::string> slot_names_;
 
+  mutable Mutex manifest_mu_;  // one manifest write at a time (the writer's, an early stop's), in order
   mutable Mutex mu_;
   std::vector<std::vector<uint64_t>> clocks_ ABSL_GUARDED_BY(mu_);  // per segment, ascending
   // Per segment without checkpoints of its own: a file of this index for another server count.
