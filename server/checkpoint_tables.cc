@@ -37,6 +37,24 @@ bool RowsAndWidth(const std::map<std::string, std::string>& metadata, const std:
   return words.size() == 2 && absl::SimpleAtoi(words[0], n) && absl::SimpleAtoi(words[1], width);
 }
 
+// Table `base`'s tensors in `file`, if they are U64 [n] and F32 [n, width]:
+// copied into `out` (the file's bytes may sit at any alignment).
+bool ReadTableTensors(const SafetensorsFile& file, const std::string& base, uint64_t n, uint64_t width,
+                      TableState* out) {
+  const auto ids = file.tensors().find(base + "/ids");
+  const auto rows = file.tensors().find(base + "/rows");
+  if (ids == file.tensors().end() || rows == file.tensors().end() || ids->second.dtype != "U64" ||
+      rows->second.dtype != "F32" || ids->second.bytes.size() != n * 8 ||
+      rows->second.bytes.size() != n * width * sizeof(float)) {
+    return false;
+  }
+  out->ids.resize(n);
+  std::memcpy(out->ids.data(), ids->second.bytes.data(), n * 8);
+  out->rows.resize(n * width);
+  std::memcpy(out->rows.data(), rows->second.bytes.data(), n * width * sizeof(float));
+  return true;
+}
+
 }  // namespace
 
 bool IsTableTensor(const std::string& name) { return name.rfind(kPrefix, 0) == 0; }
@@ -78,19 +96,11 @@ absl::Status ReadTables(const SafetensorsFile& file, const std::map<std::string,
       return corrupt(absl::StrCat("rows of ", stride, " floats, but dim and optimizer give ", StrideOf(config, table)));
     }
     const std::string base = TensorBase(config.model(), segment, table);
-    const auto ids = file.tensors().find(base + "/ids");
-    const auto rows = file.tensors().find(base + "/rows");
-    if (ids == file.tensors().end() || rows == file.tensors().end() || ids->second.dtype != "U64" ||
-        rows->second.dtype != "F32" || ids->second.bytes.size() != n * 8 ||
-        rows->second.bytes.size() != n * stride * sizeof(float)) {
+    TableState& state = (*tables)[t];
+    if (!ReadTableTensors(file, base, n, stride, &state)) {
       return corrupt(absl::StrCat("tensors ", base, "/ids (U64 [", n, "]) and /rows (F32 [", n, ", ", stride,
                                   "]) are missing or of another shape"));
     }
-    TableState& state = (*tables)[t];
-    state.ids.resize(n);
-    std::memcpy(state.ids.data(), ids->second.bytes.data(), n * 8);
-    state.rows.resize(n * stride);
-    std::memcpy(state.rows.data(), rows->second.bytes.data(), n * stride * sizeof(float));
     for (uint64_t r = 0; r < n; ++r) {
       const uint64_t id = state.ids[r];
       if (id >= table.vocab() || (r > 0 && id <= state.ids[r - 1]) ||
@@ -116,24 +126,15 @@ absl::Status AddTableRows(const SafetensorsFile& file, const std::map<std::strin
     MergedTable& merged = (*tables)[base];
     if (n == 0) continue;
     const uint64_t width = slots ? stride : stride / (1 + SlotsOf(kind));
-    const auto ids = file.tensors().find(base + "/ids");
-    const auto rows = file.tensors().find(base + "/rows");
-    if (ids == file.tensors().end() || rows == file.tensors().end() || ids->second.dtype != "U64" ||
-        rows->second.dtype != "F32" || ids->second.bytes.size() != n * 8 ||
-        rows->second.bytes.size() != n * stride * sizeof(float) || (merged.width != 0 && merged.width != width)) {
+    TableState read;
+    if (!ReadTableTensors(file, base, n, stride, &read) || (merged.width != 0 && merged.width != width)) {
       return absl::DataLossError(absl::StrCat("merge: ", file.path(), ": table ", base,
                                               ": its tensors disagree with its metadata or another server's"));
     }
     merged.width = width;
-    const size_t before = merged.ids.size();
-    merged.ids.resize(before + n);
-    std::memcpy(merged.ids.data() + before, ids->second.bytes.data(), n * 8);
-    // The file's bytes may sit at any alignment: copied, not cast.
-    const char* stored = rows->second.bytes.data();
-    const size_t at = merged.rows.size();
-    merged.rows.resize(at + n * width);
+    merged.ids.insert(merged.ids.end(), read.ids.begin(), read.ids.end());
     for (uint64_t r = 0; r < n; ++r) {
-      std::memcpy(merged.rows.data() + at + r * width, stored + r * stride * sizeof(float), width * sizeof(float));
+      merged.rows.insert(merged.rows.end(), read.rows.begin() + r * stride, read.rows.begin() + r * stride + width);
     }
   }
   return absl::OkStatus();
@@ -180,28 +181,21 @@ absl::Status SplitTables(const SafetensorsFile& merged, const v1::JobConfig& con
           "split: ", merged.path(), ": table ", base, " rows hold ", width, " floats, but the job's rows carry ",
           StrideOf(config, table), " (values and optimizer slots); merge with --optimizer_slots"));
     }
-    const auto ids = merged.tensors().find(base + "/ids");
-    const auto rows = merged.tensors().find(base + "/rows");
-    if (ids == merged.tensors().end() || rows == merged.tensors().end() || ids->second.dtype != "U64" ||
-        rows->second.dtype != "F32" || ids->second.bytes.size() != n * 8 ||
-        rows->second.bytes.size() != n * width * sizeof(float)) {
+    TableState all;
+    if (!ReadTableTensors(merged, base, n, width, &all)) {
       return absl::DataLossError(absl::StrCat("split: ", merged.path(), ": table ", base,
                                               ": its tensors disagree with its metadata"));
     }
-    // The file's bytes may sit at any alignment: copied, not cast.
-    std::vector<uint64_t> all_ids(n);
-    std::vector<float> all_rows(n * width);
-    std::memcpy(all_ids.data(), ids->second.bytes.data(), n * 8);
-    std::memcpy(all_rows.data(), rows->second.bytes.data(), n * width * sizeof(float));
     TableState& state = (*tables)[t];
     for (uint64_t r = 0; r < n; ++r) {
-      if (all_ids[r] >= table.vocab() || (r > 0 && all_ids[r] <= all_ids[r - 1])) {
-        return absl::DataLossError(absl::StrCat("split: ", merged.path(), ": table ", base, ": id ", all_ids[r],
-                                                " (row ", r, ") is out of order or not below vocab ", table.vocab()));
+      const uint64_t id = all.ids[r];
+      if (id >= table.vocab() || (r > 0 && id <= all.ids[r - 1])) {
+        return absl::DataLossError(absl::StrCat("split: ", merged.path(), ": table ", base, ": id ", id, " (row ", r,
+                                                ") is out of order or not below vocab ", table.vocab()));
       }
-      if (RowServer(segment, static_cast<uint32_t>(t), all_ids[r], num_servers) != server) continue;
-      state.ids.push_back(all_ids[r]);
-      state.rows.insert(state.rows.end(), all_rows.begin() + r * width, all_rows.begin() + (r + 1) * width);
+      if (RowServer(segment, static_cast<uint32_t>(t), id, num_servers) != server) continue;
+      state.ids.push_back(id);
+      state.rows.insert(state.rows.end(), all.rows.begin() + r * width, all.rows.begin() + (r + 1) * width);
     }
   }
   return absl::OkStatus();
