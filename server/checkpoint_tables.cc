@@ -146,7 +146,8 @@ absl::Status AddMergedTables(std::map<std::string, MergedTable>* tables, std::ve
     const uint64_t n = table.ids.size();
     std::vector<size_t> order(n);
     for (size_t r = 0; r < n; ++r) order[r] = r;
-    std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return table.ids[a] < table.ids[b]; });
+    const std::vector<uint64_t>& ids = table.ids;
+    std::sort(order.begin(), order.end(), [&ids](size_t a, size_t b) { return ids[a] < ids[b]; });
     MergedTable sorted{std::vector<uint64_t>(n), std::vector<float>(n * table.width), table.width};
     for (size_t r = 0; r < n; ++r) {
       sorted.ids[r] = table.ids[order[r]];

@@ -294,9 +294,8 @@ std::string ToJson(const v1::JobConfig& config, const EvalReport& report) {
     absl::StrAppend(&out, "],\n");
   }
   absl::StrAppend(&out, "  \"ensemble\": ", score(report.ensemble), ",\n");
-  absl::StrAppend(&out, absl::StrFormat(config.model().loss() == v1::MSE ? "  \"baseline_rmse\": %.6f"
-                                                                         : "  \"chance_accuracy\": %.6f",
-                                        report.chance));
+  absl::StrAppend(&out, config.model().loss() == v1::MSE ? "  \"baseline_rmse\": " : "  \"chance_accuracy\": ",
+                  absl::StrFormat("%.6f", report.chance));
   if (report.history.workers_size() > 0) {
     absl::StrAppend(&out, ",\n  \"history\": ", ToJson(report.history));
   }
