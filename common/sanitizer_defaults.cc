@@ -27,11 +27,17 @@ extern "C" {
 //   gRPC hands the buffer on through its own synchronisation; without
 //   "called_from_lib" every read of a message received over TLS (ours and
 //   protobuf's inline parser's) shows as a race with that memcpy.
+// - libopenblas (the CPU backend's GEMM with more than one thread): its
+//   thread pool hands each thread its block of a product through its own
+//   spin-waits on plain variables, so a pool thread's memset of an output
+//   block that the caller allocated just before shows as a race with the
+//   allocation.
 const char* __tsan_default_suppressions() {
   return "called_from_lib:libgrpc.so\n"
          "called_from_lib:libupb.so\n"
          "called_from_lib:libssl.so\n"
          "called_from_lib:libcrypto.so\n"
+         "called_from_lib:libopenblas.so\n"
          "race:libupb.so\n"
          "race:libssl.so\n"
          "race:libcrypto.so\n"
@@ -40,6 +46,7 @@ const char* __tsan_default_suppressions() {
          "race:libgpr.so\n"
          "race:libabsl_*\n"
          "race:libprotobuf.so\n"
+         "race:libopenblas.so\n"
          "race:grpc::internal::\n"
          "race:grpc::CompletionQueue::\n"
          "deadlock:libgrpc.so\n"
