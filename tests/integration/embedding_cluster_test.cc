@@ -1,13 +1,15 @@
 // Embedding tables as separate processes on loopback: a 100M-row table
 // trains with a worker whose memory does not grow with the vocab and
 // servers that store only the rows touched; a server killed and started
-// again mid-run recovers its tables with the job; the example config's
+// again mid-run recovers its tables with the job; merged and split for 3
+// servers, the tables score as trained; the example config's
 // tables beat the same network without them; bad ids stop a worker before
 // it reaches the servers.
 #include <sys/resource.h>
 
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <fstream>
 #include <regex>
 
@@ -116,6 +118,50 @@ TEST(EmbeddingCluster, AServerKilledMidRunRecoversItsTablesWithTheJob) {
   EXPECT_TRUE(params_after_kill == params);
   EXPECT_NE(report.find("\"auc\""), std::string::npos) << report;
   EXPECT_EQ(report_after_kill, report);
+}
+
+// segps-checkpoint merge, then split for 3 servers: the job's final
+// parameters and rows, served by 3 servers started from the split, score
+// exactly as the 2 servers that trained them did.
+TEST(EmbeddingCluster, MergedAndSplitForThreeServersTheTablesScoreAsTrained) {
+  const std::string dir = MakeTempDir();
+  const std::string job2 = Job(dir, 1000000, 1);
+  std::string evaluation2;
+  {
+    ProcessCluster cluster(job2, dir, 2);
+    std::unique_ptr<Subprocess> worker = cluster.StartWorker("ctr", 0);
+    std::optional<int> status = worker->Wait(absl::Seconds(300));
+    ASSERT_TRUE(status.has_value() && ExitedOk(*status)) << worker->output() << cluster.Output();
+    evaluation2 = cluster.Evaluation();
+  }
+  // Every server's files in one folder, as merge reads them.
+  for (const char* ckpt : {"/ckpt0", "/ckpt1"}) {
+    std::filesystem::copy(dir + ckpt, dir + "/all",
+                          std::filesystem::copy_options::recursive | std::filesystem::copy_options::skip_existing);
+  }
+  std::unique_ptr<Subprocess> merge = Subprocess::Start({BinaryPath("segps-checkpoint"), "merge", "--dir",
+                                                         dir + "/all", "--out", dir + "/merged.safetensors",
+                                                         "--optimizer_slots"});
+  ASSERT_TRUE(ExitedOk(merge->Wait(absl::Seconds(60)).value_or(-1))) << merge->output();
+  const std::string dir3 = dir + "/three";
+  std::filesystem::create_directories(dir3);
+  std::string job3 = ReadFile(job2);
+  job3.replace(job3.find("num_servers: 2"), 14, "num_servers: 3");
+  WriteFile(dir3 + "/job.pbtxt", job3);
+  std::unique_ptr<Subprocess> split = Subprocess::Start(
+      {BinaryPath("segps-checkpoint"), "split", "--in", dir + "/merged.safetensors", "--config", dir3 + "/job.pbtxt",
+       "--num_servers", "3", "--dir", dir3 + "/split"});
+  ASSERT_TRUE(ExitedOk(split->Wait(absl::Seconds(60)).value_or(-1))) << split->output();
+  for (int i = 0; i < 3; ++i) std::filesystem::copy(dir3 + "/split", absl::StrCat(dir3, "/ckpt", i),
+                                                    std::filesystem::copy_options::recursive);
+  ProcessCluster three(dir3 + "/job.pbtxt", dir3, 3);
+  const std::string evaluation3 = three.Evaluation();
+  std::smatch two_line, three_line;
+  ASSERT_TRUE(std::regex_search(evaluation2, two_line, std::regex("segment ctr .*auc [0-9.]+"))) << evaluation2;
+  ASSERT_TRUE(std::regex_search(evaluation3, three_line, std::regex("segment ctr .*auc [0-9.]+"))) << evaluation3;
+  EXPECT_EQ(three_line.str(), two_line.str());
+  EXPECT_GT(RowsHeld(evaluation3), 1000u) << evaluation3;
+  EXPECT_EQ(RowsHeld(evaluation3), RowsHeld(evaluation2)) << evaluation2 << evaluation3;
 }
 
 // The example config: the segment with tables clearly beats the same
