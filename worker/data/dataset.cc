@@ -38,7 +38,8 @@ class FeatureFile {
   const std::string& path() const { return path_; }
 
   // The same file with data-set row i at this one's row order[i] (data.shuffle).
-  std::shared_ptr<FeatureFile> Reordered(const std::vector<uint32_t>& order) const {
+  template <typename Index>
+  std::shared_ptr<FeatureFile> Reordered(const std::vector<Index>& order) const {
     std::vector<uint64_t> rows(order.size());
     for (size_t i = 0; i < order.size(); ++i) rows[i] = FileRow(order[i]);
     return std::make_shared<FeatureFile>(path_, header_, std::move(rows));
@@ -454,23 +455,30 @@ absl::StatusOr<TrainTest> LoadNpy(const v1::JobConfig& config) {
   return out;
 }
 
-// Rows `rows` of an in-memory set, in that order.
-Dataset SelectRows(const Dataset& from, const std::vector<uint64_t>& rows) {
-  Dataset out;
-  out.width = from.width;
-  out.classes = from.classes;
-  out.regression = from.regression;
-  out.columns = from.columns;
-  out.fields = from.fields;
-  out.x.resize(rows.size() * from.width);
-  out.y.resize(rows.size());
-  out.ids.resize(rows.size() * from.fields);
-  const size_t fields = static_cast<size_t>(from.fields);
-  for (size_t i = 0; i < rows.size(); ++i) {
-    from.CopyRow(rows[i], &out.x[i * from.width]);
-    out.y[i] = from.y[rows[i]];
-    std::copy_n(from.ids.data() + rows[i] * fields, fields, out.ids.data() + i * fields);
-  }
+// The rows `rows` of `d`, in that order (a file-backed set maps the same
+// file through a new row list).
+template <typename Index>
+Dataset Rows(const Dataset& d, const std::vector<Index>& rows) {
+  Dataset out;  // every field of d's but its rows'
+  out.width = d.width;
+  out.classes = d.classes;
+  out.regression = d.regression;
+  out.mean = d.mean;
+  out.std = d.std;
+  out.scale = d.scale;
+  out.columns = d.columns;
+  out.fields = d.fields;
+  auto take = [&](const auto& values, auto* into, size_t per_row) {
+    if (values.empty()) return;
+    into->resize(rows.size() * per_row);
+    for (size_t i = 0; i < rows.size(); ++i) {
+      std::copy_n(&values[rows[i] * per_row], per_row, &(*into)[i * per_row]);
+    }
+  };
+  take(d.y, &out.y, 1);
+  take(d.x, &out.x, static_cast<size_t>(d.width));
+  take(d.ids, &out.ids, static_cast<size_t>(d.fields));
+  if (d.file != nullptr) out.file = d.file->Reordered(rows);
   return out;
 }
 
@@ -489,8 +497,8 @@ absl::StatusOr<TrainTest> LoadCsv(const v1::JobConfig& config) {
   if (train->size() < 2) return Bad(data.train_csv(), "one sample cannot be split into training and test rows");
   std::vector<uint64_t> train_rows, test_rows;
   HoldOut(train->size(), data.test_fraction(), data.data_seed(), &train_rows, &test_rows);
-  out.train = SelectRows(*train, train_rows);
-  out.test = SelectRows(*train, test_rows);
+  out.train = Rows(*train, train_rows);
+  out.test = Rows(*train, test_rows);
   return out;
 }
 
@@ -543,32 +551,6 @@ absl::StatusOr<TrainTest> LoadFashionMnist(const std::string& dir) {
   return out;
 }
 
-// The rows `rows` of `d`, in that order (a file-backed set maps the same
-// file through a new row list).
-Dataset Rows(const Dataset& d, const std::vector<uint32_t>& rows) {
-  Dataset out;  // every field of d's but its rows'
-  out.width = d.width;
-  out.classes = d.classes;
-  out.regression = d.regression;
-  out.mean = d.mean;
-  out.std = d.std;
-  out.scale = d.scale;
-  out.columns = d.columns;
-  out.fields = d.fields;
-  auto take = [&](const auto& values, auto* into, size_t per_row) {
-    if (values.empty()) return;
-    into->resize(rows.size() * per_row);
-    for (size_t i = 0; i < rows.size(); ++i) {
-      std::copy_n(&values[rows[i] * per_row], per_row, &(*into)[i * per_row]);
-    }
-  };
-  take(d.y, &out.y, 1);
-  take(d.x, &out.x, static_cast<size_t>(d.width));
-  take(d.ids, &out.ids, static_cast<size_t>(d.fields));
-  if (d.file != nullptr) out.file = d.file->Reordered(rows);
-  return out;
-}
-
 // data.shuffle, then data.validation_fraction: the training rows in an
 // order drawn with `seed`, and a seeded share of them held out (both lists
 // in the order they had), before anything splits them over segments.
@@ -579,9 +561,8 @@ void ShuffleAndHoldOut(const v1::DataConfig& data, TrainTest* sets) {
   if (data.validation_fraction() <= 0 || sets->train.size() < 2) return;
   std::vector<uint64_t> kept, held;
   HoldOut(sets->train.size(), data.validation_fraction(), Mix64(data.data_seed() ^ 0x76616c6964ull), &kept, &held);
-  const std::vector<uint32_t> train_rows(kept.begin(), kept.end()), validation_rows(held.begin(), held.end());
-  sets->validation = Rows(sets->train, validation_rows);
-  sets->train = Rows(sets->train, train_rows);
+  sets->validation = Rows(sets->train, held);
+  sets->train = Rows(sets->train, kept);
 }
 
 absl::StatusOr<TrainTest> LoadData(const v1::JobConfig& config) {

@@ -66,41 +66,48 @@ absl::Status ForEachPrediction(const v1::ModelConfig& config, int k, const Datas
   return absl::OkStatus();
 }
 
-}  // namespace
-
-Score Scorer::score(std::string name) const {
-  const double n = std::max<double>(1, static_cast<double>(samples_));
-  Score s{std::move(name), regression_ ? 0 : absolute_ / n, loss_ / n, std::nullopt, std::nullopt, std::nullopt};
-  if (regression_) {
-    s.rmse = std::sqrt(loss_ / n);
-    s.mae = absolute_ / n;
+// Scores outputs (class probabilities, or a regression's predictions)
+// against labels (or TargetBits) row by row.
+class Scorer {
+ public:
+  Scorer(int classes, bool regression) : classes_(classes), regression_(regression) {}
+  // One row: outputs `p` (float or double) and its label.
+  template <typename T>
+  void Add(const T* p, int32_t label) {
+    if (regression_) {
+      const double e = static_cast<double>(p[0]) - TargetOf(label);
+      loss_ += e * e;
+      absolute_ += std::fabs(e);
+    } else {
+      loss_ -= std::log(std::max(static_cast<double>(p[label]), 1e-12));
+      absolute_ += std::max_element(p, p + classes_) - p == label;
+    }
+    ++samples_;
   }
-  return s;
-}
+  Score score(std::string name) const {
+    const double n = std::max<double>(1, static_cast<double>(samples_));
+    Score s{std::move(name), regression_ ? 0 : absolute_ / n, loss_ / n, std::nullopt, std::nullopt, std::nullopt};
+    if (regression_) {
+      s.rmse = std::sqrt(loss_ / n);
+      s.mae = absolute_ / n;
+    }
+    return s;
+  }
+
+ private:
+  int classes_;
+  bool regression_;
+  double loss_ = 0;
+  double absolute_ = 0;  // correct predictions, or a regression's summed absolute error
+  uint64_t samples_ = 0;
+};
+
+}  // namespace
 
 Score ScoreRows(const v1::ModelConfig& model, absl::Span<const float> outputs, absl::Span<const int32_t> labels) {
   Scorer scorer(static_cast<int>(model.num_classes()), model.loss() == v1::MSE);
   for (size_t i = 0; i < labels.size(); ++i) scorer.Add(&outputs[i * model.num_classes()], labels[i]);
   return scorer.score("");
-}
-
-double MeanCrossEntropy(absl::Span<const float> probs, absl::Span<const int32_t> labels) {
-  if (labels.empty()) return 0;
-  const size_t classes = probs.size() / labels.size();
-  Scorer scorer(static_cast<int>(classes), false);
-  for (size_t i = 0; i < labels.size(); ++i) scorer.Add(&probs[i * classes], labels[i]);
-  return scorer.score("").loss;
-}
-
-double Accuracy(absl::Span<const float> probs, absl::Span<const int32_t> labels) {
-  if (labels.empty()) return 0;
-  const size_t classes = probs.size() / labels.size();
-  uint64_t correct = 0;
-  for (size_t i = 0; i < labels.size(); ++i) {
-    const float* p = &probs[i * classes];
-    correct += std::max_element(p, p + classes) - p == labels[i];
-  }
-  return static_cast<double>(correct) / labels.size();
 }
 
 namespace {

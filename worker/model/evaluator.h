@@ -3,8 +3,6 @@
 #ifndef SEGPS_WORKER_MODEL_EVALUATOR_H_
 #define SEGPS_WORKER_MODEL_EVALUATOR_H_
 
-#include <algorithm>
-#include <cmath>
 #include <functional>
 #include <optional>
 #include <string>
@@ -25,34 +23,6 @@ struct Score {
   double loss = 0;  // mean cross-entropy (loss MSE: mean squared error)
   std::optional<double> auc;  // two classes: ROC AUC of class 1's probability
   std::optional<double> rmse, mae;  // a regression's (loss MSE), where accuracy means nothing
-};
-
-// Scores outputs (class probabilities, or a regression's predictions)
-// against labels (or TargetBits) row by row.
-class Scorer {
- public:
-  Scorer(int classes, bool regression) : classes_(classes), regression_(regression) {}
-  // One row: outputs `p` (float or double) and its label.
-  template <typename T>
-  void Add(const T* p, int32_t label) {
-    if (regression_) {
-      const double e = static_cast<double>(p[0]) - TargetOf(label);
-      loss_ += e * e;
-      absolute_ += std::fabs(e);
-    } else {
-      loss_ -= std::log(std::max(static_cast<double>(p[label]), 1e-12));
-      absolute_ += std::max_element(p, p + classes_) - p == label;
-    }
-    ++samples_;
-  }
-  Score score(std::string name) const;
-
- private:
-  int classes_;
-  bool regression_;
-  double loss_ = 0;
-  double absolute_ = 0;  // correct predictions, or a regression's summed absolute error
-  uint64_t samples_ = 0;
 };
 
 // A score's second figure beside its loss, and its name in logs: the
@@ -85,12 +55,6 @@ struct EvalReport {
 absl::StatusOr<EvalReport> Evaluate(const v1::JobConfig& config, const Dataset& test,
                                     const std::vector<std::vector<float>>& params, Backend* backend,
                                     const RowSource& rows = nullptr);
-
-// The share of rows whose most probable class (the first, on ties) is
-// their label; `probs` holds labels.size() rows.
-double Accuracy(absl::Span<const float> probs, absl::Span<const int32_t> labels);
-// Their mean cross-entropy (a probability below 1e-12 counts as 1e-12).
-double MeanCrossEntropy(absl::Span<const float> probs, absl::Span<const int32_t> labels);
 
 // Class probabilities [data.size() x num_classes], row-major, of segment
 // `segment` alone, or (segment -1) of the ensemble: the mean of every
