@@ -153,6 +153,11 @@ class ParameterServer {
   // are authenticated, sealed within a lease, this server's current (of
   // its incarnation and the request's generation, the segment's).
   absl::Status CheckDisagreement(const v1::RollbackRequest& request) const;
+  // A chain's rollback (RollbackRequest.chain): every stage's segment to
+  // its checkpoint at the request's clock, unless all are at rest there.
+  absl::Status RollbackChain(const v1::RollbackRequest& request, v1::RollbackResponse* response);
+  // The clocks at which every segment of a chain has a checkpoint here.
+  std::vector<uint64_t> ChainCheckpointClocks() const;
   // What a push says beside its gradient, once its values (`scanned`) and
   // its sample count are checked: an error that names what is wrong.
   absl::StatusOr<PushInfo> CheckPush(const v1::PushRequest& request, const DenseView::Values& scanned) const;

@@ -5,6 +5,8 @@
 #include <sys/random.h>
 
 #include <algorithm>
+#include <iterator>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -107,6 +109,7 @@ absl::Status ParameterServer::Register(const v1::RegisterRequest& request, v1::R
   }
   if (store_ != nullptr) {
     for (uint64_t clock : store_->Clocks(request.segment())) response->add_checkpoint_clocks(clock);
+    for (uint64_t clock : ChainCheckpointClocks()) response->add_chain_checkpoint_clocks(clock);
   }
   response->set_server_index(index_);
   response->set_offset(range.offset);
@@ -310,6 +313,11 @@ absl::Status ParameterServer::Rollback(const v1::RollbackRequest& request, v1::R
   SEGPS_RETURN_IF_ERROR(
       CheckRegistration(request.worker_id(), request.registration_secret(), caller, "Rollback", request.segment()));
   response->set_incarnation(incarnation_);
+  if (request.chain()) {
+    absl::Status rolled = RollbackChain(request, response);
+    response->set_generation((*shard)->generation());
+    return rolled.ok() ? rolled : Reject(request.segment(), rolled);
+  }
   if ((*shard)->generation() != request.generation()) {
     response->set_generation((*shard)->generation());  // someone rolled it back already
     return absl::OkStatus();
@@ -353,6 +361,67 @@ absl::Status ParameterServer::Rollback(const v1::RollbackRequest& request, v1::R
                       << " rolled back to its checkpoint at clock " << request.clock() << " for worker "
                       << request.worker_id() << "; " << dropped.size() << " registrations dropped";
   }
+  return absl::OkStatus();
+}
+
+std::vector<uint64_t> ParameterServer::ChainCheckpointClocks() const {
+  if (store_ == nullptr || config_.model().combine() != v1::CHAIN) return {};
+  std::vector<uint64_t> common = store_->Clocks(0);
+  for (int k = 1; k < config_.model().segments_size(); ++k) {
+    const std::vector<uint64_t> clocks = store_->Clocks(k);
+    std::vector<uint64_t> both;
+    std::set_intersection(common.begin(), common.end(), clocks.begin(), clocks.end(), std::back_inserter(both));
+    common = std::move(both);
+  }
+  return common;
+}
+
+absl::Status ParameterServer::RollbackChain(const v1::RollbackRequest& request, v1::RollbackResponse* response) {
+  if (config_.model().combine() != v1::CHAIN) {
+    return absl::InvalidArgumentError("Rollback: chain is for a model of combine: CHAIN");
+  }
+  const int stages = config_.model().segments_size();
+  const uint64_t clock = request.clock();
+  // Held throughout: of two stages asking at once, the second finds the chain at rest.
+  MutexLock lock(&rollback_mu_);
+  bool at_rest = true;
+  for (int k = 0; k < stages; ++k) at_rest = at_rest && shards_[k]->AtRest(clock);
+  if (at_rest) return absl::OkStatus();
+  const std::vector<uint64_t> clocks = ChainCheckpointClocks();
+  if (std::find(clocks.begin(), clocks.end(), clock) == clocks.end()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "Rollback: server ", index_, " has no checkpoint of every stage of the chain at clock ", clock,
+        store_ == nullptr ? " (it keeps none: start it with --checkpoint_dir)"
+                          : absl::StrCat(" (every stage has clocks ", absl::StrJoin(clocks, ","), ")")));
+  }
+  for (int k = 0; k < stages; ++k) {
+    const absl::Duration since = clock_->Now() - rolled_back_at_[k];
+    if (since < kRollbackInterval) {
+      return absl::UnavailableError(absl::StrCat("Rollback: stage ", k, " was rolled back ",
+                                                 absl::FormatDuration(since), " ago; at most one rollback every ",
+                                                 absl::FormatDuration(kRollbackInterval), ", try again"));
+    }
+  }
+  // Every stage's checkpoint read before any is restored: all or none.
+  std::vector<ShardState> states;
+  for (int k = 0; k < stages; ++k) {
+    absl::StatusOr<ShardState> state = store_->Read(k, clock);
+    if (!state.ok()) {
+      store_->Forget(k, clock);
+      return absl::FailedPreconditionError(absl::StrCat("Rollback: ", state.status().message()));
+    }
+    states.push_back(*std::move(state));
+  }
+  std::vector<uint64_t> dropped;
+  for (int k = 0; k < stages; ++k) {
+    shards_[k]->Restore(states[k], std::nullopt, &dropped);
+    rolled_back_at_[k] = clock_->Now();
+  }
+  ForgetRegistrations(dropped);
+  response->set_rolled_back(true);
+  SEGPS_LOG_WARNING << "server " << index_ << ": the chain's " << stages << " stages rolled back to their checkpoints "
+                    << "at clock " << clock << " for worker " << request.worker_id() << " of stage "
+                    << request.segment() << "; " << dropped.size() << " registrations dropped";
   return absl::OkStatus();
 }
 

@@ -262,6 +262,7 @@ void SegmentShard::Replace(const ShardState& state, const absl::Status& gone, st
   steps_begun_ = state.steps;
   pushes_ = state.updates;
   restored_clock_ = state.clock;
+  restored_steps_ = state.steps;
   ++generation_;
 }
 
@@ -277,6 +278,11 @@ SegmentShard::Worker* SegmentShard::AddPlaceholder(uint32_t rank, uint64_t clock
 uint64_t SegmentShard::generation() {
   MutexLock lock(&mu_);
   return generation_;
+}
+
+bool SegmentShard::AtRest(uint64_t clock) {
+  MutexLock lock(&mu_);
+  return restored_clock_ == clock && steps_begun_ == restored_steps_;
 }
 
 void SegmentShard::MaybeRebalance() {

@@ -350,7 +350,9 @@ class LocalJob {
 
   // A process killed during training (a crash, the OOM killer, kill -9) is
   // started again with the same command (a server on its address: it
-  // restores its newest checkpoint, and the workers rejoin it), up to
+  // restores its newest checkpoint, and the workers rejoin it; a pipeline
+  // stage on its link's address: the chain rolls back to a checkpoint every
+  // stage holds, and its neighbours reopen their links to it), up to
   // kMaxRestarts times each. One that exits with an error meant it: its
   // error stands.
   std::string Restart(std::vector<Child*>& group, bool servers) {
@@ -360,15 +362,21 @@ class LocalJob {
         return absl::StrCat(c->name, " failed (", Describe(c->status), ")");
       }
       const std::string why = absl::StrCat(c->name, " stopped during training (", Describe(c->status), ")");
-      // A pipeline stage's links to its neighbours died with it: the chain is not restarted.
-      if (!servers && chain_) return why;
       if (absl::GetFlag(FLAGS_no_restart) || c->restarts >= kMaxRestarts) {
         return absl::GetFlag(FLAGS_no_restart) ? why : absl::StrCat(why, " after ", kMaxRestarts, " restarts");
       }
       std::vector<std::string> argv = c->argv;
+      const size_t i = &c - group.data();
       for (std::string& a : argv) {
-        if (a == "127.0.0.1:0") a = addresses_[&c - group.data()];  // a server keeps its address
-        if (a == "--servers=-") a = "--servers=" + server_list_;    // a worker is told the servers at once
+        if (a == "127.0.0.1:0") a = addresses_[i];                // a server keeps its address
+        if (a == "--servers=-") a = "--servers=" + server_list_;  // a worker is told the servers at once
+        // A pipeline stage keeps its link's address and is told the next stage's.
+        if (a == "--next_stage=-") {
+          a = "--next_stage=" + stage_links_[{worker_places_[i].first + 1, worker_places_[i].second}];
+        }
+      }
+      if (!servers && chain_ && worker_places_[i].first > 0) {
+        argv.push_back("--stage_listen=" + stage_links_[worker_places_[i]]);
       }
       console_.Say(absl::StrCat("segps-local: ", why, "; restarting it (", c->restarts + 1, " of ", kMaxRestarts, ")"));
       Child* again = launcher_->Spawn(c->name, argv);

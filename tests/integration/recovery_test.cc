@@ -219,22 +219,6 @@ TEST(Recovery, ServerPausedPastTheLeaseWithoutCheckpointsTheServersEndAgreeing) 
       << "the servers disagree, or steps were lost:\n" << scored << logs << cluster.Output();
 }
 
-// The pid of the running process started as `program` with `args`
-// consecutive among its arguments.
-std::optional<pid_t> FindProcess(const std::string& program, const std::vector<std::string>& args) {
-  for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
-    pid_t pid = 0;
-    if (!absl::SimpleAtoi(entry.path().filename().string(), &pid)) continue;
-    const std::string cmdline = ReadFile(entry.path().string() + "/cmdline");
-    const std::vector<std::string> argv = absl::StrSplit(cmdline, '\0');
-    if (!argv.empty() && argv[0] == program &&
-        std::search(argv.begin(), argv.end(), args.begin(), args.end()) != argv.end()) {
-      return pid;
-    }
-  }
-  return std::nullopt;
-}
-
 // segps-local restarts a server killed mid-run on its address; it restores
 // its checkpoint, the workers rejoin, and the job reaches its bar.
 TEST(Recovery, LocalLauncherRestartsAKilledServerAndTheJobReachesItsBar) {

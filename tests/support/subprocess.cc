@@ -7,15 +7,19 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <regex>
 #include <sstream>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 
@@ -203,5 +207,19 @@ std::vector<float> ReadNpyFloat32(const std::string& path) {
 }
 
 bool ExitedOk(int status) { return WIFEXITED(status) && WEXITSTATUS(status) == 0; }
+
+std::optional<pid_t> FindProcess(const std::string& program, const std::vector<std::string>& args) {
+  for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
+    pid_t pid = 0;
+    if (!absl::SimpleAtoi(entry.path().filename().string(), &pid)) continue;
+    const std::string cmdline = ReadFile(entry.path().string() + "/cmdline");
+    const std::vector<std::string> argv = absl::StrSplit(cmdline, '\0');
+    if (!argv.empty() && argv[0] == program &&
+        std::search(argv.begin(), argv.end(), args.begin(), args.end()) != argv.end()) {
+      return pid;
+    }
+  }
+  return std::nullopt;
+}
 
 }  // namespace segps

@@ -80,6 +80,10 @@ std::vector<float> ReadNpyFloat32(const std::string& path);
 // Whether a wait status is a clean exit.
 bool ExitedOk(int status);
 
+// The pid of the running process started as `program` with `args`
+// consecutive among its arguments.
+std::optional<pid_t> FindProcess(const std::string& program, const std::vector<std::string>& args);
+
 // Writes dir/job.pbtxt, a small job that trains until it is stopped (for
 // tests that stop or watch a running cluster), and returns its path.
 std::string WriteEndlessJob(const std::string& dir, int num_servers, int staleness);

@@ -177,6 +177,9 @@ class GrpcClient final : public ParameterClient {
   }
 
   void SetEpochClocks(uint64_t epoch_clocks) override { membership_->set_epoch_clocks(epoch_clocks); }
+  absl::StatusOr<bool> RollBackChain(int segment, uint64_t clock) override {
+    return membership_->RollBackChain(segment, clock);
+  }
 
   Completion<PulledAt> StartPull(int segment, uint64_t clock, absl::Span<float> dest) override {
     return PullOn(segment, clock, dest, false);

@@ -1,6 +1,7 @@
 #include "worker/client/membership.h"
 
 #include <algorithm>
+#include <iterator>
 #include <set>
 #include <utility>
 
@@ -68,7 +69,20 @@ absl::StatusOr<Registration> Membership::Register(int segment, std::optional<uin
     }
     if (changed) continue;
     if (plan != nullptr) *plan = responses[0].plan();
-    return Registration{start, responses[0].rank()};
+    Registration registration;
+    registration.start_clock = start;
+    registration.rank = responses[0].rank();
+    std::vector<uint64_t> chain(responses[0].chain_checkpoint_clocks().begin(),
+                                responses[0].chain_checkpoint_clocks().end());
+    for (const v1::RegisterResponse& r : responses) {
+      registration.known = registration.known || r.has_rank_clock();
+      std::vector<uint64_t> both;
+      std::set_intersection(chain.begin(), chain.end(), r.chain_checkpoint_clocks().begin(),
+                            r.chain_checkpoint_clocks().end(), std::back_inserter(both));
+      chain = std::move(both);
+    }
+    registration.chain_checkpoint_clocks = std::move(chain);
+    return registration;
   }
   return absl::UnavailableError(absl::StrCat("Register: segment ", segment,
                                              " was rolled back or a server restarted 4 times in a row while "
@@ -160,6 +174,28 @@ absl::Status Membership::RollBack(int segment, uint64_t target, const std::vecto
     if (!status.ok() && !absl::IsNotFound(status)) return Annotate(status, i, "Rollback");
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<bool> Membership::RollBackChain(int segment, uint64_t clock) {
+  bool gone = false;
+  for (size_t i = 0; i < servers_.size(); ++i) {
+    v1::RollbackRequest rollback;
+    rollback.set_segment(segment);
+    rollback.set_chain(true);
+    rollback.set_worker_id(worker_ids_[i]);
+    rollback.set_registration_secret(secrets_[i]);
+    rollback.set_clock(clock);
+    v1::RollbackResponse reply;
+    const absl::Status status = servers_[i]->Rollback(rollback, &reply);
+    // A registration another stage's rollback dropped: the chain went back already.
+    if (absl::IsNotFound(status)) {
+      gone = true;
+      continue;
+    }
+    if (!status.ok()) return Annotate(status, i, "Rollback");
+    gone = gone || reply.rolled_back();
+  }
+  return gone;
 }
 
 bool Recoverable(const absl::Status& status) {

@@ -60,6 +60,9 @@ class Membership {
   // server 0 assigns the lowest free one). `plan`, if not null, gets server
   // 0's share plan of a balanced segment.
   absl::StatusOr<Registration> Register(int segment, std::optional<uint32_t> rank, v1::SharePlan* plan = nullptr);
+  // A chain's rollback to `clock` through this worker's registrations
+  // (ParameterClient::RollBackChain).
+  absl::StatusOr<bool> RollBackChain(int segment, uint64_t clock);
   // Early stopping: RegisterRequest.epoch_clocks from now on.
   void set_epoch_clocks(uint64_t epoch_clocks) { epoch_clocks_ = epoch_clocks; }
 

@@ -80,6 +80,12 @@ std::unique_ptr<EncodedPush> EncodeSparse(const ShardMap& map, v1::DType dtype, 
 struct Registration {
   uint64_t start_clock = 0;  // the clock of the worker's first push
   uint32_t rank = 0;
+  // Some server knew the rank from before (RegisterResponse.rank_clock): a
+  // process restarted, or a registration that lapsed.
+  bool known = false;
+  // A chain: the clocks at which every server holds a checkpoint of every
+  // stage (RegisterResponse.chain_checkpoint_clocks), ascending.
+  std::vector<uint64_t> chain_checkpoint_clocks;
 };
 
 // A pull's or a pull-carrying push's result: the clock the values reflect
@@ -97,6 +103,11 @@ class ParameterClient {
   // Early stopping: the epoch length the registrations from now on give
   // (RegisterRequest.epoch_clocks; 0: none).
   virtual void SetEpochClocks(uint64_t epoch_clocks) = 0;
+  // A chain (model.combine: CHAIN): rolls every stage's segment back to its
+  // checkpoint at `clock` on every server (RollbackRequest.chain), through
+  // this client's registration of `segment`. True when that registration
+  // is gone (this call or another's rolled the chain back): register again.
+  virtual absl::StatusOr<bool> RollBackChain(int segment, uint64_t clock) = 0;
 
   // The tensor traffic, started without waiting. Pulls run one at a time in
   // the order started, as do pushes; a pull may pass a push.

@@ -35,15 +35,21 @@ absl::Status TrainingEngine::Begin() {
   // Servers may still be starting, or a worker of the rank still live (a
   // restarted process while its predecessor's lease runs): retried like a
   // rejoin.
+  tag_ = config_.model().segments(options_.segment).name();
   absl::StatusOr<Registration> registration =
-      Rejoin([&] { return client_->Register(options_.segment, options_.rank); },
-             absl::Milliseconds(config_.cluster().recovery_timeout_ms()), options_.clock,
-             config_.model().segments(options_.segment).name());
+      Rejoin([&] { return Join(options_.rank, std::nullopt, false); },
+             absl::Milliseconds(config_.cluster().recovery_timeout_ms()), options_.clock, tag_);
   if (!registration.ok()) return registration.status();
   rank_ = registration->rank;
   tag_ = absl::StrCat(config_.model().segments(options_.segment).name(), "/", rank_);
   SEGPS_RETURN_IF_ERROR(compute_->Start(*registration, tag_));
   heartbeat_.emplace(client_, heartbeat_period_);
+  if (rewound_) {  // a stage started again: the chain went back to where every stage replays from
+    SEGPS_LOG_WARNING << tag_ << ": started again mid-job; the chain replays from clock "
+                      << registration->start_clock;
+    SEGPS_RETURN_IF_ERROR(compute_->Rewind(registration->start_clock));
+    report_.recoveries += 1;
+  }
   if (options_.metrics != nullptr) options_.metrics->SetRank(rank_);
   // Top-k pushes carry k (index, value) pairs; pulls are always dense.
   if (config_.training().gradient_topk() > 0) topk_.emplace(n, config_.training().gradient_topk());
@@ -137,6 +143,7 @@ absl::Status TrainingEngine::Step(uint64_t clock, Failure* failure) {
 absl::Status TrainingEngine::Done() {
   const Unsent step = *unsent_;
   unsent_.reset();
+  recoveries_in_a_row_ = 0;
   const StepResult& result = step.result;
   if (options_.metrics != nullptr && result.stats.has_value() && result.rows > 0) {
     const double rows = result.rows;
@@ -158,14 +165,51 @@ absl::Status TrainingEngine::Done() {
   return compute_->Record(record, &report_);
 }
 
+absl::StatusOr<Registration> TrainingEngine::Join(std::optional<uint32_t> rank, std::optional<uint64_t> at,
+                                                  bool link_failed) {
+  rewound_ = false;
+  absl::StatusOr<Registration> joined = client_->Register(options_.segment, rank);
+  if (!joined.ok() || !compute_->Chained()) return joined;
+  // A stage continues where it is only if its links hold and the servers
+  // continue there too (or just after its step that every server took).
+  const bool continues =
+      at.has_value() ? !link_failed && (joined->start_clock == *at ||
+                                        (unsent_.has_value() && joined->start_clock == unsent_->clock + 1))
+                     : !(joined->known && joined->start_clock > 0);  // not a stage started again
+  if (continues) return joined;
+  for (int attempt = 0; attempt < 4; ++attempt) {
+    if (joined->chain_checkpoint_clocks.empty()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          tag_, ": the chain cannot replay from a clock every stage holds: the servers have no checkpoint of "
+                "every stage yet (checkpoint.every_clocks) or keep none (--checkpoint_dir)"));
+    }
+    const uint64_t target = joined->chain_checkpoint_clocks.back();
+    absl::StatusOr<bool> gone = client_->RollBackChain(options_.segment, target);
+    if (!gone.ok()) return gone.status();
+    if (!*gone && joined->start_clock == target) {
+      rewound_ = true;
+      return joined;
+    }
+    joined = client_->Register(options_.segment, joined->rank);  // the rollback dropped the registration
+    if (!joined.ok()) return joined;
+  }
+  return absl::UnavailableError(
+      absl::StrCat(tag_, ": the chain kept moving while rolling it back; its stages keep failing"));
+}
+
 absl::StatusOr<uint64_t> TrainingEngine::Recover(const Failure& failure, uint64_t at) {
   const absl::Time since = absl::Now();
   // What is in flight fails or is abandoned; the calls and the heartbeat stop first.
   strategy_.reset();
   async_.reset();
   heartbeat_.reset();
+  if (++recoveries_in_a_row_ > kMaxRecoveriesInARow) {
+    return absl::Status(failure.status.code(),
+                        absl::StrCat(tag_, ": ", kMaxRecoveriesInARow, " recoveries in a row without a step done; at clock ",
+                                     at, ": ", failure.status.message()));
+  }
   absl::StatusOr<Registration> again =
-      Rejoin([&] { return client_->Register(options_.segment, rank_); },
+      Rejoin([&] { return Join(rank_, at, IsLinkFailure(failure.status)); },
              absl::Milliseconds(config_.cluster().recovery_timeout_ms()), options_.clock, tag_);
   if (!again.ok()) {
     return absl::Status(again.status().code(), absl::StrCat(again.status().message(), " (it failed at clock ", at,
@@ -180,7 +224,12 @@ absl::StatusOr<uint64_t> TrainingEngine::Recover(const Failure& failure, uint64_
     report_.taken_over += resume - sent_through_;
     sent_through_ = resume;
   }
-  if (compute_->Replays()) {
+  // Renewing the lease while a stage waits for a neighbour to start again.
+  heartbeat_.emplace(client_, heartbeat_period_);
+  if (rewound_) {
+    unsent_.reset();  // the chain replays from where every stage holds its checkpoint
+    SEGPS_RETURN_IF_ERROR(compute_->Rewind(resume));
+  } else if (compute_->Replays()) {
     unsent_.reset();  // computed again from where the servers continue
   } else if (unsent_.has_value() && resume == unsent_->clock + 1) {
     SEGPS_RETURN_IF_ERROR(Done());  // every server had taken it after all
@@ -200,7 +249,6 @@ absl::StatusOr<uint64_t> TrainingEngine::Recover(const Failure& failure, uint64_
                     << " (at clock " << at << ": " << failure.status.message() << ")";
   if (options_.metrics != nullptr) options_.metrics->ObserveRecovery(absl::ToDoubleSeconds(took), again_steps);
   report_.recoveries += 1;
-  heartbeat_.emplace(client_, heartbeat_period_);
   Connect(resume);
   return resume;
 }
@@ -214,8 +262,9 @@ absl::StatusOr<TrainReport> TrainingEngine::Run() {
     Failure failure;
     // A step to send again has its data (a stage's micro-batches) already.
     absl::StatusOr<bool> more = unsent_.has_value() && unsent_->clock == clock ? true : compute_->HasStep(clock);
-    if (!more.ok()) return more.status();
-    if (*more) {
+    if (!more.ok()) {
+      failure.status = more.status();
+    } else if (*more) {
       failure.status = Step(clock, &failure);
       if (failure.status.ok()) {
         ++clock;
@@ -227,9 +276,9 @@ absl::StatusOr<TrainReport> TrainingEngine::Run() {
       failure.servers = true;
       if (failure.status.ok()) break;
     }
-    absl::StatusOr<uint64_t> resume =
-        failure.servers && Recoverable(failure.status) ? Recover(failure, clock) : failure.status;
-    if (absl::IsOutOfRange(resume.status())) {  // the segment's rank 0 stopped it early
+    const bool recovers = (failure.servers && Recoverable(failure.status)) || IsLinkFailure(failure.status);
+    absl::StatusOr<uint64_t> resume = recovers ? Recover(failure, clock) : failure.status;
+    if ((failure.servers || recovers) && absl::IsOutOfRange(resume.status())) {  // its rank 0 stopped it early
       report_.stopped_early =
           "its segment stopped early (its rank 0 ended it at the best epoch's checkpoint), so it stops too";
       SEGPS_LOG_WARNING << tag_ << ": " << report_.stopped_early;

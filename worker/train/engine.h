@@ -5,10 +5,12 @@
 // micro-batches), encodes and sends it, and hands the step to the compute
 // for its progress. Failures the servers cause (a restart, a pause past the
 // lease, a rollback) are recovered by registering again and continuing
-// where the servers agree (client/membership.h). A compute that cannot
-// compute a step again (a pipeline stage) continues where it is: a step it
-// computed that not every server took is sent again as it was; where the
-// servers went back further (a rollback), it fails naming the clocks.
+// where the servers agree (client/membership.h). A pipeline stage continues
+// where it is when it can: a step it computed that not every server took
+// is sent again as it was. Where it cannot (it started again, a link to a
+// neighbour broke, the servers went back), it rolls the whole chain back
+// to the newest clock every stage's segment holds a checkpoint of
+// (RollbackRequest.chain), and every stage replays from there.
 //
 // Thread safety: Run is called once, from one thread; the engine's helpers
 // (the heartbeat, the client's calls in flight) are its own.
@@ -78,6 +80,10 @@ class TrainingEngine {
   // The unsent step is acknowledged by every server: its metrics, report and record.
   absl::Status Done();
   std::unique_ptr<EncodedPush> Encode(uint64_t clock, const StepResult& result);
+  // Registers (again after a failure at `at`; first when nullopt) and,
+  // for a pipeline stage that cannot continue where it is, rolls the
+  // chain back (rewound_).
+  absl::StatusOr<Registration> Join(std::optional<uint32_t> rank, std::optional<uint64_t> at, bool link_failed);
   // Registers again after `failure` at `at`; the clock to continue at.
   absl::StatusOr<uint64_t> Recover(const Failure& failure, uint64_t at);
   void CountBlocked(absl::Duration waited);
@@ -109,6 +115,10 @@ class TrainingEngine {
   std::optional<HeartbeatLoop> heartbeat_;
 
   std::optional<Unsent> unsent_;
+  bool rewound_ = false;  // the last Join rolled the chain back (or found it rolled back)
+  // A chain whose stages keep failing recovers this often, then gives up.
+  static constexpr int kMaxRecoveriesInARow = 20;
+  int recoveries_in_a_row_ = 0;
   uint64_t sent_through_ = 0;  // the clock after the last step this process computed and sent
   TrainReport report_;
   absl::Duration blocked_, step_blocked_;

@@ -74,6 +74,12 @@ std::vector<std::pair<const char*, int>> LinkKeepalive(const v1::JobConfig& conf
 
 grpc::ChannelArguments LinkArguments(const v1::JobConfig& config) {
   grpc::ChannelArguments args;
+  // A link reopened to a stage starting again: a channel of its own (not
+  // one sharing the dead connection's backoff), retried every 100 ms.
+  args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   args.SetMaxReceiveMessageSize(static_cast<int>(config.cluster().max_message_bytes()));
   args.SetMaxSendMessageSize(static_cast<int>(config.cluster().max_message_bytes()));
   for (const auto& [name, value] : LinkKeepalive(config)) args.SetInt(name, value);
@@ -120,56 +126,59 @@ class UpstreamImpl final : public Upstream, public v1::PipelineStage::Service {
     if (absl::Status allowed = AuthorizeCall(CallerOf(*context, tokens_), true, "Exchange"); !allowed.ok()) {
       return grpc::Status(static_cast<grpc::StatusCode>(allowed.code()), std::string(allowed.message()));
     }
-    // The link is the first stream whose first message comes from the
+    // A stream becomes the link once its first message comes from the
     // predecessor (model, stage and replica); another stream, silent or
-    // not, neither holds the link nor reaches the stage.
+    // not, neither holds the link nor reaches the stage. A predecessor that
+    // recovered opens a new stream, which ends the one before.
     v1::Activations message;
     if (!stream->Read(&message)) return grpc::Status::OK;
     absl::StatusOr<MicroBatch> first = Check(message);
     if (!first.ok()) return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, std::string(first.status().message()));
+    uint64_t session;
     {
       MutexLock lock(&mu_);
-      if (stream_ != nullptr || finished_) {
+      if (finished_) {
         return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
                             absl::StrCat("Exchange: stage ", end_.stage, " replica ", end_.replica,
-                                         " already has its link from ", end_.peer));
+                                         " has finished training"));
       }
+      if (context_ != nullptr) context_->TryCancel();
+      session = ++session_;
+      floor_ = session;  // what the streams before left unread is dropped
+      DropBelowFloor();
       stream_ = stream;
+      context_ = context;
     }
-    grpc::Status ended = grpc::Status::OK;
     bool done = first->done;
-    inbox_.Put(*std::move(first));
-    absl::Time heard = absl::Now();
-    while (!done && stream->Read(&message)) {
-      heard = absl::Now();
-      absl::StatusOr<MicroBatch> batch = Check(message);
-      if (!batch.ok()) {
-        ended = grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, std::string(batch.status().message()));
-        inbox_.Put(batch.status());
-        break;
-      }
-      done = batch->done;
-      inbox_.Put(*std::move(batch));
-    }
-    if (!done && ended.ok()) {
-      // A cancelled call lost its connection: the peer died, or it stopped
-      // answering the keepalive ping sent a lease after the last traffic.
-      inbox_.Put(absl::UnavailableError(
-          context->IsCancelled()
-              ? absl::StrCat(end_.peer, " lost the link before training ended: nothing came for ",
-                             absl::FormatDuration(absl::Trunc(absl::Now() - heard, absl::Milliseconds(100))),
-                             ", then the connection dropped or stopped answering pings")
-              : absl::StrCat(end_.peer, " closed the link before training ended")));
-    }
+    Put(session, *std::move(first));
+    const Served served = Serve(session, context, stream, &done);
     MutexLock lock(&mu_);
     while (writing_) changed_.Wait(&mu_);
-    stream_ = nullptr;
-    finished_ = done;
-    return ended;
+    if (session_ == session) {
+      stream_ = nullptr;
+      context_ = nullptr;
+      finished_ = done;
+    }
+    return served;
   }
 
   absl::StatusOr<MicroBatch> Receive(absl::Duration patience) override {
-    return inbox_.Take(patience, end_.peer);
+    MutexLock lock(&mu_);
+    const absl::Time deadline = absl::Now() + patience;
+    while (items_.empty() && absl::Now() < deadline) ready_.WaitWithDeadline(&mu_, deadline);
+    if (items_.empty()) {
+      return absl::DeadlineExceededError(absl::StrCat("no message from ", end_.peer, " within ",
+                                                      absl::FormatDuration(patience)));
+    }
+    Item& item = items_.front();
+    if (consumed_ != 0 && item.session != consumed_) {
+      return absl::UnavailableError(absl::StrCat(end_.peer, " reopened the link (it recovered)"));
+    }
+    if (!item.batch.ok()) return item.batch.status();  // an error stays, for every later Receive
+    absl::StatusOr<MicroBatch> batch = std::move(item.batch);
+    consumed_ = item.session;
+    items_.pop_front();
+    return batch;
   }
 
   absl::Status SendGradient(uint64_t clock, uint32_t micro_batch, absl::Span<const float> values) override {
@@ -182,6 +191,7 @@ class UpstreamImpl final : public Upstream, public v1::PipelineStage::Service {
       MutexLock lock(&mu_);
       stream = stream_;
       if (stream == nullptr) return absl::UnavailableError(absl::StrCat(end_.peer, " is not connected"));
+      if (session_ != consumed_) return absl::UnavailableError(absl::StrCat(end_.peer, " reopened the link"));
       writing_ = true;
     }
     const bool sent = stream->Write(message);
@@ -192,7 +202,61 @@ class UpstreamImpl final : public Upstream, public v1::PipelineStage::Service {
     return absl::OkStatus();
   }
 
+  void Reset() override {
+    MutexLock lock(&mu_);
+    if (consumed_ == 0) return;  // nothing taken since the last reset: a newer stream stays
+    if (session_ == consumed_ && context_ != nullptr) context_->TryCancel();
+    floor_ = std::max(floor_, consumed_ + 1);
+    DropBelowFloor();
+    consumed_ = 0;
+  }
+
  private:
+  using Served = grpc::Status;
+  struct Item {
+    uint64_t session;
+    absl::StatusOr<MicroBatch> batch;
+  };
+
+  // Reads the stream of `session` to its end, or until a newer one takes the link.
+  Served Serve(uint64_t session, grpc::ServerContext* context,
+               grpc::ServerReaderWriter<v1::Gradients, v1::Activations>* stream, bool* done) {
+    v1::Activations message;
+    absl::Time heard = absl::Now();
+    while (!*done && stream->Read(&message)) {
+      heard = absl::Now();
+      absl::StatusOr<MicroBatch> batch = Check(message);
+      if (!batch.ok()) {
+        Put(session, batch.status());
+        return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, std::string(batch.status().message()));
+      }
+      *done = batch->done;
+      Put(session, *std::move(batch));
+    }
+    if (*done) return grpc::Status::OK;
+    // A cancelled call lost its connection: the peer died, or it stopped
+    // answering the keepalive ping sent a lease after the last traffic (or
+    // this end reset it, or a newer stream took the link: Put drops those).
+    Put(session, absl::UnavailableError(
+                     context->IsCancelled()
+                         ? absl::StrCat(end_.peer, " lost the link before training ended: nothing came for ",
+                                        absl::FormatDuration(absl::Trunc(absl::Now() - heard, absl::Milliseconds(100))),
+                                        ", then the connection dropped or stopped answering pings")
+                         : absl::StrCat(end_.peer, " closed the link before training ended")));
+    return grpc::Status::OK;
+  }
+
+  void DropBelowFloor() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    while (!items_.empty() && items_.front().session < floor_) items_.pop_front();
+  }
+
+  void Put(uint64_t session, absl::StatusOr<MicroBatch> batch) {
+    MutexLock lock(&mu_);
+    if (session < floor_) return;
+    items_.push_back({session, std::move(batch)});
+    ready_.SignalAll();
+  }
+
   absl::StatusOr<MicroBatch> Check(const v1::Activations& m) const {
     return CheckActivations(m, end_);
   }
@@ -201,10 +265,17 @@ class UpstreamImpl final : public Upstream, public v1::PipelineStage::Service {
   std::vector<Token> tokens_;  // set by Start, before the server serves
   std::string address_;
   std::unique_ptr<grpc::Server> server_;
-  Inbox<MicroBatch> inbox_;
   Mutex mu_;
-  CondVar changed_;
+  CondVar changed_, ready_;
+  // The link's streams are numbered from 1; the newest holds the link.
+  uint64_t session_ ABSL_GUARDED_BY(mu_) = 0;
   grpc::ServerReaderWriter<v1::Gradients, v1::Activations>* stream_ ABSL_GUARDED_BY(mu_) = nullptr;
+  grpc::ServerContext* context_ ABSL_GUARDED_BY(mu_) = nullptr;
+  // Messages (or the error that ended a stream) for the stage, oldest first;
+  // those of streams before `floor_` are dropped.
+  std::deque<Item> items_ ABSL_GUARDED_BY(mu_);
+  uint64_t floor_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t consumed_ ABSL_GUARDED_BY(mu_) = 0;  // the stream the stage took from since its reset
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
 };
@@ -212,41 +283,47 @@ class UpstreamImpl final : public Upstream, public v1::PipelineStage::Service {
 class DownstreamImpl final : public Downstream {
  public:
   DownstreamImpl(const v1::JobConfig& config, int stage, uint32_t replica, const std::string& address)
-      : fingerprint_(ModelFingerprint(config)),
+      : config_(config),
+        address_(address),
+        fingerprint_(ModelFingerprint(config)),
         stage_(stage),
         replica_(replica),
         width_(config.model().segments(stage).layers(config.model().segments(stage).layers_size() - 1).units()),
         peer_(absl::StrCat("stage ", stage + 1, " (", config.model().segments(stage + 1).name(), ") replica ", replica,
                            " at ", address)) {}
-  ~DownstreamImpl() override {
-    if (stream_ == nullptr) return;
-    context_.TryCancel();
-    if (reader_.joinable()) reader_.join();
-    stream_->Finish().IgnoreError();
-  }
+  ~DownstreamImpl() override { Close(); }
 
-  absl::Status Start(const v1::JobConfig& config, const std::string& address) {
-    absl::StatusOr<Security> security = LoadSecurity(config.security());
+  absl::Status Start() {
+    absl::StatusOr<Security> security = LoadSecurity(config_.security());
     if (!security.ok()) return security.status();
     absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials = ChannelCredentials(*security);
     if (!credentials.ok()) return credentials.status();
-    std::shared_ptr<grpc::Channel> channel = grpc::CreateCustomChannel(address, *credentials, LinkArguments(config));
-    // The next stage may still be starting: wait for it, but not for ever.
-    const absl::Duration patience = absl::Milliseconds(config.cluster().recovery_timeout_ms());
+    std::shared_ptr<grpc::Channel> channel = grpc::CreateCustomChannel(address_, *credentials, LinkArguments(config_));
+    // The next stage may still be starting (or starting again): wait for it, but not for ever.
+    const absl::Duration patience = absl::Milliseconds(config_.cluster().recovery_timeout_ms());
     if (!channel->WaitForConnected(absl::ToChronoTime(absl::Now() + patience))) {
       return absl::UnavailableError(absl::StrCat("cannot reach ", peer_, " within ", absl::FormatDuration(patience),
                                                  " (cluster.recovery_timeout_ms)"));
     }
     stub_ = v1::PipelineStage::NewStub(channel);
-    context_.set_wait_for_ready(true);
-    stream_ = stub_->Exchange(&context_);
-    reader_ = std::thread([this] {
+    context_ = std::make_unique<grpc::ClientContext>();
+    context_->set_wait_for_ready(true);
+    inbox_ = std::make_unique<Inbox<v1::Gradients>>();
+    reader_ended_ = false;
+    stream_ = stub_->Exchange(context_.get());
+    reader_ = std::thread([this, stream = stream_.get(), inbox = inbox_.get()] {
       v1::Gradients message;
-      while (stream_->Read(&message)) inbox_.Put(std::move(message));
+      while (stream->Read(&message)) inbox->Put(std::move(message));
       reader_ended_ = true;
-      inbox_.Put(absl::UnavailableError(absl::StrCat(peer_, " closed the link")));
+      inbox->Put(absl::UnavailableError(absl::StrCat(peer_, " closed the link")));
     });
     return absl::OkStatus();
+  }
+
+  absl::Status Reopen() override {
+    Close();
+    sent_.clear();
+    return Start();
   }
 
   absl::Status Send(uint64_t clock, uint32_t epoch, uint32_t micro_batch, uint32_t batch_rows,
@@ -271,7 +348,8 @@ class DownstreamImpl final : public Downstream {
 
   absl::StatusOr<std::vector<float>> ReceiveGradient(absl::Duration patience) override {
     if (sent_.empty()) return absl::FailedPreconditionError("no micro-batch awaits its gradient");
-    absl::StatusOr<v1::Gradients> message = inbox_.Take(patience, peer_);
+    if (stream_ == nullptr) return Ended("went away");
+    absl::StatusOr<v1::Gradients> message = inbox_->Take(patience, peer_);
     if (!message.ok()) return reader_ended_ ? Ended("closed the link") : message.status();
     const Sent expected = sent_.front();
     sent_.pop_front();
@@ -298,6 +376,15 @@ class DownstreamImpl final : public Downstream {
   }
 
  private:
+  // Ends the stream in place, if any (the next stage sees it cancelled).
+  void Close() {
+    if (stream_ == nullptr) return;
+    context_->TryCancel();
+    if (reader_.joinable()) reader_.join();
+    stream_->Finish().IgnoreError();
+    stream_ = nullptr;
+  }
+
   // The call is over (a write failed, or the reader saw its end): gRPC's
   // status for it says why, e.g. its keepalive verdict on a neighbour that
   // stopped answering pings (paused, or cut off) or the reset of one that died.
@@ -314,17 +401,20 @@ class DownstreamImpl final : public Downstream {
     uint64_t clock;
     uint32_t micro_batch, rows;
   };
+  const v1::JobConfig& config_;
+  const std::string address_;
   const std::string fingerprint_;
   const int stage_;
   const uint32_t replica_;
   const uint64_t width_;
   const std::string peer_;
   std::unique_ptr<v1::PipelineStage::Stub> stub_;
-  grpc::ClientContext context_;
+  // One stream at a time, made again by Reopen.
+  std::unique_ptr<grpc::ClientContext> context_;
   std::unique_ptr<grpc::ClientReaderWriter<v1::Activations, v1::Gradients>> stream_;
   std::thread reader_;
   std::atomic<bool> reader_ended_{false};
-  Inbox<v1::Gradients> inbox_;
+  std::unique_ptr<Inbox<v1::Gradients>> inbox_;
   std::deque<Sent> sent_;
 };
 
@@ -341,7 +431,7 @@ absl::StatusOr<std::unique_ptr<Upstream>> Upstream::Listen(const v1::JobConfig& 
 absl::StatusOr<std::unique_ptr<Downstream>> Downstream::Connect(const v1::JobConfig& config, int stage,
                                                                 uint32_t replica, const std::string& address) {
   auto link = std::make_unique<DownstreamImpl>(config, stage, replica, address);
-  absl::Status started = link->Start(config, address);
+  absl::Status started = link->Start();
   if (!started.ok()) return started;
   return std::unique_ptr<Downstream>(std::move(link));
 }

@@ -8,8 +8,11 @@
 // Every message is checked: the sender's model fingerprint, stage and
 // replica, the clock and micro-batch it should be next, its rows and the
 // size of its values. A link that breaks, or a neighbour that sends nothing
-// within the link's patience, fails the stage with a message naming the
-// neighbour.
+// within the link's patience, fails the stage's step with a message naming
+// the neighbour; the stage then recovers (engine.h): it resets its end of
+// the link from the previous stage and reopens its link to the next, and
+// the chain replays from a clock every stage holds (docs/recovery.md). A
+// new stream from the previous stage takes the link from the one before.
 //
 // Thread safety: each link is driven by its stage's training thread; the
 // Upstream's gRPC handler only hands its stream over.
@@ -46,6 +49,12 @@ class Upstream {
   // The gradient with respect to the inputs of the micro-batch received
   // as (clock, micro_batch): rows x input width values.
   virtual absl::Status SendGradient(uint64_t clock, uint32_t micro_batch, absl::Span<const float> values) = 0;
+  // The stage recovers: the stream it took messages from since the last
+  // reset is ended (the previous stage learns of it and recovers too) and
+  // what it left unread dropped. A newer stream, the previous stage's after
+  // its own recovery, stays: the next Receive reads it from its start.
+  // Until the reset, a newer stream's messages are refused (UNAVAILABLE).
+  virtual void Reset() = 0;
 };
 
 // Stage k < K - 1's end of the link to stage k + 1, replica r.
@@ -65,6 +74,10 @@ class Downstream {
   virtual absl::StatusOr<std::vector<float>> ReceiveGradient(absl::Duration patience) = 0;
   // Tells the next stage that training is over and closes the link.
   virtual absl::Status Finish() = 0;
+  // The stage recovers: ends the stream (the next stage learns of it) and
+  // opens a new one, waiting for the next stage up to
+  // cluster.recovery_timeout_ms (it may be starting again).
+  virtual absl::Status Reopen() = 0;
 };
 
 }  // namespace segps

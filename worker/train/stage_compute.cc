@@ -41,6 +41,12 @@ std::vector<std::pair<uint32_t, bool>> Passes(v1::PipelineSchedule schedule, uin
   return passes;
 }
 
+// A link's UNAVAILABLE (a neighbour died, stopped answering, or reopened
+// the link as it recovered) is recovered from; its other errors end the stage.
+absl::Status OnLink(absl::Status status) {
+  return absl::IsUnavailable(status) ? LinkFailure(std::move(status)) : status;
+}
+
 double PeakResidentMiB() {
   rusage usage{};
   getrusage(RUSAGE_SELF, &usage);
@@ -133,9 +139,10 @@ absl::StatusOr<bool> StageCompute::HasStep(uint64_t clock) {
   }
   if (pending_->done) return false;
   if (pending_->clock != clock || pending_->micro_batch != 0) {
-    return absl::FailedPreconditionError(absl::StrCat(tag_, ": expected clock ", clock, " micro-batch 0 from stage ",
-                                                      stage_ - 1, ", got clock ", pending_->clock, " micro-batch ",
-                                                      pending_->micro_batch));
+    // The previous stage continues elsewhere (it recovered to another clock): the chain agrees again.
+    return LinkFailure(absl::FailedPreconditionError(
+        absl::StrCat(tag_, ": expected clock ", clock, " micro-batch 0 from stage ", stage_ - 1, ", got clock ",
+                     pending_->clock, " micro-batch ", pending_->micro_batch)));
   }
   batch_rows_ = pending_->batch_rows;
   epoch_ = pending_->epoch;
@@ -200,7 +207,7 @@ absl::Status StageCompute::Forward(uint64_t clock, uint32_t m, uint32_t rows, in
   absl::StatusOr<absl::Span<const float>> out = ToHost(model_.output(first), rows * out_width_);
   if (!out.ok()) return out.status();
   SEGPS_RETURN_IF_ERROR(
-      options_.downstream->Send(clock, epoch_, m, batch_rows_, *out, absl::MakeConstSpan(slot_labels, rows)));
+      OnLink(options_.downstream->Send(clock, epoch_, m, batch_rows_, *out, absl::MakeConstSpan(slot_labels, rows))));
   Crossed(&StageMetrics::ObserveActivationsSent, out->size());
   return absl::OkStatus();
 }
@@ -210,7 +217,7 @@ absl::Status StageCompute::Backward(uint64_t clock, uint32_t m, uint32_t rows, i
     const absl::Time start = absl::Now();
     absl::StatusOr<std::vector<float>> grad = options_.downstream->ReceiveGradient(options_.patience);
     Waited(StageMetrics::Neighbour::kNext, start);
-    if (!grad.ok()) return grad.status();
+    if (!grad.ok()) return OnLink(grad.status());
     Crossed(&StageMetrics::ObserveGradientsReceived, grad->size());
     SEGPS_RETURN_IF_ERROR(Upload(grad->data(), model_.output_grad(first), grad->size() * sizeof(float)));
   }
@@ -223,7 +230,7 @@ absl::Status StageCompute::Backward(uint64_t clock, uint32_t m, uint32_t rows, i
   if (first_stage_) return absl::OkStatus();
   absl::StatusOr<absl::Span<const float>> d_in = ToHost(model_.input_grad(first), rows * in_width_);
   if (!d_in.ok()) return d_in.status();
-  SEGPS_RETURN_IF_ERROR(options_.upstream->SendGradient(clock, m, *d_in));
+  SEGPS_RETURN_IF_ERROR(OnLink(options_.upstream->SendGradient(clock, m, *d_in)));
   Crossed(&StageMetrics::ObserveGradientsSent, d_in->size());
   return absl::OkStatus();
 }
@@ -252,11 +259,11 @@ absl::Status StageCompute::Receive(uint64_t clock, uint32_t m, uint32_t rows, in
     got = *std::move(next);
   }
   if (got.done || got.clock != clock || got.micro_batch != m || got.rows != rows || got.batch_rows != batch_rows_) {
-    return absl::FailedPreconditionError(absl::StrCat(
+    return LinkFailure(absl::FailedPreconditionError(absl::StrCat(
         tag_, ": expected clock ", clock, " micro-batch ", m, " of ", rows, " rows from stage ", stage_ - 1,
         got.done ? ", got the end of training"
                  : absl::StrCat(", got clock ", got.clock, " micro-batch ", got.micro_batch, " of ", got.rows,
-                                " rows")));
+                                " rows"))));
   }
   std::copy(got.labels.begin(), got.labels.end(), labels_.data() + first);
   return Upload(got.values.data(), model_.input() + first * in_width_, got.values.size() * sizeof(float));
@@ -266,7 +273,8 @@ absl::StatusOr<MicroBatch> StageCompute::ReceiveNext() {
   const absl::Time start = absl::Now();
   absl::StatusOr<MicroBatch> got = options_.upstream->Receive(options_.patience);
   Waited(StageMetrics::Neighbour::kPrevious, start);
-  if (got.ok()) Crossed(&StageMetrics::ObserveActivationsReceived, got->values.size());
+  if (!got.ok()) return OnLink(got.status());
+  Crossed(&StageMetrics::ObserveActivationsReceived, got->values.size());
   return got;
 }
 
@@ -344,8 +352,23 @@ absl::Status StageCompute::Record(const StepRecord& record, TrainReport* report)
   return absl::OkStatus();
 }
 
+absl::Status StageCompute::Rewind(uint64_t clock) {
+  (void)clock;  // stage 0's data follows the clock; the others' follows stage 0
+  pending_.reset();
+  if (options_.upstream != nullptr) options_.upstream->Reset();
+  if (options_.downstream != nullptr) SEGPS_RETURN_IF_ERROR(options_.downstream->Reopen());
+  // The epoch in hand is counted again from where the replay enters it.
+  recorded_epoch_.reset();
+  epoch_loss_ = epoch_correct_ = 0;
+  epoch_samples_ = 0;
+  return absl::OkStatus();
+}
+
 absl::Status StageCompute::CloseEpoch(TrainReport* report) {
   if (!recorded_epoch_.has_value() || epoch_samples_ == 0) return absl::OkStatus();
+  // An epoch replayed after a rollback replaces its record.
+  auto* epochs = report->history.mutable_epochs();
+  while (!epochs->empty() && epochs->rbegin()->epoch() >= *recorded_epoch_ + 1) epochs->RemoveLast();
   v1::EpochRecord* record = report->history.add_epochs();
   record->set_epoch(*recorded_epoch_ + 1);
   record->set_train_seconds(absl::ToDoubleSeconds(absl::Now() - t0_));

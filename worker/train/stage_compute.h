@@ -45,6 +45,8 @@ class StageCompute final : public StepCompute {
   absl::StatusOr<StepResult> Compute(uint64_t clock) override;
   absl::Status Record(const StepRecord& record, TrainReport* report) override;
   bool Replays() const override { return false; }
+  bool Chained() const override { return true; }
+  absl::Status Rewind(uint64_t clock) override;
   absl::Status Complete(TrainReport* report) override;
 
  private:

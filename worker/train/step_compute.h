@@ -13,6 +13,7 @@
 #include <optional>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/cord.h"
 #include "absl/time/time.h"
 #include "worker/client/ps_client.h"
 #include "worker/model/embedding_lookup.h"
@@ -44,6 +45,18 @@ struct StepRecord {
   absl::Duration blocked;  // waiting for the servers in this step
 };
 
+// A step that failed on a link between pipeline stages (a neighbour died,
+// stopped answering past its lease, or recovered and reopened the link):
+// the engine recovers from it as from the servers' failures.
+inline constexpr char kLinkFailureUrl[] = "segps.v1/link_failure";
+inline absl::Status LinkFailure(absl::Status status) {
+  if (!status.ok()) status.SetPayload(kLinkFailureUrl, absl::Cord("1"));
+  return status;
+}
+inline bool IsLinkFailure(const absl::Status& status) {
+  return status.GetPayload(kLinkFailureUrl).has_value();
+}
+
 class StepCompute {
  public:
   virtual ~StepCompute() = default;
@@ -71,8 +84,18 @@ class StepCompute {
   // After the step's push was sent: progress, logs, per-epoch work.
   virtual absl::Status Record(const StepRecord& record, TrainReport* report) = 0;
   // Whether a step computed already can be computed again after the
-  // servers roll back (a pipeline stage cannot: its neighbours moved on).
+  // servers roll back (a pipeline stage cannot alone: its neighbours moved on).
   virtual bool Replays() const = 0;
+  // A pipeline stage: where it cannot continue at its clock, the whole
+  // chain rolls back to a clock every stage holds (RollbackRequest.chain),
+  // and every stage replays from there (Rewind).
+  virtual bool Chained() const { return false; }
+  // After the chain rolled back: drops what the compute holds of later
+  // clocks and makes its links afresh, to compute from step `clock` on.
+  virtual absl::Status Rewind(uint64_t clock) {
+    (void)clock;
+    return absl::OkStatus();
+  }
   // Every step done and pushed: ends the run (fills the report's loss,
   // accuracy and history; a stage tells the next one that training is over).
   virtual absl::Status Complete(TrainReport* report) = 0;
