@@ -111,6 +111,13 @@ absl::Status ParameterServer::Register(const v1::RegisterRequest& request, v1::R
     for (uint64_t clock : store_->Clocks(request.segment())) response->add_checkpoint_clocks(clock);
     for (uint64_t clock : ChainCheckpointClocks()) response->add_chain_checkpoint_clocks(clock);
   }
+  if (config_.model().combine() == v1::CHAIN) {
+    for (auto& stage : shards_) {
+      const auto [next, partial] = stage->RankPosition(rank);
+      response->add_lane_clocks(next);
+      response->set_lane_partial(response->lane_partial() || partial);
+    }
+  }
   response->set_server_index(index_);
   response->set_offset(range.offset);
   response->set_count(range.count);
@@ -382,11 +389,7 @@ absl::Status ParameterServer::RollbackChain(const v1::RollbackRequest& request, 
   }
   const int stages = config_.model().segments_size();
   const uint64_t clock = request.clock();
-  // Held throughout: of two stages asking at once, the second finds the chain at rest.
   MutexLock lock(&rollback_mu_);
-  bool at_rest = true;
-  for (int k = 0; k < stages; ++k) at_rest = at_rest && shards_[k]->AtRest(clock);
-  if (at_rest) return absl::OkStatus();
   const std::vector<uint64_t> clocks = ChainCheckpointClocks();
   if (std::find(clocks.begin(), clocks.end(), clock) == clocks.end()) {
     return absl::FailedPreconditionError(absl::StrCat(

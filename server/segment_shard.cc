@@ -262,7 +262,6 @@ void SegmentShard::Replace(const ShardState& state, const absl::Status& gone, st
   steps_begun_ = state.steps;
   pushes_ = state.updates;
   restored_clock_ = state.clock;
-  restored_steps_ = state.steps;
   ++generation_;
 }
 
@@ -280,9 +279,14 @@ uint64_t SegmentShard::generation() {
   return generation_;
 }
 
-bool SegmentShard::AtRest(uint64_t clock) {
+std::pair<uint64_t, bool> SegmentShard::RankPosition(uint32_t rank) {
   MutexLock lock(&mu_);
-  return restored_clock_ == clock && steps_begun_ == restored_steps_;
+  std::optional<std::pair<uint64_t, bool>> furthest;
+  for (const auto& [id, w] : clocks_.workers()) {
+    if (w.rank != rank || w.never_held) continue;
+    if (!furthest.has_value() || w.next_clock > furthest->first) furthest = {w.next_clock, w.applied != 0};
+  }
+  return furthest.value_or(std::pair<uint64_t, bool>{restored_clock_, false});
 }
 
 void SegmentShard::MaybeRebalance() {

@@ -181,9 +181,10 @@ class SegmentShard {
   // registrations dropped, whose parked calls fail with NOT_FOUND.
   bool Restore(const ShardState& state, std::optional<uint64_t> generation, std::vector<uint64_t>* dropped);
   uint64_t generation();
-  // Whether the segment is at `clock` as restored or rolled back there (or
-  // as it started, at 0) with no push begun since.
-  bool AtRest(uint64_t clock);
+  // Rank `rank`'s next clock here, and whether that step is partly
+  // applied (a rank with no worker yet: the clock the segment restored or
+  // started at).
+  std::pair<uint64_t, bool> RankPosition(uint32_t rank);
 
   // Reads elements [first, first + count) of the range through `read` and
   // completes once the staleness bound allows a worker at `clock` to compute
@@ -360,7 +361,6 @@ class SegmentShard {
   CutPolicy cuts_ ABSL_GUARDED_BY(mu_);
   uint64_t generation_ ABSL_GUARDED_BY(mu_) = 1;
   uint64_t restored_clock_ ABSL_GUARDED_BY(mu_) = 0;
-  uint64_t restored_steps_ ABSL_GUARDED_BY(mu_) = 0;  // steps_begun_ as restored
   uint64_t next_placeholder_ ABSL_GUARDED_BY(mu_) = 0;
   bool started_ ABSL_GUARDED_BY(mu_) = false;  // a registration or a restore happened
   // The deciding server of a balanced segment: its shares.

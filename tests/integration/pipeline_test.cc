@@ -20,6 +20,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "common/config.h"
@@ -329,6 +330,16 @@ TEST(Pipeline, ANewStreamFromThePredecessorTakesTheLinkOnceTheStageResets) {
   EXPECT_EQ(new_stream->Finish().error_code(), grpc::StatusCode::CANCELLED);
 }
 
+// What each process of a job said of its recoveries, for the test's log.
+void PrintRecoveries(const std::string& output) {
+  for (absl::string_view line : absl::StrSplit(output, '\n')) {
+    if (absl::StrContains(line, "rejoined") || absl::StrContains(line, "rolled back") ||
+        absl::StrContains(line, "started again") || absl::StrContains(line, "restarting")) {
+      std::cout << line << "\n";
+    }
+  }
+}
+
 // Three stages, one replica, staleness 0, checkpoints every 10 clocks, each
 // pass padded to 2 ms so that the job lasts a few seconds. Trained once
 // without a failure, then again with the middle stage stopped by `signal`
@@ -368,13 +379,7 @@ std::string StopTheMiddleStage(int signal) {
     EXPECT_EQ(ReadNpyFloat32(hit + "/" + name + ".npy"), uninterrupted[k]) << "stage " << k << "\n"
                                                                            << local->output();
   }
-  // What each process said of the recovery, for the log.
-  for (absl::string_view line : absl::StrSplit(local->output(), '\n')) {
-    if (absl::StrContains(line, "rejoined") || absl::StrContains(line, "rolled back") ||
-        absl::StrContains(line, "started again") || absl::StrContains(line, "restarting")) {
-      std::cout << line << "\n";
-    }
-  }
+  PrintRecoveries(local->output());
   return local->output();
 }
 
@@ -393,6 +398,49 @@ TEST(Pipeline, AStageKilledMidRunIsStartedAgainAndTheChainEndsAsIfUninterrupted)
 TEST(Pipeline, AStagePausedPastItsLeaseRejoinsAndTheChainEndsAsIfUninterrupted) {
   const std::string output = StopTheMiddleStage(SIGSTOP);
   EXPECT_NE(output.find("middle/0: rejoined at clock"), std::string::npos) << output;
+}
+
+// The teacher chain (3 stages, 2 replicas, staleness 1) under segps-local
+// with each stage's replica 0 killed in turn: each is started again, the
+// chain rolls back and replays, and the job reaches its bar.
+TEST(Pipeline, EachStageOfTheTeacherChainKilledInTurnIsStartedAgainAndTheJobReachesItsBar) {
+  const std::string dir = MakeTempDir();
+  const std::string config = dir + "/teacher_chain.pbtxt";
+  std::string job = ReadFile(std::string(SEGPS_SOURCE_DIR) + "/deploy/configs/teacher_chain.pbtxt");
+  job.replace(job.find("training {"), 10, "training { log_interval_s: 0.1");
+  WriteFile(config, job);
+  std::unique_ptr<Subprocess> local =
+      Subprocess::Start({BinaryPath("segps-local"), "--config", config, "--report", dir + "/report.json", "--verbose",
+                         "--checkpoint_dir", dir + "/checkpoints"});
+  // Stage 2's replica 0 has logged step `at` or later.
+  auto reached = [&](uint64_t at) {
+    const std::string kStep = "stage2/0: step ";
+    for (std::optional<std::string> line; (line = local->WaitForLine(kStep, absl::Seconds(120)));) {
+      uint64_t step = 0;
+      const std::string number = line->substr(line->find(kStep) + kStep.size());
+      if (absl::SimpleAtoi(number.substr(0, number.find(' ')), &step) && step >= at) return true;
+    }
+    return false;
+  };
+  for (int k = 0; k < 3; ++k) {
+    // Mid-epoch, past a checkpoint (every 100 clocks), 1410 clocks in all.
+    ASSERT_TRUE(reached(250 * (k + 1))) << local->output();
+    const std::optional<pid_t> stage =
+        FindProcess(BinaryPath("segps-worker"), {"--segment", std::to_string(k), "--rank", "0"});
+    ASSERT_TRUE(stage.has_value()) << "stage " << k;
+    ASSERT_EQ(kill(*stage, SIGKILL), 0);
+    ASSERT_TRUE(local->WaitForLine(absl::StrCat("stage", k, "/0 stopped during training (killed by signal 9); "
+                                                "restarting it (1 of 3)"),
+                                   absl::Seconds(60))
+                    .has_value())
+        << local->output();
+  }
+  const std::optional<int> status = local->Wait(absl::Minutes(3));
+  ASSERT_TRUE(status.has_value() && ExitedOk(*status)) << local->output();
+  PrintRecoveries(local->output());
+  const double accuracy = EnsembleAccuracy(ReadFile(dir + "/report.json"));
+  std::printf("teacher chain, each stage killed once: accuracy %.4f\n", accuracy);
+  EXPECT_GT(accuracy, 0.90) << local->output();
 }
 
 }  // namespace

@@ -89,7 +89,7 @@ class FaultyClient final : public ParameterClient {
     return Run<Counts>("Leave", [=] { return Completion<Counts>::Done(inner_->Leave(end_at_clock)); }).Wait();
   }
   void SetEpochClocks(uint64_t epoch_clocks) override { inner_->SetEpochClocks(epoch_clocks); }
-  absl::StatusOr<bool> RollBackChain(int segment, uint64_t clock) override {
+  absl::Status RollBackChain(int segment, uint64_t clock) override {
     return inner_->RollBackChain(segment, clock);
   }
   absl::StatusOr<std::vector<v1::StatsResponse>> Stats() override { return inner_->Stats(); }

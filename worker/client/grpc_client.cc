@@ -177,7 +177,7 @@ class GrpcClient final : public ParameterClient {
   }
 
   void SetEpochClocks(uint64_t epoch_clocks) override { membership_->set_epoch_clocks(epoch_clocks); }
-  absl::StatusOr<bool> RollBackChain(int segment, uint64_t clock) override {
+  absl::Status RollBackChain(int segment, uint64_t clock) override {
     return membership_->RollBackChain(segment, clock);
   }
 

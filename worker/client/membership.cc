@@ -82,11 +82,24 @@ absl::StatusOr<Registration> Membership::Register(int segment, std::optional<uin
       chain = std::move(both);
     }
     registration.chain_checkpoint_clocks = std::move(chain);
+    registration.lane_clock = LaneClock(responses);
     return registration;
   }
   return absl::UnavailableError(absl::StrCat("Register: segment ", segment,
                                              " was rolled back or a server restarted 4 times in a row while "
                                              "registering; the servers keep failing"));
+}
+
+std::optional<uint64_t> Membership::LaneClock(const std::vector<v1::RegisterResponse>& responses) {
+  if (responses.empty() || responses[0].lane_clocks().empty()) return std::nullopt;
+  const uint64_t clock = responses[0].lane_clocks(0);
+  for (const v1::RegisterResponse& r : responses) {
+    if (r.lane_partial()) return std::nullopt;
+    for (uint64_t c : r.lane_clocks()) {
+      if (c != clock) return std::nullopt;
+    }
+  }
+  return clock;
 }
 
 absl::Status Membership::RegisterWith(size_t i, v1::RegisterRequest request, v1::RegisterResponse* response) {
@@ -176,8 +189,7 @@ absl::Status Membership::RollBack(int segment, uint64_t target, const std::vecto
   return absl::OkStatus();
 }
 
-absl::StatusOr<bool> Membership::RollBackChain(int segment, uint64_t clock) {
-  bool gone = false;
+absl::Status Membership::RollBackChain(int segment, uint64_t clock) {
   for (size_t i = 0; i < servers_.size(); ++i) {
     v1::RollbackRequest rollback;
     rollback.set_segment(segment);
@@ -188,14 +200,9 @@ absl::StatusOr<bool> Membership::RollBackChain(int segment, uint64_t clock) {
     v1::RollbackResponse reply;
     const absl::Status status = servers_[i]->Rollback(rollback, &reply);
     // A registration another stage's rollback dropped: the chain went back already.
-    if (absl::IsNotFound(status)) {
-      gone = true;
-      continue;
-    }
-    if (!status.ok()) return Annotate(status, i, "Rollback");
-    gone = gone || reply.rolled_back();
+    if (!status.ok() && !absl::IsNotFound(status)) return Annotate(status, i, "Rollback");
   }
-  return gone;
+  return absl::OkStatus();
 }
 
 bool Recoverable(const absl::Status& status) {

@@ -62,7 +62,7 @@ class Membership {
   absl::StatusOr<Registration> Register(int segment, std::optional<uint32_t> rank, v1::SharePlan* plan = nullptr);
   // A chain's rollback to `clock` through this worker's registrations
   // (ParameterClient::RollBackChain).
-  absl::StatusOr<bool> RollBackChain(int segment, uint64_t clock);
+  absl::Status RollBackChain(int segment, uint64_t clock);
   // Early stopping: RegisterRequest.epoch_clocks from now on.
   void set_epoch_clocks(uint64_t epoch_clocks) { epoch_clocks_ = epoch_clocks; }
 
@@ -79,6 +79,8 @@ class Membership {
   absl::Status RollBack(int segment, uint64_t target, const std::vector<v1::RegisterResponse>& responses,
                         const RankStates& states);
   absl::Status Annotate(const absl::Status& status, size_t i, const char* call) const;
+  // Registration::lane_clock of these responses.
+  static std::optional<uint64_t> LaneClock(const std::vector<v1::RegisterResponse>& responses);
 
   const std::vector<MembershipStub*> servers_;
   const std::string model_fingerprint_, shard_fingerprint_;

@@ -86,6 +86,10 @@ struct Registration {
   // A chain: the clocks at which every server holds a checkpoint of every
   // stage (RegisterResponse.chain_checkpoint_clocks), ascending.
   std::vector<uint64_t> chain_checkpoint_clocks;
+  // A chain: the clock every stage of the rank's lane is at on every
+  // server, none of it partly applied (RegisterResponse.lane_clocks); unset
+  // where they differ.
+  std::optional<uint64_t> lane_clock;
 };
 
 // A pull's or a pull-carrying push's result: the clock the values reflect
@@ -105,9 +109,9 @@ class ParameterClient {
   virtual void SetEpochClocks(uint64_t epoch_clocks) = 0;
   // A chain (model.combine: CHAIN): rolls every stage's segment back to its
   // checkpoint at `clock` on every server (RollbackRequest.chain), through
-  // this client's registration of `segment`. True when that registration
-  // is gone (this call or another's rolled the chain back): register again.
-  virtual absl::StatusOr<bool> RollBackChain(int segment, uint64_t clock) = 0;
+  // this client's registration of `segment`, which it drops: register
+  // again. A registration another stage's rollback dropped already is fine.
+  virtual absl::Status RollBackChain(int segment, uint64_t clock) = 0;
 
   // The tensor traffic, started without waiting. Pulls run one at a time in
   // the order started, as do pushes; a pull may pass a push.

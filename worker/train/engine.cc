@@ -178,18 +178,20 @@ absl::StatusOr<Registration> TrainingEngine::Join(std::optional<uint32_t> rank, 
                      : !(joined->known && joined->start_clock > 0);  // not a stage started again
   if (continues) return joined;
   for (int attempt = 0; attempt < 4; ++attempt) {
+    // Every stage of its lane at this clock, none of it applied: the lane replays it.
+    if (joined->lane_clock == joined->start_clock) {
+      rewound_ = true;
+      return joined;
+    }
     if (joined->chain_checkpoint_clocks.empty()) {
       return absl::FailedPreconditionError(absl::StrCat(
           tag_, ": the chain cannot replay from a clock every stage holds: the servers have no checkpoint of "
                 "every stage yet (checkpoint.every_clocks) or keep none (--checkpoint_dir)"));
     }
     const uint64_t target = joined->chain_checkpoint_clocks.back();
-    absl::StatusOr<bool> gone = client_->RollBackChain(options_.segment, target);
-    if (!gone.ok()) return gone.status();
-    if (!*gone && joined->start_clock == target) {
-      rewound_ = true;
-      return joined;
-    }
+    SEGPS_LOG_WARNING << tag_ << ": its lane's stages are at different clocks; rolling the chain back to clock "
+                      << target << ", the newest checkpoint of every stage";
+    SEGPS_RETURN_IF_ERROR(client_->RollBackChain(options_.segment, target));
     joined = client_->Register(options_.segment, joined->rank);  // the rollback dropped the registration
     if (!joined.ok()) return joined;
   }
