@@ -162,12 +162,13 @@ std::string WorkerJob(const Job& job, int k) {
   std::ostringstream o;
   o << "---\n# " << (job.chain ? "Stage " : "Segment ") << k << " (" << segment.name() << "): " << workers
     << " worker(s), rank = completion index"
-    << (job.chain ? "; a stage that fails is not restarted (its links died with it)" : "") << ".\n"
+    << (job.chain ? "; a stage that fails is restarted in its pod, and its neighbours reopen their links to it" : "")
+    << ".\n"
     << "apiVersion: batch/v1\nkind: Job\nmetadata:\n  name: segps-worker-seg" << k << "\nspec:\n"
     << "  completionMode: Indexed\n  completions: " << workers << "\n  parallelism: " << workers << "\n"
-    << "  backoffLimitPerIndex: " << (job.chain ? 0 : 6) << "\n  maxFailedIndexes: 0\n  template:\n"
+    << "  backoffLimitPerIndex: 6\n  maxFailedIndexes: 0\n  template:\n"
     << "    metadata:\n      labels:\n        app.kubernetes.io/name: segps-worker\n        segps/segment: \"" << k
-    << "\"\n    spec:\n      restartPolicy: " << (job.chain ? "Never" : "OnFailure") << "\n"
+    << "\"\n    spec:\n      restartPolicy: OnFailure\n"
     << (job.chain ? "      subdomain: segps-stages\n" : "") << "      securityContext: {fsGroup: 10001}\n"
     << "      containers:\n        - name: worker\n          image: " << (gpu ? "segps-cuda:latest" : "segps:latest")
     << "\n"

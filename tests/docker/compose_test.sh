@@ -148,14 +148,25 @@ awk -v a="$acc" 'BEGIN { exit !(a > 90) }' || fail "ensemble accuracy $acc% not 
 echo "training completed after the kills (server1 restarted $restarts times, restored its checkpoint); ensemble accuracy $acc%"
 down
 
-echo "== $(date -u +%T) round 4: the teacher chain, 3 stages x 2 replicas (profile chain, no ensemble workers)"
-up ./configs/teacher_chain.pbtxt 0 --profile chain
+echo "== $(date -u +%T) round 4: the teacher chain, 3 stages x 2 replicas (profile chain, no ensemble workers), stage1-r0 killed mid-run"
+sed 's/epochs: 6 /epochs: 12 /' configs/teacher_chain.pbtxt > "$long"
+grep -q "epochs: 12 " "$long" || fail "could not lengthen the teacher chain config"
+up "$long" 0 --profile chain
+victim=$(cid stage2-r0)
+(set +o pipefail; timeout 300 docker logs -f "$victim" 2>&1 | grep -m1 -q "step") || fail "the chain never made progress"
+stage=$(cid stage1-r0)
+pid=$(docker inspect --format '{{.State.Pid}}' "$stage")
+[ -n "$pid" ] && [ "$pid" != "0" ] || fail "no pid for stage1-r0"
+kill -9 "$pid" || fail "kill stage1-r0"
+echo "killed stage1-r0's process $pid"
 acc=$(finish) || exit 1
+restarts=$(docker inspect --format '{{.RestartCount}}' "$stage")
+[ "$restarts" -ge 1 ] || fail "stage1-r0 was not restarted (RestartCount $restarts)"
 for s in $stages; do
   code=$(docker inspect --format '{{.State.ExitCode}}' "$(cid "$s")")
   [ "$code" = "0" ] || { docker logs "$(cid "$s")" 2>&1 | tail -20 >&2; fail "$s exited $code"; }
 done
 awk -v a="$acc" 'BEGIN { exit !(a > 90) }' || fail "chain accuracy $acc% not above 90"
-echo "every stage finished; the chain's accuracy $acc%"
+echo "every stage finished (stage1-r0 restarted $restarts times); the chain's accuracy $acc%"
 down
 echo "PASS"
