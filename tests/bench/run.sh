@@ -317,6 +317,23 @@ read_ms=$(sed -n 's/.*restored .* read in \([0-9.]*\) ms.*/\1/p' "$out/kill_run.
 recovery=$(awk -v a="$last_rejoin" -v b="$kill_s" 'BEGIN{ if (a=="") print ""; else printf "%.3f", a-b }')
 echo "recovery: server 1 killed at $killed_at; every worker training again after ${recovery:-n/a} s (checkpoints read in $read_ms ms); accuracy $(sed -n 's/.*"ensemble": {"name": "ensemble", "accuracy": \([0-9.]*\).*/\1/p' "$out/k.json")"
 target recovery_seconds_vs_2s_plus_read "$(div "$recovery" "$(awk -v r="$read_ms" 'BEGIN{print 2 + r/1000}')")" 1.0 le
+# A chain: the teacher chain's stage 1 replica 0 killed mid-run (past clock
+# 300); segps-local starts it again at once. From the kill to its lane's
+# last stage computing a step again (its first step line after the
+# restarted stage's "started again", logged every 50 ms), beside the
+# ensemble's recovery from a server's kill above.
+sed "s/^training {/training { log_interval_s: 0.05 /" deploy/configs/teacher_chain.pbtxt > "$out/chain_kill.pbtxt"
+$segps_local --config "$out/chain_kill.pbtxt" --report "$out/ck.json" > "$out/chain_kill_run.txt" 2>&1 &
+local_pid=$!
+for _ in $(seq 1 600); do grep -q "stage2/0: step [3-9][0-9][0-9]" "$out/chain_kill_run.txt" && break; sleep 0.05; done
+victim=$(pgrep -f -- "--config $out/chain_kill.pbtxt --segment 1 --rank 0" | head -1)
+killed_at=$(date -u +%H:%M:%S.%N)
+[ -n "$victim" ] && kill -9 "$victim"
+wait $local_pid
+back=$(awk '/stage1\/0: started again/ {f=1; next} f && /\] [0-9:.]+ I stage2\/0: step/ {print $2; exit}' "$out/chain_kill_run.txt" | secs_of_day)
+chain_recovery=$(awk -v a="$back" -v b="$(echo "$killed_at" | secs_of_day)" 'BEGIN{ if (a=="") print ""; else printf "%.3f", a-b }')
+echo "chain recovery: stage1/0 killed at $killed_at; its lane training again after ${chain_recovery:-n/a} s ($(grep -c "rolled back to their checkpoints" "$out/chain_kill_run.txt") chain rollbacks on the servers); the ensemble's after a server's kill: ${recovery:-n/a} s; accuracy $(sed -n 's/.*"ensemble": {"name": "[a-z]*", "accuracy": \([0-9.]*\).*/\1/p' "$out/ck.json")"
+target chain_recovery_seconds_vs_ensemble "$(div "$chain_recovery" "$recovery")" 1.0 le
 # A burst: 10 kill -9s of alternating servers about 0.8 s apart, each started
 # again at once (tests/bench/burst.sh); from the last restart to every worker
 # training again, against 1 s plus the checkpoints that restart read.
