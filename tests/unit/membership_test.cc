@@ -548,6 +548,38 @@ TEST(Membership, TwoWorkersRecoveringAtOnceAgree) {
   ExpectExactlyOnce(cluster, 1);
 }
 
+// Worker b registers with server 0 before a's rollback and with server 1
+// after it: its rollback finds server 0 rolled back by another and stops
+// there, instead of rolling server 1 back again (dropping a's registration
+// and costing the segment a second recovery).
+TEST(Membership, AWorkerThatFindsTheSegmentRolledBackByAnotherRollsNoFurtherServer) {
+  Cluster cluster(/*checkpoints=*/true);
+  Worker a(&cluster, 1, 0), b(&cluster, 1, 1);
+  ASSERT_TRUE(a.Join().ok());
+  ASSERT_TRUE(b.Join().ok());
+  for (int c = 0; c < 6; ++c) {
+    ASSERT_TRUE(a.Push().ok());
+    ASSERT_TRUE(b.Push().ok());
+  }
+  cluster.Restart(1);  // back at clock 4; server 0 at 6
+  uint64_t after_a = 0;
+  cluster.stub(1).BeforeRegister(0, [&] {
+    ASSERT_TRUE(a.Rejoin().ok());
+    // A second past a's rollback, no rate limit stands in the way of
+    // another; a renews its lapsed lease as its heartbeat would.
+    cluster.clock().Advance(absl::Seconds(1));
+    ASSERT_TRUE(a.Rejoin().ok());
+    after_a = cluster.Stats(1, 1).generation();
+  });
+  ASSERT_TRUE(b.Rejoin().ok());
+  ASSERT_NE(after_a, 0u) << "a did not rejoin between b's registrations";
+  EXPECT_EQ(cluster.Stats(1, 1).generation(), after_a) << "server 1 was rolled back twice";
+  EXPECT_EQ(a.next(), 4u);
+  EXPECT_EQ(b.next(), 4u);
+  TrainToEnd({&a, &b});
+  ExpectExactlyOnce(cluster, 1);
+}
+
 TEST(Membership, AFailureDuringRecoveryIsRetriedWithBackoffOnTheClock) {
   Cluster cluster(/*checkpoints=*/true);
   Worker w(&cluster, 0, 0);

@@ -185,6 +185,12 @@ absl::Status Membership::RollBack(int segment, uint64_t target, const std::vecto
     }
     // A registration already dropped by someone else's rollback is fine: register again.
     if (!status.ok() && !absl::IsNotFound(status)) return Annotate(status, i, "Rollback");
+    // Another worker rolled the segment back first (servers are taken in
+    // one order, so server 0 decides who): its rollback stands, and rolling
+    // the next servers back again would only drop its registrations there.
+    if (!status.ok() || (!reply.rolled_back() && reply.generation() != responses[i].generation())) {
+      return absl::OkStatus();
+    }
   }
   return absl::OkStatus();
 }
