@@ -320,8 +320,8 @@ target recovery_seconds_vs_2s_plus_read "$(div "$recovery" "$(awk -v r="$read_ms
 # A chain: the teacher chain's stage 1 replica 0 killed mid-run (past clock
 # 300); segps-local starts it again at once. From the kill to its lane's
 # last stage computing a step again (its first step line after the
-# restarted stage's "started again", logged every 50 ms), beside the
-# ensemble's recovery from a server's kill above.
+# restarted stage's "started again", logged every 50 ms), printed beside
+# the ensemble's recovery from a server's kill above; goal: within a second.
 sed "s/^training {/training { log_interval_s: 0.05 /" deploy/configs/teacher_chain.pbtxt > "$out/chain_kill.pbtxt"
 $segps_local --config "$out/chain_kill.pbtxt" --report "$out/ck.json" > "$out/chain_kill_run.txt" 2>&1 &
 local_pid=$!
@@ -333,7 +333,7 @@ wait $local_pid
 back=$(awk '/stage1\/0: started again/ {f=1; next} f && /\] [0-9:.]+ I stage2\/0: step/ {print $2; exit}' "$out/chain_kill_run.txt" | secs_of_day)
 chain_recovery=$(awk -v a="$back" -v b="$(echo "$killed_at" | secs_of_day)" 'BEGIN{ if (a=="") print ""; else printf "%.3f", a-b }')
 echo "chain recovery: stage1/0 killed at $killed_at; its lane training again after ${chain_recovery:-n/a} s ($(grep -c "rolled back to their checkpoints" "$out/chain_kill_run.txt") chain rollbacks on the servers); the ensemble's after a server's kill: ${recovery:-n/a} s; accuracy $(sed -n 's/.*"ensemble": {"name": "[a-z]*", "accuracy": \([0-9.]*\).*/\1/p' "$out/ck.json")"
-target chain_recovery_seconds_vs_ensemble "$(div "$chain_recovery" "$recovery")" 1.0 le
+target chain_recovery_seconds_vs_1s "$chain_recovery" 1.0 le
 # A burst: 10 kill -9s of alternating servers about 0.8 s apart, each started
 # again at once (tests/bench/burst.sh); from the last restart to every worker
 # training again, against 1 s plus the checkpoints that restart read.
