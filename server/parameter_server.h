@@ -158,6 +158,9 @@ class ParameterServer {
   absl::Status RollbackChain(const v1::RollbackRequest& request, v1::RollbackResponse* response);
   // The clocks at which every segment of a chain has a checkpoint here.
   std::vector<uint64_t> ChainCheckpointClocks() const;
+  // A chain: where rank `rank`'s lane stands here and the checkpoints
+  // every stage holds (RegisterResponse.lane_clocks, chain_checkpoint_clocks).
+  void DescribeLane(uint32_t rank, v1::RegisterResponse* response);
   // What a push says beside its gradient, once its values (`scanned`) and
   // its sample count are checked: an error that names what is wrong.
   absl::StatusOr<PushInfo> CheckPush(const v1::PushRequest& request, const DenseView::Values& scanned) const;

@@ -109,15 +109,8 @@ absl::Status ParameterServer::Register(const v1::RegisterRequest& request, v1::R
   }
   if (store_ != nullptr) {
     for (uint64_t clock : store_->Clocks(request.segment())) response->add_checkpoint_clocks(clock);
-    for (uint64_t clock : ChainCheckpointClocks()) response->add_chain_checkpoint_clocks(clock);
   }
-  if (config_.model().combine() == v1::CHAIN) {
-    for (auto& stage : shards_) {
-      const auto [next, partial] = stage->RankPosition(rank);
-      response->add_lane_clocks(next);
-      response->set_lane_partial(response->lane_partial() || partial);
-    }
-  }
+  DescribeLane(rank, response);
   response->set_server_index(index_);
   response->set_offset(range.offset);
   response->set_count(range.count);
@@ -369,6 +362,16 @@ absl::Status ParameterServer::Rollback(const v1::RollbackRequest& request, v1::R
                       << request.worker_id() << "; " << dropped.size() << " registrations dropped";
   }
   return absl::OkStatus();
+}
+
+void ParameterServer::DescribeLane(uint32_t rank, v1::RegisterResponse* response) {
+  if (config_.model().combine() != v1::CHAIN) return;
+  for (uint64_t clock : ChainCheckpointClocks()) response->add_chain_checkpoint_clocks(clock);
+  for (auto& stage : shards_) {
+    const auto [next, partial] = stage->RankPosition(rank);
+    response->add_lane_clocks(next);
+    response->set_lane_partial(response->lane_partial() || partial);
+  }
 }
 
 std::vector<uint64_t> ParameterServer::ChainCheckpointClocks() const {

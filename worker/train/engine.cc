@@ -206,9 +206,9 @@ absl::StatusOr<uint64_t> TrainingEngine::Recover(const Failure& failure, uint64_
   async_.reset();
   heartbeat_.reset();
   if (++recoveries_in_a_row_ > kMaxRecoveriesInARow) {
-    return absl::Status(failure.status.code(),
-                        absl::StrCat(tag_, ": ", kMaxRecoveriesInARow, " recoveries in a row without a step done; at clock ",
-                                     at, ": ", failure.status.message()));
+    return absl::Status(failure.status.code(), absl::StrCat(tag_, ": ", kMaxRecoveriesInARow,
+                                                            " recoveries in a row without a step done; at clock ",
+                                                            at, ": ", failure.status.message()));
   }
   absl::StatusOr<Registration> again =
       Rejoin([&] { return Join(rank_, at, IsLinkFailure(failure.status)); },
@@ -229,7 +229,7 @@ absl::StatusOr<uint64_t> TrainingEngine::Recover(const Failure& failure, uint64_
   // Renewing the lease while a stage waits for a neighbour to start again.
   heartbeat_.emplace(client_, heartbeat_period_);
   if (rewound_) {
-    unsent_.reset();  // the chain replays from where every stage holds its checkpoint
+    unsent_.reset();  // the lane replays from its clean cut, or the chain from a checkpoint
     SEGPS_RETURN_IF_ERROR(compute_->Rewind(resume));
   } else if (compute_->Replays()) {
     unsent_.reset();  // computed again from where the servers continue

@@ -8,8 +8,9 @@
 // staleness bound: the training engine (engine.h) over the stage's
 // micro-batches (stage_compute.h). The parameters stay the same between a
 // micro-batch's forward and its backward, whatever the schedule. A failure
-// of the servers is recovered as an ensemble worker's is, where the servers
-// continue at the clock the stage is at (its neighbours cannot go back).
+// of the servers or of a link is recovered on the engine: where the stage
+// cannot continue at its clock, its lane replays from a clean cut or the
+// whole chain from a checkpoint every stage holds (docs/recovery.md).
 #ifndef SEGPS_WORKER_TRAIN_PIPELINE_TRAINER_H_
 #define SEGPS_WORKER_TRAIN_PIPELINE_TRAINER_H_
 
