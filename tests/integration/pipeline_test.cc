@@ -328,6 +328,8 @@ TEST(Pipeline, ANewStreamFromThePredecessorTakesTheLinkOnceTheStageResets) {
   upstream->Reset();
   EXPECT_FALSE(new_stream->Read(&ignored));
   EXPECT_EQ(new_stream->Finish().error_code(), grpc::StatusCode::CANCELLED);
+  // Its end is no failure left for the stage: it waits for the next stream.
+  EXPECT_EQ(upstream->Receive(absl::Milliseconds(100)).status().code(), absl::StatusCode::kDeadlineExceeded);
 }
 
 // What each process of a job said of its recoveries, for the test's log.

@@ -174,9 +174,9 @@ class UpstreamImpl final : public Upstream, public v1::PipelineStage::Service {
     if (consumed_ != 0 && item.session != consumed_) {
       return absl::UnavailableError(absl::StrCat(end_.peer, " reopened the link (it recovered)"));
     }
+    consumed_ = item.session;  // the stage reads this stream now: a reset ends it
     if (!item.batch.ok()) return item.batch.status();  // an error stays, for every later Receive
     absl::StatusOr<MicroBatch> batch = std::move(item.batch);
-    consumed_ = item.session;
     items_.pop_front();
     return batch;
   }
