@@ -346,9 +346,10 @@ void PrintRecoveries(const std::string& output) {
 // pass padded to 2 ms so that the job lasts a few seconds. Trained once
 // without a failure, then again with the middle stage stopped by `signal`
 // mid-run (SIGKILL: segps-local starts it again; SIGSTOP: continued past
-// two leases later). The chain rolls back to a checkpoint every stage
-// holds and replays from there: each stage's parameters equal the
-// uninterrupted run's bit for bit. Returns the interrupted run's output.
+// two leases later). The lane replays from its clean cut, or the chain
+// from a checkpoint every stage holds: each stage's parameters, and the export
+// of the whole network, equal the uninterrupted run's bit for bit. Returns
+// the interrupted run's output.
 std::string StopTheMiddleStage(int signal) {
   const std::string dir = MakeTempDir();
   ChainJob job(3, 2);
@@ -360,13 +361,14 @@ std::string StopTheMiddleStage(int signal) {
   std::string output;
   const std::string clean = MakeTempDir();
   const auto uninterrupted =
-      Train(config, clean, 3, &output, {"--pass_ms", "2", "--checkpoint_dir", clean + "/checkpoints"});
+      Train(config, clean, 3, &output,
+            {"--pass_ms", "2", "--checkpoint_dir", clean + "/checkpoints", "--export", clean + "/model.safetensors"});
   const std::string hit = MakeTempDir();
   std::unique_ptr<Subprocess> local = Subprocess::Start(
       {BinaryPath("segps-local"), "--config", config, "--report", hit + "/report.json", "--params_dir", hit,
-       "--verbose", "--pass_ms", "2", "--checkpoint_dir", hit + "/checkpoints"});
+       "--verbose", "--pass_ms", "2", "--checkpoint_dir", hit + "/checkpoints", "--export", hit + "/model.safetensors"});
   EXPECT_TRUE(local->WaitForLine("last/0: step 25", absl::Seconds(120)).has_value()) << local->output();
-  const std::optional<pid_t> middle = FindProcess(BinaryPath("segps-worker"), {"--segment", "1"});
+  const std::optional<pid_t> middle = FindProcess(BinaryPath("segps-worker"), {"--config", config, "--segment", "1"});
   EXPECT_TRUE(middle.has_value());
   if (!middle.has_value()) return "";
   kill(*middle, signal);
@@ -381,6 +383,9 @@ std::string StopTheMiddleStage(int signal) {
     EXPECT_EQ(ReadNpyFloat32(hit + "/" + name + ".npy"), uninterrupted[k]) << "stage " << k << "\n"
                                                                            << local->output();
   }
+  const std::string exported = ReadFile(hit + "/model.safetensors");
+  EXPECT_FALSE(exported.empty());
+  EXPECT_TRUE(exported == ReadFile(clean + "/model.safetensors")) << "the exports differ";
   PrintRecoveries(local->output());
   return local->output();
 }
@@ -428,7 +433,7 @@ TEST(Pipeline, EachStageOfTheTeacherChainKilledInTurnIsStartedAgainAndTheJobReac
     // Mid-epoch, past a checkpoint (every 100 clocks), 1410 clocks in all.
     ASSERT_TRUE(reached(250 * (k + 1))) << local->output();
     const std::optional<pid_t> stage =
-        FindProcess(BinaryPath("segps-worker"), {"--segment", std::to_string(k), "--rank", "0"});
+        FindProcess(BinaryPath("segps-worker"), {"--config", config, "--segment", std::to_string(k), "--rank", "0"});
     ASSERT_TRUE(stage.has_value()) << "stage " << k;
     ASSERT_EQ(kill(*stage, SIGKILL), 0);
     ASSERT_TRUE(local->WaitForLine(absl::StrCat("stage", k, "/0 stopped during training (killed by signal 9); "
