@@ -326,6 +326,12 @@ absl::Status ParameterServer::Rollback(const v1::RollbackRequest& request, v1::R
     return Reject(request.segment(), shown);
   }
   const int segment = static_cast<int>(request.segment());
+  // Restarted from that checkpoint and untouched since: already there, and
+  // its registrations (of workers that agreed on it) stay.
+  if ((*shard)->AtRest(request.clock())) {
+    response->set_generation((*shard)->generation());
+    return absl::OkStatus();
+  }
   const std::vector<uint64_t> clocks = store_ == nullptr ? std::vector<uint64_t>() : store_->Clocks(segment);
   if (std::find(clocks.begin(), clocks.end(), request.clock()) == clocks.end()) {
     return Reject(request.segment(), absl::FailedPreconditionError(absl::StrCat(

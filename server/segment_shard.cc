@@ -262,6 +262,7 @@ void SegmentShard::Replace(const ShardState& state, const absl::Status& gone, st
   steps_begun_ = state.steps;
   pushes_ = state.updates;
   restored_clock_ = state.clock;
+  restored_steps_ = state.steps;
   ++generation_;
 }
 
@@ -287,6 +288,15 @@ std::pair<uint64_t, bool> SegmentShard::RankPosition(uint32_t rank) {
     if (!furthest.has_value() || w.next_clock > furthest->first) furthest = {w.next_clock, w.applied != 0};
   }
   return furthest.value_or(std::pair<uint64_t, bool>{restored_clock_, false});
+}
+
+bool SegmentShard::AtRest(uint64_t clock) {
+  MutexLock lock(&mu_);
+  if (restored_clock_ != clock || restored_steps_ != steps_begun_) return false;
+  for (const auto& [id, w] : clocks_.workers()) {
+    if (w.next_clock != clock || w.applied != 0) return false;
+  }
+  return true;
 }
 
 void SegmentShard::MaybeRebalance() {

@@ -185,6 +185,10 @@ class SegmentShard {
   // applied (a rank with no worker yet: the clock the segment restored or
   // started at).
   std::pair<uint64_t, bool> RankPosition(uint32_t rank);
+  // Whether the segment holds exactly its checkpoint of `clock`: restored
+  // (or rolled back) there, no push begun since, and every rank at `clock`.
+  // A rollback to it would change nothing but drop registrations.
+  bool AtRest(uint64_t clock);
 
   // Reads elements [first, first + count) of the range through `read` and
   // completes once the staleness bound allows a worker at `clock` to compute
@@ -361,6 +365,7 @@ class SegmentShard {
   CutPolicy cuts_ ABSL_GUARDED_BY(mu_);
   uint64_t generation_ ABSL_GUARDED_BY(mu_) = 1;
   uint64_t restored_clock_ ABSL_GUARDED_BY(mu_) = 0;
+  std::optional<uint64_t> restored_steps_ ABSL_GUARDED_BY(mu_);  // steps_begun_ as restored; unset: never
   uint64_t next_placeholder_ ABSL_GUARDED_BY(mu_) = 0;
   bool started_ ABSL_GUARDED_BY(mu_) = false;  // a registration or a restore happened
   // The deciding server of a balanced segment: its shares.

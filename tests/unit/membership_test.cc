@@ -378,6 +378,7 @@ TEST(Membership, ASegmentIsRolledBackAtMostOnceASecond) {
   EXPECT_FALSE(w.Push().ok());
   ASSERT_TRUE(w.Rejoin().ok());  // server 0 rolled back to clock 8
   ASSERT_EQ(cluster.Stats(0, 0).generation(), 2u);
+  ASSERT_TRUE(w.Push().ok());  // no longer at its checkpoint (where a rollback changes nothing)
   v1::RollbackRequest again;
   again.set_segment(0);
   again.set_worker_id(w.membership().worker_id(0));
@@ -576,6 +577,30 @@ TEST(Membership, AWorkerThatFindsTheSegmentRolledBackByAnotherRollsNoFurtherServ
   EXPECT_EQ(cluster.Stats(1, 1).generation(), after_a) << "server 1 was rolled back twice";
   EXPECT_EQ(a.next(), 4u);
   EXPECT_EQ(b.next(), 4u);
+  TrainToEnd({&a, &b});
+  ExpectExactlyOnce(cluster, 1);
+}
+
+// The server restarted from the checkpoint the segment goes back to is
+// there already: the rollback leaves it, and its registrations, alone.
+TEST(Membership, ARollbackLeavesAServerAlreadyAtTheCheckpoint) {
+  Cluster cluster(/*checkpoints=*/true);
+  Worker a(&cluster, 1, 0), b(&cluster, 1, 1);
+  ASSERT_TRUE(a.Join().ok());
+  ASSERT_TRUE(b.Join().ok());
+  for (int c = 0; c < 6; ++c) {
+    ASSERT_TRUE(a.Push().ok());
+    ASSERT_TRUE(b.Push().ok());
+  }
+  cluster.Restart(1);  // back at clock 4; server 0 at 6
+  const uint64_t restarted = cluster.Stats(1, 1).generation(), ahead = cluster.Stats(0, 1).generation();
+  ASSERT_TRUE(a.Rejoin().ok());
+  EXPECT_EQ(a.next(), 4u);
+  EXPECT_EQ(cluster.Stats(0, 1).generation(), ahead + 1) << "server 0 went back to clock 4";
+  EXPECT_EQ(cluster.Stats(1, 1).generation(), restarted) << "server 1 was at clock 4 already";
+  ASSERT_TRUE(b.Rejoin().ok());
+  EXPECT_EQ(b.next(), 4u);
+  EXPECT_EQ(cluster.Stats(1, 1).generation(), restarted) << "b's rejoin rolled server 1 back";
   TrainToEnd({&a, &b});
   ExpectExactlyOnce(cluster, 1);
 }
