@@ -406,17 +406,22 @@ absl::Status ParameterServer::RollbackChain(const v1::RollbackRequest& request, 
         store_ == nullptr ? " (it keeps none: start it with --checkpoint_dir)"
                           : absl::StrCat(" (every stage has clocks ", absl::StrJoin(clocks, ","), ")")));
   }
+  // Stages already at that checkpoint, untouched (restarted from it, or
+  // rolled back there by one of their workers), stay as they are.
+  std::vector<int> behind;
   for (int k = 0; k < stages; ++k) {
+    if (shards_[k]->AtRest(clock)) continue;
     const absl::Duration since = clock_->Now() - rolled_back_at_[k];
     if (since < kRollbackInterval) {
       return absl::UnavailableError(absl::StrCat("Rollback: stage ", k, " was rolled back ",
                                                  absl::FormatDuration(since), " ago; at most one rollback every ",
                                                  absl::FormatDuration(kRollbackInterval), ", try again"));
     }
+    behind.push_back(k);
   }
   // Every stage's checkpoint read before any is restored: all or none.
   std::vector<ShardState> states;
-  for (int k = 0; k < stages; ++k) {
+  for (int k : behind) {
     absl::StatusOr<ShardState> state = store_->Read(k, clock);
     if (!state.ok()) {
       store_->Forget(k, clock);
@@ -425,15 +430,18 @@ absl::Status ParameterServer::RollbackChain(const v1::RollbackRequest& request, 
     states.push_back(*std::move(state));
   }
   std::vector<uint64_t> dropped;
-  for (int k = 0; k < stages; ++k) {
-    shards_[k]->Restore(states[k], std::nullopt, &dropped);
-    rolled_back_at_[k] = clock_->Now();
+  for (size_t j = 0; j < behind.size(); ++j) {
+    shards_[behind[j]]->Restore(states[j], std::nullopt, &dropped);
+    rolled_back_at_[behind[j]] = clock_->Now();
   }
   ForgetRegistrations(dropped);
-  response->set_rolled_back(true);
-  SEGPS_LOG_WARNING << "server " << index_ << ": the chain's " << stages << " stages rolled back to their checkpoints "
-                    << "at clock " << clock << " for worker " << request.worker_id() << " of stage "
-                    << request.segment() << "; " << dropped.size() << " registrations dropped";
+  response->set_rolled_back(!behind.empty());
+  if (!behind.empty()) {
+    SEGPS_LOG_WARNING << "server " << index_ << ": the chain rolled back to its checkpoints at clock " << clock
+                      << " (" << behind.size() << " of its " << stages << " stages were past it) for worker "
+                      << request.worker_id() << " of stage " << request.segment() << "; " << dropped.size()
+                      << " registrations dropped";
+  }
   return absl::OkStatus();
 }
 

@@ -332,7 +332,7 @@ killed_at=$(date -u +%H:%M:%S.%N)
 wait $local_pid
 back=$(awk '/stage1\/0: started again/ {f=1; next} f && /\] [0-9:.]+ I stage2\/0: step/ {print $2; exit}' "$out/chain_kill_run.txt" | secs_of_day)
 chain_recovery=$(awk -v a="$back" -v b="$(echo "$killed_at" | secs_of_day)" 'BEGIN{ if (a=="") print ""; else printf "%.3f", a-b }')
-echo "chain recovery: stage1/0 killed at $killed_at; its lane training again after ${chain_recovery:-n/a} s ($(grep -c "rolled back to their checkpoints" "$out/chain_kill_run.txt") chain rollbacks on the servers); the ensemble's after a server's kill: ${recovery:-n/a} s; accuracy $(sed -n 's/.*"ensemble": {"name": "[a-z]*", "accuracy": \([0-9.]*\).*/\1/p' "$out/ck.json")"
+echo "chain recovery: stage1/0 killed at $killed_at; its lane training again after ${chain_recovery:-n/a} s ($(grep -c "the chain rolled back to its checkpoints" "$out/chain_kill_run.txt") chain rollbacks logged by the servers); the ensemble's after a server's kill: ${recovery:-n/a} s; accuracy $(sed -n 's/.*"ensemble": {"name": "[a-z]*", "accuracy": \([0-9.]*\).*/\1/p' "$out/ck.json")"
 target chain_recovery_seconds_vs_1s "$chain_recovery" 1.0 le
 # A burst: 10 kill -9s of alternating servers about 0.8 s apart, each started
 # again at once (tests/bench/burst.sh); from the last restart to every worker

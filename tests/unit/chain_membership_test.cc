@@ -140,6 +140,10 @@ TEST(ChainMembership, AChainRollsBackEveryStageToACheckpointTheyAllHoldOrChanges
     EXPECT_EQ(back->lane_clock, std::optional<uint64_t>(2)) << "stage " << k;
     EXPECT_EQ(chain.Values(0, k), at_two[k]) << "stage " << k << "'s parameters are its checkpoint's";
   }
+  // At its checkpoint already and untouched: another rollback there, even
+  // within the second, changes nothing and keeps the registrations.
+  ASSERT_TRUE(chain.stage(0).RollBackChain(0, 2).ok());
+  EXPECT_TRUE(chain.Push(1, 2).ok()) << "the last stage's new registration still holds";
 }
 
 // Segments that are no chain do not roll back together.
