@@ -235,6 +235,16 @@ void ExpectExactlyOnce(Cluster& cluster, int segment) {
   }
 }
 
+// Workers a and b join and push `clocks` clocks in lockstep.
+void TrainBoth(Worker& a, Worker& b, int clocks) {
+  ASSERT_TRUE(a.Join().ok());
+  ASSERT_TRUE(b.Join().ok());
+  for (int c = 0; c < clocks; ++c) {
+    ASSERT_TRUE(a.Push().ok());
+    ASSERT_TRUE(b.Push().ok());
+  }
+}
+
 // With calls authenticated or not: where they are, the rollback shows the
 // servers' sealed states.
 TEST(Membership, ServerRestartedFromACheckpointRollsBackAndLosesNothing) {
@@ -473,12 +483,7 @@ void ExpectServersAgree(Cluster& cluster, int segment) {
 TEST(Membership, AWorkerRejoiningBehindAPeerThatMovedOnKeepsTheServersAgreeing) {
   Cluster cluster(/*checkpoints=*/false);
   Worker a(&cluster, 1, 0), b(&cluster, 1, 1);
-  ASSERT_TRUE(a.Join().ok());
-  ASSERT_TRUE(b.Join().ok());
-  for (int c = 0; c < 6; ++c) {
-    ASSERT_TRUE(a.Push().ok());
-    ASSERT_TRUE(b.Push().ok());
-  }
+  TrainBoth(a, b, 6);
   ASSERT_TRUE(a.Push({0}).ok());  // clock 6 reaches server 0 only: server 1 is paused
   ASSERT_TRUE(b.Push({0}).ok());
   cluster.Advance(absl::Seconds(2), /*paused=*/1);  // past the lease
@@ -520,12 +525,7 @@ TEST(Membership, AServerRestartedBetweenTheTwoRegistrationsIsNoticed) {
 TEST(Membership, TwoWorkersRecoveringAtOnceAgree) {
   Cluster cluster(/*checkpoints=*/true);
   Worker a(&cluster, 1, 0), b(&cluster, 1, 1);
-  ASSERT_TRUE(a.Join().ok());
-  ASSERT_TRUE(b.Join().ok());
-  for (int c = 0; c < 6; ++c) {
-    ASSERT_TRUE(a.Push().ok());
-    ASSERT_TRUE(b.Push().ok());
-  }
+  TrainBoth(a, b, 6);
   cluster.Restart(0);  // back at clock 4
   absl::Status joined_a, joined_b;
   std::thread other([&] { joined_b = b.Rejoin(); });
@@ -556,12 +556,7 @@ TEST(Membership, TwoWorkersRecoveringAtOnceAgree) {
 TEST(Membership, AWorkerThatFindsTheSegmentRolledBackByAnotherRollsNoFurtherServer) {
   Cluster cluster(/*checkpoints=*/true);
   Worker a(&cluster, 1, 0), b(&cluster, 1, 1);
-  ASSERT_TRUE(a.Join().ok());
-  ASSERT_TRUE(b.Join().ok());
-  for (int c = 0; c < 6; ++c) {
-    ASSERT_TRUE(a.Push().ok());
-    ASSERT_TRUE(b.Push().ok());
-  }
+  TrainBoth(a, b, 6);
   cluster.Restart(1);  // back at clock 4; server 0 at 6
   uint64_t after_a = 0;
   cluster.stub(1).BeforeRegister(0, [&] {
@@ -586,12 +581,7 @@ TEST(Membership, AWorkerThatFindsTheSegmentRolledBackByAnotherRollsNoFurtherServ
 TEST(Membership, ARollbackLeavesAServerAlreadyAtTheCheckpoint) {
   Cluster cluster(/*checkpoints=*/true);
   Worker a(&cluster, 1, 0), b(&cluster, 1, 1);
-  ASSERT_TRUE(a.Join().ok());
-  ASSERT_TRUE(b.Join().ok());
-  for (int c = 0; c < 6; ++c) {
-    ASSERT_TRUE(a.Push().ok());
-    ASSERT_TRUE(b.Push().ok());
-  }
+  TrainBoth(a, b, 6);
   cluster.Restart(1);  // back at clock 4; server 0 at 6
   const uint64_t restarted = cluster.Stats(1, 1).generation(), ahead = cluster.Stats(0, 1).generation();
   ASSERT_TRUE(a.Rejoin().ok());
