@@ -44,7 +44,6 @@ class BatchCompute final : public StepCompute {
   absl::Status Fetch(uint64_t clock) override;
   absl::StatusOr<StepResult> Compute(uint64_t clock) override;
   absl::Status Record(const StepRecord& record, TrainReport* report) override;
-  bool Replays() const override { return true; }
   absl::Status Complete(TrainReport* report) override;
 
  private:

@@ -47,7 +47,7 @@ absl::Status TrainingEngine::Begin() {
   if (rewound_) {  // a stage started again: the chain went back to where every stage replays from
     SEGPS_LOG_WARNING << tag_ << ": started again mid-job; the chain replays from clock "
                       << registration->start_clock;
-    SEGPS_RETURN_IF_ERROR(compute_->Rewind(registration->start_clock));
+    SEGPS_RETURN_IF_ERROR(compute_->Rewind());
     report_.recoveries += 1;
   }
   if (options_.metrics != nullptr) options_.metrics->SetRank(rank_);
@@ -230,19 +230,12 @@ absl::StatusOr<uint64_t> TrainingEngine::Recover(const Failure& failure, uint64_
   heartbeat_.emplace(client_, heartbeat_period_);
   if (rewound_) {
     unsent_.reset();  // the lane replays from its clean cut, or the chain from a checkpoint
-    SEGPS_RETURN_IF_ERROR(compute_->Rewind(resume));
-  } else if (compute_->Replays()) {
+    SEGPS_RETURN_IF_ERROR(compute_->Rewind());
+  } else if (!compute_->Chained()) {
     unsent_.reset();  // computed again from where the servers continue
   } else if (unsent_.has_value() && resume == unsent_->clock + 1) {
     SEGPS_RETURN_IF_ERROR(Done());  // every server had taken it after all
-  } else if (resume != at) {
-    // A pipeline stage continues at its own clock: sending again a step it
-    // computed, or computing the next.
-    return absl::FailedPreconditionError(absl::StrCat(
-        tag_, ": the servers continue at clock ", resume, " after ", failure.status.message(),
-        ", but this pipeline stage is at clock ", at,
-        " and cannot compute a clock again (its neighbours have moved on); restart the chain"));
-  }
+  }  // else a stage continues at its clock (Join): it sends its unsent step again as it was
   // One line a recovery: what failed, where training continues, what it cost.
   const absl::Duration took = absl::Now() - since;
   const uint64_t again_steps = resume < at ? at - resume : 0;

@@ -352,8 +352,7 @@ absl::Status StageCompute::Record(const StepRecord& record, TrainReport* report)
   return absl::OkStatus();
 }
 
-absl::Status StageCompute::Rewind(uint64_t clock) {
-  (void)clock;  // stage 0's data follows the clock; the others' follows stage 0
+absl::Status StageCompute::Rewind() {
   pending_.reset();
   if (options_.upstream != nullptr) options_.upstream->Reset();
   if (options_.downstream != nullptr) SEGPS_RETURN_IF_ERROR(options_.downstream->Reopen());

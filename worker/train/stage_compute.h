@@ -44,9 +44,8 @@ class StageCompute final : public StepCompute {
   bool IsLast(uint64_t clock) const override { return first_stage_ && clock + 1 == total_steps_; }
   absl::StatusOr<StepResult> Compute(uint64_t clock) override;
   absl::Status Record(const StepRecord& record, TrainReport* report) override;
-  bool Replays() const override { return false; }
   bool Chained() const override { return true; }
-  absl::Status Rewind(uint64_t clock) override;
+  absl::Status Rewind() override;
   absl::Status Complete(TrainReport* report) override;
 
  private:

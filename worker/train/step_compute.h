@@ -83,19 +83,15 @@ class StepCompute {
   virtual absl::StatusOr<StepResult> Compute(uint64_t clock) = 0;
   // After the step's push was sent: progress, logs, per-epoch work.
   virtual absl::Status Record(const StepRecord& record, TrainReport* report) = 0;
-  // Whether a step computed already can be computed again after the
-  // servers roll back (a pipeline stage cannot alone: its neighbours moved on).
-  virtual bool Replays() const = 0;
-  // A pipeline stage: where it cannot continue at its clock, the whole
-  // chain rolls back to a clock every stage holds (RollbackRequest.chain),
-  // and every stage replays from there (Rewind).
+  // A pipeline stage: it cannot compute a step again alone (its
+  // neighbours moved on). Where it cannot continue at its clock, its lane
+  // replays from a clean cut or the whole chain from a checkpoint every
+  // stage holds, every stage after a Rewind. Any other compute computes
+  // again whatever the servers did not keep.
   virtual bool Chained() const { return false; }
-  // After the chain rolled back: drops what the compute holds of later
-  // clocks and makes its links afresh, to compute from step `clock` on.
-  virtual absl::Status Rewind(uint64_t clock) {
-    (void)clock;
-    return absl::OkStatus();
-  }
+  // Before a replay: drops what the compute holds of the clocks it had
+  // begun and makes its links afresh (its data follows the clock).
+  virtual absl::Status Rewind() { return absl::OkStatus(); }
   // Every step done and pushed: ends the run (fills the report's loss,
   // accuracy and history; a stage tells the next one that training is over).
   virtual absl::Status Complete(TrainReport* report) = 0;
