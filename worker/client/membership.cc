@@ -72,22 +72,29 @@ absl::StatusOr<Registration> Membership::Register(int segment, std::optional<uin
     Registration registration;
     registration.start_clock = start;
     registration.rank = responses[0].rank();
-    std::vector<uint64_t> chain(responses[0].chain_checkpoint_clocks().begin(),
-                                responses[0].chain_checkpoint_clocks().end());
-    for (const v1::RegisterResponse& r : responses) {
-      registration.known = registration.known || r.has_rank_clock();
-      std::vector<uint64_t> both;
-      std::set_intersection(chain.begin(), chain.end(), r.chain_checkpoint_clocks().begin(),
-                            r.chain_checkpoint_clocks().end(), std::back_inserter(both));
-      chain = std::move(both);
-    }
-    registration.chain_checkpoint_clocks = std::move(chain);
+    for (const v1::RegisterResponse& r : responses) registration.known = registration.known || r.has_rank_clock();
+    registration.chain_checkpoint_clocks =
+        CommonClocks(responses, &v1::RegisterResponse::chain_checkpoint_clocks);
     registration.lane_clock = LaneClock(responses);
     return registration;
   }
   return absl::UnavailableError(absl::StrCat("Register: segment ", segment,
                                              " was rolled back or a server restarted 4 times in a row while "
                                              "registering; the servers keep failing"));
+}
+
+std::vector<uint64_t> Membership::CommonClocks(
+    const std::vector<v1::RegisterResponse>& responses,
+    const google::protobuf::RepeatedField<uint64_t>& (v1::RegisterResponse::*clocks)() const) {
+  if (responses.empty()) return {};
+  std::vector<uint64_t> common((responses[0].*clocks)().begin(), (responses[0].*clocks)().end());
+  for (const v1::RegisterResponse& r : responses) {
+    std::vector<uint64_t> both;
+    std::set_intersection(common.begin(), common.end(), (r.*clocks)().begin(), (r.*clocks)().end(),
+                          std::back_inserter(both));
+    common = std::move(both);
+  }
+  return common;
 }
 
 std::optional<uint64_t> Membership::LaneClock(const std::vector<v1::RegisterResponse>& responses) {
@@ -141,14 +148,7 @@ absl::StatusOr<std::optional<uint64_t>> Membership::Agree(int segment,
   }
   if (!StatesDisagree(states)) return std::optional<uint64_t>(furthest);
   // The newest checkpoint clock every server holds.
-  std::set<uint64_t> common(responses[0].checkpoint_clocks().begin(), responses[0].checkpoint_clocks().end());
-  for (const v1::RegisterResponse& r : responses) {
-    std::set<uint64_t> both;
-    for (uint64_t c : r.checkpoint_clocks()) {
-      if (common.count(c) > 0) both.insert(c);
-    }
-    common = std::move(both);
-  }
+  const std::vector<uint64_t> common = CommonClocks(responses, &v1::RegisterResponse::checkpoint_clocks);
   const std::string who = absl::StrCat("segment ", segment, " rank ", responses[0].rank());
   if (common.empty()) {
     // No checkpoint to agree on: continue from the lowest clock; servers
@@ -158,7 +158,7 @@ absl::StatusOr<std::optional<uint64_t>> Membership::Agree(int segment,
                       << ") and share no checkpoint; continuing from clock " << lowest;
     return std::optional<uint64_t>(lowest);
   }
-  const uint64_t target = *common.rbegin();
+  const uint64_t target = common.back();
   SEGPS_LOG_WARNING << who << ": the servers disagree (" << DescribeStates(states)
                     << "); rolling the segment back to its checkpoint at clock " << target;
   SEGPS_RETURN_IF_ERROR(RollBack(segment, target, responses, states));

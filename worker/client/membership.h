@@ -79,6 +79,10 @@ class Membership {
   absl::Status RollBack(int segment, uint64_t target, const std::vector<v1::RegisterResponse>& responses,
                         const RankStates& states);
   absl::Status Annotate(const absl::Status& status, size_t i, const char* call) const;
+  // The clocks every response lists in `clocks` (each ascending), ascending.
+  static std::vector<uint64_t> CommonClocks(
+      const std::vector<v1::RegisterResponse>& responses,
+      const google::protobuf::RepeatedField<uint64_t>& (v1::RegisterResponse::*clocks)() const);
   // Registration::lane_clock of these responses.
   static std::optional<uint64_t> LaneClock(const std::vector<v1::RegisterResponse>& responses);
 
