@@ -153,8 +153,8 @@ class ParameterServer {
   // are authenticated, sealed within a lease, this server's current (of
   // its incarnation and the request's generation, the segment's).
   absl::Status CheckDisagreement(const v1::RollbackRequest& request) const;
-  // A chain's rollback (RollbackRequest.chain): every stage's segment to
-  // its checkpoint at the request's clock, unless all are at rest there.
+  // A chain's rollback (RollbackRequest.chain): every stage's segment not
+  // already at rest at the request's clock goes back to its checkpoint there.
   absl::Status RollbackChain(const v1::RollbackRequest& request, v1::RollbackResponse* response);
   // The clocks at which every segment of a chain has a checkpoint here.
   std::vector<uint64_t> ChainCheckpointClocks() const;
