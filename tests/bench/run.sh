@@ -300,39 +300,41 @@ median_file() { sort -g "$1" | awk '{a[NR]=$1} END{if (NR) print a[int((NR+1)/2)
 on=$(median_file "$out/ckpt_on.txt"); off=$(median_file "$out/ckpt_off.txt")
 echo "training seconds, medians of 3 alternating runs: no checkpoints $off, checkpoints every 300 clocks $on ($written files written in the last run)"
 target checkpoint_overhead_vs_none "$(div "$on" "$off")" 1.03 le
+# kill_mid_run CONFIG NAME PROGRESS VICTIM: runs CONFIG with segps-local
+# (logging progress every 50 ms) into $out/NAME.txt and $out/NAME.json,
+# kill -9s the process whose command line holds VICTIM once a line matches
+# PROGRESS, lets segps-local start it again and the job end; sets killed_s
+# (the kill's second of the day) and killed_at.
+secs_of_day() { awk -F: '{printf "%.3f\n", $1*3600 + $2*60 + $3}'; }
+kill_mid_run() {
+  sed "s/^training {/training { log_interval_s: 0.05 /" "$1" > "$out/$2.pbtxt"
+  $segps_local --config "$out/$2.pbtxt" --report "$out/$2.json" > "$out/$2.txt" 2>&1 &
+  local local_pid=$! victim
+  for _ in $(seq 1 600); do grep -q "$3" "$out/$2.txt" && break; sleep 0.05; done
+  victim=$(pgrep -f -- "--config $out/$2.pbtxt $4" | head -1)
+  killed_at=$(date -u +%H:%M:%S.%N)
+  [ -n "$victim" ] && kill -9 "$victim"
+  wait $local_pid
+  killed_s=$(echo "$killed_at" | secs_of_day)
+}
+accuracy_of() { sed -n 's/.*"ensemble": {"name": "[a-z]*", "accuracy": \([0-9.]*\).*/\1/p' "$1"; }
 # Recovery: server 1 killed mid-run; segps-local restarts it at once. From
 # the kill to the last worker training again (its "rejoined" line).
-sed "s/^training {/training { log_interval_s: 0.05 /" deploy/configs/teacher.pbtxt > "$out/teacher_kill.pbtxt"
-$segps_local --config "$out/teacher_kill.pbtxt" --report "$out/k.json" > "$out/kill_run.txt" 2>&1 &
-local_pid=$!
-for _ in $(seq 1 600); do grep -q "epoch 2/6 step" "$out/kill_run.txt" && break; sleep 0.05; done
-victim=$(pgrep -f -- "--config $out/teacher_kill.pbtxt --index 1" | head -1)
-killed_at=$(date -u +%H:%M:%S.%N)
-[ -n "$victim" ] && kill -9 "$victim"
-wait $local_pid
-secs_of_day() { awk -F: '{printf "%.3f\n", $1*3600 + $2*60 + $3}'; }
-kill_s=$(echo "$killed_at" | secs_of_day)
+kill_mid_run deploy/configs/teacher.pbtxt kill_run "epoch 2/6 step" "--index 1"
 last_rejoin=$(sed -n 's/^\[[^]]*\] \([0-9:.]*\) W .*rejoined at clock.*/\1/p' "$out/kill_run.txt" | secs_of_day | sort -g | tail -1)
 read_ms=$(sed -n 's/.*restored .* read in \([0-9.]*\) ms.*/\1/p' "$out/kill_run.txt" | awk '{t+=$1} END{print t+0}')
-recovery=$(awk -v a="$last_rejoin" -v b="$kill_s" 'BEGIN{ if (a=="") print ""; else printf "%.3f", a-b }')
-echo "recovery: server 1 killed at $killed_at; every worker training again after ${recovery:-n/a} s (checkpoints read in $read_ms ms); accuracy $(sed -n 's/.*"ensemble": {"name": "ensemble", "accuracy": \([0-9.]*\).*/\1/p' "$out/k.json")"
+recovery=$(awk -v a="$last_rejoin" -v b="$killed_s" 'BEGIN{ if (a=="") print ""; else printf "%.3f", a-b }')
+echo "recovery: server 1 killed at $killed_at; every worker training again after ${recovery:-n/a} s (checkpoints read in $read_ms ms); accuracy $(accuracy_of "$out/kill_run.json")"
 target recovery_seconds_vs_2s_plus_read "$(div "$recovery" "$(awk -v r="$read_ms" 'BEGIN{print 2 + r/1000}')")" 1.0 le
 # A chain: the teacher chain's stage 1 replica 0 killed mid-run (past clock
 # 300); segps-local starts it again at once. From the kill to its lane's
 # last stage computing a step again (its first step line after the
 # restarted stage's "started again", logged every 50 ms), printed beside
 # the ensemble's recovery from a server's kill above; goal: within a second.
-sed "s/^training {/training { log_interval_s: 0.05 /" deploy/configs/teacher_chain.pbtxt > "$out/chain_kill.pbtxt"
-$segps_local --config "$out/chain_kill.pbtxt" --report "$out/ck.json" > "$out/chain_kill_run.txt" 2>&1 &
-local_pid=$!
-for _ in $(seq 1 600); do grep -q "stage2/0: step [3-9][0-9][0-9]" "$out/chain_kill_run.txt" && break; sleep 0.05; done
-victim=$(pgrep -f -- "--config $out/chain_kill.pbtxt --segment 1 --rank 0" | head -1)
-killed_at=$(date -u +%H:%M:%S.%N)
-[ -n "$victim" ] && kill -9 "$victim"
-wait $local_pid
-back=$(awk '/stage1\/0: started again/ {f=1; next} f && /\] [0-9:.]+ I stage2\/0: step/ {print $2; exit}' "$out/chain_kill_run.txt" | secs_of_day)
-chain_recovery=$(awk -v a="$back" -v b="$(echo "$killed_at" | secs_of_day)" 'BEGIN{ if (a=="") print ""; else printf "%.3f", a-b }')
-echo "chain recovery: stage1/0 killed at $killed_at; its lane training again after ${chain_recovery:-n/a} s ($(grep -c "the chain rolled back to its checkpoints" "$out/chain_kill_run.txt") chain rollbacks logged by the servers); the ensemble's after a server's kill: ${recovery:-n/a} s; accuracy $(sed -n 's/.*"ensemble": {"name": "[a-z]*", "accuracy": \([0-9.]*\).*/\1/p' "$out/ck.json")"
+kill_mid_run deploy/configs/teacher_chain.pbtxt chain_kill "stage2/0: step [3-9][0-9][0-9]" "--segment 1 --rank 0"
+back=$(awk '/stage1\/0: started again/ {f=1; next} f && /\] [0-9:.]+ I stage2\/0: step/ {print $2; exit}' "$out/chain_kill.txt" | secs_of_day)
+chain_recovery=$(awk -v a="$back" -v b="$killed_s" 'BEGIN{ if (a=="") print ""; else printf "%.3f", a-b }')
+echo "chain recovery: stage1/0 killed at $killed_at; its lane training again after ${chain_recovery:-n/a} s ($(grep -c "the chain rolled back to its checkpoints" "$out/chain_kill.txt") chain rollbacks logged by the servers); the ensemble's after a server's kill: ${recovery:-n/a} s; accuracy $(accuracy_of "$out/chain_kill.json")"
 target chain_recovery_seconds_vs_1s "$chain_recovery" 1.0 le
 # A burst: 10 kill -9s of alternating servers about 0.8 s apart, each started
 # again at once (tests/bench/burst.sh); from the last restart to every worker
