@@ -163,17 +163,19 @@ TEST(Pipeline, ThreeStageTeacherChainWithTwoReplicasReachesItsBarAndExportsAsOne
   EXPECT_NE(stage->output().find("stage1 is a stage of one network"), std::string::npos) << stage->output();
 }
 
-// The Fashion-MNIST MLP 784-256-128-10 cut into 2 stages, 2 replicas at
-// staleness 1: 88.8-89.3% in 4 runs two at a time on 2 cores (the replicas'
-// asynchrony makes each run differ), so the bar leaves a point for a
-// loaded machine.
 // training.test_every_epoch on a chain: the last stage's replica 0 reads
 // every stage's parameters as each epoch ends and scores the whole network
 // on the test set; its history (the report, the plots) has each score.
+// Staleness 0 (the order in which the servers apply the two replicas'
+// pushes still varies): in 3 runs epoch 1 scored 91.1-91.3% and the last
+// three epochs 92.0-92.8% on average, while one epoch to the next wanders
+// by up to a point, so the test compares the first with the last three.
 TEST(Pipeline, AChainIsScoredAsAWholeAfterEachEpoch) {
   const std::string dir = MakeTempDir();
   std::string job = ReadFile(std::string(SEGPS_SOURCE_DIR) + "/deploy/configs/teacher_chain.pbtxt");
   job.replace(job.find("training {"), 10, "training { test_every_epoch: true");
+  job = std::regex_replace(job, std::regex("staleness: 1 workers_per_segment: 2"),
+                           "staleness: 0 workers_per_segment: 2");
   WriteFile(dir + "/chain.pbtxt", job);
   std::string output;
   Train(dir + "/chain.pbtxt", dir, 3, &output);
@@ -185,13 +187,21 @@ TEST(Pipeline, AChainIsScoredAsAWholeAfterEachEpoch) {
     accuracies.push_back(std::stod((*it)[2]));
   }
   ASSERT_EQ(accuracies.size(), 6u) << output;
+  std::cout << "the chain's test accuracy after each epoch:";
+  for (double accuracy : accuracies) std::cout << " " << accuracy;
+  std::cout << "\n";
   EXPECT_GT(accuracies.back(), 0.85) << output;
-  EXPECT_GT(accuracies.back(), accuracies.front()) << output;
+  const double last_three = (accuracies[3] + accuracies[4] + accuracies[5]) / 3;
+  EXPECT_GT(last_three, accuracies.front()) << output;
   EXPECT_EQ(output.find("stage2/1: epoch 1 test accuracy"), std::string::npos) << "one replica scores";
   const std::regex recorded(R"re("segment":\s*"stage2",\s*"rank":\s*0,\s*"epochs":\s*\[.*?"test_accuracy":)re");
   EXPECT_TRUE(std::regex_search(report, recorded)) << report;
 }
 
+// The Fashion-MNIST MLP 784-256-128-10 cut into 2 stages, 2 replicas at
+// staleness 1: 88.8-89.3% in 4 runs two at a time on 2 cores (the replicas'
+// asynchrony makes each run differ), so the bar leaves a point for a
+// loaded machine.
 TEST(Pipeline, FashionMnistMlpInTwoStagesWithTwoReplicasReaches87AndAHalfPercent) {
   const std::string dir = MakeTempDir();
   std::string output;
