@@ -246,6 +246,51 @@ absl::Status ValidateEmbeddings(const v1::ModelConfig& model, int k, uint32_t se
   return absl::OkStatus();
 }
 
+// Segment k's declared tensors: named uniquely, shaped, initialised with
+// finite values, alone (no layers or tables) and not in a CHAIN.
+absl::Status ValidateTensors(const v1::ModelConfig& model, int k, const Locator& at) {
+  const v1::SegmentConfig& seg = model.segments(k);
+  const std::string where = absl::StrCat("segment \"", seg.name(), "\" is declared by its tensors");
+  if (seg.layers_size() > 0) {
+    return at.Error({{"model", -1}, {"segments", k}, {"layers", 0}}, where + ": give layers or tensors, not both");
+  }
+  if (seg.embeddings_size() > 0) {
+    return at.Error({{"model", -1}, {"segments", k}, {"embeddings", 0}}, where + ": tables are for layered segments");
+  }
+  if (model.combine() == v1::CHAIN) {
+    return at.Error({{"model", -1}, {"segments", k}, {"tensors", 0}}, where + ": not supported in a CHAIN's stages");
+  }
+  constexpr uint64_t kMaxSegmentElements = uint64_t{1} << 32;
+  uint64_t total = 0;
+  for (int t = 0; t < seg.tensors_size(); ++t) {
+    const v1::TensorConfig& tensor = seg.tensors(t);
+    auto error = [&](const char* field, const std::string& message) {
+      return at.Error({{"model", -1}, {"segments", k}, {"tensors", t}, {field, -1}},
+                      absl::StrCat("tensor \"", tensor.name(), "\" of segment \"", seg.name(), "\": ", message));
+    };
+    if (tensor.name().empty() || tensor.name().size() > 200) return error("name", "must be 1 to 200 characters");
+    for (int u = 0; u < t; ++u) {
+      if (seg.tensors(u).name() == tensor.name()) return error("name", "is used by another tensor of the segment");
+    }
+    if (tensor.shape_size() == 0) return error("shape", "needs at least one dimension");
+    uint64_t elements = 1;
+    for (uint64_t dim : tensor.shape()) {
+      if (dim == 0 || dim > kMaxSegmentElements || elements * dim > kMaxSegmentElements - total) {
+        return error("shape", absl::StrCat("dimensions must be > 0 and the segment at most ", kMaxSegmentElements,
+                                           " elements; got ", dim, " after ", elements));
+      }
+      elements *= dim;
+    }
+    total += elements;
+    const float init = tensor.init_case() == v1::TensorConfig::kUniform ? tensor.uniform() : tensor.constant();
+    if (!std::isfinite(init) || (tensor.init_case() == v1::TensorConfig::kUniform && init < 0)) {
+      return error(tensor.init_case() == v1::TensorConfig::kUniform ? "uniform" : "constant",
+                   absl::StrCat("must be finite (and a uniform bound >= 0), got ", init));
+    }
+  }
+  return absl::OkStatus();
+}
+
 // model.segments: names, input widths, layers, staleness and workers.
 absl::Status ValidateSegments(v1::JobConfig& c, const Locator& at) {
   auto* model = c.mutable_model();
@@ -287,9 +332,11 @@ absl::Status ValidateSegments(v1::JobConfig& c, const Locator& at) {
                                      "] too; names must be unique"));
       }
     }
-    if (seg->layers_size() == 0) {
+    if (DeclaredByTensors(*seg)) {
+      SEGPS_RETURN_IF_ERROR(ValidateTensors(*model, k, at));
+    } else if (seg->layers_size() == 0) {
       return at.Error({{"model", -1}, {"segments", k}, {"layers", -1}},
-                      absl::StrCat("segment \"", seg->name(), "\" needs at least one layer"));
+                      absl::StrCat("segment \"", seg->name(), "\" needs at least one layer (or its tensors)"));
     }
     SEGPS_RETURN_IF_ERROR(ValidateLayers(model, k, chain, at));
     SEGPS_RETURN_IF_ERROR(ValidateEmbeddings(*model, k, c.cluster().num_servers(), at));
@@ -310,6 +357,14 @@ absl::Status ValidateSegments(v1::JobConfig& c, const Locator& at) {
 // model: its shape, how segments combine, then each segment.
 absl::Status ValidateModel(v1::JobConfig& c, const Locator& at) {
   auto* model = c.mutable_model();
+  if (model->segments_size() > 0 && TensorsOnly(*model)) {
+    if (model->combine() == v1::COMBINE_UNSPECIFIED) model->set_combine(v1::AVERAGE_SOFTMAX);
+    if (model->partition() == v1::PARTITION_UNSPECIFIED) model->set_partition(v1::MANUAL);
+    if (model->partition() != v1::MANUAL) {
+      return at.Error({{"model", -1}, {"partition", -1}}, "segments declared by their tensors are cut by hand");
+    }
+    return ValidateSegments(c, at);
+  }
   if (model->input_width() == 0) {
     return at.Error({{"model", -1}, {"input_width", -1}}, "must be > 0");
   }
@@ -524,6 +579,11 @@ absl::Status ValidateAndFill(v1::JobConfig& c, const Locator& at) {
 }
 
 }  // namespace
+
+bool TensorsOnly(const v1::ModelConfig& model) {
+  return std::all_of(model.segments().begin(), model.segments().end(),
+                     [](const v1::SegmentConfig& segment) { return DeclaredByTensors(segment); });
+}
 
 absl::StatusOr<v1::JobConfig> ParseConfig(absl::string_view text, absl::string_view source_name) {
   v1::JobConfig config;

@@ -40,6 +40,12 @@ inline v1::Activation OutputActivation(const v1::ModelConfig& model) {
   return model.loss() == v1::MSE ? v1::IDENTITY : v1::SOFTMAX;
 }
 
+// A segment declared by its tensors (SegmentConfig.tensors), trained by
+// Python workers; and a model of only such segments, which needs no data,
+// input_width or num_classes (its workers bring their own).
+inline bool DeclaredByTensors(const v1::SegmentConfig& segment) { return segment.tensors_size() > 0; }
+bool TensorsOnly(const v1::ModelConfig& model);
+
 inline uint32_t WorkersOf(const v1::JobConfig& config, int segment) {
   return config.model().segments(segment).workers();
 }

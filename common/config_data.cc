@@ -4,6 +4,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "common/config.h"
 #include "common/config_locator.h"
 
 namespace segps {
@@ -38,6 +39,7 @@ absl::Status ValidateEarlyStopping(const v1::JobConfig& c, const Locator& at) {
 absl::Status ValidateDataSource(v1::JobConfig& c, const Locator& at) {
   auto* model = c.mutable_model();
   auto* data = c.mutable_data();
+  if (data->source() == v1::DATA_SOURCE_UNSPECIFIED && TensorsOnly(*model)) return absl::OkStatus();
   if (data->source() == v1::DATA_SOURCE_UNSPECIFIED) {
     return at.Error({{"data", -1}, {"source", -1}},
                     "is required: SYNTHETIC_SEED, SYNTHETIC_TEACHER, FASHION_MNIST, NPY, CSV or SYNTHETIC_CTR");
@@ -89,6 +91,7 @@ absl::Status ValidateDataSource(v1::JobConfig& c, const Locator& at) {
 
 absl::Status ValidateDataFiles(v1::JobConfig& c, const Locator& at) {
   auto* data = c.mutable_data();
+  if (data->source() == v1::DATA_SOURCE_UNSPECIFIED) return absl::OkStatus();  // TensorsOnly
   const bool npy = data->source() == v1::NPY, csv = data->source() == v1::CSV;
   // Fields of one file source are refused under another, so that a typo in
   // `source` does not silently train on something else.

@@ -27,14 +27,22 @@ struct Range {
   uint64_t end() const { return offset + count; }
 };
 
-// One tensor of a segment in the flat order.
+// One tensor of a segment in the flat order: a dense layer's kernel or
+// bias, or a tensor the config declares (SegmentConfig.tensors).
 struct TensorLayout {
-  uint32_t layer = 0;
+  uint32_t layer = 0;   // the layer's index, or the declared tensor's
   bool is_bias = false;
   uint64_t offset = 0;  // within the segment's flat vector
-  uint64_t rows = 0;    // fan_in for a kernel, 1 for a bias
-  uint64_t cols = 0;    // units
+  uint64_t rows = 0;    // fan_in for a kernel, 1 for a bias; shape[0] declared
+  uint64_t cols = 0;    // units; declared: the product of shape[1:]
   uint64_t size() const { return rows * cols; }
+  // Declared only: the config's name and shape, and the initial values:
+  // uniform in [-init_bound, init_bound], or init_value where init_bound is 0.
+  std::string name;
+  std::vector<uint64_t> shape;
+  double init_bound = 0;
+  float init_value = 0;
+  bool declared() const { return !shape.empty(); }
 };
 
 // The width of segment k's input: model.input_width, or for stage k > 0 of
@@ -68,8 +76,9 @@ class ShardMap {
 };
 
 // The name a user sees for tensor `t` of segment k, e.g.
-// "segment1/dense_0/kernel", and its shape ([in, out], or [out] for a bias):
-// what exports and checkpoints call it.
+// "segment1/dense_0/kernel" ("cnn/0.weight" declared), and its shape
+// ([in, out], [out] for a bias, or the declared one): what exports and
+// checkpoints call it.
 std::string TensorName(const v1::ModelConfig& model, int k, const TensorLayout& t);
 std::vector<uint64_t> TensorShape(const TensorLayout& t);
 
@@ -77,7 +86,8 @@ std::vector<uint64_t> TensorShape(const TensorLayout& t);
 Range BalancedRange(uint64_t n, uint32_t parts, uint32_t index);
 
 // Fills `out` with the initial values of segment k's elements
-// [offset, offset + out.size()): Glorot-uniform kernels, zero biases, each
+// [offset, offset + out.size()): Glorot-uniform kernels, zero biases, the
+// declared tensors' own initialisers (TensorConfig.init), each
 // element a function of (seed, segment, tensor, element index) only, so the
 // model is the same however it is sharded.
 void InitializeRange(const ShardMap& map, int segment, uint64_t offset, uint64_t seed,

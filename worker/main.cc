@@ -285,6 +285,12 @@ absl::Status ReadPlace(Worker* w) {
                                                    "' names no segment of the config (give an index or a name).",
                                                    segps::Suggest(segment_flag, names)));
   }
+  if (segps::DeclaredByTensors(w->config.model().segments(w->segment))) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "segment \"", w->config.model().segments(w->segment).name(),
+        "\" is declared by its tensors (model.segments.tensors), not layers: segps-worker computes only layers; "
+        "train it from Python (segps.torch, docs/python.md)"));
+  }
   const std::string rank_flag = absl::GetFlag(FLAGS_rank);
   const uint32_t workers = segps::WorkersOf(w->config, w->segment);
   if (rank_flag != "auto") {

@@ -303,6 +303,59 @@ TEST(Config, BrokenChainsAreRejectedNamingTheField) {
       << c.status();
 }
 
+// A model of segments declared by their tensors (trained from Python)
+// needs no data, input width or classes; each tensor is checked with its
+// field named.
+const char kTensors[] = R"pb(
+cluster { num_servers: 2 }
+optimizer { kind: SGD learning_rate: 0.1 }
+model {
+  segments {
+    name: "cnn"
+    tensors { name: "0.weight" shape: 4 shape: 1 shape: 3 shape: 3 }
+    tensors { name: "0.bias" shape: 4 uniform: 0.33 }
+  }
+}
+)pb";
+
+TEST(Config, SegmentsDeclaredByTheirTensorsAreCheckedNamingTheField) {
+  absl::StatusOr<v1::JobConfig> c = ParseConfig(kTensors, "job.pbtxt");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_TRUE(TensorsOnly(c->model()));
+  EXPECT_EQ(c->model().combine(), v1::AVERAGE_SOFTMAX);
+  for (const auto& [from, to, says] : std::vector<std::tuple<std::string, std::string, std::string>>{
+           {"shape: 4 uniform", "shape: 0 uniform",
+            "job.pbtxt line 8: model.segments[0].tensors[1].shape: tensor \"0.bias\" of segment \"cnn\": "
+            "dimensions must be > 0"},
+           {"name: \"0.bias\"", "name: \"0.weight\"", "tensors[1].name: tensor \"0.weight\" of segment \"cnn\": "
+                                                      "is used by another tensor of the segment"},
+           {"name: \"0.bias\" shape: 4", "name: \"0.bias\"", "tensors[1].shape: tensor \"0.bias\" of segment "
+                                                             "\"cnn\": needs at least one dimension"},
+           {"uniform: 0.33", "uniform: -1", "tensors[1].uniform: tensor \"0.bias\" of segment \"cnn\": must be "
+                                            "finite (and a uniform bound >= 0)"},
+           {"uniform: 0.33", "constant: inf", "tensors[1].constant: "},
+           {"shape: 3 shape: 3", "shape: 65536 shape: 65536 shape: 2",
+            "tensors[0].shape: tensor \"0.weight\" of segment \"cnn\": dimensions must be > 0 and the segment at "
+            "most 4294967296 elements"},
+           {"name: \"cnn\"", "name: \"cnn\" layers { units: 2 activation: SOFTMAX }",
+            "model.segments[0].layers[0]: segment \"cnn\" is declared by its tensors: give layers or tensors, "
+            "not both"},
+           {"model {", "model { partition: BALANCED",
+            "model.partition: segments declared by their tensors are cut by hand"},
+       }) {
+    c = ParseConfig(Replace(kTensors, from, to), "job.pbtxt");
+    ASSERT_FALSE(c.ok()) << to;
+    EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(std::string(c.status().message()).find(says), std::string::npos) << c.status();
+  }
+  // Beside a layered segment, the model needs its data and widths again.
+  const std::string mixed = Replace(kTensors, "model {", R"pb(model {
+  segments { name: "dense" layers { units: 2 activation: SOFTMAX } })pb");
+  c = ParseConfig(mixed, "job.pbtxt");
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(std::string(c.status().message()).find("model.input_width: must be > 0"), std::string::npos) << c.status();
+}
+
 TEST(Config, DataFilesAreRelativeToTheConfigFile) {
   char dir[] = "/tmp/segps_config_XXXXXX";
   ASSERT_NE(mkdtemp(dir), nullptr);

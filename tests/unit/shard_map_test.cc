@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <vector>
 
 namespace segps {
@@ -104,6 +106,44 @@ TEST(InitializeRange, GlorotUniformKernelsAndZeroBiases) {
   std::vector<float> other(w.size());
   InitializeRange(map, 0, 0, 8, other.data(), other.size());
   EXPECT_NE(w, other);  // the seed matters
+}
+
+// A segment declared by its tensors: laid out in order, row-major, named
+// and shaped as declared, and initialised as each tensor says.
+TEST(ShardMap, DeclaredTensorsAreLaidOutNamedAndInitialisedAsDeclared) {
+  v1::ModelConfig model;
+  v1::SegmentConfig* segment = model.add_segments();
+  segment->set_name("cnn");
+  v1::TensorConfig* weight = segment->add_tensors();
+  weight->set_name("0.weight");
+  for (uint64_t d : {4, 1, 3, 3}) weight->add_shape(d);
+  v1::TensorConfig* bias = segment->add_tensors();
+  bias->set_name("0.bias");
+  bias->add_shape(4);
+  bias->set_uniform(0.25f);
+  v1::TensorConfig* scale = segment->add_tensors();
+  scale->set_name("1.weight");
+  scale->add_shape(4);
+  scale->set_constant(1.0f);
+  ShardMap map = *ShardMap::Create(model, 3);
+  ASSERT_EQ(map.segment_size(0), 36u + 4 + 4);
+  ASSERT_EQ(map.tensors(0).size(), 3u);
+  EXPECT_EQ(TensorName(model, 0, map.tensors(0)[0]), "cnn/0.weight");
+  EXPECT_EQ(TensorShape(map.tensors(0)[0]), (std::vector<uint64_t>{4, 1, 3, 3}));
+  EXPECT_EQ(map.tensors(0)[1].offset, 36u);
+  EXPECT_EQ(map.tensors(0)[2].offset, 40u);
+  std::vector<float> values(map.segment_size(0));
+  for (uint32_t i = 0; i < 3; ++i) {
+    const Range r = map.range(0, i);
+    InitializeRange(map, 0, r.offset, 42, values.data() + r.offset, r.count);
+  }
+  const double fan_in_bound = 1 / std::sqrt(9.0);  // PyTorch's default: 1/sqrt(in x kernel)
+  double largest = 0;
+  for (int i = 0; i < 36; ++i) largest = std::max(largest, std::abs(static_cast<double>(values[i])));
+  EXPECT_LE(largest, fan_in_bound);
+  EXPECT_GT(largest, 0.8 * fan_in_bound);
+  for (int i = 36; i < 40; ++i) EXPECT_LE(std::abs(values[i]), 0.25f);
+  for (int i = 40; i < 44; ++i) EXPECT_EQ(values[i], 1.0f);
 }
 
 }  // namespace

@@ -8,6 +8,7 @@
 #include "absl/strings/str_format.h"
 #include "common/proto_json.h"
 #include "common/shard_map.h"
+#include "common/config.h"
 #include "common/status_macros.h"
 #include "worker/data/synthetic_ctr.h"
 #include "worker/model/embedding_lookup.h"
@@ -191,9 +192,22 @@ absl::StatusOr<std::vector<double>> Ensemble(const v1::ModelConfig& model, const
 
 }  // namespace
 
+absl::Status ComputedHere(const v1::ModelConfig& model) {
+  for (const v1::SegmentConfig& segment : model.segments()) {
+    if (DeclaredByTensors(segment)) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "segment \"", segment.name(),
+          "\" is declared by its tensors (a module trained from Python): its forward pass is the module's, which "
+          "only PyTorch computes; load its parameters there (segps.torch, docs/python.md)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::vector<float>> Predict(const v1::ModelConfig& model, const Dataset& data,
                                            const std::vector<std::vector<float>>& params, int segment,
                                            Backend* backend, const RowSource& rows) {
+  SEGPS_RETURN_IF_ERROR(ComputedHere(model));
   const int classes = static_cast<int>(model.num_classes());
   std::vector<float> out(data.size() * classes);
   if (segment >= 0) {
@@ -221,6 +235,7 @@ absl::StatusOr<std::vector<float>> Predict(const v1::ModelConfig& model, const D
 absl::StatusOr<EvalReport> Evaluate(const v1::JobConfig& config, const Dataset& test,
                                     const std::vector<std::vector<float>>& params, Backend* backend,
                                     const RowSource& rows) {
+  SEGPS_RETURN_IF_ERROR(ComputedHere(config.model()));
   const int segments = config.model().segments_size();
   const int classes = static_cast<int>(config.model().num_classes());
   const size_t n = test.size();

@@ -51,6 +51,10 @@ struct EvalReport {
   v1::RunHistory history;            // per epoch, where the workers kept it
 };
 
+// OK where every segment is computed from its layers; a segment declared
+// by its tensors is refused, naming it (Evaluate and Predict check it).
+absl::Status ComputedHere(const v1::ModelConfig& model);
+
 // `params[k]` holds segment k's flat parameters.
 absl::StatusOr<EvalReport> Evaluate(const v1::JobConfig& config, const Dataset& test,
                                     const std::vector<std::vector<float>>& params, Backend* backend,

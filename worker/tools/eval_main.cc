@@ -209,6 +209,7 @@ absl::Status WriteOutputs(const segps::v1::JobConfig& config, const std::vector<
 
 // Pulls, scores and reports the trained model.
 absl::Status Run(const segps::v1::JobConfig& config, segps::ParameterClient& client) {
+  SEGPS_RETURN_IF_ERROR(segps::ComputedHere(config.model()));
   if (absl::GetFlag(FLAGS_wait_for_training)) {
     SEGPS_RETURN_IF_ERROR(WaitForTraining(client, absl::Seconds(absl::GetFlag(FLAGS_wait_timeout_s))));
   }

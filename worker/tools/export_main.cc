@@ -7,11 +7,13 @@
 #include <iostream>
 
 #include "absl/flags/flag.h"
+#include "absl/strings/str_cat.h"
 #include "common/command_line.h"
 #include "common/config.h"
 #include "common/security.h"
 #include "common/lock_checks.h"
 #include "worker/data/dataset.h"
+#include "worker/model/evaluator.h"
 #include "worker/model/model_file.h"
 #include "worker/client/ps_client.h"
 
@@ -55,16 +57,24 @@ int main(int argc, char** argv) {
   absl::StatusOr<std::vector<std::vector<float>>> params =
       segps::PullParameters(**client, config->model(), config->cluster().num_servers());
   if (!params.ok()) return Fail(std::string(params.status().message()));
-  // The preprocessing (scale, standardisation) is the training set's, as every worker computed it.
-  absl::StatusOr<segps::TrainTest> data = segps::LoadData(*config);
-  if (!data.ok()) return Fail(std::string(data.status().message()));
-  const segps::TrainedModel model = segps::ModelOfJob(*config, *std::move(params), data->train);
+  // The preprocessing (scale, standardisation) is the training set's, as
+  // every worker computed it; a model of tensors (Python workers) has none.
+  segps::TrainTest data;
+  if (!segps::TensorsOnly(config->model())) {
+    absl::StatusOr<segps::TrainTest> loaded = segps::LoadData(*config);
+    if (!loaded.ok()) return Fail(std::string(loaded.status().message()));
+    data = *std::move(loaded);
+  }
+  const segps::TrainedModel model = segps::ModelOfJob(*config, *std::move(params), data.train);
   if (!absl::GetFlag(FLAGS_out).empty()) {
     absl::Status written = segps::WriteModelSafetensors(model, absl::GetFlag(FLAGS_out));
     if (!written.ok()) return Fail(std::string(written.message()));
     std::cout << "segps-export: wrote " << absl::GetFlag(FLAGS_out) << "\n";
   }
   if (!absl::GetFlag(FLAGS_onnx).empty()) {
+    if (absl::Status computed = segps::ComputedHere(config->model()); !computed.ok()) {
+      return Fail(absl::StrCat("--onnx: ", computed.message(), "; torch.onnx.export writes its graph"));
+    }
     absl::Status written = segps::WriteModelOnnx(model, absl::GetFlag(FLAGS_onnx));
     if (!written.ok()) return Fail(std::string(written.message()));
     std::cout << "segps-export: wrote " << absl::GetFlag(FLAGS_onnx) << "\n";
