@@ -6,12 +6,11 @@ namespace segps {
 namespace {
 
 // How long a poll waits before the poller looks again at whether it
-// should go on: the loop's thread, whether it is still held; a caller,
-// whether its call is done. A caller's reply may be taken by the loop's
-// thread while that polls too (held), so the caller looks again soon; alone
-// on the queue, the reply comes to the caller and a longer wait costs
-// nothing but a few wake-ups a second while its call waits on the bound.
-constexpr std::chrono::milliseconds kLoopPoll(20), kCallerPollShared(1), kCallerPollAlone(10);
+// should go on: the loop's thread, whether it is still held; a caller
+// alone on the queue, whether its call is done (its reply comes to it, so
+// a longer wait costs nothing but a few wake-ups a second while its call
+// waits on the bound).
+constexpr std::chrono::milliseconds kLoopPoll(20), kCallerPoll(10);
 
 }  // namespace
 
@@ -45,7 +44,11 @@ void CompletionLoop::Loop() {
     bool ok = false;
     const auto status = cq_.AsyncNext(&tag, &ok, std::chrono::system_clock::now() + kLoopPoll);
     if (status == grpc::CompletionQueue::SHUTDOWN) return;
-    if (status == grpc::CompletionQueue::GOT_EVENT) Dispatch(tag, ok);
+    if (status == grpc::CompletionQueue::GOT_EVENT) {
+      Dispatch(tag, ok);
+      MutexLock lock(&mu_);
+      changed_.SignalAll();  // a caller waiting in Drive looks at its call
+    }
   }
   void* tag = nullptr;
   bool ok = false;
@@ -59,20 +62,23 @@ void CompletionLoop::Hold() {
 
 void CompletionLoop::Release() {
   MutexLock lock(&mu_);
-  --holds_;
+  if (--holds_ == 0) changed_.SignalAll();  // a caller waiting in Drive drives again
 }
 
 void CompletionLoop::Drive(absl::FunctionRef<bool()> done) {
-  while (!done()) {
-    bool shared;
+  while (true) {
     {
+      // While the loop's thread polls (held), it takes any of the queue's
+      // events, the caller's reply among them, and wakes the caller after
+      // each: the caller waits for that rather than polling beside it,
+      // which left a reply the loop took unseen until the caller's next poll.
       MutexLock lock(&mu_);
-      shared = holds_ > 0;
+      while (holds_ > 0 && !stopping_ && !done()) changed_.Wait(&mu_);
+      if (done()) return;
     }
     void* tag = nullptr;
     bool ok = false;
-    const auto status = cq_.AsyncNext(&tag, &ok,
-                                      std::chrono::system_clock::now() + (shared ? kCallerPollShared : kCallerPollAlone));
+    const auto status = cq_.AsyncNext(&tag, &ok, std::chrono::system_clock::now() + kCallerPoll);
     if (status == grpc::CompletionQueue::SHUTDOWN) return;
     if (status == grpc::CompletionQueue::GOT_EVENT) Dispatch(tag, ok);
   }
