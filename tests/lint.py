@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The checks of tests/lint.sh over one compilation database: clang's
 -Wthread-safety and clang-tidy (.clang-tidy), on every source under
-server/, worker/, common/ and deploy/. Prints each finding; exits 1 on any."""
+server/, worker/, common/, deploy/ and python/. Prints each finding; exits 1 on any."""
 import concurrent.futures
 import json
 import os
@@ -10,7 +10,7 @@ import subprocess
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CHECKED = ("server/", "worker/", "common/", "deploy/")
+CHECKED = ("server/", "worker/", "common/", "deploy/", "python/")
 
 
 def sources(build):

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Static checks over server/, worker/, common/ and deploy/, on the
+# Static checks over server/, worker/, common/, deploy/ and python/, on the
 # compilation database of the build that tests/run.sh made (build/, or the
 # directory given as $1). Fails on any finding:
 # - clang's -Wthread-safety: every ABSL_GUARDED_BY / REQUIRES annotation holds;

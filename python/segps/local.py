@@ -12,7 +12,7 @@ import os
 import signal
 import subprocess
 import threading
-from typing import List, Optional
+from typing import List, Optional, Sequence
 
 __all__ = ["Servers"]
 
@@ -33,12 +33,14 @@ class Servers:
         num_servers: how many (the config's cluster.num_servers).
         checkpoint_dir: where they checkpoint (None: no checkpoints).
         bin_dir: where segps-server is.
+        server_args: more flags for every server (``--tls_cert``, ``--token_file``, ...).
     """
 
     def __init__(self, config: str, num_servers: int, checkpoint_dir: Optional[str] = None,
-                 bin_dir: Optional[str] = None) -> None:
+                 bin_dir: Optional[str] = None, server_args: Sequence[str] = ()) -> None:
         self._config = config
         self._checkpoint_dir = checkpoint_dir
+        self._server_args = list(server_args)
         self._binary = os.path.join(_bin_dir(bin_dir), "segps-server")
         if not os.access(self._binary, os.X_OK):
             raise FileNotFoundError("no segps-server at %s (give bin_dir or set SEGPS_BIN_DIR)" % self._binary)
@@ -58,6 +60,7 @@ class Servers:
         command = [self._binary, "--config", self._config, "--index", str(index), "--listen", self.addresses[index]]
         if self._checkpoint_dir:
             command += ["--checkpoint_dir", self._checkpoint_dir]
+        command += self._server_args
         process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
         self._processes[index] = process
         prefix = "segps-server listening on "

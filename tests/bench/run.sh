@@ -478,6 +478,22 @@ for tag in 1x1 2x2; do
 done
 unavailable ctr_samples_vs_pytorch 1.0
 
+echo "== 13. from Python (segps.torch): a step beside segps-worker's on the same model, and the Fashion-MNIST CNN beside PyTorch alone"
+if PYTHONPATH=build/python $py -c "import segps.torch" 2> /dev/null; then
+  PYTHONPATH=build/python SEGPS_BIN_DIR=build/bin $py tests/bench/python_step.py \
+    --steps "$([ $quick = 1 ] && echo 500 || echo 2000)" > "$out/python_step.txt" 2>&1 || true
+  grep -v '^[0-9:.]* [IWE] ' "$out/python_step.txt"
+  PYTHONPATH=build/python SEGPS_BIN_DIR=build/bin $py python/examples/fmnist_cnn.py \
+    --epochs "$([ $quick = 1 ] && echo 1 || echo 5)" > "$out/python_cnn.txt" 2>&1 || true
+  grep -v '^[0-9:.]* [IWE] ' "$out/python_cnn.txt"
+  cnn_segps=$(sed -n 's/^segps .* \([0-9]*\) samples\/s$/\1/p' "$out/python_cnn.txt")
+  cnn_torch=$(sed -n 's/^pytorch alone: .* \([0-9]*\) samples\/s$/\1/p' "$out/python_cnn.txt")
+  target python_cnn_samples_vs_pytorch "$(div "$cnn_segps" "$cnn_torch")" 1.0
+else
+  echo "segps.torch unavailable for $py (build with pybind11-dev python3-dev; apt-get install python3-torch)"
+  unavailable python_cnn_samples_vs_pytorch 1.0
+fi
+
 if $py -c "import matplotlib" 2> /dev/null; then
   echo "== figures (python/segps_plot.py)"
   $py python/segps_plot.py bench --out "$out/figures" "$out"

@@ -5,6 +5,7 @@ Run by ctest (python.torch) with PYTHONPATH=build/python and SEGPS_BIN_DIR;
 skipped, with the reason, where torch or the package is absent.
 """
 
+import json
 import os
 import subprocess
 import sys
@@ -12,6 +13,7 @@ import tempfile
 import unittest
 
 try:
+    import numpy as np
     import torch
     import segps
     import segps.local
@@ -77,7 +79,29 @@ class TorchTest(unittest.TestCase):
                 self.assertEqual(ps.client.clock, 25)
                 ps.close()
                 self.assertEqual(ps.client.steps, 25)
+                self.check_export(config, servers, model)
                 print("%s: 25 steps, largest difference from torch.optim.SGD %.3g" % (make.__name__, worst))
+
+    def check_export(self, config, servers, model):
+        """segps-export --out writes the segment's tensors as SEGMENT/NAME
+        with their shapes and values; --onnx is refused, naming why."""
+        out = os.path.join(self.dir, "model.safetensors")
+        export = [os.path.join(os.environ["SEGPS_BIN_DIR"], "segps-export"), "--config", config,
+                  "--servers", ",".join(servers.addresses)]
+        subprocess.run(export + ["--out", out], check=True, capture_output=True)
+        with open(out, "rb") as f:
+            header_size = int.from_bytes(f.read(8), "little")
+            header = json.loads(f.read(header_size))
+            data = f.read()
+        for name, p in model.named_parameters():
+            entry = header["net/" + name]
+            self.assertEqual(entry["shape"], list(p.shape))
+            begin, end = entry["data_offsets"]
+            values = np.frombuffer(data[begin:end], dtype=np.float32).reshape(p.shape)
+            self.assertTrue(np.array_equal(values, p.detach().numpy()), name)
+        onnx = subprocess.run(export + ["--onnx", out + ".onnx"], capture_output=True, text=True)
+        self.assertNotEqual(onnx.returncode, 0)
+        self.assertIn('segment "net" is declared by its tensors', onnx.stderr)
 
     def test_the_initial_parameters_follow_pytorchs_bounds(self):
         model = mlp()
@@ -152,6 +176,39 @@ class TorchTest(unittest.TestCase):
             dense = segps.Client(config, servers.addresses, segment="dense", rank=None)
             self.assertEqual(dense.size, 50 * 10 + 10)
             dense.close()
+
+    def test_tls_and_tokens_as_the_cpp_worker_has_them(self):
+        """Servers over mutual TLS with tokens (deploy/make-certs.sh): a
+        worker with the client certificate and the worker token trains; the
+        reader token reads but may not register; no token is refused."""
+        certs = os.path.join(self.dir, "certs")
+        subprocess.run(["bash", os.path.join(os.path.dirname(__file__), "..", "..", "deploy", "make-certs.sh"),
+                        certs], check=True, capture_output=True)
+        path = lambda name: os.path.join(certs, name)
+        tls = dict(tls_ca=path("ca.pem"), tls_cert=path("client.pem"), tls_key=path("client.key"))
+        model = mlp()
+        config = self.job(model, num_servers=2)
+        server_args = ["--tls_ca", path("ca.pem"), "--tls_cert", path("server.pem"), "--tls_key", path("server.key"),
+                       "--token_file", path("tokens"), "--require_client_cert"]
+        with segps.local.Servers(config, 2, server_args=server_args) as servers:
+            ps = segps.torch.ParameterServers(model, config, servers.addresses, rank=0,
+                                              token_file=path("worker.token"), **tls)
+            for x, y in batches(5, (12,), seed=4):
+                ps.pull()
+                model.zero_grad()
+                torch.nn.functional.cross_entropy(model(x), y).backward()
+                ps.push()
+            ps.close()
+            self.assertEqual(ps.client.steps, 5)
+            reader = segps.Client(config, servers.addresses, rank=None, token_file=path("reader.token"), **tls)
+            self.assertEqual(reader.pull().size, ps.client.size)
+            reader.close()
+            with self.assertRaises(segps.Error) as caught:
+                segps.Client(config, servers.addresses, rank=0, token_file=path("reader.token"), **tls)
+            self.assertEqual(caught.exception.code, "PERMISSION_DENIED", str(caught.exception))
+            with self.assertRaises(segps.Error) as caught:
+                segps.Client(config, servers.addresses, rank=0, **tls)
+            self.assertEqual(caught.exception.code, "UNAUTHENTICATED", str(caught.exception))
 
     def train_to_clock_30(self, config, kill_at=None):
         """A worker whose batch is a function of the clock, so that a step
