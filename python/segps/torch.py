@@ -10,9 +10,10 @@
     ps.close()
 
 The module's parameters are views into one flat float32 buffer that
-``pull`` fills in place, so a pull costs one copy from the wire; ``push``
-gathers the gradients into a second buffer (a parameter without a
-gradient pushes zeros). Buffers (BatchNorm's running statistics) stay
+``pull`` fills in place, so a pull costs one copy from the wire; their
+``.grad`` start as views into a second buffer that backward accumulates
+into and ``push`` sends (a gradient elsewhere, after ``zero_grad(
+set_to_none=True)``, is copied in; a parameter without one pushes zeros). Buffers (BatchNorm's running statistics) stay
 local to each worker.
 """
 
@@ -108,13 +109,16 @@ class ParameterServers:
         self._flat = np.zeros(self._client.size, dtype=np.float32)
         self._grad = np.zeros(self._client.size, dtype=np.float32)
         flat, self._grad_t = torch.from_numpy(self._flat), torch.from_numpy(self._grad)
-        self._slices = []
+        self._grad_views = []
         with torch.no_grad():
             for p, (_, shape, offset) in zip(self._params, self._client.tensors()):
                 view = flat[offset:offset + p.numel()].view(p.shape)
                 view.copy_(p.data)
                 p.data = view
-                self._slices.append((offset, p.numel()))
+                # Backward accumulates into an existing .grad in place: the
+                # gradient lands in the push buffer unless zero_grad set it to None.
+                p.grad = self._grad_t[offset:offset + p.numel()].view(p.shape)
+                self._grad_views.append(p.grad)
 
     def _check(self, model: torch.nn.Module) -> None:
         declared = self._client.tensors()
@@ -143,12 +147,11 @@ class ParameterServers:
     def push(self) -> None:
         """The module's gradients (``.grad``) to the servers, asynchronously
         within the bound; call after ``pull`` and ``backward``."""
-        for p, (offset, n) in zip(self._params, self._slices):
-            target = self._grad_t[offset:offset + n]
+        for p, view in zip(self._params, self._grad_views):
             if p.grad is None:
-                target.zero_()
-            else:
-                target.copy_(p.grad.reshape(-1))
+                view.zero_()
+            elif p.grad.data_ptr() != view.data_ptr():
+                view.copy_(p.grad)
         self._client.push(self._grad)
 
     def close(self) -> None:

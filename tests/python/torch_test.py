@@ -66,7 +66,9 @@ class TorchTest(unittest.TestCase):
                 optimizer = torch.optim.SGD(alone.parameters(), lr=0.05)
                 worst = 0.0
                 for x, y in batches(25, shape, seed=5):
-                    model.zero_grad()
+                    # The MLP's gradients accumulate in the push buffer; the CNN's are
+                    # set to None, so backward makes new ones and push copies them in.
+                    model.zero_grad(set_to_none=make is cnn)
                     torch.nn.functional.cross_entropy(model(x), y).backward()
                     ps.push()
                     optimizer.zero_grad()
