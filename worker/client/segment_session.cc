@@ -1,5 +1,6 @@
 #include "worker/client/segment_session.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/numbers.h"
@@ -80,7 +81,15 @@ absl::StatusOr<uint64_t> SegmentSession::Pull(absl::Span<float> dest) {
                                                    dest.size()));
   }
   for (;;) {
-    PulledAt at = client_->Pull(segment_, clock_, dest);
+    PulledAt at;
+    if (prefetch_.has_value()) {
+      at = prefetch_->Wait();
+      prefetch_.reset();
+      if (at.ok()) std::copy(spare_.begin(), spare_.end(), dest.begin());
+      if (at.ok() && StalenessOf(config_, segment_) == 0) steps_ += 1;  // its push came back applied
+    } else {
+      at = client_->Pull(segment_, clock_, dest);
+    }
     if (at.ok()) {
       pulled_ = !reader();
       return at;
@@ -102,11 +111,25 @@ absl::Status SegmentSession::Push(absl::Span<const float> gradient) {
                                                    " parameters; the gradient holds ", gradient.size()));
   }
   std::shared_ptr<const EncodedPush> push = client_->Encode(segment_, clock_, gradient);
-  in_flight_.push_back(client_->StartSend(std::move(push)));
   pulled_ = false;
   clock_ += 1;
+  spare_.resize(size());
+  if (StalenessOf(config_, segment_) == 0) {
+    // The next step needs this one applied anyway: one round for both.
+    prefetch_ = client_->StartSendAndPull(std::move(push), absl::MakeSpan(spare_));
+    return absl::OkStatus();
+  }
+  in_flight_.push_back(client_->StartSend(std::move(push)));
   while (in_flight_.size() > PushesInFlight(config_, segment_)) SEGPS_RETURN_IF_ERROR(Settle());
+  prefetch_ = client_->StartPull(segment_, clock_, absl::MakeSpan(spare_));
   return absl::OkStatus();
+}
+
+void SegmentSession::Abandon() {
+  for (Completion<absl::Status>& push : in_flight_) (void)push.Wait();  // failed or applied: the servers tell
+  in_flight_.clear();
+  if (prefetch_.has_value()) (void)prefetch_->Wait();
+  prefetch_.reset();
 }
 
 absl::Status SegmentSession::Settle() {
@@ -124,8 +147,7 @@ absl::Status SegmentSession::Recover(const absl::Status& failure) {
   // The pushes in flight fail or are abandoned: the servers say where to go on.
   heartbeat_.reset();
   client_->Interrupt(failure);
-  for (Completion<absl::Status>& push : in_flight_) (void)push.Wait();  // failed or applied: the servers tell
-  in_flight_.clear();
+  Abandon();
   absl::StatusOr<Registration> again =
       Rejoin([&] { return client_->Register(segment_, rank_); },
              absl::Milliseconds(config_.cluster().recovery_timeout_ms()), Clock::Real(), tag_);
@@ -146,11 +168,20 @@ absl::Status SegmentSession::Close() {
   if (closed_) return absl::OkStatus();
   absl::Status status;
   while (!in_flight_.empty() && status.ok()) status = Settle();
-  heartbeat_.reset();
+  // A push that pulls (staleness 0) is a push: it must land before leaving.
+  if (status.ok() && prefetch_.has_value() && StalenessOf(config_, segment_) == 0) {
+    status = prefetch_->Wait().status();
+    prefetch_.reset();
+    if (status.ok()) steps_ += 1;
+  }
   closed_ = true;
-  if (!status.ok() || reader()) return status;
-  absl::StatusOr<std::vector<uint64_t>> left = client_->Leave(std::nullopt);
-  return left.ok() ? absl::OkStatus() : left.status();
+  absl::StatusOr<std::vector<uint64_t>> left = status.ok() && !reader() ? client_->Leave(std::nullopt)
+                                                                         : std::vector<uint64_t>{};
+  // Leaving ends a prefetch that waits on peers; a failure ends what is left.
+  if (!status.ok() || !left.ok()) client_->Interrupt(status.ok() ? left.status() : status);
+  Abandon();
+  heartbeat_.reset();
+  return status.ok() ? left.status() : status;
 }
 
 }  // namespace segps

@@ -5,7 +5,11 @@
 //
 // A step is Pull (the parameters once the staleness bound allows computing
 // the session's clock), then Push (that clock's gradient, sent without
-// waiting: at most PushesInFlight unacknowledged, as the C++ worker). A
+// waiting: at most PushesInFlight unacknowledged, as the C++ worker). As
+// the engine does, a push starts the next clock's pull at once, into a
+// buffer of the session's, so that it travels while the caller computes
+// (at staleness 0 in the push's own messages, answered once every worker's
+// step is applied); Pull then waits for it and copies it out. A
 // server that restarted, was paused past the lease or dropped the
 // registration is rejoined as the engine does (Rejoin, within
 // cluster.recovery_timeout_ms); the session then continues at the clock
@@ -80,6 +84,8 @@ class SegmentSession {
   // agree; any other failure is returned as it is, naming the segment.
   absl::Status Recover(const absl::Status& failure);
   absl::Status Usable(const char* call) const;
+  // Waits for what is in flight (failed, applied or abandoned) and forgets it.
+  void Abandon();
 
   const v1::JobConfig config_;
   const ShardMap map_;
@@ -92,6 +98,10 @@ class SegmentSession {
   bool pulled_ = false, closed_ = false;
   uint64_t steps_ = 0, recoveries_ = 0;
   std::deque<Completion<absl::Status>> in_flight_;
+  // The pull of clock_ started with the last push (at staleness 0, that
+  // push itself), landing in `spare_`.
+  std::optional<Completion<PulledAt>> prefetch_;
+  std::vector<float> spare_;
 };
 
 }  // namespace segps
