@@ -13,7 +13,7 @@ packages=(
   dataset-fashion-mnist
   python3 procps openssl
   python3-numpy python3-onnx python3-matplotlib
-  python3-dev pybind11-dev python3-torch
+  python3-dev pybind11-dev
   prometheus
   "$@"
 )
