@@ -235,9 +235,21 @@ class GrpcClient final : public ParameterClient {
 
   absl::Status PullRows(int segment, uint64_t clock, const std::vector<std::vector<uint64_t>>& ids,
                         std::vector<std::vector<float>>* values) override {
+    return Driven(RowsOn(segment, clock, ids, values, true)).status();
+  }
+  Completion<absl::Status> StartPullRows(int segment, uint64_t clock, const std::vector<std::vector<uint64_t>>& ids,
+                                         std::vector<std::vector<float>>* values) override {
+    Completion<absl::Status> pulled;
+    RowsOn(segment, clock, ids, values, false).OnDone([pulled](const PulledAt& r) { pulled.Set(r.status()); });
+    return pulled;
+  }
+
+  Completion<PulledAt> RowsOn(int segment, uint64_t clock, const std::vector<std::vector<uint64_t>>& ids,
+                              std::vector<std::vector<float>>* values, bool caller_drives) {
     if (segment < 0 || segment >= map_.num_segments() ||
         ids.size() != static_cast<size_t>(model_.segments(segment).embeddings_size())) {
-      return absl::InvalidArgumentError("PullRows: no such segment, or not one list of ids per table");
+      return Completion<PulledAt>::Done(
+          absl::InvalidArgumentError("PullRows: no such segment, or not one list of ids per table"));
     }
     const v1::SegmentConfig& config = model_.segments(segment);
     const uint32_t servers = map_.num_servers();
@@ -262,7 +274,7 @@ class GrpcClient final : public ParameterClient {
       exchange->requests.emplace_back(&bytes, 1);
       exchange->servers.push_back(i);
     }
-    if (exchange->requests.empty()) return absl::OkStatus();
+    if (exchange->requests.empty()) return Completion<PulledAt>::Done(uint64_t{0});
     const std::vector<size_t> to = exchange->servers;
     exchange->take = [landing, to, values, &config, &ids](size_t j, grpc::ByteBuffer* reply) {
       std::vector<grpc::Slice> slices;
@@ -280,11 +292,11 @@ class GrpcClient final : public ParameterClient {
       done.Set(std::move(status));
     };
     exchange->call = "PullRows";
-    exchange->caller_drives = true;
+    exchange->caller_drives = caller_drives;
     exchange->patience = pull_wait_ + rpc_deadline_;
     exchange->budget = pull_wait_ * 6 + rpc_deadline_;
     row_streams_->Start(std::move(exchange));
-    return Driven(done).status();
+    return done;
   }
 
   std::unique_ptr<EncodedPush> Encode(int segment, uint64_t clock, absl::Span<const float> grad) override {

@@ -154,6 +154,13 @@ class ParameterClient {
     (void)segment, (void)clock, (void)ids, (void)values;
     return absl::UnimplementedError("PullRows: this client has no embedding rows");
   }
+  // PullRows, started without waiting: `ids` and `values` are the call's
+  // until it is done (a prefetch of the next batch's rows).
+  virtual Completion<absl::Status> StartPullRows(int segment, uint64_t clock,
+                                                 const std::vector<std::vector<uint64_t>>& ids,
+                                                 std::vector<std::vector<float>>* values) {
+    return Completion<absl::Status>::Done(PullRows(segment, clock, ids, values));
+  }
 
   // Renews the lease on every server; FAILED_PRECONDITION if one dropped us.
   virtual absl::Status Heartbeat() = 0;

@@ -64,7 +64,8 @@ BatchCompute::BatchCompute(const v1::JobConfig& config, const TrainerOptions& op
       progress_(config, options, backend, &model_) {
   const v1::SegmentConfig& segment = config.model().segments(options.segment);
   if (segment.embeddings_size() > 0) {
-    rows_.emplace(segment, config.model().input_width(), train.fields);
+    rows_ = std::make_unique<BatchRows>(segment, config.model().input_width(), train.fields);
+    next_rows_ = std::make_unique<BatchRows>(segment, config.model().input_width(), train.fields);
     progress_.set_rows([client](int k, const std::vector<std::vector<uint64_t>>& ids,
                                 std::vector<std::vector<float>>* values) { return client->PullRows(k, 0, ids, values); });
   }
@@ -181,14 +182,44 @@ absl::Status BatchCompute::CheckLoss(uint64_t clock, const BatchStats& stats) co
       absl::StrCat(tag_, ": loss became ", stats.loss_sum, " at clock ", clock, "; lower optimizer.learning_rate"));
 }
 
-absl::Status BatchCompute::Fetch(uint64_t clock) {
-  if (!rows_.has_value()) return absl::OkStatus();
-  const Range mine = *RowsOf(clock);
+BatchCompute::~BatchCompute() { DropNextRows(); }
+
+void BatchCompute::CollectRows(uint64_t clock, Range mine, BatchRows* rows) {
   const std::vector<uint32_t>& order = OrderOf(static_cast<uint32_t>(clock / schedule_.steps_per_epoch));
   batch_ids_.resize(mine.count * static_cast<size_t>(train_.fields));
   GatherIds(train_, order, mine.offset, mine.count, batch_ids_.data());
-  rows_->Collect(batch_ids_.data(), mine.count);
-  return client_->PullRows(options_.segment, clock, rows_->ids(), rows_->mutable_values());
+  rows->Collect(batch_ids_.data(), mine.count);
+}
+
+void BatchCompute::DropNextRows() {
+  // Its buffers are about to change. None is out after the last step; one
+  // left by a failure ends with it (the servers answer it, or its deadline).
+  if (next_pull_.has_value()) (void)next_pull_->Wait();
+  next_pull_.reset();
+}
+
+absl::Status BatchCompute::Fetch(uint64_t clock) {
+  if (rows_ == nullptr) return absl::OkStatus();
+  absl::Status fetched;
+  if (next_pull_.has_value() && next_clock_ == clock) {
+    fetched = next_pull_->Wait();
+    next_pull_.reset();
+    std::swap(rows_, next_rows_);
+  } else {
+    DropNextRows();  // a clock the engine went back from
+    CollectRows(clock, *RowsOf(clock), rows_.get());
+    fetched = client_->PullRows(options_.segment, clock, rows_->ids(), rows_->mutable_values());
+  }
+  if (!fetched.ok()) return fetched;
+  // The next batch's rows travel while this one computes, where the bound
+  // allows it (at staleness 0 they need this step's push).
+  const std::optional<Range> next = clock + 1 < schedule_.total_steps ? RowsOf(clock + 1) : std::nullopt;
+  if (StalenessOf(config_, options_.segment) != 0 && next.has_value()) {
+    CollectRows(clock + 1, *next, next_rows_.get());
+    next_clock_ = clock + 1;
+    next_pull_ = client_->StartPullRows(options_.segment, clock + 1, next_rows_->ids(), next_rows_->mutable_values());
+  }
+  return absl::OkStatus();
 }
 
 absl::Status BatchCompute::ComputeWithRows(uint64_t clock, StepResult* result) {
@@ -216,12 +247,12 @@ absl::Status BatchCompute::ComputeWithRows(uint64_t clock, StepResult* result) {
   rows_->SumGradients(input_grad_host_.data());
   result->rows = static_cast<uint32_t>(n);
   result->grad = *grad;
-  result->rows_pulled = &*rows_;
+  result->rows_pulled = rows_.get();
   return absl::OkStatus();
 }
 
 absl::StatusOr<StepResult> BatchCompute::Compute(uint64_t clock) {
-  if (rows_.has_value()) {
+  if (rows_ != nullptr) {
     StepResult result;
     const absl::Time compute_start = absl::Now();
     SEGPS_RETURN_IF_ERROR(ComputeWithRows(clock, &result));

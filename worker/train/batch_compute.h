@@ -36,6 +36,8 @@ class BatchCompute final : public StepCompute {
                                                               const TrainerOptions& options, const Dataset& train,
                                                               Backend* backend, ParameterClient* client);
 
+  ~BatchCompute() override;
+
   SegmentModel* model() override { return &model_; }
   absl::Status Start(const Registration& registration, const std::string& tag) override;
   uint64_t EpochClocks() const override;
@@ -62,6 +64,10 @@ class BatchCompute final : public StepCompute {
   // A segment with embedding tables: the batch's dense features and its
   // rows (fetched) make the input; the input gradient gives the rows'.
   absl::Status ComputeWithRows(uint64_t clock, StepResult* result);
+  // The distinct ids of `clock`'s batch (its rows `mine`) into `rows`.
+  void CollectRows(uint64_t clock, Range mine, BatchRows* rows);
+  // Waits for the next clock's row pull, if one is out, and forgets it.
+  void DropNextRows();
   // An error naming the step when its loss is not finite.
   absl::Status CheckLoss(uint64_t clock, const BatchStats& stats) const;
 
@@ -91,9 +97,12 @@ class BatchCompute final : public StepCompute {
   std::optional<uint64_t> staged_clock_;  // the clock whose batch is in slot_
   size_t staged_rows_ = 0;                // its rows
   std::vector<float> no_gradient_;        // a share of no rows pushes zeros
-  // Embedding tables: the batch's rows, and the host copies of its ids,
+  // Embedding tables: the batch's rows, the next clock's (pulled while
+  // this one computes: next_pull_), and the host copies of its ids,
   // features, labels, whole input and input gradient.
-  std::optional<BatchRows> rows_;
+  std::unique_ptr<BatchRows> rows_, next_rows_;
+  std::optional<Completion<absl::Status>> next_pull_;
+  uint64_t next_clock_ = 0;
   std::vector<uint64_t> batch_ids_;
   std::vector<float> dense_, input_host_, input_grad_host_;
   std::vector<int32_t> labels_host_;
