@@ -22,8 +22,9 @@ absl::StatusOr<std::unique_ptr<SegmentSession>> SegmentSession::Open(v1::JobConf
   for (const v1::SegmentConfig& s : config.model().segments()) names.push_back(s.name());
   const int k = segment.empty() && names.size() == 1 ? 0 : SegmentIndex(config.model(), segment);
   if (k < 0) {
-    return absl::InvalidArgumentError(absl::StrCat(segment.empty() ? "name the segment" : "segment '" + segment + "' names no segment of the config",
-                                                   ": one of ", absl::StrJoin(names, ", ")));
+    const std::string what =
+        segment.empty() ? "name the segment" : absl::StrCat("segment '", segment, "' names no segment of the config");
+    return absl::InvalidArgumentError(absl::StrCat(what, ": one of ", absl::StrJoin(names, ", ")));
   }
   std::optional<uint32_t> wanted;
   if (rank.has_value() && *rank != "auto") {
@@ -77,8 +78,8 @@ absl::Status SegmentSession::Usable(const char* call) const {
 absl::StatusOr<uint64_t> SegmentSession::Pull(absl::Span<float> dest) {
   SEGPS_RETURN_IF_ERROR(Usable("pull"));
   if (dest.size() != size()) {
-    return absl::InvalidArgumentError(absl::StrCat("pull: segment ", tag_, " has ", size(), " parameters; the buffer holds ",
-                                                   dest.size()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("pull: segment ", tag_, " has ", size(), " parameters; the buffer holds ", dest.size()));
   }
   for (;;) {
     PulledAt at;
@@ -101,7 +102,9 @@ absl::StatusOr<uint64_t> SegmentSession::Pull(absl::Span<float> dest) {
 
 absl::Status SegmentSession::Push(absl::Span<const float> gradient) {
   SEGPS_RETURN_IF_ERROR(Usable("push"));
-  if (reader()) return absl::FailedPreconditionError(absl::StrCat("push: a reader of ", tag_, " has no rank to push as"));
+  if (reader()) {
+    return absl::FailedPreconditionError(absl::StrCat("push: a reader of ", tag_, " has no rank to push as"));
+  }
   if (!pulled_) {
     return absl::FailedPreconditionError(absl::StrCat("push: pull the parameters of clock ", clock_,
                                                       " first: a gradient is of the parameters it was computed on"));
