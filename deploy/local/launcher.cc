@@ -498,6 +498,13 @@ int main(int argc, char** argv) {
   if (config_path.empty()) return Fail("--config is required (see --help)");
   absl::StatusOr<segps::v1::JobConfig> config = segps::LoadConfig(config_path);
   if (!config.ok()) return Fail(std::string(config.status().message()));
+  for (const segps::v1::SegmentConfig& segment : config->model().segments()) {
+    if (segps::DeclaredByTensors(segment)) {
+      return Fail(absl::StrCat("segment \"", segment.name(),
+                               "\" is declared by its tensors: its workers are Python processes (segps.torch), which "
+                               "segps-local does not start; segps.local.Servers starts its servers (docs/python.md)"));
+    }
+  }
   const std::string bin = absl::GetFlag(FLAGS_bin_dir).empty() ? SelfDir() : absl::GetFlag(FLAGS_bin_dir);
   for (const char* tool : {"segps-server", "segps-worker", "segps-eval", "segps-export"}) {
     if (access((bin + "/" + tool).c_str(), X_OK) != 0) return Fail(absl::StrCat(bin, "/", tool, " not found (see --bin_dir)"));

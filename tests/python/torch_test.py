@@ -141,6 +141,10 @@ class TorchTest(unittest.TestCase):
             ps.close()
             with self.assertRaisesRegex(segps.Error, "pull: the session of net is closed"):
                 ps.pull()
+            local = subprocess.run([os.path.join(os.environ["SEGPS_BIN_DIR"], "segps-local"), "--config", config],
+                                   capture_output=True, text=True)
+            self.assertEqual(local.returncode, 1)
+            self.assertIn('segment "net" is declared by its tensors: its workers are Python processes', local.stderr)
             with self.assertRaisesRegex(segps.Error, "cluster.num_servers: must be >= 1"):
                 segps.check_config(text='model { segments { name: "a" tensors { name: "w" shape: 2 } } }')
             with self.assertRaisesRegex(segps.Error, r"tensors\[0\].shape: .*dimensions must be > 0"):
