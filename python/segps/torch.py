@@ -18,7 +18,7 @@ local to each worker.
 """
 
 import math
-from typing import Dict, List, Optional, Union
+from typing import Dict, Optional, Union
 
 import numpy as np
 import torch
@@ -105,13 +105,17 @@ class ParameterServers:
                  **client_args) -> None:
         self._client = Client(config, servers, segment, rank, **client_args)
         self._params = [p for _, p in model.named_parameters()]
-        self._check(model)
+        try:
+            self._check(model)
+        except ValueError:
+            self._client.close()  # leaves at once, rather than when collected
+            raise
         self._flat = np.zeros(self._client.size, dtype=np.float32)
         self._grad = np.zeros(self._client.size, dtype=np.float32)
         flat, self._grad_t = torch.from_numpy(self._flat), torch.from_numpy(self._grad)
         self._grad_views = []
         with torch.no_grad():
-            for p, (_, shape, offset) in zip(self._params, self._client.tensors()):
+            for p, (_, _, offset) in zip(self._params, self._client.tensors()):
                 view = flat[offset:offset + p.numel()].view(p.shape)
                 view.copy_(p.data)
                 p.data = view

@@ -8,7 +8,6 @@ skipped, with the reason, where torch or the package is absent.
 import json
 import os
 import subprocess
-import sys
 import tempfile
 import unittest
 
