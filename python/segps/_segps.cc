@@ -38,6 +38,9 @@ void Check(const absl::Status& status) {
 }
 
 segps::v1::JobConfig Load(const std::string& path, const std::string& text) {
+  if (path.empty() && text.empty()) {
+    Raise(absl::InvalidArgumentError("no job config: give its file (config) or its text (config_text)"));
+  }
   absl::StatusOr<segps::v1::JobConfig> config =
       text.empty() ? segps::LoadConfig(path) : segps::ParseConfig(text, path.empty() ? "<config text>" : path);
   if (!config.ok()) Raise(config.status());

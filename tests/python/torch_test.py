@@ -144,6 +144,8 @@ class TorchTest(unittest.TestCase):
                                    capture_output=True, text=True)
             self.assertEqual(local.returncode, 1)
             self.assertIn('segment "net" is declared by its tensors: its workers are Python processes', local.stderr)
+            with self.assertRaisesRegex(segps.Error, r"INVALID_ARGUMENT: no job config: give its file \(config\)"):
+                segps.Client()
             with self.assertRaisesRegex(segps.Error, "cluster.num_servers: must be >= 1"):
                 segps.check_config(text='model { segments { name: "a" tensors { name: "w" shape: 2 } } }')
             with self.assertRaisesRegex(segps.Error, r"tensors\[0\].shape: .*dimensions must be > 0"):
