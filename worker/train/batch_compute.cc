@@ -212,10 +212,10 @@ absl::Status BatchCompute::Fetch(uint64_t clock) {
   }
   if (!fetched.ok()) return fetched;
   // The next batch's rows travel while this one computes, where the bound
-  // allows it (at staleness 0 they need this step's push).
-  const std::optional<Range> next = clock + 1 < schedule_.total_steps ? RowsOf(clock + 1) : std::nullopt;
-  if (StalenessOf(config_, options_.segment) != 0 && next.has_value()) {
-    CollectRows(clock + 1, *next, next_rows_.get());
+  // allows it (at staleness 0 they need this step's push) and the batch is
+  // known (a balanced segment's shares of the next clock may still change).
+  if (StalenessOf(config_, options_.segment) != 0 && !balanced_ && clock + 1 < schedule_.total_steps) {
+    CollectRows(clock + 1, *RowsOf(clock + 1), next_rows_.get());
     next_clock_ = clock + 1;
     next_pull_ = client_->StartPullRows(options_.segment, clock + 1, next_rows_->ids(), next_rows_->mutable_values());
   }
