@@ -476,7 +476,23 @@ for tag in 1x1 2x2; do
     unavailable $name 1.5
   fi
 done
-unavailable ctr_samples_vs_pytorch 1.0
+# deploy/configs/ctr.pbtxt as shipped (2 workers a segment, staleness 1)
+# beside PyTorch alone on the same data (tests/python/ctr_reference.py);
+# training samples/s of the ctr segment's workers, as train_sps counts them.
+if $py -c "import torch" 2> /dev/null; then
+  $bin/segps-local --config deploy/configs/ctr.pbtxt --fresh --verbose --no_checkpoints \
+    --report "$out/ctr_report.json" > "$out/ctr.txt" 2>&1 || true
+  grep ' ctr: done' "$out/ctr.txt" > "$out/ctr_done.txt" || true
+  ctr_sps=$(train_sps "$out/ctr_done.txt")
+  $bin/segps-data --config deploy/configs/ctr.pbtxt --out "$out/ctr_data" > /dev/null
+  $py tests/python/ctr_reference.py "$out/ctr_data" > "$out/ctr_torch.txt"
+  torch_sps=$(sed -n 's/.*, \([0-9]*\) samples\/s$/\1/p' "$out/ctr_torch.txt")
+  echo "ctr (2 workers a segment, staleness 1), training samples/s: segps $ctr_sps, pytorch alone $torch_sps ($(cat "$out/ctr_torch.txt"))"
+  target ctr_samples_vs_pytorch "$(div "$ctr_sps" "$torch_sps")" 1.0
+else
+  echo "ctr beside pytorch: no torch for $py (apt-get install python3-torch)"
+  unavailable ctr_samples_vs_pytorch 1.0
+fi
 
 echo "== 13. from Python (segps.torch): a step beside segps-worker's on the same model, and the Fashion-MNIST CNN beside PyTorch alone"
 if PYTHONPATH=build/python $py -c "import segps.torch" 2> /dev/null; then

@@ -646,8 +646,12 @@ absl::Status ExportNpy(const Dataset& data, const std::string& dir, const std::s
   }
   SEGPS_RETURN_IF_ERROR(WriteNpy(dir + "/" + name + "_x.npy", "<f4", x->data(), x->size() * sizeof(float),
                                  {data.size(), static_cast<uint64_t>(data.width)}));
-  return WriteNpy(dir + "/" + name + "_y.npy", "<i4", data.y.data(), data.y.size() * sizeof(int32_t),
-                  {data.size()});
+  SEGPS_RETURN_IF_ERROR(WriteNpy(dir + "/" + name + "_y.npy", "<i4", data.y.data(), data.y.size() * sizeof(int32_t),
+                                 {data.size()}));
+  if (data.fields == 0) return absl::OkStatus();
+  // Categorical ids as int64, as data.train_ids takes them back.
+  return WriteNpy(dir + "/" + name + "_ids.npy", "<i8", data.ids.data(), data.ids.size() * sizeof(uint64_t),
+                  {data.size(), static_cast<uint64_t>(data.fields)});
 }
 
 absl::Status WriteNpyFloat32(const std::string& path, const float* data,

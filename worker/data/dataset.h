@@ -128,7 +128,8 @@ void GatherBatch(const Dataset& data, const std::vector<uint32_t>& order, size_t
 // Their ids, [rows x fields], into `ids`.
 void GatherIds(const Dataset& data, const std::vector<uint32_t>& order, size_t begin, size_t rows, uint64_t* ids);
 
-// Writes a dataset as NAME_x.npy (float32 [n, width]) and NAME_y.npy (int32 [n]) in `dir`.
+// Writes a dataset as NAME_x.npy (float32 [n, width]), NAME_y.npy (int32 [n])
+// and, with categorical ids, NAME_ids.npy (int64 [n, fields]) in `dir`.
 absl::Status ExportNpy(const Dataset& data, const std::string& dir, const std::string& name);
 
 // Writes a float32 vector as a 1-D .npy file.

@@ -12,7 +12,8 @@
 #include "worker/data/dataset.h"
 
 ABSL_FLAG(std::string, config, "", "Job config file (*.pbtxt). Required.");
-ABSL_FLAG(std::string, out, ".", "Directory for train_x.npy, train_y.npy, test_x.npy, test_y.npy.");
+ABSL_FLAG(std::string, out, ".",
+          "Directory for train_x.npy, train_y.npy, test_x.npy, test_y.npy (and train_ids.npy, test_ids.npy with ids).");
 
 int main(int argc, char** argv) {
   segps::ParseCommandLine(
