@@ -1,12 +1,14 @@
 // The Python binding of the C++ client (worker/client/segment_session.h):
 // segps._segps.Session, pulling into and pushing from NumPy float32
 // arrays, and the config checks. The GIL is released while a call waits on
-// the servers, so other Python threads (a data loader) run meanwhile.
+// the servers, so other Python threads (a data loader) run meanwhile; calls
+// on one session from several threads take turns.
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -75,6 +77,7 @@ class Session {
     absl::StatusOr<uint64_t> at;
     {
       py::gil_scoped_release release;
+      std::lock_guard<std::mutex> one_at_a_time(mu_);
       at = session_->Pull(absl::MakeSpan(data, n));
     }
     if (!at.ok()) Raise(at.status());
@@ -87,6 +90,7 @@ class Session {
     absl::Status pushed;
     {
       py::gil_scoped_release release;
+      std::lock_guard<std::mutex> one_at_a_time(mu_);
       pushed = session_->Push(absl::MakeConstSpan(data, n));
     }
     Check(pushed);
@@ -96,6 +100,7 @@ class Session {
     absl::Status closed;
     {
       py::gil_scoped_release release;
+      std::lock_guard<std::mutex> one_at_a_time(mu_);
       closed = session_->Close();
     }
     Check(closed);
@@ -117,6 +122,8 @@ class Session {
   const segps::SegmentSession& get() const { return *session_; }
 
  private:
+  // The session takes one call at a time; Python threads may share it.
+  std::mutex mu_;
   std::unique_ptr<segps::SegmentSession> session_;
 };
 
