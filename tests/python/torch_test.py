@@ -31,6 +31,20 @@ def cnn():
                                torch.nn.Linear(4 * 6 * 6, 3))
 
 
+def gradient(model, x, y, set_to_none=False):
+    """The cross-entropy gradient of one batch, in the module's .grad."""
+    model.zero_grad(set_to_none=set_to_none)
+    torch.nn.functional.cross_entropy(model(x), y).backward()
+
+
+def train(ps, model, data):
+    """One step a batch: pull, gradient, push."""
+    for x, y in data:
+        ps.pull()
+        gradient(model, x, y)
+        ps.push()
+
+
 def batches(count, shape, seed):
     generator = torch.Generator().manual_seed(seed)
     return [(torch.randn(16, *shape, generator=generator), torch.randint(0, 3, (16,), generator=generator))
@@ -67,11 +81,9 @@ class TorchTest(unittest.TestCase):
                 for x, y in batches(25, shape, seed=5):
                     # The MLP's gradients accumulate in the push buffer; the CNN's are
                     # set to None, so backward makes new ones and push copies them in.
-                    model.zero_grad(set_to_none=make is cnn)
-                    torch.nn.functional.cross_entropy(model(x), y).backward()
+                    gradient(model, x, y, set_to_none=make is cnn)
                     ps.push()
-                    optimizer.zero_grad()
-                    torch.nn.functional.cross_entropy(alone(x), y).backward()
+                    gradient(alone, x, y)
                     optimizer.step()
                     ps.pull()
                     for (name, held), mine in zip(model.named_parameters(), alone.parameters()):
@@ -169,11 +181,7 @@ class TorchTest(unittest.TestCase):
                                     "--segment", "dense", "--servers", ",".join(servers.addresses)],
                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
             ps = segps.torch.ParameterServers(model, config, servers.addresses, segment="torch", rank=0)
-            for x, y in batches(40, (12,), seed=2):
-                ps.pull()
-                model.zero_grad()
-                torch.nn.functional.cross_entropy(model(x), y).backward()
-                ps.push()
+            train(ps, model, batches(40, (12,), seed=2))
             ps.close()
             output = cpp.communicate(timeout=120)[0]
             self.assertEqual(cpp.returncode, 0, output)
@@ -200,11 +208,7 @@ class TorchTest(unittest.TestCase):
         with segps.local.Servers(config, 2, server_args=server_args) as servers:
             ps = segps.torch.ParameterServers(model, config, servers.addresses, rank=0,
                                               token_file=path("worker.token"), **tls)
-            for x, y in batches(5, (12,), seed=4):
-                ps.pull()
-                model.zero_grad()
-                torch.nn.functional.cross_entropy(model(x), y).backward()
-                ps.push()
+            train(ps, model, batches(5, (12,), seed=4))
             ps.close()
             self.assertEqual(ps.client.steps, 5)
             reader = segps.Client(config, servers.addresses, rank=None, token_file=path("reader.token"), **tls)
@@ -225,9 +229,7 @@ class TorchTest(unittest.TestCase):
             ps = segps.torch.ParameterServers(model, config, servers.addresses, rank=0)
             data = batches(4, (12,), seed=9)
             while ps.pull() < 30:
-                x, y = data[ps.client.clock % len(data)]
-                model.zero_grad()
-                torch.nn.functional.cross_entropy(model(x), y).backward()
+                gradient(model, *data[ps.client.clock % len(data)])
                 ps.push()
                 if ps.client.clock == kill_at and ps.client.recoveries == 0:
                     servers.kill(1)
