@@ -105,8 +105,9 @@ class ParameterServers:
                  **client_args) -> None:
         self._client = Client(config, servers, segment, rank, **client_args)
         self._params = [p for _, p in model.named_parameters()]
+        declared = self._client.tensors()
         try:
-            self._check(model)
+            self._check(model, declared)
         except ValueError:
             self._client.close()  # leaves at once, rather than when collected
             raise
@@ -115,7 +116,7 @@ class ParameterServers:
         flat, self._grad_t = torch.from_numpy(self._flat), torch.from_numpy(self._grad)
         self._grad_views = []
         with torch.no_grad():
-            for p, (_, _, offset) in zip(self._params, self._client.tensors()):
+            for p, (_, _, offset) in zip(self._params, declared):
                 view = flat[offset:offset + p.numel()].view(p.shape)
                 view.copy_(p.data)
                 p.data = view
@@ -124,8 +125,7 @@ class ParameterServers:
                 p.grad = self._grad_t[offset:offset + p.numel()].view(p.shape)
                 self._grad_views.append(p.grad)
 
-    def _check(self, model: torch.nn.Module) -> None:
-        declared = self._client.tensors()
+    def _check(self, model: torch.nn.Module, declared) -> None:
         names = [n for n, _ in model.named_parameters()]
         if len(names) != len(declared):
             raise ValueError("segment %s declares %d tensors; the module has %d parameters"
