@@ -22,6 +22,7 @@
 #include "server/grpc_service.h"
 #include "server/listener_watch.h"
 #include "server/parameter_server.h"
+#include "server/region_listener.h"
 
 ABSL_FLAG(std::string, config, "", "Job config file (*.pbtxt). Required.");
 ABSL_FLAG(int32_t, index, -1, "This server's index in [0, cluster.num_servers). Required.");
@@ -144,6 +145,24 @@ void RaiseDescriptorLimit() {
   }
 }
 
+// The socket workers of this host hand their shared regions over on
+// (cluster.shared_memory); null where it is off or could not start (their
+// tensors then go over TCP).
+std::unique_ptr<segps::RegionListener> StartRegionListener(segps::ParameterServer* server) {
+  if (!segps::SharedMemoryOn(server->config().cluster())) return nullptr;
+  absl::StatusOr<std::unique_ptr<segps::RegionListener>> listener = segps::RegionListener::Start(
+      [server](const segps::v1::RegionOffer& offer, std::shared_ptr<segps::SharedRegion> region) {
+        return server->AttachRegion(offer, std::move(region));
+      },
+      segps::RegionBytesFor(server->shard_map()));
+  if (!listener.ok()) {
+    SEGPS_LOG_WARNING << "shared memory is off on this server: " << listener.status().message();
+    return nullptr;
+  }
+  server->OfferRegions((*listener)->name());
+  return *std::move(listener);
+}
+
 // Serves until SIGTERM or SIGINT; the exit code.
 int Serve(const Settings& s) {
   // Block the shutdown signals before gRPC starts its threads, so that only
@@ -172,6 +191,7 @@ int Serve(const Settings& s) {
                                       .authenticated = !security->tokens.empty(),
                                       .state_key = security->state_key});
   if (!server.ok()) return Fail(server.status());
+  const std::unique_ptr<segps::RegionListener> regions = StartRegionListener(server->get());
   absl::StatusOr<std::unique_ptr<segps::RunningServer>> running =
       segps::StartGrpcServer(server->get(), s.listen, s.handler_threads);
   if (!running.ok()) return Fail(running.status());

@@ -123,6 +123,7 @@ absl::StatusOr<std::unique_ptr<ParameterServer>> ParameterServer::Create(const v
   server->rejected_ = std::make_unique<std::atomic<uint64_t>[]>(segments + 1);
   server->push_bytes_ = std::make_unique<std::atomic<uint64_t>[]>(segments);
   server->pull_bytes_ = std::make_unique<std::atomic<uint64_t>[]>(segments);
+  server->region_bytes_ = std::make_unique<std::atomic<uint64_t>[]>(segments);
   for (int k = 0; k < segments; ++k) SEGPS_RETURN_IF_ERROR(server->AddShard(k));
   server->StartThreads(server_options.tick);
   return server;
@@ -249,8 +250,10 @@ void ParameterServer::Pull(const v1::PullRequest& request, absl::Time deadline, 
     return std::move(done)(Reject(request.segment(), absl::InvalidArgumentError(
         "Pull: a reader pull has worker_id 0 and a worker pull has its registered worker_id")));
   }
+  std::shared_ptr<SharedRegion> region;
   if (!request.reader()) {
-    absl::Status known = CheckRegistration(request.worker_id(), request.registration_secret(), caller, "Pull");
+    absl::Status known =
+        CheckRegistration(request.worker_id(), request.registration_secret(), caller, "Pull", std::nullopt, &region);
     if (!known.ok()) return std::move(done)(Reject(request.segment(), std::move(known)));
   }
   const Range range = map_.range(request.segment(), index_);
@@ -271,6 +274,12 @@ void ParameterServer::Pull(const v1::PullRequest& request, absl::Time deadline, 
         "Pull: dtype ", static_cast<int>(dtype), " (", v1::DType_Name(dtype),
         ") is not supported; ask for FLOAT32, BFLOAT16 or FLOAT16"))));
   }
+  std::optional<uint64_t> region_offset;
+  if (request.has_reply_region_offset()) region_offset = request.reply_region_offset();
+  if (absl::Status in_region = ReplyInRegion(region_offset, chunk.count * DTypeBytes(dtype), region, "Pull", &read);
+      !in_region.ok()) {
+    return std::move(done)(Reject(request.segment(), std::move(in_region)));
+  }
   ReadRows read_rows;
   size_t row_bytes = 0;  // ids and values of the rows read
   if (request.rows_size() > 0) {
@@ -287,8 +296,8 @@ void ParameterServer::Pull(const v1::PullRequest& request, absl::Time deadline, 
   (*shard)->Pull(
       request.worker_id(), clock, chunk.offset - range.offset, chunk.count, deadline,
       [read = std::move(read), dtype](absl::Span<const float> values) mutable { read(values, dtype); },
-      [this, response, done = std::move(done), start, segment, clock, reader, chunk, dtype,
-       row_bytes](absl::StatusOr<PullResult> result) mutable {
+      [this, response, done = std::move(done), start, segment, clock, reader, chunk, dtype, row_bytes,
+       region_offset](absl::StatusOr<PullResult> result) mutable {
         if (!result.ok()) {
           // Moved, not copied: the status's text is read by the caller's thread.
           absl::Status failed = std::move(result).status();
@@ -299,7 +308,7 @@ void ParameterServer::Pull(const v1::PullRequest& request, absl::Time deadline, 
         response->set_updates(result->updates);
         response->set_incarnation(incarnation_);
         if (result->plan.has_value()) *response->mutable_plan() = *std::move(result->plan);
-        FillValues(chunk, dtype, response->mutable_values());
+        FillValues(segment, chunk, dtype, region_offset, response->mutable_values());
         ObservePull(segment, start, chunk.count * DTypeBytes(dtype) + row_bytes,
                     reader || clock <= result->clock ? 0 : clock - result->clock, result->blocked);
         std::move(done)(absl::OkStatus());
@@ -346,10 +355,14 @@ absl::Status ParameterServer::RowReader(const v1::PullRequest& request, v1::Pull
   return absl::OkStatus();
 }
 
-void ParameterServer::FillValues(Range chunk, v1::DType dtype, v1::TensorSlice* values) {
+void ParameterServer::FillValues(uint32_t segment, Range chunk, v1::DType dtype,
+                                 std::optional<uint64_t> region_offset, v1::TensorSlice* values) {
   values->set_offset(chunk.offset);
   values->set_count(chunk.count);
   values->set_dtype(dtype);
+  if (!region_offset.has_value()) return;
+  values->set_region_offset(*region_offset);
+  region_bytes_[segment].fetch_add(chunk.count * DTypeBytes(dtype), std::memory_order_relaxed);
 }
 
 void ParameterServer::ObservePull(uint32_t segment, absl::Time start, size_t bytes, uint64_t staleness,
@@ -400,15 +413,15 @@ void ParameterServer::Push(const v1::PushRequest& request, Payload data, absl::T
                            v1::PushResponse* response, Done done, const std::string& caller) {
   absl::StatusOr<SegmentShard*> shard = ShardFor(request.segment(), "Push");
   if (!shard.ok()) return std::move(done)(Reject(request.segment(), shard.status()));
-  absl::Status known = CheckRegistration(request.worker_id(), request.registration_secret(), caller, "Push");
+  std::shared_ptr<SharedRegion> region;
+  absl::Status known =
+      CheckRegistration(request.worker_id(), request.registration_secret(), caller, "Push", std::nullopt, &region);
   if (!known.ok()) return std::move(done)(Reject(request.segment(), std::move(known)));
   const Range range = map_.range(request.segment(), index_);
   const v1::TensorSlice& gradient = request.gradient();
-  absl::Status valid = ValidateTensorSlice(gradient, data.size(), range.offset, range.count, "Push gradient");
+  std::optional<uint64_t> region_offset;
+  absl::Status valid = PushTensors(request, range, region, &data, &read, &region_offset);
   if (!valid.ok()) return std::move(done)(Reject(request.segment(), valid));
-  if (gradient.count() == 0 && range.count > 0) {
-    return std::move(done)(Reject(request.segment(), absl::InvalidArgumentError("Push gradient: empty chunk")));
-  }
   // The gradient's bytes and the view of them stay where they are until the push completes.
   struct Gradient {
     Gradient(const v1::TensorSlice& slice, Payload bytes) : data(std::move(bytes)), view(slice, data) {}
@@ -439,8 +452,9 @@ void ParameterServer::Push(const v1::PushRequest& request, Payload data, absl::T
   const std::vector<RowGradients>* rows = grad->rows.empty() ? nullptr : &grad->rows;
   (*shard)->Push(
       request.worker_id(), clock, chunk.offset - range.offset, view, deadline, std::move(pull_read),
-      [this, response, done = std::move(done), grad = std::move(grad), start, segment, clock, chunk, dtype,
-       bytes](absl::StatusOr<PushResult> result) mutable {
+      [this, response, done = std::move(done), grad = std::move(grad), start, segment, clock, chunk, dtype, bytes,
+       region_offset, in_region = gradient.has_region_offset()](absl::StatusOr<PushResult> result) mutable {
+        if (in_region) region_bytes_[segment].fetch_add(grad->data.size(), std::memory_order_relaxed);
         grad.reset();  // the shard is done with it
         if (!result.ok()) {
           // Moved, not copied: the status's text is read by the caller's thread.
@@ -466,7 +480,7 @@ void ParameterServer::Push(const v1::PushRequest& request, Payload data, absl::T
           response->set_clock(pulled.clock);
           response->set_updates(pulled.updates);
           if (pulled.plan.has_value()) *response->mutable_plan() = *pulled.plan;
-          FillValues(chunk, dtype, response->mutable_values());
+          FillValues(segment, chunk, dtype, region_offset, response->mutable_values());
           ObservePull(segment, start, chunk.count * DTypeBytes(dtype),
                       clock + 1 <= pulled.clock ? 0 : clock + 1 - pulled.clock, pulled.blocked);
         }
@@ -520,6 +534,7 @@ void ParameterServer::Stats(v1::StatsResponse* response) {
     stats->set_rejected(rejected_[k].load(std::memory_order_relaxed));
     stats->set_push_bytes(push_bytes_[k].load(std::memory_order_relaxed));
     stats->set_pull_bytes(pull_bytes_[k].load(std::memory_order_relaxed));
+    stats->set_region_bytes(region_bytes_[k].load(std::memory_order_relaxed));
     if (store_ != nullptr) {
       for (uint64_t clock : store_->Clocks(static_cast<int>(k))) stats->add_checkpoint_clocks(clock);
     }

@@ -22,6 +22,7 @@
 #include "absl/time/time.h"
 #include "common/clock.h"
 #include "common/shard_map.h"
+#include "common/shared_region.h"
 #include "common/sync.h"
 #include "common/tensor_wire.h"
 #include "segps/v1/config.pb.h"
@@ -108,6 +109,14 @@ class ParameterServer {
   absl::Status Rollback(const v1::RollbackRequest& request, v1::RollbackResponse* response,
                         const std::string& caller = "");
 
+  // Same-host shared memory (cluster.shared_memory): from now on a
+  // Register from this host names `socket` (a RegionListener's), and
+  // AttachRegion gives the registration an offer names its region: later
+  // tensors of its calls may lie there (TensorSlice.region_offset). Call
+  // before serving.
+  void OfferRegions(std::string socket);
+  absl::Status AttachRegion(const v1::RegionOffer& offer, std::shared_ptr<SharedRegion> region);
+
   // Writes the checkpoints cut so far (tests; shutdown).
   void FlushCheckpoints();
 
@@ -164,7 +173,10 @@ class ParameterServer {
   // What a push says beside its gradient, once its values (`scanned`) and
   // its sample count are checked: an error that names what is wrong.
   absl::StatusOr<PushInfo> CheckPush(const v1::PushRequest& request, const DenseView::Values& scanned) const;
-  static void FillValues(Range chunk, v1::DType dtype, v1::TensorSlice* values);
+  // A reply's values slice: where the values lie in the caller's region,
+  // if they do (counted in region_bytes_).
+  void FillValues(uint32_t segment, Range chunk, v1::DType dtype, std::optional<uint64_t> region_offset,
+                  v1::TensorSlice* values);
   // A push's embedding rows (none: `rows` stays empty), checked.
   absl::Status PushedRows(const v1::PushRequest& request, Range range, std::vector<RowGradients>* rows) const;
   // A pull's embedding rows, checked: what reads them into `response`
@@ -188,20 +200,40 @@ class ParameterServer {
   RowBudget row_budget_{config_.cluster().embedding_rows_budget()};  // outlives the shards
   std::vector<std::unique_ptr<SegmentShard>> shards_;
   // Per segment (rejected_: one more, for unknown segments).
-  std::unique_ptr<std::atomic<uint64_t>[]> rejected_, push_bytes_, pull_bytes_;
+  std::unique_ptr<std::atomic<uint64_t>[]> rejected_, push_bytes_, pull_bytes_, region_bytes_;
   std::atomic<uint64_t> next_worker_id_{1};
   // OK when `secret` is the one worker `id` was registered with; else
   // NOT_FOUND naming `call`, whether the id is unknown or the secret wrong.
   // `segment`, when given, must be the registration's, and `caller` the
   // one that made it.
+  // `region`, when given, gets the registration's shared region (null: none).
   absl::Status CheckRegistration(uint64_t id, const std::string& secret, const std::string& caller, const char* call,
-                                 std::optional<uint32_t> segment = std::nullopt);
+                                 std::optional<uint32_t> segment = std::nullopt,
+                                 std::shared_ptr<SharedRegion>* region = nullptr);
+  // A push's gradient bytes in the caller's shared region, where it put
+  // them there (`data` then empty), checked against the region.
+  static absl::Status GradientInRegion(const v1::TensorSlice& gradient, const std::shared_ptr<SharedRegion>& region,
+                                       Payload* data);
+  // Where a reply asked for its values in the caller's region
+  // (`reply_offset`), `read` writes them there instead: `bytes` of them,
+  // checked against the region first.
+  // A push's tensors: its gradient's bytes (`data`, taken from the region
+  // where the request put them there) checked against this server's
+  // `range`, and where its pulled values go (`read`, into the region at
+  // `reply_offset` where the request asked).
+  static absl::Status PushTensors(const v1::PushRequest& request, Range range,
+                                  const std::shared_ptr<SharedRegion>& region, Payload* data, ReadValues* read,
+                                  std::optional<uint64_t>* reply_offset);
+  static absl::Status ReplyInRegion(std::optional<uint64_t> reply_offset, size_t bytes,
+                                    const std::shared_ptr<SharedRegion>& region, const char* call, ReadValues* read);
   void ForgetRegistrations(const std::vector<uint64_t>& ids);
   struct Secret {
     std::string bytes;
     uint32_t segment = 0;
     std::string caller;  // who registered it
+    std::shared_ptr<SharedRegion> region;  // its shared region, if it handed one over
   };
+  std::string region_socket_, host_;  // set by OfferRegions
   Mutex secrets_mu_;
   std::unordered_map<uint64_t, Secret> secrets_ ABSL_GUARDED_BY(secrets_mu_);
   // When each segment was last rolled back here: one rollback a segment

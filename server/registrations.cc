@@ -117,8 +117,11 @@ absl::Status ParameterServer::Register(const v1::RegisterRequest& request, v1::R
   response->set_lease_ms(config_.cluster().lease_ms());
   response->set_rank(rank);
   response->set_registration_secret(secret);
+  if (!region_socket_.empty() && !request.host().empty() && request.host() == host_) {
+    response->set_region_socket(region_socket_);
+  }
   MutexLock lock(&secrets_mu_);
-  secrets_[id] = {std::move(secret), request.segment(), caller};
+  secrets_[id] = {std::move(secret), request.segment(), caller, nullptr};
   return absl::OkStatus();
 }
 
@@ -188,7 +191,8 @@ void ParameterServer::ForgetRegistrations(const std::vector<uint64_t>& ids) {
 }
 
 absl::Status ParameterServer::CheckRegistration(uint64_t id, const std::string& secret, const std::string& caller,
-                                                const char* call, std::optional<uint32_t> segment) {
+                                                const char* call, std::optional<uint32_t> segment,
+                                                std::shared_ptr<SharedRegion>* region) {
   Secret expected;
   {
     MutexLock lock(&secrets_mu_);
@@ -198,6 +202,7 @@ absl::Status ParameterServer::CheckRegistration(uint64_t id, const std::string& 
   // Compared in constant time: the secret is what names the registration.
   if (!expected.bytes.empty() && ConstantTimeEqual(expected.bytes, secret) && caller == expected.caller &&
       (!segment.has_value() || *segment == expected.segment)) {
+    if (region != nullptr) *region = std::move(expected.region);
     return absl::OkStatus();
   }
   return absl::NotFoundError(absl::StrCat(call, ": no registration of worker ", id,

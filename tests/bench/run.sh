@@ -90,6 +90,29 @@ for i in 1 2 3; do
 done
 echo "4 MB round, 1 server 1 worker, medians of 3 alternating runs: plaintext $(median_of "$out/tls_plain.txt") GB/s, mutual TLS with tokens $(median_of "$out/tls_tls.txt") GB/s"
 target tls_4mb_vs_plaintext "$(div "$(median_of "$out/tls_tls.txt")" "$(median_of "$out/tls_plain.txt")")" 0.8
+# The same 4 MB round through a shared region (cluster.shared_memory: worker
+# and server on one host), alternating with TCP, against ps-lite's rounds
+# measured above and memcpy's bandwidth (the membw peer, read + write counted).
+for i in 1 2 3; do
+  for mode in tcp shm; do
+    $bin/segps-bench-transport --sizes_mb 4 --servers 1 --workers 1 --seconds "$secs" \
+      --shared_memory="$([ $mode = shm ] && echo true || echo false)" |
+      sed -n 's/^RESULT transport_4mb_gbps //p' >> "$out/shm_$mode.txt"
+  done
+done
+memcpy=""
+if [ -f "$peers/membw.c" ] && gcc -O3 -march=native -o "$out/membw" "$peers/membw.c" 2> /dev/null; then
+  "$out/membw" > "$out/membw.txt"
+  memcpy=$(sed -n 's/.*, \([0-9.]*\) GB\/s counting read+write.*/\1/p' "$out/membw.txt")
+fi
+shm=$(median_of "$out/shm_shm.txt")
+echo "4 MB round, 1 server 1 worker, medians of 3 alternating runs: through shared memory $shm GB/s, over TCP $(median_of "$out/shm_tcp.txt") GB/s; memcpy ${memcpy:-n/a} GB/s (read + write)"
+if [ -s "$out/peer_1x1_4mb.txt" ]; then
+  target transport_4mb_shm_vs_pslite "$(div "$shm" "$(median_of "$out/peer_1x1_4mb.txt")")" 2.0
+else
+  unavailable transport_4mb_shm_vs_pslite 2.0
+fi
+if [ -n "$memcpy" ]; then target transport_4mb_shm_vs_memcpy "$(div "$shm" "$memcpy")" 0.3; else unavailable transport_4mb_shm_vs_memcpy 0.3; fi
 
 echo "== 2. server apply: optimizer updates per second, on one core and on every core, against their traffic's memory bound"
 if [ $quick = 1 ]; then apply_sizes=1,16; else apply_sizes=1,4,16,64; fi

@@ -48,6 +48,8 @@ ABSL_FLAG(bool, echo_server, false, "Internal: serve the echo service and print 
 ABSL_FLAG(double, compute_ms, 0,
           "Busy time between a worker's rounds, as a training step's compute (0: back to back)");
 ABSL_FLAG(double, chunk_mb, 0, "cluster.chunk_bytes in MB (0: the default)");
+ABSL_FLAG(bool, shared_memory, false,
+          "cluster.shared_memory: tensor bytes through a shared region (same host); off: over TCP");
 ABSL_FLAG(bool, tls, false,
           "Run the cluster over mutual TLS with bearer tokens (certificates from deploy/make-certs.sh)");
 ABSL_FLAG(std::string, wire_dtype, "FLOAT32",
@@ -203,13 +205,13 @@ std::string ConfigText(size_t floats, int servers, int workers, bool adam) {
   const uint64_t max_message = std::max<uint64_t>(256ull << 20, floats * 4 / servers + (16 << 20));
   const uint64_t chunk = static_cast<uint64_t>(absl::GetFlag(FLAGS_chunk_mb) * (1 << 20));
   return absl::StrFormat(R"pb(
-    cluster { num_servers: %d lease_ms: 600000 pull_wait_ms: 600000 rpc_deadline_ms: 600000 max_message_bytes: %d chunk_bytes: %d wire_dtype: %s }
+    cluster { num_servers: %d lease_ms: 600000 pull_wait_ms: 600000 rpc_deadline_ms: 600000 max_message_bytes: %d chunk_bytes: %d wire_dtype: %s shared_memory: %s }
     model { input_width: %d num_classes: 10 segments { name: "s" layers { units: 10 activation: SOFTMAX } } }
     optimizer { kind: %s learning_rate: 1e-9 }
     training { staleness: -1 workers_per_segment: %d }
     data { source: SYNTHETIC_SEED train_samples: 1 test_samples: 1 }
   )pb", servers, std::min<uint64_t>(max_message, (1ull << 31) - 1), chunk,
-                         absl::GetFlag(FLAGS_wire_dtype), width, adam ? "ADAM" : "SGD", workers);
+                         absl::GetFlag(FLAGS_wire_dtype), absl::GetFlag(FLAGS_shared_memory) ? "true" : "false", width, adam ? "ADAM" : "SGD", workers);
 }
 
 struct Cluster {

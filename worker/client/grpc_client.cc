@@ -8,7 +8,10 @@
 // (common/tensor_wire_grpc.h): a gradient is copied once, into the buffer gRPC
 // sends from, and pulled values once, from the received slices into the
 // caller's tensor. Ranges larger than cluster.chunk_bytes go in consecutive
-// chunks, at most two unanswered per server, all servers at once.
+// chunks, at most two unanswered per server, all servers at once. To a
+// server on this host that took the client's shared region
+// (client/region_arena.h), a gradient is encoded into the region and values
+// land there: the messages carry offsets, not bytes.
 #include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
 
@@ -27,11 +30,13 @@
 #include "common/grpc_status.h"
 #include "common/log.h"
 #include "common/security.h"
+#include "common/shared_region.h"
 #include "common/status_macros.h"
 #include "common/sync.h"
 #include "common/tensor_wire_grpc.h"
 #include "segps/v1/parameter_server.grpc.pb.h"
 #include "worker/client/completion_loop.h"
+#include "worker/client/grpc_membership.h"
 #include "worker/client/membership.h"
 #include "worker/client/ps_client.h"
 #include "worker/client/request_streams.h"
@@ -59,15 +64,6 @@ std::vector<Range> Chunks(Range range, uint64_t elements) {
   return chunks;
 }
 
-// Sleeps out the backoff's next wait; false, without sleeping, when the
-// budget has run out. No lock is held here.
-bool SleepBeforeRetry(Backoff* backoff) {
-  const std::optional<absl::Duration> wait = backoff->Next();
-  if (!wait.has_value()) return false;
-  absl::SleepFor(*wait);
-  return true;
-}
-
 // `bytes`, a part of the push's values, as a slice gRPC sends from without
 // copying: it holds the push's storage until gRPC lets go of it.
 grpc::Slice SliceOf(const EncodedPush& push, absl::string_view bytes) {
@@ -75,42 +71,6 @@ grpc::Slice SliceOf(const EncodedPush& push, absl::string_view bytes) {
                      [](void* owner) { delete static_cast<std::shared_ptr<const char>*>(owner); },
                      new std::shared_ptr<const char>(push.storage));
 }
-
-// Registration's calls to one server over gRPC: each retried with backoff
-// within four RPC deadlines while the server is unreachable or starting.
-class GrpcMembershipStub final : public MembershipStub {
- public:
-  GrpcMembershipStub(v1::ParameterServer::Stub* stub, size_t index, std::string address, absl::Duration deadline)
-      : stub_(stub), index_(index), address_(std::move(address)), deadline_(deadline) {}
-
-  absl::Status Register(const v1::RegisterRequest& request, v1::RegisterResponse* response) override {
-    return WithRetries([&](grpc::ClientContext* context) {
-      context->set_wait_for_ready(true);  // servers may still be starting
-      return stub_->Register(context, request, response);
-    });
-  }
-  absl::Status Rollback(const v1::RollbackRequest& request, v1::RollbackResponse* response) override {
-    return WithRetries([&](grpc::ClientContext* context) { return stub_->Rollback(context, request, response); });
-  }
-  std::string Name() const override { return absl::StrCat("server ", index_, " (", address_, ")"); }
-
- private:
-  template <typename F>
-  absl::Status WithRetries(F call) {
-    Backoff backoff(deadline_ * 4);
-    while (true) {
-      grpc::ClientContext context;
-      context.set_deadline(absl::ToChronoTime(absl::Now() + std::min(backoff.left(), deadline_)));
-      const absl::Status status = FromGrpcStatus(call(&context));
-      if (status.ok() || !IsTransient(status) || !SleepBeforeRetry(&backoff)) return status;
-    }
-  }
-
-  v1::ParameterServer::Stub* const stub_;
-  const size_t index_;
-  const std::string address_;
-  const absl::Duration deadline_;
-};
 
 class GrpcClient final : public ParameterClient {
  public:
@@ -120,7 +80,10 @@ class GrpcClient final : public ParameterClient {
         rpc_deadline_(absl::Milliseconds(config.cluster().rpc_deadline_ms())),
         pull_wait_(absl::Milliseconds(config.cluster().pull_wait_ms())),
         dtype_(config.cluster().wire_dtype()),
-        chunk_elements_(config.cluster().chunk_bytes() / DTypeBytes(dtype_)) {
+        chunk_elements_(config.cluster().chunk_bytes() / DTypeBytes(dtype_)),
+        arena_(SharedMemoryOn(config.cluster()) && !SameHostIdentity().empty()
+                   ? RegionArena::Create(RegionBytesFor(map_))
+                   : nullptr) {
     grpc::ChannelArguments args;
     args.SetMaxReceiveMessageSize(static_cast<int>(config.cluster().max_message_bytes()));
     args.SetMaxSendMessageSize(static_cast<int>(config.cluster().max_message_bytes()));
@@ -147,7 +110,7 @@ class GrpcClient final : public ParameterClient {
     std::vector<MembershipStub*> servers;
     for (size_t i = 0; i < stubs_.size(); ++i) {
       membership_stubs_.push_back(
-          std::make_unique<GrpcMembershipStub>(stubs_[i].get(), i, addresses_[i], rpc_deadline_));
+          std::make_unique<GrpcMembershipStub>(stubs_[i].get(), i, addresses_[i], rpc_deadline_, arena_));
       servers.push_back(membership_stubs_.back().get());
     }
     membership_ = std::make_unique<Membership>(std::move(servers), ModelFingerprint(config), map_.fingerprint(),
@@ -207,6 +170,7 @@ class GrpcClient final : public ParameterClient {
     }
     auto exchange = std::make_unique<RequestStreams::Exchange>();
     auto landing = std::make_shared<Landing>(dest, segment);
+    LandInRegion(landing.get());
     for (size_t i = 0; i < stubs_.size(); ++i) {
       const std::vector<Range> cut = Chunks(map_.range(segment, static_cast<uint32_t>(i)), chunk_elements_);
       for (const Range& chunk : cut) {
@@ -218,6 +182,7 @@ class GrpcClient final : public ParameterClient {
           request.set_offset(chunk.offset);
           request.set_count(chunk.count);
         }
+        if (std::optional<uint64_t> at = ReplyOffset(*landing, i, chunk)) request.set_reply_region_offset(*at);
         grpc::Slice bytes(request.SerializeAsString());
         exchange->requests.emplace_back(&bytes, 1);
         exchange->servers.push_back(i);
@@ -300,12 +265,12 @@ class GrpcClient final : public ParameterClient {
   }
 
   std::unique_ptr<EncodedPush> Encode(int segment, uint64_t clock, absl::Span<const float> grad) override {
-    return EncodeDense(map_, dtype_, segment, clock, grad);
+    return EncodeDense(map_, dtype_, segment, clock, grad, Storage());
   }
 
   std::unique_ptr<EncodedPush> EncodeSparse(int segment, uint64_t clock, absl::Span<const uint64_t> indices,
                                             absl::Span<const float> values) override {
-    return segps::EncodeSparse(map_, dtype_, segment, clock, indices, values);
+    return segps::EncodeSparse(map_, dtype_, segment, clock, indices, values, Storage());
   }
 
   Completion<absl::Status> StartSend(std::shared_ptr<const EncodedPush> push) override {
@@ -421,7 +386,33 @@ class GrpcClient final : public ParameterClient {
     int segment;
     std::vector<Range> chunks;
     uint64_t min_clock = UINT64_MAX;
+    // In the shared region: the block the values land in (dest's layout,
+    // elements of the wire dtype), and the push's gradient, if there.
+    std::shared_ptr<char> block;
+    std::shared_ptr<const char> gradient;
   };
+
+  // Whether server i holds this client's region for its registration there.
+  bool InRegion(size_t i) const {
+    return arena_ != nullptr && membership_->worker_id(i) != 0 &&
+           membership_stubs_[i]->region_worker() == membership_->worker_id(i);
+  }
+  // Where pushes' bytes go: the region, where some server takes it.
+  PushStorage Storage() const {
+    for (size_t i = 0; i < stubs_.size(); ++i) {
+      if (InRegion(i)) return [arena = arena_](size_t bytes) { return arena->Allocate(bytes); };
+    }
+    return nullptr;
+  }
+  // A block for `landing`'s values, where some server takes the region.
+  void LandInRegion(Landing* landing) const {
+    if (Storage() != nullptr) landing->block = arena_->Allocate(landing->dest.size() * DTypeBytes(dtype_));
+  }
+  // Where server i writes `chunk`'s values in the region, if it does.
+  std::optional<uint64_t> ReplyOffset(const Landing& landing, size_t i, Range chunk) const {
+    if (landing.block == nullptr || !InRegion(i)) return std::nullopt;
+    return *arena_->OffsetOf(landing.block.get()) + chunk.offset * DTypeBytes(dtype_);
+  }
 
   // Starts `exchange` on `streams`: its replies (Responses) land per
   // `landing` (values in field `field`); the completion comes from its end.
@@ -432,10 +423,18 @@ class GrpcClient final : public ParameterClient {
     const std::vector<size_t> servers = exchange->servers;
     exchange->take = [this, landing, field, servers](size_t j, grpc::ByteBuffer* reply) {
       if (landing->dest.empty()) return absl::OkStatus();
-      return TakeValues<Response>(reply, field, landing->chunks[j], landing->dest, &landing->min_clock,
-                        servers[j] == 0 ? landing->segment : -1);
+      return TakeValues<Response>(reply, field, j, landing.get(), servers[j] == 0 ? landing->segment : -1);
     };
-    exchange->done = [done, landing](absl::Status status) {
+    // A request sent again, or cut off, may still be read or answered by
+    // its server: its region blocks are never reused.
+    auto retire = [arena = arena_, landing] {
+      if (arena == nullptr) return;
+      arena->Retire(landing->block.get());
+      arena->Retire(landing->gradient.get());
+    };
+    exchange->on_resend = retire;
+    exchange->done = [done, landing, retire](absl::Status status) {
+      if (!status.ok()) retire();
       if (status.ok()) {
         done.Set(landing->min_clock);
       } else {
@@ -459,9 +458,11 @@ class GrpcClient final : public ParameterClient {
     }
     auto exchange = std::make_unique<RequestStreams::Exchange>();
     auto landing = std::make_shared<Landing>(pull_into, push->segment);
+    landing->gradient = push->storage;
+    if (pull) LandInRegion(landing.get());
     for (size_t i = 0; i < stubs_.size(); ++i) {
       for (const Range& chunk : Chunks(map_.range(push->segment, static_cast<uint32_t>(i)), chunk_elements_)) {
-        exchange->requests.push_back(PushMessage(*push, i, chunk, pull));
+        exchange->requests.push_back(PushMessage(*push, i, chunk, pull, ReplyOffset(*landing, i, chunk)));
         exchange->servers.push_back(i);
         landing->chunks.push_back(chunk);
       }
@@ -502,14 +503,17 @@ class GrpcClient final : public ParameterClient {
     return absl::OkStatus();
   }
 
-  // The message pushing `chunk` of server i's range.
-  grpc::ByteBuffer PushMessage(const EncodedPush& push, size_t i, Range chunk, bool pull) const {
+  // The message pushing `chunk` of server i's range (and pulling it into
+  // the region at `reply_offset`, if given).
+  grpc::ByteBuffer PushMessage(const EncodedPush& push, size_t i, Range chunk, bool pull,
+                               std::optional<uint64_t> reply_offset) const {
     v1::PushRequest header;
     header.set_segment(push.segment);
     header.set_worker_id(membership_->worker_id(i));
     header.set_registration_secret(membership_->secret(i));
     header.set_clock(push.clock);
     header.set_pull(pull);
+    if (reply_offset.has_value()) header.set_reply_region_offset(*reply_offset);
     if (push.samples.has_value()) header.set_samples(*push.samples);
     header.set_samples_per_second(push.samples_per_second);
     if (i < push.rows.size() && chunk.offset == map_.range(push.segment, static_cast<uint32_t>(i)).offset) {
@@ -522,8 +526,7 @@ class GrpcClient final : public ParameterClient {
     const size_t width = DTypeBytes(push.dtype);
     if (!push.sparse) {
       const size_t begin = (chunk.offset - map_.range(push.segment, static_cast<uint32_t>(i)).offset) * width;
-      return EncodeTensorMessage(header, v1::PushRequest::kGradientFieldNumber, tensor,
-                                 SliceOf(push, push.values[i].substr(begin, chunk.count * width)));
+      return GradientMessage(header, &tensor, push, i, push.values[i].substr(begin, chunk.count * width));
     }
     // The server's entries within the chunk, positions relative to it.
     const auto all = push.indices.begin();
@@ -537,8 +540,17 @@ class GrpcClient final : public ParameterClient {
       std::memcpy(indices->data() + (e - begin) * sizeof(uint32_t), &at, sizeof(at));
     }
     const size_t first = push.server_entries[i];
-    return EncodeTensorMessage(header, v1::PushRequest::kGradientFieldNumber, tensor,
-                               SliceOf(push, push.values[i].substr((begin - first) * width, (end - begin) * width)));
+    return GradientMessage(header, &tensor, push, i, push.values[i].substr((begin - first) * width, (end - begin) * width));
+  }
+
+  // A push's message with `bytes` of its gradient: their place in the
+  // region, where server i takes it and they lie there, else the bytes.
+  grpc::ByteBuffer GradientMessage(const v1::PushRequest& header, v1::TensorSlice* tensor, const EncodedPush& push,
+                                   size_t i, absl::string_view bytes) const {
+    const std::optional<uint64_t> at = InRegion(i) ? arena_->OffsetOf(bytes.data()) : std::nullopt;
+    if (at.has_value()) tensor->set_region_offset(*at);
+    return EncodeTensorMessage(header, v1::PushRequest::kGradientFieldNumber, *tensor,
+                               at.has_value() ? grpc::Slice() : SliceOf(push, bytes));
   }
 
   // Copies the values `reply` (a Response) carries for `chunk` into `dest`
@@ -547,12 +559,23 @@ class GrpcClient final : public ParameterClient {
   // share plan. A float16 reply with non-finite values fails after landing
   // them (the caller stops on it).
   template <typename Response>
-  absl::Status TakeValues(grpc::ByteBuffer* reply, int field, Range chunk, absl::Span<float> dest,
-                          uint64_t* min_clock, int plan_segment) {
+  absl::Status TakeValues(grpc::ByteBuffer* reply, int field, size_t j, Landing* landing, int plan_segment) {
+    const Range chunk = landing->chunks[j];
+    const absl::Span<float> dest = landing->dest;
+    uint64_t* const min_clock = &landing->min_clock;
     Response header;
     v1::TensorSlice tensor;
     Payload values;
     SEGPS_RETURN_IF_ERROR(DecodeTensorMessage(*reply, field, &header, &tensor, &values));
+    if (tensor.has_region_offset()) {
+      // Only where this request asked for them, so within the landing block.
+      const size_t at = chunk.offset * DTypeBytes(dtype_);
+      if (landing->block == nullptr || values.size() != 0 || tensor.dtype() != dtype_ ||
+          tensor.count() != chunk.count || tensor.region_offset() != *arena_->OffsetOf(landing->block.get()) + at) {
+        return absl::InternalError("reply values: not where this request asked for them in the shared region");
+      }
+      values = Payload::Borrow(absl::string_view(landing->block.get() + at, chunk.count * DTypeBytes(dtype_)));
+    }
     SEGPS_RETURN_IF_ERROR(ValidateTensorSlice(tensor, values.size(), chunk.offset, chunk.count, "reply values"));
     if (tensor.offset() != chunk.offset || tensor.count() != chunk.count || tensor.has_indices()) {
       return absl::InternalError(absl::StrCat("reply values: [", tensor.offset(), ", +", tensor.count(),
@@ -645,6 +668,7 @@ class GrpcClient final : public ParameterClient {
   const v1::DType dtype_;        // of tensors on the wire
   const uint64_t chunk_elements_;
   std::vector<std::unique_ptr<v1::ParameterServer::Stub>> stubs_;  // the control calls
+  const std::shared_ptr<RegionArena> arena_;  // null: no shared memory
   CompletionLoop loop_;  // drives the streams; destroyed after them
   std::unique_ptr<RequestStreams> push_streams_, pull_streams_, row_streams_;
   std::vector<std::unique_ptr<GrpcMembershipStub>> membership_stubs_;

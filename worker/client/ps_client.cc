@@ -14,11 +14,18 @@ namespace {
 
 // `values` encoded as `dtype` into one buffer the push holds; values[i]
 // covers elements [cuts[i], cuts[i + 1]).
-void EncodeInto(EncodedPush* push, absl::Span<const float> values, const std::vector<size_t>& cuts) {
+void EncodeInto(EncodedPush* push, absl::Span<const float> values, const std::vector<size_t>& cuts,
+                const PushStorage& allocate) {
   const size_t width = DTypeBytes(push->dtype);
-  // Whole floats: the wire's readers take aligned pieces in place.
-  char* bytes = reinterpret_cast<char*>(new float[(values.size() * width + sizeof(float) - 1) / sizeof(float) + 1]);
-  push->storage = std::shared_ptr<const char>(bytes, [](const char* p) { delete[] reinterpret_cast<const float*>(p); });
+  std::shared_ptr<char> block = allocate ? allocate(values.size() * width) : nullptr;
+  char* bytes = block.get();
+  if (block != nullptr) {
+    push->storage = std::move(block);
+  } else {
+    // Whole floats: the wire's readers take aligned pieces in place.
+    bytes = reinterpret_cast<char*>(new float[(values.size() * width + sizeof(float) - 1) / sizeof(float) + 1]);
+    push->storage = std::shared_ptr<const char>(bytes, [](const char* p) { delete[] reinterpret_cast<const float*>(p); });
+  }
   EncodeValuesTo(values, push->dtype, bytes);
   for (size_t i = 0; i + 1 < cuts.size(); ++i) {
     push->values.emplace_back(bytes + cuts[i] * width, (cuts[i + 1] - cuts[i]) * width);
@@ -93,7 +100,7 @@ std::vector<std::vector<v1::Rows>> RowsByServer(const v1::SegmentConfig& config,
 }
 
 std::unique_ptr<EncodedPush> EncodeDense(const ShardMap& map, v1::DType dtype, int segment, uint64_t clock,
-                                         absl::Span<const float> grad) {
+                                         absl::Span<const float> grad, const PushStorage& allocate) {
   auto push = std::make_unique<EncodedPush>();
   push->segment = segment;
   push->clock = clock;
@@ -101,12 +108,13 @@ std::unique_ptr<EncodedPush> EncodeDense(const ShardMap& map, v1::DType dtype, i
   std::vector<size_t> cuts;
   for (uint32_t i = 0; i < map.num_servers(); ++i) cuts.push_back(map.range(segment, i).offset);
   cuts.push_back(grad.size());
-  EncodeInto(push.get(), grad, cuts);
+  EncodeInto(push.get(), grad, cuts, allocate);
   return push;
 }
 
 std::unique_ptr<EncodedPush> EncodeSparse(const ShardMap& map, v1::DType dtype, int segment, uint64_t clock,
-                                          absl::Span<const uint64_t> indices, absl::Span<const float> values) {
+                                          absl::Span<const uint64_t> indices, absl::Span<const float> values,
+                                          const PushStorage& allocate) {
   auto push = std::make_unique<EncodedPush>();
   push->segment = segment;
   push->clock = clock;
@@ -119,7 +127,7 @@ std::unique_ptr<EncodedPush> EncodeSparse(const ShardMap& map, v1::DType dtype, 
     push->server_entries.push_back(std::lower_bound(indices.begin() + push->server_entries.back(), indices.end(), end) -
                                    indices.begin());
   }
-  EncodeInto(push.get(), values, push->server_entries);
+  EncodeInto(push.get(), values, push->server_entries, allocate);
   return push;
 }
 

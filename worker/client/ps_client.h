@@ -15,6 +15,7 @@
 #define SEGPS_WORKER_CLIENT_PS_CLIENT_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -72,10 +73,14 @@ absl::Status LandRows(const v1::PullResponse& reply, const v1::SegmentConfig& co
 // The gradient `grad` of a segment (segment_size floats) encoded as `dtype`
 // for the servers of `map`; and a sparse one: `values` at the ascending
 // segment positions `indices`, zeros elsewhere.
+// Where an encoded push's bytes go: a block of that many bytes, or null
+// for the heap (worker/client/region_arena.h).
+using PushStorage = std::function<std::shared_ptr<char>(size_t bytes)>;
 std::unique_ptr<EncodedPush> EncodeDense(const ShardMap& map, v1::DType dtype, int segment, uint64_t clock,
-                                         absl::Span<const float> grad);
+                                         absl::Span<const float> grad, const PushStorage& allocate = nullptr);
 std::unique_ptr<EncodedPush> EncodeSparse(const ShardMap& map, v1::DType dtype, int segment, uint64_t clock,
-                                          absl::Span<const uint64_t> indices, absl::Span<const float> values);
+                                          absl::Span<const uint64_t> indices, absl::Span<const float> values,
+                                          const PushStorage& allocate = nullptr);
 
 struct Registration {
   uint64_t start_clock = 0;  // the clock of the worker's first push

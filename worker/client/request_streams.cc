@@ -16,6 +16,13 @@ std::optional<absl::Duration> Backoff::Next() {
   return wait;
 }
 
+bool SleepBeforeRetry(Backoff* backoff) {
+  const std::optional<absl::Duration> wait = backoff->Next();
+  if (!wait.has_value()) return false;
+  absl::SleepFor(*wait);
+  return true;
+}
+
 RequestStreams::RequestStreams(CompletionLoop* loop, const std::vector<std::shared_ptr<grpc::Channel>>& channels,
                                std::vector<std::string> names, const char* method)
     : loop_(loop), method_(method), names_(std::move(names)), streams_(channels.size()) {
@@ -199,6 +206,7 @@ void RequestStreams::EndAttempt() {
   const std::optional<absl::Duration> wait = backoff_->Next();
   if (!wait.has_value()) return Complete(first_failure);
   pending_ = std::move(failed);
+  if (current_->on_resend) current_->on_resend();
   Arm(&retry_, absl::Now() + *wait);
 }
 

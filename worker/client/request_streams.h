@@ -54,6 +54,10 @@ class Backoff {
   absl::Duration delay_ = absl::Milliseconds(20);
 };
 
+// Sleeps out the backoff's next wait; false, without sleeping, when the
+// budget has run out. Hold no lock across it.
+bool SleepBeforeRetry(Backoff* backoff);
+
 class RequestStreams {
  public:
   struct Exchange {
@@ -72,6 +76,9 @@ class RequestStreams {
     // The caller waits for it, driving the queue (CompletionLoop::Drive);
     // otherwise the loop's thread is held while it runs.
     bool caller_drives = false;
+    // Called (on the loop's thread) before requests that failed are sent
+    // again: the first ones may still reach their server.
+    std::function<void()> on_resend;
   };
 
   // Streams of the bidirectional method `method` (a path, e.g.

@@ -1,0 +1,67 @@
+#include "worker/client/grpc_membership.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/grpc_status.h"
+#include "common/log.h"
+#include "worker/client/request_streams.h"
+
+namespace segps {
+
+GrpcMembershipStub::GrpcMembershipStub(v1::ParameterServer::Stub* stub, size_t index, std::string address,
+                                       absl::Duration deadline, std::shared_ptr<RegionArena> arena)
+    : stub_(stub), index_(index), address_(std::move(address)), deadline_(deadline), arena_(std::move(arena)),
+      host_(arena_ != nullptr ? SameHostIdentity() : "") {}
+
+absl::Status GrpcMembershipStub::Register(const v1::RegisterRequest& request, v1::RegisterResponse* response) {
+  v1::RegisterRequest offered = request;
+  offered.set_host(host_);
+  absl::Status status = WithRetries([&](grpc::ClientContext* context) {
+    context->set_wait_for_ready(true);  // servers may still be starting
+    return stub_->Register(context, offered, response);
+  });
+  if (status.ok()) OfferRegion(*response);
+  return status;
+}
+
+absl::Status GrpcMembershipStub::Rollback(const v1::RollbackRequest& request, v1::RollbackResponse* response) {
+  return WithRetries([&](grpc::ClientContext* context) { return stub_->Rollback(context, request, response); });
+}
+
+std::string GrpcMembershipStub::Name() const { return absl::StrCat("server ", index_, " (", address_, ")"); }
+
+template <typename F>
+absl::Status GrpcMembershipStub::WithRetries(F call) {
+  Backoff backoff(deadline_ * 4);
+  while (true) {
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + std::min(backoff.left(), deadline_)));
+    const absl::Status status = FromGrpcStatus(call(&context));
+    if (status.ok() || !IsTransient(status) || !SleepBeforeRetry(&backoff)) return status;
+  }
+}
+
+void GrpcMembershipStub::OfferRegion(const v1::RegisterResponse& response) {
+  region_worker_.store(0, std::memory_order_release);
+  if (arena_ == nullptr || response.region_socket().empty()) {
+    if (said_ != 0 && arena_ != nullptr) {
+      SEGPS_LOG_INFO << Name() << ": tensors over TCP (the server is on another host, or takes no shared memory)";
+    }
+    said_ = 0;
+    return;
+  }
+  const absl::Status offered =
+      arena_->Offer(response.region_socket(), response.worker_id(), response.registration_secret(), deadline_);
+  if (!offered.ok()) {
+    SEGPS_LOG_WARNING << Name() << ": tensors over TCP; the shared region was not taken: " << offered.message();
+    said_ = 0;
+    return;
+  }
+  region_worker_.store(response.worker_id(), std::memory_order_release);
+  if (said_ != 1) SEGPS_LOG_INFO << Name() << ": tensors through shared memory (same host)";
+  said_ = 1;
+}
+
+}  // namespace segps
