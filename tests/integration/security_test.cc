@@ -221,6 +221,21 @@ TEST_F(SecurityMatrix, EveryWrongCallerGetsItsStatusAndTheServerKeepsServing) {
 // decides its role, whichever token the connection's earlier calls carried
 // (a role read from the connection let a reader register and roll back
 // after a worker's call).
+// The workers registered over mutual TLS with their token, so the servers
+// (on their host) took their shared regions: their tensors go through them.
+// A caller without the channel (above) never registers, so it never learns
+// where to hand a region over, and a region comes only with a secret that
+// Register gave (shared_memory_test: RegionHandOver).
+TEST_F(SecurityMatrix, WorkersOverMutualTlsMoveTheirTensorsThroughSharedMemory) {
+  ASSERT_TRUE(TrainsPast(10)) << workers_[0]->output() << workers_[1]->output();
+  v1::StatsResponse stats;
+  const grpc::Status status =
+      Stub(certs_ + "/ca.pem", certs_, certs_ + "/worker.token")->Stats(Context().get(), v1::StatsRequest(), &stats);
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  ASSERT_GT(stats.segments_size(), 0);
+  EXPECT_GT(stats.segments(0).region_bytes(), 0u);
+}
+
 TEST_F(SecurityMatrix, TheTokenOnEachCallDecidesItsRoleWhateverTheConnectionCarriedBefore) {
   auto token = [&](const char* file) {
     std::string line = ReadFile(certs_ + "/" + file);
