@@ -166,7 +166,11 @@ absl::Status SendFrame(int socket, absl::string_view bytes, int fd) {
   const uint32_t length = static_cast<uint32_t>(bytes.size());
   for (int b = 0; b < 4; ++b) frame[b] = static_cast<char>((length >> (8 * b)) & 0xff);
   frame.append(bytes.data(), bytes.size());
-  iovec io{frame.data(), frame.size()};
+  return SendFramed(socket, frame, fd);
+}
+
+absl::Status SendFramed(int socket, absl::string_view frame, int fd) {
+  iovec io{const_cast<char*>(frame.data()), frame.size()};
   msghdr message{};
   message.msg_iov = &io;
   message.msg_iovlen = 1;

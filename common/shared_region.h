@@ -85,6 +85,9 @@ absl::StatusOr<uid_t> PeerUid(int socket);
 // kMaxFrameBytes), with `fd` beside it (SCM_RIGHTS) when not -1.
 inline constexpr size_t kMaxFrameBytes = 4096;
 absl::Status SendFrame(int socket, absl::string_view bytes, int fd = -1);
+// The same for a frame already made (length and bytes): allocates nothing
+// on success (a child process between fork and exit may call it).
+absl::Status SendFramed(int socket, absl::string_view frame, int fd);
 // Receives one frame into `bytes`, and into `*fd` the descriptor beside it
 // (-1 when none; descriptors beyond the first are closed). Refused: a
 // longer frame, one cut short.

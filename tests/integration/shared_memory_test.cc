@@ -308,19 +308,7 @@ TEST_F(RegionHandOver, AnotherUserIsRefused) {
     if (setgid(65534) != 0 || setuid(65534) != 0) _exit(3);
     const int s = socket(AF_UNIX, SOCK_STREAM, 0);
     if (s < 0 || connect(s, reinterpret_cast<const sockaddr*>(&address), address_length) != 0) _exit(4);
-    iovec io{frame.data(), frame.size()};
-    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-    msghdr message{};
-    message.msg_iov = &io;
-    message.msg_iovlen = 1;
-    message.msg_control = control;
-    message.msg_controllen = sizeof(control);
-    cmsghdr* header = CMSG_FIRSTHDR(&message);
-    header->cmsg_level = SOL_SOCKET;
-    header->cmsg_type = SCM_RIGHTS;
-    header->cmsg_len = CMSG_LEN(sizeof(int));
-    std::memcpy(CMSG_DATA(header), &fd, sizeof(int));
-    if (sendmsg(s, &message, MSG_NOSIGNAL) < 0) _exit(5);
+    if (!SendFramed(s, frame, fd).ok()) _exit(5);
     char answer[512];
     ssize_t got = 0;
     while ((got = read(s, answer, sizeof(answer))) > 0) {
