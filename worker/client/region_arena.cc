@@ -33,7 +33,16 @@ std::shared_ptr<char> RegionArena::Allocate(size_t bytes) {
     MutexLock lock(&mu_);
     auto it = free_.begin();
     while (it != free_.end() && it->second < rounded) ++it;
-    if (it == free_.end()) return nullptr;
+    if (it == free_.end()) {
+      if (!said_full_) {
+        SEGPS_LOG_WARNING << "the shared region has no room for " << rounded << " bytes (" << region_->size()
+                          << " bytes, blocks of requests sent again kept out of use): tensors go in messages until "
+                             "blocks come back";
+      }
+      said_full_ = true;
+      return nullptr;
+    }
+    said_full_ = false;
     offset = it->first;
     const uint64_t left = it->second - rounded;
     free_.erase(it);

@@ -62,6 +62,7 @@ class RegionArena : public std::enable_shared_from_this<RegionArena> {
     bool retired = false;
   };
   std::map<uint64_t, Block> used_ ABSL_GUARDED_BY(mu_);  // by offset
+  bool said_full_ ABSL_GUARDED_BY(mu_) = false;  // a failed Allocate was logged, none succeeded since
 };
 
 }  // namespace segps
