@@ -9,7 +9,9 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <filesystem>
+#include <iostream>
 #include <fstream>
 #include <regex>
 
@@ -179,6 +181,59 @@ TEST(EmbeddingCluster, TheExampleConfigsTablesBeatTheDenseOnlySegment) {
   ASSERT_TRUE(std::regex_search(out, dense, std::regex("segment dense +accuracy.*auc ([0-9.]+)"))) << out;
   EXPECT_GT(std::stod(ctr[1]), 0.64) << out;
   EXPECT_GT(std::stod(ctr[1]), std::stod(dense[1]) + 0.1) << out;
+}
+
+// Exported with its tables (every row of each, dense): segps-predict given
+// the test rows' ids gives the probabilities segps-eval scored from the
+// servers, and so do python/segps_model.py, the ONNX graph (Gather) and
+// to_torch() (tests/python/check_export.py).
+TEST(EmbeddingCluster, ExportedWithItsTablesTheModelPredictsAsTheServersScore) {
+  const std::string dir = MakeTempDir();
+  const std::string job = Job(dir, 20000, 1);
+  ProcessCluster cluster(job, dir, 2, /*checkpoints=*/false);
+  std::unique_ptr<Subprocess> worker = cluster.StartWorker("ctr", 0);
+  std::optional<int> status = worker->Wait(absl::Seconds(300));
+  ASSERT_TRUE(status.has_value() && ExitedOk(*status)) << worker->output() << cluster.Output();
+  cluster.Evaluate({"--probabilities_out", dir + "/eval.npy", "--report", dir + "/report.json"});
+  const std::string servers = cluster.addresses()[0] + "," + cluster.addresses()[1];
+  auto run = [](const std::vector<std::string>& argv) {
+    std::unique_ptr<Subprocess> p = Subprocess::Start(argv);
+    const int code = p->Wait(absl::Seconds(120)).value_or(-1);
+    EXPECT_TRUE(ExitedOk(code)) << p->output();
+    return p->output();
+  };
+  // Too large a table is refused, naming it.
+  std::unique_ptr<Subprocess> refused = Subprocess::Start({BinaryPath("segps-export"), "--config", job, "--servers",
+                                                           servers, "--out", dir + "/no.safetensors",
+                                                           "--max_table_mb", "1"});
+  EXPECT_FALSE(ExitedOk(refused->Wait(absl::Seconds(60)).value_or(-1)));
+  EXPECT_NE(refused->output().find("table ctr/user (20000 rows of 16 floats)"), std::string::npos)
+      << refused->output();
+  run({BinaryPath("segps-export"), "--config", job, "--servers", servers, "--out", dir + "/model.safetensors",
+       "--onnx", dir + "/model.onnx"});
+  run({BinaryPath("segps-data"), "--config", job, "--out", dir});
+  run({BinaryPath("segps-predict"), "--model", dir + "/model.safetensors", "--input", dir + "/test_x.npy", "--ids",
+       dir + "/test_ids.npy", "--out", dir + "/predicted.npy"});
+  const std::vector<float> eval = ReadNpyFloat32(dir + "/eval.npy");
+  const std::vector<float> predicted = ReadNpyFloat32(dir + "/predicted.npy");
+  ASSERT_EQ(eval.size(), 4000u * 2);
+  ASSERT_EQ(predicted.size(), eval.size());
+  double worst = 0;
+  for (size_t i = 0; i < eval.size(); ++i) worst = std::max(worst, std::fabs(double(eval[i]) - predicted[i]));
+  EXPECT_LE(worst, 1e-6);
+  // Without the ids, a model with tables says what it needs.
+  std::unique_ptr<Subprocess> no_ids = Subprocess::Start({BinaryPath("segps-predict"), "--model",
+                                                          dir + "/model.safetensors", "--input", dir + "/test_x.npy",
+                                                          "--out", dir + "/none.npy"});
+  EXPECT_FALSE(ExitedOk(no_ids->Wait(absl::Seconds(60)).value_or(-1)));
+  EXPECT_NE(no_ids->output().find("--ids is required"), std::string::npos) << no_ids->output();
+  const std::string python = run({"/usr/bin/python3", std::string(SEGPS_SOURCE_DIR) + "/tests/python/check_export.py",
+                                  dir + "/model.safetensors", dir + "/model.onnx", dir + "/test_x.npy",
+                                  dir + "/test_y.npy", dir + "/eval.npy", dir + "/report.json",
+                                  dir + "/test_ids.npy"});
+  EXPECT_NE(python.find("onnx: checker accepts"), std::string::npos) << python;
+  EXPECT_NE(python.find("OK"), std::string::npos) << python;
+  std::cout << python;
 }
 
 // An id outside its table's vocab in the user's .npy ids: the worker stops

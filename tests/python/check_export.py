@@ -1,7 +1,10 @@
 """Checks a segps export against segps-eval, run by the own-data integration
 test with Debian's /usr/bin/python3:
 
-    check_export.py MODEL.safetensors MODEL.onnx TEST_X.npy TEST_Y.npy EVAL_PROBS.npy REPORT.json
+    check_export.py MODEL.safetensors MODEL.onnx TEST_X.npy TEST_Y.npy EVAL_PROBS.npy REPORT.json [TEST_IDS.npy]
+
+(TEST_IDS.npy: the test rows' categorical ids, for a model with embedding
+tables.)
 
 The export, read by python/segps_model.py, must reproduce segps-eval's
 ensemble accuracy exactly and its probabilities within 1e-6; the ONNX file
@@ -38,11 +41,13 @@ def compare(name, probs, reference, labels, accuracy):
         fail("%s: accuracy %.6f, segps-eval's %.6f" % (name, acc, accuracy))
 
 
-def onnx_walk(model, x):
+def onnx_walk(model, x, ids=None):
     """Runs the graph node by node with NumPy (the ops segps-export writes)."""
     from onnx import numpy_helper
     values = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
     values[model.graph.input[0].name] = x.astype(np.float32)
+    if ids is not None:
+        values[model.graph.input[1].name] = ids.astype(np.int64)
     for node in model.graph.node:
         args = [values[i] for i in node.input]
         op = node.op_type
@@ -59,6 +64,11 @@ def onnx_walk(model, x):
             out = e / e.sum(axis=1, keepdims=True)
         elif op == "Identity":
             out = args[0]
+        elif op == "Gather":
+            axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
+            out = np.take(args[0], args[1], axis=axis)
+        elif op == "Concat":
+            out = np.concatenate(args, axis=next(a.i for a in node.attribute if a.name == "axis"))
         elif op == "Mean":
             out = sum(a.astype(np.float64) for a in args) / len(args)
         elif op == "Mul":
@@ -75,19 +85,20 @@ def onnx_walk(model, x):
 
 def main():
     model_path, onnx_path, x_path, y_path, probs_path, report_path = sys.argv[1:7]
+    ids = np.load(sys.argv[7]) if len(sys.argv) > 7 else None
     x, labels = np.load(x_path), np.load(y_path)
     reference = np.load(probs_path).astype(np.float64)
     with open(report_path) as f:
         accuracy = json.load(f)["ensemble"]["accuracy"]
 
     model = segps_model.load(model_path)
-    compare("numpy", model.predict(x), reference, labels, accuracy)
+    compare("numpy", model.predict(x, ids=ids), reference, labels, accuracy)
 
     import onnx
     graph = onnx.load(onnx_path)
     onnx.checker.check_model(graph, full_check=True)
     print("onnx: checker accepts %s (opset %d)" % (onnx_path, graph.opset_import[0].version))
-    compare("onnx", onnx_walk(graph, x), reference, labels, accuracy)
+    compare("onnx", onnx_walk(graph, x, ids), reference, labels, accuracy)
 
     try:
         import torch
@@ -95,7 +106,7 @@ def main():
         print("torch: not installed here; skipped")
     else:
         with torch.no_grad():
-            probs = model.to_torch()(torch.from_numpy(x)).numpy()
+            probs = model.to_torch()(torch.from_numpy(x), None if ids is None else torch.from_numpy(ids)).numpy()
         compare("torch", probs, reference, labels, accuracy)
     print("OK")
 

@@ -149,4 +149,36 @@ absl::StatusOr<std::vector<std::vector<float>>> PullParameters(ParameterClient& 
   return params;
 }
 
+absl::StatusOr<std::vector<std::vector<std::vector<float>>>> PullTables(ParameterClient& client,
+                                                                        const v1::ModelConfig& model,
+                                                                        uint64_t max_bytes, uint64_t page_rows) {
+  for (const v1::SegmentConfig& segment : model.segments()) {
+    for (const v1::EmbeddingConfig& table : segment.embeddings()) {
+      if (table.vocab() > max_bytes / (std::max<uint64_t>(table.dim(), 1) * sizeof(float))) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "table ", segment.name(), "/", table.name(), " (", table.vocab(), " rows of ", table.dim(),
+            " floats) is more than the ", max_bytes, " bytes a dense table may take: its rows stay on the servers "
+            "(segps-eval scores the model; segps-checkpoint merge writes the rows they hold)"));
+      }
+    }
+  }
+  std::vector<std::vector<std::vector<float>>> tables(model.segments_size());
+  for (int k = 0; k < model.segments_size(); ++k) {
+    const v1::SegmentConfig& segment = model.segments(k);
+    for (int t = 0; t < segment.embeddings_size(); ++t) {
+      const uint64_t vocab = segment.embeddings(t).vocab(), dim = segment.embeddings(t).dim();
+      std::vector<float>& rows = tables[k].emplace_back(vocab * dim);
+      std::vector<std::vector<uint64_t>> ids(segment.embeddings_size());
+      std::vector<std::vector<float>> values;
+      for (uint64_t first = 0; first < vocab; first += page_rows) {
+        ids[t].resize(std::min(page_rows, vocab - first));
+        for (size_t r = 0; r < ids[t].size(); ++r) ids[t][r] = first + r;
+        if (absl::Status pulled = client.PullRows(k, 0, ids, &values); !pulled.ok()) return pulled;
+        std::copy(values[t].begin(), values[t].end(), rows.begin() + static_cast<ptrdiff_t>(first * dim));
+      }
+    }
+  }
+  return tables;
+}
+
 }  // namespace segps

@@ -198,6 +198,15 @@ std::vector<std::string> ServerAddresses(const std::string& flag, const v1::JobC
 absl::StatusOr<std::vector<std::vector<float>>> PullParameters(ParameterClient& client,
                                                                const v1::ModelConfig& model, uint32_t num_servers);
 
+// Every embedding table of every segment, dense: [segment][table], vocab x
+// dim floats, every row as the servers serve it (a row never pushed is its
+// deterministic initial value), read as an observer `page_rows` ids a call.
+// A table over `max_bytes` is refused, naming it, before anything is read.
+absl::StatusOr<std::vector<std::vector<std::vector<float>>>> PullTables(ParameterClient& client,
+                                                                        const v1::ModelConfig& model,
+                                                                        uint64_t max_bytes,
+                                                                        uint64_t page_rows = 65536);
+
 // A client over gRPC to `addresses` (one per server, in index order).
 absl::StatusOr<std::unique_ptr<ParameterClient>> ConnectGrpc(const v1::JobConfig& config,
                                                              const std::vector<std::string>& addresses);

@@ -2,6 +2,8 @@
 
 #include <map>
 
+#include "absl/algorithm/container.h"
+
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -21,13 +23,20 @@ namespace {
 
 constexpr char kFormat[] = "segps-model-1";
 
+// The tensor of segment k's table t.
+std::string TableName(const v1::ModelConfig& model, int k, int t) {
+  return absl::StrCat(model.segments(k).name(), "/embeddings/", model.segments(k).embeddings(t).name());
+}
+
 }  // namespace
 
-TrainedModel ModelOfJob(const v1::JobConfig& config, std::vector<std::vector<float>> params, const Dataset& train) {
+TrainedModel ModelOfJob(const v1::JobConfig& config, std::vector<std::vector<float>> params, const Dataset& train,
+                        std::vector<std::vector<std::vector<float>>> tables) {
   TrainedModel out;
   out.job = config.name();
   out.model = config.model();
   out.params = std::move(params);
+  out.tables = std::move(tables);
   out.input_scale = train.scale;
   out.mean = train.mean;
   out.std = train.std;
@@ -51,6 +60,16 @@ absl::Status WriteModelSafetensors(const TrainedModel& model, const std::string&
       tensors.push_back({TensorName(model.model, k, t), TensorShape(t),
                          absl::MakeConstSpan(model.params[k]).subspan(t.offset, t.size()), {}});
     }
+    const v1::SegmentConfig& segment = model.model.segments(k);
+    for (int t = 0; t < segment.embeddings_size(); ++t) {
+      const v1::EmbeddingConfig& table = segment.embeddings(t);
+      if (static_cast<size_t>(k) >= model.tables.size() || static_cast<size_t>(t) >= model.tables[k].size() ||
+          model.tables[k][t].size() != table.vocab() * table.dim()) {
+        return absl::InvalidArgumentError(absl::StrCat("export: table ", TableName(model.model, k, t),
+                                                       " is not held whole (", table.vocab(), " x ", table.dim(), ")"));
+      }
+      tensors.push_back({TableName(model.model, k, t), {table.vocab(), table.dim()}, model.tables[k][t], {}});
+    }
   }
   const uint64_t width = model.model.input_width();
   if (!model.mean.empty()) {
@@ -69,6 +88,27 @@ absl::Status WriteModelSafetensors(const TrainedModel& model, const std::string&
   // One name a line: a CSV header's names hold no line breaks.
   if (!model.input_columns.empty()) metadata["segps.input_columns"] = absl::StrJoin(model.input_columns, "\n");
   return WriteSafetensors(path, tensors, metadata);
+}
+
+RowSource TableRows(const TrainedModel& model) {
+  if (model.model.categorical_fields() == 0) return nullptr;
+  return [&model](int segment, const std::vector<std::vector<uint64_t>>& ids, std::vector<std::vector<float>>* values) {
+    values->resize(ids.size());
+    for (size_t t = 0; t < ids.size(); ++t) {
+      const v1::EmbeddingConfig& table = model.model.segments(segment).embeddings(static_cast<int>(t));
+      const std::vector<float>& rows = model.tables[segment][t];
+      (*values)[t].resize(ids[t].size() * table.dim());
+      for (size_t r = 0; r < ids[t].size(); ++r) {
+        if (ids[t][r] >= table.vocab()) {
+          return absl::InvalidArgumentError(absl::StrCat("id ", ids[t][r], " of table ", table.name(),
+                                                         " is outside [0, ", table.vocab(), ")"));
+        }
+        std::copy_n(rows.begin() + static_cast<ptrdiff_t>(ids[t][r] * table.dim()), table.dim(),
+                    (*values)[t].begin() + static_cast<ptrdiff_t>(r * table.dim()));
+      }
+    }
+    return absl::OkStatus();
+  };
 }
 
 absl::StatusOr<TrainedModel> ReadModelSafetensors(const std::string& path) {
@@ -94,10 +134,12 @@ absl::StatusOr<TrainedModel> ReadModelSafetensors(const std::string& path) {
   *check.mutable_model() = out.model;
   check.mutable_cluster()->set_num_servers(1);
   check.mutable_optimizer()->set_kind(v1::SGD);
-  if (out.model.loss() == v1::MSE) {  // a regression trains on files of real-valued targets
+  // A regression trains on files of real-valued targets, tables on ids.
+  if (out.model.loss() == v1::MSE || out.model.categorical_fields() > 0) {
     check.mutable_data()->set_source(v1::NPY);
     check.mutable_data()->set_train_x("x.npy");
     check.mutable_data()->set_train_y("y.npy");
+    if (out.model.categorical_fields() > 0) check.mutable_data()->set_train_ids("ids.npy");
   } else {
     check.mutable_data()->set_source(v1::SYNTHETIC_SEED);
   }
@@ -117,6 +159,14 @@ absl::StatusOr<TrainedModel> ReadModelSafetensors(const std::string& path) {
       absl::StatusOr<std::vector<float>> values = file->Float32(TensorName(out.model, k, t), TensorShape(t));
       if (!values.ok()) return values.status();
       std::copy(values->begin(), values->end(), out.params[k].begin() + t.offset);
+    }
+    const v1::SegmentConfig& segment = out.model.segments(k);
+    out.tables.emplace_back();
+    for (int t = 0; t < segment.embeddings_size(); ++t) {
+      absl::StatusOr<std::vector<float>> rows = file->Float32(
+          TableName(out.model, k, t), {segment.embeddings(t).vocab(), segment.embeddings(t).dim()});
+      if (!rows.ok()) return rows.status();
+      out.tables.back().push_back(*std::move(rows));
     }
   }
   if (!field("segps.input_columns").empty()) {
@@ -154,6 +204,12 @@ class OnnxGraph {
     for (uint64_t d : shape) t->add_dims(static_cast<int64_t>(d));
     t->set_raw_data(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(float));
   }
+  void Index(const std::string& name, int64_t value) {
+    onnx::TensorProto* t = graph_->add_initializer();
+    t->set_name(name);
+    t->set_data_type(onnx::TensorProto::INT64);
+    t->add_int64_data(value);
+  }
   // A node of `op` whose one output is named `output`: that name.
   std::string Node(const std::string& op, const std::vector<std::string>& inputs, const std::string& output) {
     AddNode(op, inputs, output);
@@ -167,11 +223,12 @@ class OnnxGraph {
     n->add_output(output);
     return n;
   }
-  // A [batch, width] float tensor as a graph input or output.
-  static void Value(onnx::ValueInfoProto* v, const std::string& name, uint64_t width) {
+  // A [batch, width] tensor (float, or `type`) as a graph input or output.
+  static void Value(onnx::ValueInfoProto* v, const std::string& name, uint64_t width,
+                    int type = onnx::TensorProto::FLOAT) {
     v->set_name(name);
     auto* tensor = v->mutable_type()->mutable_tensor_type();
-    tensor->set_elem_type(onnx::TensorProto::FLOAT);
+    tensor->set_elem_type(type);
     tensor->mutable_shape()->add_dim()->set_dim_param("batch");
     tensor->mutable_shape()->add_dim()->set_dim_value(static_cast<int64_t>(width));
   }
@@ -199,11 +256,42 @@ std::string Preprocess(const TrainedModel& model, OnnxGraph* g) {
   return features;
 }
 
+// Segment k's first layer's input: `h` followed by, for each of its tables
+// in order and each field the table serves, the row of that field's id
+// (Gather from "ids"); `h` itself for a segment without tables.
+std::string AddTables(const TrainedModel& model, int k, const std::string& h, OnnxGraph* g) {
+  const v1::SegmentConfig& seg = model.model.segments(k);
+  if (seg.embeddings_size() == 0) return h;
+  std::vector<std::string> parts = {h};
+  for (int t = 0; t < seg.embeddings_size(); ++t) {
+    const v1::EmbeddingConfig& table = seg.embeddings(t);
+    const std::string weight = TableName(model.model, k, t);
+    g->Initializer(weight, {table.vocab(), table.dim()}, model.tables[k][t]);
+    for (int f = 0; f < table.field_size(); ++f) {
+      const std::string field = absl::StrCat("ids/field_", table.field(f));
+      if (absl::c_none_of(g->proto()->initializer(), [&](const onnx::TensorProto& i) { return i.name() == field; })) {
+        g->Index(field, table.field(f));
+      }
+      auto* axis = g->AddNode("Gather", {"ids", field}, absl::StrCat(weight, "/ids_", f))->add_attribute();
+      axis->set_name("axis");
+      axis->set_type(onnx::AttributeProto::INT);
+      axis->set_i(1);
+      parts.push_back(g->Node("Gather", {weight, absl::StrCat(weight, "/ids_", f)}, absl::StrCat(weight, "/rows_", f)));
+    }
+  }
+  auto* axis = g->AddNode("Concat", parts, seg.name() + "/input")->add_attribute();
+  axis->set_name("axis");
+  axis->set_type(onnx::AttributeProto::INT);
+  axis->set_i(1);
+  return seg.name() + "/input";
+}
+
 // Segment k's layers from `h`: the name of its output.
 std::string AddSegment(const TrainedModel& model, const ShardMap& map, int k, std::string h, OnnxGraph* g) {
   const bool chain = model.model.combine() == v1::CHAIN;
   const v1::SegmentConfig& seg = model.model.segments(k);
   const auto& tensors = map.tensors(k);
+  h = AddTables(model, k, h, g);
   for (size_t i = 0; i + 1 < tensors.size(); i += 2) {
     const TensorLayout& kernel = tensors[i];
     const TensorLayout& bias = tensors[i + 1];
@@ -260,6 +348,9 @@ absl::Status WriteModelOnnx(const TrainedModel& model, const std::string& path) 
   g.proto()->set_name(model.job);
   const uint64_t classes = model.model.num_classes();
   OnnxGraph::Value(g.proto()->add_input(), "input", model.model.input_width());
+  if (model.model.categorical_fields() > 0) {
+    OnnxGraph::Value(g.proto()->add_input(), "ids", model.model.categorical_fields(), onnx::TensorProto::INT64);
+  }
   const std::string features = Preprocess(model, &g);
   // An ensemble's segments each start from the features; a chain's stage
   // from the previous stage's output.

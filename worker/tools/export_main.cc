@@ -21,6 +21,9 @@ ABSL_FLAG(std::string, config, "", "Job config file (*.pbtxt). Required.");
 ABSL_FLAG(std::string, servers, "", "Comma-separated host:port of every server. Default: cluster.server_addresses.");
 ABSL_FLAG(std::string, out, "", "Write the model as safetensors to this file.");
 ABSL_FLAG(std::string, onnx, "", "Write the model as an ONNX graph to this file.");
+ABSL_FLAG(uint64_t, max_table_mb, 1024,
+          "The largest embedding table written, in MiB dense (vocab x dim floats): every row of a table is "
+          "written, those never pushed at their initial values; a larger one is refused.");
 
 namespace {
 int Fail(const std::string& message) {
@@ -44,19 +47,15 @@ int main(int argc, char** argv) {
   absl::StatusOr<segps::v1::JobConfig> config = segps::LoadConfig(absl::GetFlag(FLAGS_config));
   if (!config.ok()) return Fail(std::string(config.status().message()));
   segps::ApplySecurityFlags(config->mutable_security());
-  for (const segps::v1::SegmentConfig& segment : config->model().segments()) {
-    if (segment.embeddings_size() > 0) {
-      return Fail("segment \"" + segment.name() +
-                  "\" has embedding tables, which segps-export does not write yet (their rows stay on the servers; "
-                  "segps-eval scores the model, docs/embeddings.md)");
-    }
-  }
   absl::StatusOr<std::unique_ptr<segps::ParameterClient>> client =
       segps::ConnectGrpc(*config, segps::ServerAddresses(absl::GetFlag(FLAGS_servers), *config));
   if (!client.ok()) return Fail(std::string(client.status().message()));
   absl::StatusOr<std::vector<std::vector<float>>> params =
       segps::PullParameters(**client, config->model(), config->cluster().num_servers());
   if (!params.ok()) return Fail(std::string(params.status().message()));
+  absl::StatusOr<std::vector<std::vector<std::vector<float>>>> tables =
+      segps::PullTables(**client, config->model(), absl::GetFlag(FLAGS_max_table_mb) << 20);
+  if (!tables.ok()) return Fail(std::string(tables.status().message()));
   // The preprocessing (scale, standardisation) is the training set's, as
   // every worker computed it; a model of tensors (Python workers) has none.
   segps::TrainTest data;
@@ -65,7 +64,7 @@ int main(int argc, char** argv) {
     if (!loaded.ok()) return Fail(std::string(loaded.status().message()));
     data = *std::move(loaded);
   }
-  const segps::TrainedModel model = segps::ModelOfJob(*config, *std::move(params), data.train);
+  const segps::TrainedModel model = segps::ModelOfJob(*config, *std::move(params), data.train, *std::move(tables));
   if (!absl::GetFlag(FLAGS_out).empty()) {
     absl::Status written = segps::WriteModelSafetensors(model, absl::GetFlag(FLAGS_out));
     if (!written.ok()) return Fail(std::string(written.message()));

@@ -20,6 +20,7 @@
 #include "worker/model/backend.h"
 #include "worker/data/dataset.h"
 #include "worker/model/evaluator.h"
+#include "worker/data/categorical.h"
 #include "worker/model/model_file.h"
 #include "worker/data/csv.h"
 #include "worker/data/npy.h"
@@ -33,6 +34,9 @@ ABSL_FLAG(std::string, input, "",
 ABSL_FLAG(std::string, out, "",
           "Where the predictions go: a .npy file gets the class probabilities (float32 [n, num_classes]); any other "
           "file one predicted class a line. Required.");
+ABSL_FLAG(std::string, ids, "",
+          "A model with embedding tables: each --input row's categorical ids, a .npy array [n, "
+          "categorical_fields] of int64 or int32 (as data.train_ids). Required for such a model.");
 ABSL_FLAG(std::string, probabilities, "", "Also write the class probabilities here (.npy float32 [n, num_classes]).");
 ABSL_FLAG(std::string, segment, "", "Predict with this segment alone (a name or an index). Default: the ensemble.");
 ABSL_FLAG(int32_t, cpu_threads, 1, "Threads to compute with.");
@@ -58,6 +62,19 @@ absl::StatusOr<segps::Dataset> ReadInput(const segps::TrainedModel& model) {
                              : segps::OpenNpyFeatures(path, width, model.input_scale);
   if (!input.ok()) return input.status();
   if (!model.mean.empty()) input->Standardize(model.mean, model.std);
+  const std::string ids = absl::GetFlag(FLAGS_ids);
+  const uint32_t fields = model.model.categorical_fields();
+  if (fields == 0 && !ids.empty()) return absl::InvalidArgumentError("--ids: this model has no embedding tables");
+  if (fields > 0) {
+    if (ids.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat("--ids is required: this model looks up ", fields,
+                                                     " categorical ids a row in its embedding tables"));
+    }
+    absl::StatusOr<std::vector<uint64_t>> read = segps::ReadIds(ids, input->size(), model.model, path);
+    if (!read.ok()) return read.status();
+    input->fields = static_cast<int>(fields);
+    input->ids = *std::move(read);
+  }
   return input;
 }
 
@@ -91,7 +108,7 @@ int main(int argc, char** argv) {
   std::vector<char*> positional = segps::ParseCommandLine(
       argc, argv,
       "Runs an exported model.\n"
-      "  segps-predict --model model.safetensors --input x.npy|rows.csv --out probs.npy|classes.txt "
+      "  segps-predict --model model.safetensors --input x.npy|rows.csv [--ids ids.npy] --out probs.npy|classes.txt "
       "[--probabilities probs.npy] [--segment NAME]");
   if (positional.size() > 1) return Fail(std::string("unexpected argument '") + positional[1] + "'");
   for (const auto* flag : {&FLAGS_model, &FLAGS_input, &FLAGS_out}) {
@@ -109,7 +126,8 @@ int main(int argc, char** argv) {
   absl::StatusOr<segps::Dataset> input = ReadInput(*model);
   if (!input.ok()) return Fail(std::string(input.status().message()));
   std::unique_ptr<segps::Backend> backend = segps::CreateCpuBackend(absl::GetFlag(FLAGS_cpu_threads));
-  absl::StatusOr<std::vector<float>> probs = segps::Predict(model->model, *input, model->params, segment, backend.get());
+  absl::StatusOr<std::vector<float>> probs =
+      segps::Predict(model->model, *input, model->params, segment, backend.get(), segps::TableRows(*model));
   if (!probs.ok()) return Fail(std::string(probs.status().message()));
   absl::Status written = WriteOutputs(*probs, input->size(), model->model.num_classes(),
                                       model->model.loss() == segps::v1::MSE);
