@@ -99,6 +99,8 @@ for i in 1 2 3; do
       --shared_memory="$([ $mode = shm ] && echo true || echo false)" |
       sed -n 's/^RESULT transport_4mb_gbps //p' >> "$out/shm_$mode.txt"
   done
+  $bin/segps-bench-transport --sizes_mb 4 --servers 2 --workers 2 --seconds "$secs" --shared_memory=true |
+    sed -n 's/^RESULT transport_4mb_2x2_per_worker_gbps //p' >> "$out/shm_2x2.txt"
 done
 memcpy=""
 if [ -f "$peers/membw.c" ] && gcc -O3 -march=native -o "$out/membw" "$peers/membw.c" 2> /dev/null; then
@@ -111,6 +113,12 @@ if [ -s "$out/peer_1x1_4mb.txt" ]; then
   target transport_4mb_shm_vs_pslite "$(div "$shm" "$(median_of "$out/peer_1x1_4mb.txt")")" 2.0
 else
   unavailable transport_4mb_shm_vs_pslite 2.0
+fi
+echo "4 MB round through shared memory, 2 servers x 2 workers: $(median_of "$out/shm_2x2.txt") GB/s per worker (median of 3)"
+if [ -s "$out/peer_2x2_4mb.txt" ]; then
+  target transport_4mb_2x2_shm_vs_pslite "$(div "$(median_of "$out/shm_2x2.txt")" "$(median_of "$out/peer_2x2_4mb.txt")")" 2.0
+else
+  unavailable transport_4mb_2x2_shm_vs_pslite 2.0
 fi
 if [ -n "$memcpy" ]; then target transport_4mb_shm_vs_memcpy "$(div "$shm" "$memcpy")" 0.3; else unavailable transport_4mb_shm_vs_memcpy 0.3; fi
 
