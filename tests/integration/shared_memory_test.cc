@@ -43,7 +43,7 @@ std::string Job(const std::string& dir, bool shared_memory) {
       segments { name: "s" layers { units: 16 activation: RELU } layers { units: 10 activation: SOFTMAX } }
     }
     optimizer { kind: ADAM }
-    training { batch_size: 32 epochs: 2 staleness: 0 }
+    training { batch_size: 32 epochs: 2 staleness: 0 log_interval_s: 0.000001 }
     data { source: SYNTHETIC_TEACHER test_samples: 200 train_samples: 2000 }
   )pb", shared_memory ? "true" : "false"));
   return path;
@@ -98,6 +98,40 @@ TEST(SharedMemory, TrainingThroughTheRegionEqualsTrainingOverTcp) {
   EXPECT_EQ(tcp.region_bytes, 0u);
   ASSERT_FALSE(shared.parameters.empty());
   EXPECT_TRUE(shared.parameters == tcp.parameters) << "the parameters differ";
+}
+
+// A server killed and started again three times: each recovery leaves the
+// worker's blocks of the requests it sent again out of use, so the
+// registration after one starts on a fresh region (a large segment's
+// region would otherwise fill after two recoveries), and the last server
+// still gets its tensors through shared memory.
+TEST(SharedMemory, AServerKilledAgainAndAgainStillTakesTheTensorsThroughARegion) {
+  const std::string dir = MakeTempDir();
+  std::string job = ReadFile(Job(dir, true));
+  job.replace(job.find("epochs: 2"), 9, "epochs: 6");
+  job += "checkpoint { every_clocks: 10 }\n";
+  WriteFile(dir + "/job.pbtxt", job);
+  ProcessCluster cluster(dir + "/job.pbtxt", dir, 2);
+  std::unique_ptr<Subprocess> worker = cluster.StartWorker("s", 0);
+  for (int kill = 0; kill < 3; ++kill) {
+    const std::string step = absl::StrCat(" step ", 60 + 80 * kill, "/378 ");
+    ASSERT_TRUE(worker->WaitForLine(step, absl::Seconds(120)).has_value()) << step << worker->output();
+    ASSERT_TRUE(cluster.WaitForFirstCheckpoint(1)) << cluster.Output();
+    cluster.KillServer(1);
+    ASSERT_TRUE(cluster.StartServer(1)) << cluster.Output();
+    ASSERT_TRUE(worker->WaitForLine("rejoined at clock", absl::Seconds(120)).has_value()) << worker->output();
+  }
+  std::optional<int> status = worker->Wait(absl::Seconds(120));
+  ASSERT_TRUE(status.has_value() && ExitedOk(*status)) << worker->output();
+  EXPECT_NE(worker->output().find("a fresh shared region replaces"), std::string::npos) << worker->output();
+  absl::StatusOr<v1::JobConfig> config = LoadConfig(dir + "/job.pbtxt");
+  ASSERT_TRUE(config.ok());
+  absl::StatusOr<std::unique_ptr<ParameterClient>> client = ConnectGrpc(*config, cluster.addresses());
+  ASSERT_TRUE(client.ok());
+  absl::StatusOr<std::vector<v1::StatsResponse>> stats = (*client)->Stats();
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  // Server 1 as last started: its share of the steps after the last kill.
+  EXPECT_GT((*stats)[1].segments(0).region_bytes(), 0u) << worker->output();
 }
 
 // One server of a 1-server job with segment "s" (4 -> 3, SGD at rate 1;

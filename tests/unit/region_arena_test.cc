@@ -48,6 +48,24 @@ TEST(RegionArena, BlocksAreAlignedAndDisjoint) {
   EXPECT_EQ(arena->OffsetOf(d.get()), std::optional<uint64_t>(64));
 }
 
+TEST(RegionHolder, ARegistrationRenewsAnArenaWithRetiredBlocksOnly) {
+  RegionHolder holder(1 << 16);
+  std::shared_ptr<RegionArena> first = holder.get();
+  ASSERT_NE(first, nullptr);
+  holder.Renew();
+  EXPECT_EQ(holder.get(), first);  // nothing retired: kept
+  std::shared_ptr<char> block = first->Allocate(100);
+  first->Retire(block.get());
+  EXPECT_EQ(first->retired(), 128u);
+  holder.Renew();
+  std::shared_ptr<RegionArena> second = holder.get();
+  ASSERT_NE(second, nullptr);
+  EXPECT_NE(second, first);
+  EXPECT_EQ(second->used(), 0u);
+  std::memcpy(block.get(), "still", 5);  // a block of the old arena stays valid while held
+  EXPECT_EQ(std::memcmp(block.get(), "still", 5), 0);
+}
+
 TEST(SharedRegion, MapsOnlySealedRegionsWithinTheLimitAndChecksBounds) {
   absl::StatusOr<std::unique_ptr<SharedRegion>> made = SharedRegion::Create(5000);
   ASSERT_TRUE(made.ok()) << made.status();

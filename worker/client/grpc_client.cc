@@ -40,6 +40,7 @@
 #include "worker/client/membership.h"
 #include "worker/client/ps_client.h"
 #include "worker/client/request_streams.h"
+#include "worker/client/unary_fan_out.h"
 
 namespace segps {
 namespace {
@@ -81,9 +82,9 @@ class GrpcClient final : public ParameterClient {
         pull_wait_(absl::Milliseconds(config.cluster().pull_wait_ms())),
         dtype_(config.cluster().wire_dtype()),
         chunk_elements_(config.cluster().chunk_bytes() / DTypeBytes(dtype_)),
-        arena_(SharedMemoryOn(config.cluster()) && !SameHostIdentity().empty()
-                   ? RegionArena::Create(RegionBytesFor(map_))
-                   : nullptr) {
+        regions_(SharedMemoryOn(config.cluster()) && !SameHostIdentity().empty()
+                     ? std::make_shared<RegionHolder>(RegionBytesFor(map_))
+                     : nullptr) {
     grpc::ChannelArguments args;
     args.SetMaxReceiveMessageSize(static_cast<int>(config.cluster().max_message_bytes()));
     args.SetMaxSendMessageSize(static_cast<int>(config.cluster().max_message_bytes()));
@@ -110,7 +111,7 @@ class GrpcClient final : public ParameterClient {
     std::vector<MembershipStub*> servers;
     for (size_t i = 0; i < stubs_.size(); ++i) {
       membership_stubs_.push_back(
-          std::make_unique<GrpcMembershipStub>(stubs_[i].get(), i, addresses_[i], rpc_deadline_, arena_));
+          std::make_unique<GrpcMembershipStub>(stubs_[i].get(), i, addresses_[i], rpc_deadline_, regions_));
       servers.push_back(membership_stubs_.back().get());
     }
     membership_ = std::make_unique<Membership>(std::move(servers), ModelFingerprint(config), map_.fingerprint(),
@@ -131,6 +132,7 @@ class GrpcClient final : public ParameterClient {
       return absl::InvalidArgumentError(absl::StrCat("segment ", segment, " is out of range"));
     }
     v1::SharePlan plan;
+    if (regions_ != nullptr) regions_->Renew();
     absl::StatusOr<Registration> registered = membership_->Register(segment, rank, &plan);
     if (registered.ok()) {
       MutexLock lock(&plan_mu_);
@@ -170,7 +172,7 @@ class GrpcClient final : public ParameterClient {
     }
     auto exchange = std::make_unique<RequestStreams::Exchange>();
     auto landing = std::make_shared<Landing>(dest, segment);
-    LandInRegion(landing.get());
+    LandInRegion(landing.get(), true);
     for (size_t i = 0; i < stubs_.size(); ++i) {
       const std::vector<Range> cut = Chunks(map_.range(segment, static_cast<uint32_t>(i)), chunk_elements_);
       for (const Range& chunk : cut) {
@@ -307,7 +309,7 @@ class GrpcClient final : public ParameterClient {
     }
     absl::Status status = FanOut(
         "Heartbeat", rpc_deadline_, rpc_deadline_,
-        [&](size_t i, grpc::ClientContext* context, grpc::CompletionQueue* cq, Call* call) {
+        [&](size_t i, grpc::ClientContext* context, grpc::CompletionQueue* cq, UnaryCall* call) {
           call->Start(stubs_[i]->PrepareAsyncHeartbeat(context, requests[i], cq), &responses[i]);
         });
     if (!status.ok()) return status;
@@ -334,7 +336,7 @@ class GrpcClient final : public ParameterClient {
       if (end_at_clock.has_value()) requests[i].set_end_at_clock(*end_at_clock);
     }
     SEGPS_RETURN_IF_ERROR(FanOut("Leave", rpc_deadline_, rpc_deadline_,
-                                 [&](size_t i, grpc::ClientContext* context, grpc::CompletionQueue* cq, Call* call) {
+                                 [&](size_t i, grpc::ClientContext* context, grpc::CompletionQueue* cq, UnaryCall* call) {
                                    call->Start(stubs_[i]->PrepareAsyncLeave(context, requests[i], cq), &responses[i]);
                                  }));
     std::vector<uint64_t> applied;
@@ -348,7 +350,7 @@ class GrpcClient final : public ParameterClient {
     // Twice a call's deadline: servers that are still starting, or slow to
     // finish a TLS handshake on a loaded machine.
     absl::Status status = FanOut("Stats", rpc_deadline_ * 2, rpc_deadline_,
-                                 [&](size_t i, grpc::ClientContext* context, grpc::CompletionQueue* cq, Call* call) {
+                                 [&](size_t i, grpc::ClientContext* context, grpc::CompletionQueue* cq, UnaryCall* call) {
                                    call->Start(stubs_[i]->PrepareAsyncStats(context, requests[i], cq), &responses[i]);
                                  });
     if (!status.ok()) return status;
@@ -356,21 +358,6 @@ class GrpcClient final : public ParameterClient {
   }
 
  private:
-  // One call of a fan-out: its status, and its reader, which must outlive it.
-  struct Call {
-    size_t index = 0;  // within the attempt
-    grpc::Status status;
-    std::shared_ptr<void> reader;
-    template <typename Response>
-    void Start(std::unique_ptr<grpc::ClientAsyncResponseReader<Response>> call, Response* response) {
-      call->StartCall();
-      call->Finish(response, &status, this);
-      reader = std::move(call);
-    }
-  };
-  // Starts the call to server i on `cq`, with Call::Start.
-  using StartCall = std::function<void(size_t, grpc::ClientContext*, grpc::CompletionQueue*, Call*)>;
-
   // The result of a call the calling thread waits for, driving the queue
   // meanwhile: its replies are handled here, without a hand-off.
   PulledAt Driven(const Completion<PulledAt>& call) {
@@ -386,32 +373,37 @@ class GrpcClient final : public ParameterClient {
     int segment;
     std::vector<Range> chunks;
     uint64_t min_clock = UINT64_MAX;
-    // In the shared region: the block the values land in (dest's layout,
-    // elements of the wire dtype), and the push's gradient, if there.
+    // In the client's region when the exchange started (`arena`): the
+    // block the values land in (dest's layout, elements of the wire
+    // dtype), and the push's gradient, if there.
+    std::shared_ptr<RegionArena> arena;
     std::shared_ptr<char> block;
     std::shared_ptr<const char> gradient;
   };
 
   // Whether server i holds this client's region for its registration there.
   bool InRegion(size_t i) const {
-    return arena_ != nullptr && membership_->worker_id(i) != 0 &&
+    return regions_ != nullptr && membership_->worker_id(i) != 0 &&
            membership_stubs_[i]->region_worker() == membership_->worker_id(i);
   }
   // Where pushes' bytes go: the region, where some server takes it.
   PushStorage Storage() const {
     for (size_t i = 0; i < stubs_.size(); ++i) {
-      if (InRegion(i)) return [arena = arena_](size_t bytes) { return arena->Allocate(bytes); };
+      if (InRegion(i)) return [arena = regions_->get()](size_t bytes) { return arena->Allocate(bytes); };
     }
     return nullptr;
   }
-  // A block for `landing`'s values, where some server takes the region.
-  void LandInRegion(Landing* landing) const {
-    if (Storage() != nullptr) landing->block = arena_->Allocate(landing->dest.size() * DTypeBytes(dtype_));
+  // The exchange's arena, and with `pull` a block for `landing`'s values,
+  // where some server takes the region.
+  void LandInRegion(Landing* landing, bool pull) const {
+    if (Storage() == nullptr) return;
+    landing->arena = regions_->get();
+    if (pull) landing->block = landing->arena->Allocate(landing->dest.size() * DTypeBytes(dtype_));
   }
   // Where server i writes `chunk`'s values in the region, if it does.
   std::optional<uint64_t> ReplyOffset(const Landing& landing, size_t i, Range chunk) const {
     if (landing.block == nullptr || !InRegion(i)) return std::nullopt;
-    return *arena_->OffsetOf(landing.block.get()) + chunk.offset * DTypeBytes(dtype_);
+    return *landing.arena->OffsetOf(landing.block.get()) + chunk.offset * DTypeBytes(dtype_);
   }
 
   // Starts `exchange` on `streams`: its replies (Responses) land per
@@ -427,10 +419,10 @@ class GrpcClient final : public ParameterClient {
     };
     // A request sent again, or cut off, may still be read or answered by
     // its server: its region blocks are never reused.
-    auto retire = [arena = arena_, landing] {
-      if (arena == nullptr) return;
-      arena->Retire(landing->block.get());
-      arena->Retire(landing->gradient.get());
+    auto retire = [landing] {
+      if (landing->arena == nullptr) return;
+      landing->arena->Retire(landing->block.get());
+      landing->arena->Retire(landing->gradient.get());
     };
     exchange->on_resend = retire;
     exchange->done = [done, landing, retire](absl::Status status) {
@@ -459,10 +451,10 @@ class GrpcClient final : public ParameterClient {
     auto exchange = std::make_unique<RequestStreams::Exchange>();
     auto landing = std::make_shared<Landing>(pull_into, push->segment);
     landing->gradient = push->storage;
-    if (pull) LandInRegion(landing.get());
+    LandInRegion(landing.get(), pull);
     for (size_t i = 0; i < stubs_.size(); ++i) {
       for (const Range& chunk : Chunks(map_.range(push->segment, static_cast<uint32_t>(i)), chunk_elements_)) {
-        exchange->requests.push_back(PushMessage(*push, i, chunk, pull, ReplyOffset(*landing, i, chunk)));
+        exchange->requests.push_back(PushMessage(*push, i, chunk, pull, *landing));
         exchange->servers.push_back(i);
         landing->chunks.push_back(chunk);
       }
@@ -503,10 +495,11 @@ class GrpcClient final : public ParameterClient {
     return absl::OkStatus();
   }
 
-  // The message pushing `chunk` of server i's range (and pulling it into
-  // the region at `reply_offset`, if given).
+  // The message pushing `chunk` of server i's range (and pulling it, into
+  // the landing's block where there is one).
   grpc::ByteBuffer PushMessage(const EncodedPush& push, size_t i, Range chunk, bool pull,
-                               std::optional<uint64_t> reply_offset) const {
+                               const Landing& landing) const {
+    const std::optional<uint64_t> reply_offset = ReplyOffset(landing, i, chunk);
     v1::PushRequest header;
     header.set_segment(push.segment);
     header.set_worker_id(membership_->worker_id(i));
@@ -526,7 +519,7 @@ class GrpcClient final : public ParameterClient {
     const size_t width = DTypeBytes(push.dtype);
     if (!push.sparse) {
       const size_t begin = (chunk.offset - map_.range(push.segment, static_cast<uint32_t>(i)).offset) * width;
-      return GradientMessage(header, &tensor, push, i, push.values[i].substr(begin, chunk.count * width));
+      return GradientMessage(header, &tensor, push, i, landing, push.values[i].substr(begin, chunk.count * width));
     }
     // The server's entries within the chunk, positions relative to it.
     const auto all = push.indices.begin();
@@ -540,14 +533,16 @@ class GrpcClient final : public ParameterClient {
       std::memcpy(indices->data() + (e - begin) * sizeof(uint32_t), &at, sizeof(at));
     }
     const size_t first = push.server_entries[i];
-    return GradientMessage(header, &tensor, push, i, push.values[i].substr((begin - first) * width, (end - begin) * width));
+    return GradientMessage(header, &tensor, push, i, landing,
+                           push.values[i].substr((begin - first) * width, (end - begin) * width));
   }
 
   // A push's message with `bytes` of its gradient: their place in the
   // region, where server i takes it and they lie there, else the bytes.
   grpc::ByteBuffer GradientMessage(const v1::PushRequest& header, v1::TensorSlice* tensor, const EncodedPush& push,
-                                   size_t i, absl::string_view bytes) const {
-    const std::optional<uint64_t> at = InRegion(i) ? arena_->OffsetOf(bytes.data()) : std::nullopt;
+                                   size_t i, const Landing& landing, absl::string_view bytes) const {
+    const std::optional<uint64_t> at =
+        InRegion(i) && landing.arena != nullptr ? landing.arena->OffsetOf(bytes.data()) : std::nullopt;
     if (at.has_value()) tensor->set_region_offset(*at);
     return EncodeTensorMessage(header, v1::PushRequest::kGradientFieldNumber, *tensor,
                                at.has_value() ? grpc::Slice() : SliceOf(push, bytes));
@@ -571,7 +566,7 @@ class GrpcClient final : public ParameterClient {
       // Only where this request asked for them, so within the landing block.
       const size_t at = chunk.offset * DTypeBytes(dtype_);
       if (landing->block == nullptr || values.size() != 0 || tensor.dtype() != dtype_ ||
-          tensor.count() != chunk.count || tensor.region_offset() != *arena_->OffsetOf(landing->block.get()) + at) {
+          tensor.count() != chunk.count || tensor.region_offset() != *landing->arena->OffsetOf(landing->block.get()) + at) {
         return absl::InternalError("reply values: not where this request asked for them in the shared region");
       }
       values = Payload::Borrow(absl::string_view(landing->block.get() + at, chunk.count * DTypeBytes(dtype_)));
@@ -608,57 +603,10 @@ class GrpcClient final : public ParameterClient {
                                                     "): ", status.message()));
   }
 
-  // Issues a control call to every server at once and waits for all;
-  // retries the ones that failed transiently, backing off, each attempt
-  // with deadline `per_call`, until one failed for good or `budget` ran out.
-  absl::Status FanOut(const char* call, absl::Duration budget, absl::Duration per_call, const StartCall& start) {
-    std::vector<size_t> pending(stubs_.size());
-    for (size_t i = 0; i < pending.size(); ++i) pending[i] = i;
-    Backoff backoff(budget);
-    while (true) {
-      std::vector<absl::Status> results = RunCalls(per_call, start, pending);
-      std::vector<size_t> failed;  // to retry, if every failure is transient
-      absl::Status first_failure;
-      for (size_t k = 0; k < pending.size(); ++k) {
-        if (results[k].ok()) continue;
-        if (!IsTransient(results[k])) return Annotate(results[k], pending[k], call);
-        if (failed.empty()) first_failure = Annotate(results[k], pending[k], call);
-        failed.push_back(pending[k]);
-      }
-      if (failed.empty()) return absl::OkStatus();
-      if (!SleepBeforeRetry(&backoff)) return first_failure;
-      pending = std::move(failed);
-    }
-  }
-
-  // One attempt at the calls to the servers in `pending`: the status of each.
-  std::vector<absl::Status> RunCalls(absl::Duration per_call, const StartCall& start,
-                                     const std::vector<size_t>& pending) {
-    // The calling thread drives the queue: replies reach it without a
-    // hand-off from another thread (latency on a busy machine).
-    grpc::CompletionQueue cq;
-    const size_t count = pending.size();
-    std::vector<grpc::ClientContext> contexts(count);
-    std::vector<Call> calls(count);
-    for (size_t k = 0; k < count; ++k) {
-      contexts[k].set_deadline(absl::ToChronoTime(absl::Now() + per_call));
-      calls[k].index = k;
-      start(pending[k], &contexts[k], &cq, &calls[k]);
-    }
-    std::vector<absl::Status> results(count);
-    for (size_t done = 0; done < count; ++done) {
-      void* tag = nullptr;
-      bool ok = false;
-      cq.Next(&tag, &ok);  // a unary call's Finish always completes, ok or not
-      const size_t k = static_cast<Call*>(tag)->index;
-      results[k] = FromGrpcStatus(calls[k].status);
-    }
-    cq.Shutdown();
-    void* tag = nullptr;
-    bool ok = false;
-    while (cq.Next(&tag, &ok)) {
-    }
-    return results;
+  // A control call to every server at once (client/unary_fan_out.h).
+  absl::Status FanOut(const char* call, absl::Duration budget, absl::Duration per_call, const StartUnary& start) {
+    return UnaryFanOut(stubs_.size(), budget, per_call, start,
+                       [&](const absl::Status& status, size_t server) { return Annotate(status, server, call); });
   }
 
   const ShardMap map_;
@@ -668,7 +616,7 @@ class GrpcClient final : public ParameterClient {
   const v1::DType dtype_;        // of tensors on the wire
   const uint64_t chunk_elements_;
   std::vector<std::unique_ptr<v1::ParameterServer::Stub>> stubs_;  // the control calls
-  const std::shared_ptr<RegionArena> arena_;  // null: no shared memory
+  const std::shared_ptr<RegionHolder> regions_;  // null: no shared memory
   CompletionLoop loop_;  // drives the streams; destroyed after them
   std::unique_ptr<RequestStreams> push_streams_, pull_streams_, row_streams_;
   std::vector<std::unique_ptr<GrpcMembershipStub>> membership_stubs_;

@@ -11,9 +11,9 @@
 namespace segps {
 
 GrpcMembershipStub::GrpcMembershipStub(v1::ParameterServer::Stub* stub, size_t index, std::string address,
-                                       absl::Duration deadline, std::shared_ptr<RegionArena> arena)
-    : stub_(stub), index_(index), address_(std::move(address)), deadline_(deadline), arena_(std::move(arena)),
-      host_(arena_ != nullptr ? SameHostIdentity() : "") {}
+                                       absl::Duration deadline, std::shared_ptr<RegionHolder> regions)
+    : stub_(stub), index_(index), address_(std::move(address)), deadline_(deadline), regions_(std::move(regions)),
+      host_(regions_ != nullptr ? SameHostIdentity() : "") {}
 
 absl::Status GrpcMembershipStub::Register(const v1::RegisterRequest& request, v1::RegisterResponse* response) {
   v1::RegisterRequest offered = request;
@@ -45,15 +45,16 @@ absl::Status GrpcMembershipStub::WithRetries(F call) {
 
 void GrpcMembershipStub::OfferRegion(const v1::RegisterResponse& response) {
   region_worker_.store(0, std::memory_order_release);
-  if (arena_ == nullptr || response.region_socket().empty()) {
-    if (said_ != 0 && arena_ != nullptr) {
+  const std::shared_ptr<RegionArena> arena = regions_ != nullptr ? regions_->get() : nullptr;
+  if (arena == nullptr || response.region_socket().empty()) {
+    if (said_ != 0 && arena != nullptr) {
       SEGPS_LOG_INFO << Name() << ": tensors over TCP (the server is on another host, or takes no shared memory)";
     }
     said_ = 0;
     return;
   }
   const absl::Status offered =
-      arena_->Offer(response.region_socket(), response.worker_id(), response.registration_secret(), deadline_);
+      arena->Offer(response.region_socket(), response.worker_id(), response.registration_secret(), deadline_);
   if (!offered.ok()) {
     SEGPS_LOG_WARNING << Name() << ": tensors over TCP; the shared region was not taken: " << offered.message();
     said_ = 0;

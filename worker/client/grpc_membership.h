@@ -20,17 +20,16 @@ namespace segps {
 // server is unreachable or starting.
 class GrpcMembershipStub final : public MembershipStub {
  public:
-  // `arena`: the client's shared region, or null (cluster.shared_memory off,
-  // or no region could be made).
+  // `regions`: the client's shared regions, or null (cluster.shared_memory off).
   GrpcMembershipStub(v1::ParameterServer::Stub* stub, size_t index, std::string address, absl::Duration deadline,
-                     std::shared_ptr<RegionArena> arena);
+                     std::shared_ptr<RegionHolder> regions);
 
   absl::Status Register(const v1::RegisterRequest& request, v1::RegisterResponse* response) override;
   absl::Status Rollback(const v1::RollbackRequest& request, v1::RollbackResponse* response) override;
   std::string Name() const override;
 
-  // The registration with this server that holds the client's region (0:
-  // none): its tensors may lie there.
+  // The registration with this server that holds the client's current
+  // region (0: none): its tensors may lie there.
   uint64_t region_worker() const { return region_worker_.load(std::memory_order_acquire); }
 
  private:
@@ -44,8 +43,8 @@ class GrpcMembershipStub final : public MembershipStub {
   const size_t index_;
   const std::string address_;
   const absl::Duration deadline_;
-  const std::shared_ptr<RegionArena> arena_;
-  const std::string host_;  // SameHostIdentity, where there is an arena
+  const std::shared_ptr<RegionHolder> regions_;
+  const std::string host_;  // SameHostIdentity, where there are regions
   std::atomic<uint64_t> region_worker_{0};
   int said_ = -1;  // which way tensors went when last said: 1 region, 0 TCP
 };

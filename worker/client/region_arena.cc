@@ -98,6 +98,24 @@ size_t RegionArena::used() {
   return bytes;
 }
 
+size_t RegionArena::retired() {
+  MutexLock lock(&mu_);
+  size_t bytes = 0;
+  for (const auto& [offset, block] : used_) bytes += block.retired ? block.bytes : 0;
+  return bytes;
+}
+
+void RegionHolder::Renew() {
+  std::shared_ptr<RegionArena> current = get();
+  if (current == nullptr || current->retired() == 0) return;
+  std::shared_ptr<RegionArena> fresh = RegionArena::Create(bytes_);
+  if (fresh == nullptr) return;
+  SEGPS_LOG_INFO << "a fresh shared region replaces one with " << current->retired()
+                 << " bytes kept out of use by requests sent again";
+  MutexLock lock(&mu_);
+  arena_ = std::move(fresh);
+}
+
 absl::Status RegionArena::Offer(const std::string& socket, uint64_t worker_id, const std::string& secret,
                                 absl::Duration timeout) const {
   absl::StatusOr<int> connection = ConnectAbstract(socket, timeout);

@@ -49,6 +49,8 @@ class RegionArena : public std::enable_shared_from_this<RegionArena> {
   size_t size() const { return region_->size(); }
   // Bytes handed out and not back (retired ones included), for tests.
   size_t used();
+  // Bytes of retired blocks.
+  size_t retired();
 
  private:
   explicit RegionArena(std::unique_ptr<SharedRegion> region);
@@ -63,6 +65,29 @@ class RegionArena : public std::enable_shared_from_this<RegionArena> {
   };
   std::map<uint64_t, Block> used_ ABSL_GUARDED_BY(mu_);  // by offset
   bool said_full_ ABSL_GUARDED_BY(mu_) = false;  // a failed Allocate was logged, none succeeded since
+};
+
+// A client's arena for the registrations to come. Retired blocks never come
+// back, so a job that recovers again and again would fill its region: a
+// registration (no call of the client in flight) first renews an arena
+// that has retired blocks with a fresh region, which the servers then take
+// for the new registrations. Blocks of the old one stay valid while held;
+// the servers' old mappings go with the registrations they served.
+// Thread-safe.
+class RegionHolder {
+ public:
+  // The first arena, of `bytes` (none where this host cannot make one).
+  explicit RegionHolder(size_t bytes) : bytes_(bytes), arena_(RegionArena::Create(bytes)) {}
+  std::shared_ptr<RegionArena> get() {
+    MutexLock lock(&mu_);
+    return arena_;
+  }
+  void Renew();
+
+ private:
+  const size_t bytes_;
+  Mutex mu_;
+  std::shared_ptr<RegionArena> arena_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace segps
