@@ -98,6 +98,12 @@ if docker exec "$(cid server0)" segps-health --address 127.0.0.1:7000 > /dev/nul
   fail "server0 answered a plaintext health check"
 fi
 echo "servers healthy over mutual TLS with tokens; a plaintext client is refused"
+# Each container has a network namespace of its own: the servers offer no
+# shared region, and the workers' tensors go over TCP (cluster.shared_memory).
+worker_log=$(docker logs "$(cid worker-seg0)" 2>&1)
+grep -q "tensors over TCP" <<< "$worker_log" || fail "worker-seg0 did not say its tensors go over TCP"
+if grep -q "through shared memory" <<< "$worker_log"; then fail "worker-seg0 used shared memory across containers"; fi
+echo "workers in containers of their own send their tensors over TCP"
 down
 
 echo "== $(date -u +%T) round 2: the teacher config, 2 workers per segment, with the monitoring profile"
