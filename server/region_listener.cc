@@ -10,6 +10,7 @@
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "common/log.h"
 
 namespace segps {
@@ -80,7 +81,15 @@ void RegionListener::Serve(int connection) {
   reply.set_accepted(taken.ok());
   if (!taken.ok()) {
     reply.set_error(std::string(taken.message()));
-    SEGPS_LOG_WARNING << "region socket: refused a region: " << taken.message();
+    // At most a line a second, whatever a local process sends.
+    ++refused_;
+    const absl::Time now = absl::Now();
+    if (now - last_said_ >= absl::Seconds(1)) {
+      SEGPS_LOG_WARNING << "region socket: refused a region: " << taken.message()
+                        << (refused_ > 1 ? absl::StrCat(" (", refused_ - 1, " more refused since the last line)") : "");
+      last_said_ = now;
+      refused_ = 0;
+    }
   }
   // A peer that left does not hear why; nothing changed either way.
   (void)SendFrame(connection, reply.SerializeAsString());

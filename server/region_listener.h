@@ -17,6 +17,7 @@
 #include <thread>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "common/shared_region.h"
 #include "segps/v1/parameter_server.pb.h"
 
@@ -46,6 +47,9 @@ class RegionListener {
   const size_t max_bytes_;
   const std::string name_;
   const int listener_, stop_read_, stop_write_;
+  // Refusals not yet logged, and when the last line was (the thread's own).
+  uint64_t refused_ = 0;
+  absl::Time last_said_ = absl::InfinitePast();
   std::thread thread_;
 };
 
