@@ -388,15 +388,19 @@ class GrpcClient final : public ParameterClient {
   }
   // Where pushes' bytes go: the region, where some server takes it.
   PushStorage Storage() const {
+    if (!AnyInRegion()) return nullptr;
+    return [arena = regions_->get()](size_t bytes) { return arena->Allocate(bytes); };
+  }
+  bool AnyInRegion() const {
     for (size_t i = 0; i < stubs_.size(); ++i) {
-      if (InRegion(i)) return [arena = regions_->get()](size_t bytes) { return arena->Allocate(bytes); };
+      if (InRegion(i)) return true;
     }
-    return nullptr;
+    return false;
   }
   // The exchange's arena, and with `pull` a block for `landing`'s values,
   // where some server takes the region.
   void LandInRegion(Landing* landing, bool pull) const {
-    if (Storage() == nullptr) return;
+    if (!AnyInRegion()) return;
     landing->arena = regions_->get();
     if (pull) landing->block = landing->arena->Allocate(landing->dest.size() * DTypeBytes(dtype_));
   }
