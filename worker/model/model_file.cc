@@ -28,6 +28,22 @@ std::string TableName(const v1::ModelConfig& model, int k, int t) {
   return absl::StrCat(model.segments(k).name(), "/embeddings/", model.segments(k).embeddings(t).name());
 }
 
+// OK where `model` holds every table of every segment whole.
+absl::Status CheckTables(const TrainedModel& model) {
+  for (int k = 0; k < model.model.segments_size(); ++k) {
+    const v1::SegmentConfig& segment = model.model.segments(k);
+    for (int t = 0; t < segment.embeddings_size(); ++t) {
+      const v1::EmbeddingConfig& table = segment.embeddings(t);
+      if (static_cast<size_t>(k) >= model.tables.size() || static_cast<size_t>(t) >= model.tables[k].size() ||
+          model.tables[k][t].size() != table.vocab() * table.dim()) {
+        return absl::InvalidArgumentError(absl::StrCat("export: table ", TableName(model.model, k, t),
+                                                       " is not held whole (", table.vocab(), " x ", table.dim(), ")"));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 TrainedModel ModelOfJob(const v1::JobConfig& config, std::vector<std::vector<float>> params, const Dataset& train,
@@ -49,6 +65,7 @@ TrainedModel ModelOfJob(const v1::JobConfig& config, std::vector<std::vector<flo
 absl::Status WriteModelSafetensors(const TrainedModel& model, const std::string& path) {
   absl::StatusOr<ShardMap> map = ShardMap::Create(model.model, 1);
   if (!map.ok()) return map.status();
+  SEGPS_RETURN_IF_ERROR(CheckTables(model));
   std::vector<TensorToWrite> tensors;
   for (int k = 0; k < map->num_segments(); ++k) {
     if (model.params[k].size() != map->segment_size(k)) {
@@ -63,11 +80,6 @@ absl::Status WriteModelSafetensors(const TrainedModel& model, const std::string&
     const v1::SegmentConfig& segment = model.model.segments(k);
     for (int t = 0; t < segment.embeddings_size(); ++t) {
       const v1::EmbeddingConfig& table = segment.embeddings(t);
-      if (static_cast<size_t>(k) >= model.tables.size() || static_cast<size_t>(t) >= model.tables[k].size() ||
-          model.tables[k][t].size() != table.vocab() * table.dim()) {
-        return absl::InvalidArgumentError(absl::StrCat("export: table ", TableName(model.model, k, t),
-                                                       " is not held whole (", table.vocab(), " x ", table.dim(), ")"));
-      }
       tensors.push_back({TableName(model.model, k, t), {table.vocab(), table.dim()}, model.tables[k][t], {}});
     }
   }
@@ -329,6 +341,7 @@ std::string AddSegment(const TrainedModel& model, const ShardMap& map, int k, st
 absl::Status WriteModelOnnx(const TrainedModel& model, const std::string& path) {
   absl::StatusOr<ShardMap> map = ShardMap::Create(model.model, 1);
   if (!map.ok()) return map.status();
+  SEGPS_RETURN_IF_ERROR(CheckTables(model));
   onnx::ModelProto proto;
   proto.set_ir_version(8);
   proto.set_producer_name("segps");
