@@ -32,6 +32,16 @@
 namespace segps {
 namespace {
 
+// Why this machine cannot share memory between processes (no memfd, no
+// /proc to say which host this is), or empty where it can.
+std::string NoRegionsHere() {
+  if (SameHostIdentity().empty()) return "no host identity (/proc/sys/kernel/random/boot_id, /proc/self/ns/net)";
+  absl::StatusOr<std::unique_ptr<SharedRegion>> region = SharedRegion::Create(4096);
+  return region.ok() ? "" : std::string(region.status().message());
+}
+#define SKIP_WITHOUT_REGIONS()                                                          \
+  if (const std::string why = NoRegionsHere(); !why.empty()) GTEST_SKIP() << "skipped: " << why
+
 // 2 servers, segment "s" (50 -> 16 -> 10), Adam, one worker, staleness 0.
 std::string Job(const std::string& dir, bool shared_memory) {
   const std::string path = dir + "/job.pbtxt";
@@ -85,6 +95,7 @@ Trained Train(bool shared_memory) {
 }
 
 TEST(SharedMemory, TrainingThroughTheRegionEqualsTrainingOverTcp) {
+  SKIP_WITHOUT_REGIONS();
   const Trained shared = Train(true);
   const Trained tcp = Train(false);
   EXPECT_NE(shared.worker_output.find("tensors through shared memory"), std::string::npos) << shared.worker_output;
@@ -106,6 +117,7 @@ TEST(SharedMemory, TrainingThroughTheRegionEqualsTrainingOverTcp) {
 // region would otherwise fill after two recoveries), and the last server
 // still gets its tensors through shared memory.
 TEST(SharedMemory, AServerKilledAgainAndAgainStillTakesTheTensorsThroughARegion) {
+  SKIP_WITHOUT_REGIONS();
   const std::string dir = MakeTempDir();
   std::string job = ReadFile(Job(dir, true));
   job.replace(job.find("epochs: 2"), 9, "epochs: 6");
@@ -140,6 +152,7 @@ TEST(SharedMemory, AServerKilledAgainAndAgainStillTakesTheTensorsThroughARegion)
 class RegionHandOver : public ::testing::Test {
  protected:
   void SetUp() override {
+    SKIP_WITHOUT_REGIONS();
     dir_ = MakeTempDir();
     WriteFile(dir_ + "/job.pbtxt", R"pb(
       cluster { num_servers: 1 }
