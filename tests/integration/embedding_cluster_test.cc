@@ -218,9 +218,7 @@ TEST(EmbeddingCluster, ExportedWithItsTablesTheModelPredictsAsTheServersScore) {
   const std::vector<float> predicted = ReadNpyFloat32(dir + "/predicted.npy");
   ASSERT_EQ(eval.size(), 4000u * 2);
   ASSERT_EQ(predicted.size(), eval.size());
-  double worst = 0;
-  for (size_t i = 0; i < eval.size(); ++i) worst = std::max(worst, std::fabs(double(eval[i]) - predicted[i]));
-  EXPECT_LE(worst, 1e-6);
+  EXPECT_LE(LargestDifference(eval, predicted), 1e-6);
   // Without the ids, a model with tables says what it needs.
   std::unique_ptr<Subprocess> no_ids = Subprocess::Start({BinaryPath("segps-predict"), "--model",
                                                           dir + "/model.safetensors", "--input", dir + "/test_x.npy",

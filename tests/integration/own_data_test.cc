@@ -89,9 +89,7 @@ TEST(OwnData, NpyFilesTrainAndTheExportReproducesTheEvaluatorElsewhere) {
   const std::vector<float> predicted = ReadNpyFloats(dir + "/predict_probs.npy");
   ASSERT_EQ(eval.size(), 5000u * 10);
   ASSERT_EQ(predicted.size(), eval.size());
-  double worst = 0;
-  for (size_t i = 0; i < eval.size(); ++i) worst = std::max(worst, std::fabs(double(eval[i]) - predicted[i]));
-  EXPECT_LE(worst, 1e-6);
+  EXPECT_LE(LargestDifference(eval, predicted), 1e-6);
 
   Finished python = RunToEnd({"/usr/bin/python3", kSource + "/tests/python/check_export.py", dir + "/model.safetensors",
                          dir + "/model.onnx", dir + "/test_x.npy", dir + "/test_y.npy", dir + "/eval_probs.npy",

@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <cmath>
 #include <fstream>
 #include <regex>
 #include <sstream>
@@ -138,6 +139,14 @@ std::string ServerProcesses::Output() const {
   std::string all;
   for (const auto& p : processes) all += p->output();
   return all;
+}
+
+double LargestDifference(const std::vector<float>& a, const std::vector<float>& b) {
+  double worst = 0;
+  for (size_t i = 0; i < a.size() && i < b.size(); ++i) {
+    worst = std::max(worst, std::fabs(static_cast<double>(a[i]) - b[i]));
+  }
+  return worst;
 }
 
 std::string MakeTempDir() {

@@ -76,6 +76,8 @@ double EnsembleAccuracy(const std::string& report_json);
 
 // A float32 .npy file's values (as segps-local --params_dir writes them).
 std::vector<float> ReadNpyFloat32(const std::string& path);
+// The largest |a[i] - b[i]| (a and b of one size), in double.
+double LargestDifference(const std::vector<float>& a, const std::vector<float>& b);
 
 // Whether a wait status is a clean exit.
 bool ExitedOk(int status);

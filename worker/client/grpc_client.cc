@@ -82,9 +82,8 @@ class GrpcClient final : public ParameterClient {
         pull_wait_(absl::Milliseconds(config.cluster().pull_wait_ms())),
         dtype_(config.cluster().wire_dtype()),
         chunk_elements_(config.cluster().chunk_bytes() / DTypeBytes(dtype_)),
-        regions_(SharedMemoryOn(config.cluster()) && !SameHostIdentity().empty()
-                     ? std::make_shared<RegionHolder>(RegionBytesFor(map_))
-                     : nullptr) {
+        host_(SharedMemoryOn(config.cluster()) ? SameHostIdentity() : ""),
+        regions_(host_.empty() ? nullptr : std::make_shared<RegionHolder>(RegionBytesFor(map_))) {
     grpc::ChannelArguments args;
     args.SetMaxReceiveMessageSize(static_cast<int>(config.cluster().max_message_bytes()));
     args.SetMaxSendMessageSize(static_cast<int>(config.cluster().max_message_bytes()));
@@ -111,7 +110,7 @@ class GrpcClient final : public ParameterClient {
     std::vector<MembershipStub*> servers;
     for (size_t i = 0; i < stubs_.size(); ++i) {
       membership_stubs_.push_back(
-          std::make_unique<GrpcMembershipStub>(stubs_[i].get(), i, addresses_[i], rpc_deadline_, regions_));
+          std::make_unique<GrpcMembershipStub>(stubs_[i].get(), i, addresses_[i], rpc_deadline_, regions_, host_));
       servers.push_back(membership_stubs_.back().get());
     }
     membership_ = std::make_unique<Membership>(std::move(servers), ModelFingerprint(config), map_.fingerprint(),
@@ -620,6 +619,7 @@ class GrpcClient final : public ParameterClient {
   const v1::DType dtype_;        // of tensors on the wire
   const uint64_t chunk_elements_;
   std::vector<std::unique_ptr<v1::ParameterServer::Stub>> stubs_;  // the control calls
+  const std::string host_;  // SameHostIdentity; empty: no shared memory
   const std::shared_ptr<RegionHolder> regions_;  // null: no shared memory
   CompletionLoop loop_;  // drives the streams; destroyed after them
   std::unique_ptr<RequestStreams> push_streams_, pull_streams_, row_streams_;

@@ -11,9 +11,10 @@
 namespace segps {
 
 GrpcMembershipStub::GrpcMembershipStub(v1::ParameterServer::Stub* stub, size_t index, std::string address,
-                                       absl::Duration deadline, std::shared_ptr<RegionHolder> regions)
+                                       absl::Duration deadline, std::shared_ptr<RegionHolder> regions,
+                                       std::string host)
     : stub_(stub), index_(index), address_(std::move(address)), deadline_(deadline), regions_(std::move(regions)),
-      host_(regions_ != nullptr ? SameHostIdentity() : "") {}
+      host_(regions_ != nullptr ? std::move(host) : "") {}
 
 absl::Status GrpcMembershipStub::Register(const v1::RegisterRequest& request, v1::RegisterResponse* response) {
   v1::RegisterRequest offered = request;

@@ -20,9 +20,10 @@ namespace segps {
 // server is unreachable or starting.
 class GrpcMembershipStub final : public MembershipStub {
  public:
-  // `regions`: the client's shared regions, or null (cluster.shared_memory off).
+  // `regions`: the client's shared regions, or null (cluster.shared_memory
+  // off); `host`: this host's SameHostIdentity, offered where there are regions.
   GrpcMembershipStub(v1::ParameterServer::Stub* stub, size_t index, std::string address, absl::Duration deadline,
-                     std::shared_ptr<RegionHolder> regions);
+                     std::shared_ptr<RegionHolder> regions, std::string host);
 
   absl::Status Register(const v1::RegisterRequest& request, v1::RegisterResponse* response) override;
   absl::Status Rollback(const v1::RollbackRequest& request, v1::RollbackResponse* response) override;
