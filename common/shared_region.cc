@@ -54,11 +54,19 @@ std::string SameHostIdentity() {
   return absl::StrCat(id, " ", absl::string_view(net, static_cast<size_t>(n)));
 }
 
-size_t RegionBytesFor(const ShardMap& map) {
-  uint64_t largest = 0;
-  for (int s = 0; s < map.num_segments(); ++s) largest = std::max<uint64_t>(largest, map.segment_size(s));
+size_t RegionBytesFor(const ShardMap& map, const v1::JobConfig& config) {
+  uint64_t largest = 0, rows = 0;  // floats
+  for (int s = 0; s < map.num_segments(); ++s) {
+    largest = std::max<uint64_t>(largest, map.segment_size(s));
+    uint64_t step = 0;
+    for (const v1::EmbeddingConfig& table : config.model().segments(s).embeddings()) {
+      const uint64_t ids = std::min<uint64_t>(table.vocab(), uint64_t{config.training().batch_size()} * table.field_size());
+      step += ids * table.dim();
+    }
+    rows = std::max(rows, step);
+  }
   const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
-  const size_t bytes = static_cast<size_t>(largest * sizeof(float) * 4 + (size_t{1} << 20));
+  const size_t bytes = static_cast<size_t>((largest * 4 + rows * 3) * sizeof(float) + (size_t{1} << 20));
   return (bytes + page - 1) / page * page;
 }
 

@@ -40,10 +40,13 @@ inline bool SharedMemoryOn(const v1::ClusterConfig& cluster) {
 // say: no shared memory then.
 std::string SameHostIdentity();
 
-// The largest region a worker of `map` makes and a server maps: room for
-// four copies of the largest segment as float32 (a push and a pull in
-// flight, and the next of each), and 1 MiB, in whole pages.
-size_t RegionBytesFor(const ShardMap& map);
+// The largest region a worker of `map` (of job `config`) makes and a
+// server maps: room for four copies of the largest segment as float32 (a
+// push and a pull in flight, and the next of each), three of the most
+// embedding rows a segment's step touches (a push's, its pull's and the
+// next batch's: training.batch_size ids a field, at most the vocab), and
+// 1 MiB, in whole pages.
+size_t RegionBytesFor(const ShardMap& map, const v1::JobConfig& config);
 
 class SharedRegion {
  public:

@@ -96,11 +96,29 @@ void EmbeddingTable::Initial(uint64_t id, float* row) const {
   std::fill(row + dim, row + stride_, state);
 }
 
+void EmbeddingTable::Slots(absl::Span<const uint64_t> ids, std::vector<uint32_t>* slots) const {
+  slots->resize(ids.size());
+  for (size_t r = 0; r < ids.size(); ++r) {
+    if (r + kAhead < ids.size()) index_.prefetch(ids[r + kAhead]);
+    const auto it = index_.find(ids[r]);
+    (*slots)[r] = it == index_.end() ? kNew : it->second;
+  }
+}
+
+void EmbeddingTable::PrefetchRow(absl::Span<const uint32_t> slots, size_t r) const {
+  if (r >= slots.size() || slots[r] == kNew) return;
+  const char* row = reinterpret_cast<const char*>(rows_.data() + size_t{slots[r]} * stride_);
+  for (size_t byte = 0; byte < stride_ * sizeof(float); byte += kCacheLine) __builtin_prefetch(row + byte);
+}
+
 void EmbeddingTable::Read(absl::Span<const uint64_t> ids, absl::Span<float> out) const {
   const size_t dim = config_.dim();
+  std::vector<uint32_t> slots;
+  Slots(ids, &slots);
   for (size_t r = 0; r < ids.size(); ++r) {
-    if (auto it = index_.find(ids[r]); it != index_.end()) {
-      std::copy_n(rows_.data() + it->second * stride_, dim, out.data() + r * dim);
+    PrefetchRow(slots, r + kAhead);
+    if (slots[r] != kNew) {
+      std::copy_n(rows_.data() + size_t{slots[r]} * stride_, dim, out.data() + r * dim);
     } else {
       InitialRow(seed_, segment_, table_, ids[r], out.subspan(r * dim, dim));
     }
@@ -111,18 +129,17 @@ absl::Status EmbeddingTable::Update(uint64_t step, float scale, absl::Span<const
                                     absl::Span<const float> grads) {
   const size_t dim = config_.dim();
   pending_ids_.assign(ids.begin(), ids.end());
-  pending_slots_.resize(ids.size());
+  Slots(ids, &pending_slots_);
   pending_.resize(ids.size() * stride_);
   pending_new_ = 0;
   for (size_t r = 0; r < ids.size(); ++r) {
+    PrefetchRow(pending_slots_, r + kAhead);
     float* row = pending_.data() + r * stride_;
-    const auto it = index_.find(ids[r]);
-    pending_slots_[r] = it == index_.end() ? kNew : it->second;
-    if (it == index_.end()) {
+    if (pending_slots_[r] == kNew) {
       Initial(ids[r], row);
       ++pending_new_;
     } else {
-      std::copy_n(rows_.data() + it->second * stride_, stride_, row);
+      std::copy_n(rows_.data() + size_t{pending_slots_[r]} * stride_, stride_, row);
     }
     UpdateRow(optimizer_, step, scale, dim, row, grads.data() + r * dim);
     for (size_t i = 0; i < stride_; ++i) {

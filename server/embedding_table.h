@@ -88,6 +88,13 @@ class EmbeddingTable {
  private:
   // A row's values and state as initialised.
   void Initial(uint64_t id, float* row) const;
+  // Where each of `ids` is stored (kNew: nowhere yet). A table far larger
+  // than the caches would cost a miss or two a row, one after the other;
+  // these look up and fetch the rows kAhead places ahead meanwhile.
+  void Slots(absl::Span<const uint64_t> ids, std::vector<uint32_t>* slots) const;
+  // Starts fetching row `r` of `slots` into the cache, if it is stored.
+  void PrefetchRow(absl::Span<const uint32_t> slots, size_t r) const;
+  static constexpr size_t kAhead = 16, kCacheLine = 64;
 
   const v1::EmbeddingConfig config_;
   const v1::OptimizerConfig optimizer_;

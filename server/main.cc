@@ -154,7 +154,7 @@ std::unique_ptr<segps::RegionListener> StartRegionListener(segps::ParameterServe
       [server](const segps::v1::RegionOffer& offer, std::shared_ptr<segps::SharedRegion> region) {
         return server->AttachRegion(offer, std::move(region));
       },
-      segps::RegionBytesFor(server->shard_map()));
+      segps::RegionBytesFor(server->shard_map(), server->config()));
   if (!listener.ok()) {
     SEGPS_LOG_WARNING << "shared memory is off on this server: " << listener.status().message();
     return nullptr;

@@ -283,7 +283,7 @@ void ParameterServer::Pull(const v1::PullRequest& request, absl::Time deadline, 
   ReadRows read_rows;
   size_t row_bytes = 0;  // ids and values of the rows read
   if (request.rows_size() > 0) {
-    absl::Status rows = chunk.offset == range.offset ? RowReader(request, response, &read_rows, &row_bytes)
+    absl::Status rows = chunk.offset == range.offset ? RowReader(request, region, response, &read_rows, &row_bytes)
                                                      : absl::InvalidArgumentError(
                                                            "Pull rows: rows go with the pull of the range's first "
                                                            "chunk (or rows_only)");
@@ -296,8 +296,9 @@ void ParameterServer::Pull(const v1::PullRequest& request, absl::Time deadline, 
   (*shard)->Pull(
       request.worker_id(), clock, chunk.offset - range.offset, chunk.count, deadline,
       [read = std::move(read), dtype](absl::Span<const float> values) mutable { read(values, dtype); },
-      [this, response, done = std::move(done), start, segment, clock, reader, chunk, dtype, row_bytes,
-       region_offset](absl::StatusOr<PullResult> result) mutable {
+      [this, response, done = std::move(done), start, segment, clock, reader, chunk, dtype, row_bytes, region_offset,
+       region_rows = RegionRowBytes(config_.model().segments(segment), request.rows())](
+          absl::StatusOr<PullResult> result) mutable {
         if (!result.ok()) {
           // Moved, not copied: the status's text is read by the caller's thread.
           absl::Status failed = std::move(result).status();
@@ -309,6 +310,7 @@ void ParameterServer::Pull(const v1::PullRequest& request, absl::Time deadline, 
         response->set_incarnation(incarnation_);
         if (result->plan.has_value()) *response->mutable_plan() = *std::move(result->plan);
         FillValues(segment, chunk, dtype, region_offset, response->mutable_values());
+        region_bytes_[segment].fetch_add(region_rows, std::memory_order_relaxed);
         ObservePull(segment, start, chunk.count * DTypeBytes(dtype) + row_bytes,
                     reader || clock <= result->clock ? 0 : clock - result->clock, result->blocked);
         std::move(done)(absl::OkStatus());
@@ -316,26 +318,26 @@ void ParameterServer::Pull(const v1::PullRequest& request, absl::Time deadline, 
       std::move(read_rows));
 }
 
-absl::Status ParameterServer::PushedRows(const v1::PushRequest& request, Range range,
+absl::Status ParameterServer::PushedRows(const v1::PushRequest& request, Range range, const SharedRegion* region,
                                          std::vector<RowGradients>* rows) const {
   if (request.rows_size() == 0) return absl::OkStatus();
   if (request.gradient().offset() != range.offset) {
     return absl::InvalidArgumentError("Push rows: rows go with the step's first chunk (offset at the range's start)");
   }
   const int segment = static_cast<int>(request.segment());
-  absl::StatusOr<std::vector<RowGradients>> parsed =
-      ParseRows(config_.model().segments(segment), segment, index_, map_.num_servers(), request.rows(), true, "Push");
+  absl::StatusOr<std::vector<RowGradients>> parsed = ParseRows(config_.model().segments(segment), segment, index_,
+                                                               map_.num_servers(), request.rows(), true, region, "Push");
   if (!parsed.ok()) return parsed.status();
   *rows = *std::move(parsed);
   return absl::OkStatus();
 }
 
-absl::Status ParameterServer::RowReader(const v1::PullRequest& request, v1::PullResponse* response, ReadRows* read,
-                                        size_t* bytes) const {
+absl::Status ParameterServer::RowReader(const v1::PullRequest& request, std::shared_ptr<SharedRegion> region,
+                                        v1::PullResponse* response, ReadRows* read, size_t* bytes) const {
   const int segment = static_cast<int>(request.segment());
   const v1::SegmentConfig& config = config_.model().segments(segment);
   absl::StatusOr<std::vector<RowGradients>> asked =
-      ParseRows(config, segment, index_, map_.num_servers(), request.rows(), false, "Pull");
+      ParseRows(config, segment, index_, map_.num_servers(), request.rows(), false, region.get(), "Pull");
   if (!asked.ok()) return asked.status();
   for (const RowGradients& r : *asked) {
     *bytes += r.ids.size() * (sizeof(uint64_t) + sizeof(float) * config.embeddings(static_cast<int>(r.table)).dim());
@@ -349,9 +351,9 @@ absl::Status ParameterServer::RowReader(const v1::PullRequest& request, v1::Pull
   for (const RowGradients& r : *asked) {
     if (metrics_ != nullptr) metrics_->ObserveRowsPulled(segment, r.ids.size());
   }
-  *read = [asked = *std::move(asked), out = response->mutable_rows()](const EmbeddingTables& tables) {
-    ReadTableRows(tables, asked, out);
-  };
+  // The region stays mapped until the rows are read into it.
+  *read = [asked = *std::move(asked), out = response->mutable_rows(), region = std::move(region)](
+              const EmbeddingTables& tables) { ReadTableRows(tables, asked, out); };
   return absl::OkStatus();
 }
 
@@ -430,7 +432,7 @@ void ParameterServer::Push(const v1::PushRequest& request, Payload data, absl::T
     std::vector<RowGradients> rows;
   };
   auto grad = std::make_unique<Gradient>(gradient, std::move(data));
-  if (absl::Status rows = PushedRows(request, range, &grad->rows); !rows.ok()) {
+  if (absl::Status rows = PushedRows(request, range, region.get(), &grad->rows); !rows.ok()) {
     return std::move(done)(Reject(request.segment(), std::move(rows)));
   }
   // Checked before anything is applied, so that a bad push changes nothing.
@@ -448,13 +450,16 @@ void ParameterServer::Push(const v1::PushRequest& request, Payload data, absl::T
   if (request.pull()) {
     pull_read = [read = std::move(read), dtype](absl::Span<const float> values) mutable { read(values, dtype); };
   }
+  // Bytes that lay in the caller's region.
+  const size_t in_region = (gradient.has_region_offset() ? grad->data.size() : 0) +
+                           RegionRowBytes(config_.model().segments(segment), request.rows());
   const DenseView* view = &grad->view;
   const std::vector<RowGradients>* rows = grad->rows.empty() ? nullptr : &grad->rows;
   (*shard)->Push(
       request.worker_id(), clock, chunk.offset - range.offset, view, deadline, std::move(pull_read),
       [this, response, done = std::move(done), grad = std::move(grad), start, segment, clock, chunk, dtype, bytes,
-       region_offset, in_region = gradient.has_region_offset()](absl::StatusOr<PushResult> result) mutable {
-        if (in_region) region_bytes_[segment].fetch_add(grad->data.size(), std::memory_order_relaxed);
+       region_offset, in_region](absl::StatusOr<PushResult> result) mutable {
+        region_bytes_[segment].fetch_add(in_region, std::memory_order_relaxed);
         grad.reset();  // the shard is done with it
         if (!result.ok()) {
           // Moved, not copied: the status's text is read by the caller's thread.

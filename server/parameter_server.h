@@ -178,11 +178,12 @@ class ParameterServer {
   void FillValues(uint32_t segment, Range chunk, v1::DType dtype, std::optional<uint64_t> region_offset,
                   v1::TensorSlice* values);
   // A push's embedding rows (none: `rows` stays empty), checked.
-  absl::Status PushedRows(const v1::PushRequest& request, Range range, std::vector<RowGradients>* rows) const;
-  // A pull's embedding rows, checked: what reads them into `response`
-  // under the shard's lock, and their bytes on the wire.
-  absl::Status RowReader(const v1::PullRequest& request, v1::PullResponse* response, ReadRows* read,
-                         size_t* bytes) const;
+  absl::Status PushedRows(const v1::PushRequest& request, Range range, const SharedRegion* region,
+                          std::vector<RowGradients>* rows) const;
+  // A pull's embedding rows, checked: what reads them into `response` (or
+  // the caller's `region`) under the shard's lock, and their bytes.
+  absl::Status RowReader(const v1::PullRequest& request, std::shared_ptr<SharedRegion> region,
+                         v1::PullResponse* response, ReadRows* read, size_t* bytes) const;
   void ObservePull(uint32_t segment, absl::Time start, size_t bytes, uint64_t staleness, absl::Duration blocked);
 
   const v1::JobConfig config_;

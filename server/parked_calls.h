@@ -65,6 +65,10 @@ struct RowGradients {
   uint32_t table = 0;
   std::vector<uint64_t> ids;
   std::vector<float> values;  // ids x dim
+  // A pull's rows asked into the caller's shared region: the place there
+  // (ids x dim floats) and its byte offset.
+  float* region_values = nullptr;
+  uint64_t region_offset = 0;
 };
 // Reads a pull's rows from the tables, under the shard's lock.
 using ReadRows = absl::AnyInvocable<void(const EmbeddingTables&)>;

@@ -8,11 +8,26 @@
 #include "common/embedding.h"
 
 namespace segps {
+namespace {
+
+// Where `rows`' values lie in the caller's region: `bytes` of them, at a
+// whole float's offset.
+absl::StatusOr<char*> InRegion(const v1::Rows& rows, size_t bytes, const SharedRegion* region, const char* call) {
+  if (region == nullptr) return absl::InvalidArgumentError("values_region_offset is set, but this registration handed over no shared region");
+  if (!rows.values().empty()) return absl::InvalidArgumentError("both values and values_region_offset are set");
+  if (rows.values_region_offset() % sizeof(float) != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("values_region_offset ", rows.values_region_offset(), " is not a multiple of 4"));
+  }
+  return region->At(rows.values_region_offset(), bytes, absl::StrCat(call, " rows values_region_offset"));
+}
+
+}  // namespace
 
 absl::StatusOr<std::vector<RowGradients>> ParseRows(const v1::SegmentConfig& config, int segment, uint32_t server,
                                                     uint32_t num_servers,
                                                     const google::protobuf::RepeatedPtrField<v1::Rows>& rows,
-                                                    bool values, const char* call) {
+                                                    bool values, const SharedRegion* region, const char* call) {
   std::vector<RowGradients> parsed;
   absl::flat_hash_set<uint32_t> tables;
   for (const v1::Rows& r : rows) {
@@ -28,12 +43,24 @@ absl::StatusOr<std::vector<RowGradients>> ParseRows(const v1::SegmentConfig& con
     if (!tables.insert(r.table()).second) return bad("the table appears twice");
     if (r.ids().size() % sizeof(uint64_t) != 0) return bad(absl::StrCat("ids has ", r.ids().size(), " bytes, not a multiple of 8"));
     const size_t n = r.ids().size() / sizeof(uint64_t);
-    const size_t want = values ? n * table.dim() * sizeof(float) : 0;
-    if (r.values().size() != want) {
-      return bad(absl::StrCat("values has ", r.values().size(), " bytes for ", n, " ids of dim ", table.dim(),
-                              " (", want, " expected)"));
-    }
+    const size_t row_bytes = table.dim() * sizeof(float);
     RowGradients out;
+    absl::string_view given = r.values();
+    if (r.has_values_region_offset()) {
+      absl::StatusOr<char*> place = InRegion(r, n * row_bytes, region, call);
+      if (!place.ok()) return bad(std::string(place.status().message()));
+      if (values) {
+        given = absl::string_view(*place, n * row_bytes);
+      } else {
+        out.region_values = reinterpret_cast<float*>(*place);
+        out.region_offset = r.values_region_offset();
+      }
+    }
+    const size_t want = values ? n * row_bytes : 0;
+    if (given.size() != want) {
+      return bad(absl::StrCat("values has ", given.size(), " bytes for ", n, " ids of dim ", table.dim(), " (", want,
+                              " expected)"));
+    }
     out.table = r.table();
     out.ids.resize(n);
     std::memcpy(out.ids.data(), r.ids().data(), r.ids().size());
@@ -48,8 +75,9 @@ absl::StatusOr<std::vector<RowGradients>> ParseRows(const v1::SegmentConfig& con
       }
       if (!seen.insert(id).second) return bad(absl::StrCat("id ", id, " appears twice"));
     }
+    // Out of a shared region before it is checked: the client could change it meanwhile.
     out.values.resize(want / sizeof(float));
-    if (want > 0) std::memcpy(out.values.data(), r.values().data(), want);
+    if (want > 0) std::memcpy(out.values.data(), given.data(), want);
     for (size_t i = 0; i < out.values.size(); ++i) {
       if (!std::isfinite(out.values[i])) {
         return bad(absl::StrCat("the gradient of id ", out.ids[i / table.dim()], " is ", out.values[i],
@@ -61,6 +89,15 @@ absl::StatusOr<std::vector<RowGradients>> ParseRows(const v1::SegmentConfig& con
   return parsed;
 }
 
+size_t RegionRowBytes(const v1::SegmentConfig& config, const google::protobuf::RepeatedPtrField<v1::Rows>& rows) {
+  size_t bytes = 0;
+  for (const v1::Rows& r : rows) {
+    if (!r.has_values_region_offset()) continue;
+    bytes += r.ids().size() / sizeof(uint64_t) * config.embeddings(static_cast<int>(r.table())).dim() * sizeof(float);
+  }
+  return bytes;
+}
+
 void ReadTableRows(const EmbeddingTables& tables, const std::vector<RowGradients>& asked,
               google::protobuf::RepeatedPtrField<v1::Rows>* out) {
   for (const RowGradients& a : asked) {
@@ -68,6 +105,11 @@ void ReadTableRows(const EmbeddingTables& tables, const std::vector<RowGradients
     v1::Rows* rows = out->Add();
     rows->set_table(a.table);
     rows->mutable_ids()->assign(reinterpret_cast<const char*>(a.ids.data()), a.ids.size() * sizeof(uint64_t));
+    if (a.region_values != nullptr) {
+      table.Read(a.ids, absl::MakeSpan(a.region_values, a.ids.size() * table.dim()));
+      rows->set_values_region_offset(a.region_offset);
+      continue;
+    }
     // Read straight into the reply (whole floats: a string's buffer is aligned for them).
     std::string* values = rows->mutable_values();
     values->resize(a.ids.size() * table.dim() * sizeof(float));

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/shared_region.h"
 #include "segps/v1/config.pb.h"
 #include "segps/v1/parameter_server.pb.h"
 #include "server/parked_calls.h"
@@ -18,13 +19,19 @@ namespace segps {
 
 // Rows of segment `segment` for server `server` of `num_servers`, from a
 // request's `rows` field: with values (a push's gradients) or without (a
-// pull's ids). `call` names the method in errors.
+// pull's ids). Values may lie in the caller's shared `region` (null where
+// it handed over none) instead: a push's are copied out of it before they
+// are checked. `call` names the method in errors.
 absl::StatusOr<std::vector<RowGradients>> ParseRows(const v1::SegmentConfig& config, int segment, uint32_t server,
                                                     uint32_t num_servers,
                                                     const google::protobuf::RepeatedPtrField<v1::Rows>& rows,
-                                                    bool values, const char* call);
+                                                    bool values, const SharedRegion* region, const char* call);
 
-// Reads `asked` from `tables` into `out`: one Rows each, ids and values.
+// Bytes of values that rows (checked by ParseRows) have in a shared region.
+size_t RegionRowBytes(const v1::SegmentConfig& config, const google::protobuf::RepeatedPtrField<v1::Rows>& rows);
+
+// Reads `asked` from `tables` into `out`: one Rows each, ids and values
+// (or the place in the caller's region they were written to).
 void ReadTableRows(const EmbeddingTables& tables, const std::vector<RowGradients>& asked,
               google::protobuf::RepeatedPtrField<v1::Rows>* out);
 

@@ -37,7 +37,7 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-std::string ConfigText(uint64_t rows, uint32_t dim, int servers, int workers) {
+std::string ConfigText(uint64_t rows, uint32_t dim, uint32_t batch, int servers, int workers) {
   return absl::StrFormat(R"pb(
     cluster { num_servers: %d lease_ms: 600000 pull_wait_ms: 600000 rpc_deadline_ms: 600000 max_message_bytes: 268435456 }
     model {
@@ -47,9 +47,9 @@ std::string ConfigText(uint64_t rows, uint32_t dim, int servers, int workers) {
       segments { name: "s" embeddings { name: "t" vocab: %d dim: %d field: 0 } layers { units: 2 activation: SOFTMAX } }
     }
     optimizer { kind: SGD learning_rate: 0.01 }
-    training { staleness: -1 workers_per_segment: %d }
+    training { staleness: -1 workers_per_segment: %d batch_size: %d }
     data { source: SYNTHETIC_CTR train_samples: 1 test_samples: 1 }
-  )pb", servers, rows, dim, workers);
+  )pb", servers, rows, dim, workers, batch);
 }
 
 // 32 batches of `batch` distinct ids below `rows`, ascending, drawn for worker `w`.
@@ -70,7 +70,7 @@ int Run() {
   const uint32_t dim = absl::GetFlag(FLAGS_dim), batch = absl::GetFlag(FLAGS_batch);
   const int servers = absl::GetFlag(FLAGS_servers), workers = absl::GetFlag(FLAGS_workers);
   const std::string dir = MakeTempDir(), path = dir + "/sparse.pbtxt";
-  WriteFile(path, ConfigText(rows, dim, servers, workers));
+  WriteFile(path, ConfigText(rows, dim, batch, servers, workers));
   absl::StatusOr<v1::JobConfig> config = LoadConfig(path);
   if (!config.ok()) return std::cerr << config.status() << "\n", 1;
   ServerProcesses started = StartServers(path, servers);

@@ -225,11 +225,11 @@ TEST(RowRequests, RefusesWhatNoServerShouldApply) {
     return out;
   };
   auto refusal = [&](const google::protobuf::RepeatedPtrField<v1::Rows>& r) {
-    absl::StatusOr<std::vector<RowGradients>> parsed = ParseRows(seg, 0, 0, 2, r, true, "Push");
+    absl::StatusOr<std::vector<RowGradients>> parsed = ParseRows(seg, 0, 0, 2, r, true, nullptr, "Push");
     EXPECT_FALSE(parsed.ok());
     return std::string(parsed.status().message());
   };
-  EXPECT_TRUE(ParseRows(seg, 0, 0, 2, rows(1, {mine}, 3), true, "Push").ok());
+  EXPECT_TRUE(ParseRows(seg, 0, 0, 2, rows(1, {mine}, 3), true, nullptr, "Push").ok());
   EXPECT_NE(refusal(rows(2, {mine}, 3)).find("table 2 does not exist"), std::string::npos);
   EXPECT_NE(refusal(rows(1, {500}, 3)).find("rows of table \"item\": id 500 (row 0) is not below vocab 500"),
             std::string::npos);

@@ -14,6 +14,7 @@
 // land there: the messages carry offsets, not bytes.
 #include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
+#include <grpcpp/support/proto_buffer_reader.h>
 
 #include <algorithm>
 #include <cstring>
@@ -39,6 +40,7 @@
 #include "worker/client/grpc_membership.h"
 #include "worker/client/membership.h"
 #include "worker/client/ps_client.h"
+#include "worker/client/region_rows.h"
 #include "worker/client/request_streams.h"
 #include "worker/client/unary_fan_out.h"
 
@@ -83,7 +85,7 @@ class GrpcClient final : public ParameterClient {
         dtype_(config.cluster().wire_dtype()),
         chunk_elements_(config.cluster().chunk_bytes() / DTypeBytes(dtype_)),
         host_(SharedMemoryOn(config.cluster()) ? SameHostIdentity() : ""),
-        regions_(host_.empty() ? nullptr : std::make_shared<RegionHolder>(RegionBytesFor(map_))) {
+        regions_(host_.empty() ? nullptr : std::make_shared<RegionHolder>(RegionBytesFor(map_, config))) {
     grpc::ChannelArguments args;
     args.SetMaxReceiveMessageSize(static_cast<int>(config.cluster().max_message_bytes()));
     args.SetMaxSendMessageSize(static_cast<int>(config.cluster().max_message_bytes()));
@@ -229,32 +231,33 @@ class GrpcClient final : public ParameterClient {
         (*landing)[RowServer(segment, static_cast<uint32_t>(t), ids[t][r], servers)][t].push_back(r);
       }
     }
-    const std::vector<std::vector<v1::Rows>> asked = RowsByServer(config, segment, servers, ids, nullptr);
+    std::vector<std::vector<v1::Rows>> asked = RowsByServer(config, segment, servers, ids, nullptr);
+    // Where servers that hold this client's region write the rows, per server and table.
+    auto placed = std::make_shared<PlacedRows>(servers);
     auto exchange = std::make_unique<RequestStreams::Exchange>();
     for (size_t i = 0; i < servers; ++i) {
       if (asked[i].empty()) continue;
+      if (InRegion(i)) placed->Reply(regions_->get(), config, i, &asked[i]);
       v1::PullRequest request = PullHeader(segment, i, clock);
       request.set_rows_only(true);
-      for (const v1::Rows& rows : asked[i]) *request.add_rows() = rows;
+      for (v1::Rows& rows : asked[i]) *request.add_rows() = std::move(rows);
       grpc::Slice bytes(request.SerializeAsString());
       exchange->requests.emplace_back(&bytes, 1);
       exchange->servers.push_back(i);
     }
     if (exchange->requests.empty()) return Completion<PulledAt>::Done(uint64_t{0});
     const std::vector<size_t> to = exchange->servers;
-    exchange->take = [landing, to, values, &config, &ids](size_t j, grpc::ByteBuffer* reply) {
-      std::vector<grpc::Slice> slices;
+    exchange->take = [landing, placed, to, values, &config, &ids](size_t j, grpc::ByteBuffer* reply) {
       v1::PullResponse response;
-      std::string bytes;
-      if (reply->Dump(&slices).ok()) {
-        for (const grpc::Slice& slice : slices) bytes.append(reinterpret_cast<const char*>(slice.begin()), slice.size());
-      }
-      if (!response.ParseFromString(bytes)) return absl::DataLossError("PullRows reply: not a PullResponse");
-      return LandRows(response, config, ids, (*landing)[to[j]], values);
+      grpc::ProtoBufferReader reader(reply);
+      if (!response.ParseFromZeroCopyStream(&reader)) return absl::DataLossError("PullRows reply: not a PullResponse");
+      return LandRows(response, config, ids, (*landing)[to[j]], placed->places[to[j]], values);
     };
+    exchange->on_resend = [placed] { placed->Retire(); };
     Completion<PulledAt> done;
-    exchange->done = [done](absl::Status status) {
+    exchange->done = [done, placed](absl::Status status) {
       if (status.ok()) return done.Set(uint64_t{0});
+      placed->Retire();
       done.Set(std::move(status));
     };
     exchange->call = "PullRows";
@@ -378,6 +381,7 @@ class GrpcClient final : public ParameterClient {
     std::shared_ptr<RegionArena> arena;
     std::shared_ptr<char> block;
     std::shared_ptr<const char> gradient;
+    std::vector<std::shared_ptr<char>> row_blocks;  // a push's row gradients
   };
 
   // Whether server i holds this client's region for its registration there.
@@ -426,6 +430,7 @@ class GrpcClient final : public ParameterClient {
       if (landing->arena == nullptr) return;
       landing->arena->Retire(landing->block.get());
       landing->arena->Retire(landing->gradient.get());
+      for (const std::shared_ptr<char>& block : landing->row_blocks) landing->arena->Retire(block.get());
     };
     exchange->on_resend = retire;
     exchange->done = [done, landing, retire](absl::Status status) {
@@ -456,8 +461,16 @@ class GrpcClient final : public ParameterClient {
     landing->gradient = push->storage;
     LandInRegion(landing.get(), pull);
     for (size_t i = 0; i < stubs_.size(); ++i) {
+      const std::vector<v1::Rows>* rows = i < push->rows.size() ? &push->rows[i] : nullptr;
+      std::vector<v1::Rows> in_region;
+      if (rows != nullptr && InRegion(i) && landing->arena != nullptr) {
+        if (std::shared_ptr<char> block = PlaceRowValues(*landing->arena, *rows, &in_region)) {
+          landing->row_blocks.push_back(std::move(block));
+          rows = &in_region;
+        }
+      }
       for (const Range& chunk : Chunks(map_.range(push->segment, static_cast<uint32_t>(i)), chunk_elements_)) {
-        exchange->requests.push_back(PushMessage(*push, i, chunk, pull, *landing));
+        exchange->requests.push_back(PushMessage(*push, i, chunk, pull, *landing, rows));
         exchange->servers.push_back(i);
         landing->chunks.push_back(chunk);
       }
@@ -500,8 +513,8 @@ class GrpcClient final : public ParameterClient {
 
   // The message pushing `chunk` of server i's range (and pulling it, into
   // the landing's block where there is one).
-  grpc::ByteBuffer PushMessage(const EncodedPush& push, size_t i, Range chunk, bool pull,
-                               const Landing& landing) const {
+  grpc::ByteBuffer PushMessage(const EncodedPush& push, size_t i, Range chunk, bool pull, const Landing& landing,
+                               const std::vector<v1::Rows>* rows) const {
     const std::optional<uint64_t> reply_offset = ReplyOffset(landing, i, chunk);
     v1::PushRequest header;
     header.set_segment(push.segment);
@@ -512,8 +525,8 @@ class GrpcClient final : public ParameterClient {
     if (reply_offset.has_value()) header.set_reply_region_offset(*reply_offset);
     if (push.samples.has_value()) header.set_samples(*push.samples);
     header.set_samples_per_second(push.samples_per_second);
-    if (i < push.rows.size() && chunk.offset == map_.range(push.segment, static_cast<uint32_t>(i)).offset) {
-      for (const v1::Rows& rows : push.rows[i]) *header.add_rows() = rows;
+    if (rows != nullptr && chunk.offset == map_.range(push.segment, static_cast<uint32_t>(i)).offset) {
+      for (const v1::Rows& r : *rows) *header.add_rows() = r;
     }
     v1::TensorSlice tensor;
     tensor.set_offset(chunk.offset);

@@ -35,8 +35,8 @@ void EncodeInto(EncodedPush* push, absl::Span<const float> values, const std::ve
 }  // namespace
 
 absl::Status LandRows(const v1::PullResponse& reply, const v1::SegmentConfig& config,
-                      const std::vector<std::vector<uint64_t>>& ids,
-                      const std::vector<std::vector<size_t>>& positions, std::vector<std::vector<float>>* values) {
+                      const std::vector<std::vector<uint64_t>>& ids, const std::vector<std::vector<size_t>>& positions,
+                      absl::Span<const RowPlace> placed, std::vector<std::vector<float>>* values) {
   size_t tables = 0;
   for (const std::vector<size_t>& p : positions) tables += p.empty() ? 0 : 1;
   if (static_cast<size_t>(reply.rows_size()) != tables) {
@@ -48,7 +48,15 @@ absl::Status LandRows(const v1::PullResponse& reply, const v1::SegmentConfig& co
       return absl::DataLossError(absl::StrCat("PullRows reply: table ", t, " was not asked for"));
     }
     const size_t n = positions[t].size(), dim = config.embeddings(static_cast<int>(t)).dim();
-    if (rows.ids().size() != n * sizeof(uint64_t) || rows.values().size() != n * dim * sizeof(float)) {
+    const RowPlace place = t < placed.size() ? placed[t] : RowPlace();
+    if (rows.has_values_region_offset() != (place.data != nullptr) ||
+        (place.data != nullptr && rows.values_region_offset() != place.offset)) {
+      return absl::DataLossError(absl::StrCat("PullRows reply: table ", t, "'s values are not where they were asked"));
+    }
+    const absl::string_view given =
+        place.data != nullptr ? absl::string_view(place.data, n * dim * sizeof(float)) : rows.values();
+    if (rows.ids().size() != n * sizeof(uint64_t) || given.size() != n * dim * sizeof(float) ||
+        (place.data != nullptr && !rows.values().empty())) {
       return absl::DataLossError(absl::StrCat("PullRows reply: table ", t, " has ", rows.ids().size() / 8, " ids and ",
                                               rows.values().size(), " bytes of values for ", n, " rows asked"));
     }
@@ -59,7 +67,7 @@ absl::Status LandRows(const v1::PullResponse& reply, const v1::SegmentConfig& co
       if (id != ids[t][at]) {
         return absl::DataLossError(absl::StrCat("PullRows reply: table ", t, " row ", k, " is id ", id, ", not ", ids[t][at]));
       }
-      std::memcpy((*values)[t].data() + at * dim, rows.values().data() + k * dim * sizeof(float), dim * sizeof(float));
+      std::memcpy((*values)[t].data() + at * dim, given.data() + k * dim * sizeof(float), dim * sizeof(float));
     }
   }
   return absl::OkStatus();

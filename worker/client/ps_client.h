@@ -63,12 +63,20 @@ struct EncodedPush {
 std::vector<std::vector<v1::Rows>> RowsByServer(const v1::SegmentConfig& config, int segment, uint32_t num_servers,
                                                 const std::vector<std::vector<uint64_t>>& ids,
                                                 const std::vector<std::vector<float>>* values);
+// Where a pull asked one table's rows to be written in the client's shared
+// region (worker/client/region_rows.h): the place here, and its offset.
+struct RowPlace {
+  const char* data = nullptr;
+  uint64_t offset = 0;
+};
 // Copies the rows of one server's reply into `values` (per table, ids x
 // dim), row k of its table t to position positions[t][k] of ids[t]; the
-// reply must hold exactly the rows asked (bytes from a server are checked).
+// reply must hold exactly the rows asked (bytes from a server are checked),
+// their values in the message, or, for a table with a place in `placed`
+// (per table; empty: none), at that place, which the reply must name.
 absl::Status LandRows(const v1::PullResponse& reply, const v1::SegmentConfig& config,
-                      const std::vector<std::vector<uint64_t>>& ids,
-                      const std::vector<std::vector<size_t>>& positions, std::vector<std::vector<float>>* values);
+                      const std::vector<std::vector<uint64_t>>& ids, const std::vector<std::vector<size_t>>& positions,
+                      absl::Span<const RowPlace> placed, std::vector<std::vector<float>>* values);
 
 // The gradient `grad` of a segment (segment_size floats) encoded as `dtype`
 // for the servers of `map`; and a sparse one: `values` at the ascending
