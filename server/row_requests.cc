@@ -76,8 +76,9 @@ absl::StatusOr<std::vector<RowGradients>> ParseRows(const v1::SegmentConfig& con
       if (!seen.insert(id).second) return bad(absl::StrCat("id ", id, " appears twice"));
     }
     // Out of a shared region before it is checked: the client could change it meanwhile.
-    out.values.resize(want / sizeof(float));
-    if (want > 0) std::memcpy(out.values.data(), given.data(), want);
+    // Whole floats: a string's buffer is aligned for them, a region's place is checked to be.
+    const float* first = reinterpret_cast<const float*>(given.data());
+    out.values.assign(first, first + want / sizeof(float));
     for (size_t i = 0; i < out.values.size(); ++i) {
       if (!std::isfinite(out.values[i])) {
         return bad(absl::StrCat("the gradient of id ", out.ids[i / table.dim()], " is ", out.values[i],
