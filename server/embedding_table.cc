@@ -132,6 +132,7 @@ absl::Status EmbeddingTable::Update(uint64_t step, float scale, absl::Span<const
   Slots(ids, &pending_slots_);
   pending_.resize(ids.size() * stride_);
   pending_new_ = 0;
+  // The rows first, as Read gathers them; then the update, row after row.
   for (size_t r = 0; r < ids.size(); ++r) {
     PrefetchRow(pending_slots_, r + kAhead);
     float* row = pending_.data() + r * stride_;
@@ -141,6 +142,9 @@ absl::Status EmbeddingTable::Update(uint64_t step, float scale, absl::Span<const
     } else {
       std::copy_n(rows_.data() + size_t{pending_slots_[r]} * stride_, stride_, row);
     }
+  }
+  for (size_t r = 0; r < ids.size(); ++r) {
+    float* row = pending_.data() + r * stride_;
     UpdateRow(optimizer_, step, scale, dim, row, grads.data() + r * dim);
     for (size_t i = 0; i < stride_; ++i) {
       if (!std::isfinite(row[i])) {
