@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "common/embedding.h"
@@ -23,47 +24,77 @@ size_t SlotsOf(v1::OptimizerKind kind) {
   }
 }
 
+// One update's rates, the same for every row: the scheduled learning rate
+// times the push's scale, and Adam's bias-corrected step size.
+struct RowRates {
+  float lr = 0, alpha = 0;
+};
+
+RowRates RatesOf(const v1::OptimizerConfig& c, uint64_t step, float scale) {
+  RowRates rates;
+  rates.lr = ScheduledRate(c, step) * scale;
+  if (c.kind() == v1::ADAM) {
+    const double t = static_cast<double>(std::max<uint64_t>(step, 1));
+    rates.alpha = static_cast<float>(double{ScheduledRate(c, step)} * std::sqrt(1.0 - std::pow(c.beta2(), t)) /
+                                     (1.0 - std::pow(c.beta1(), t))) *
+                  scale;
+  }
+  return rates;
+}
+
 // One row's update in place: w (dim values) then its slots, as the dense
 // optimizers do it element by element (server/optimizer.cc).
-void UpdateRow(const v1::OptimizerConfig& c, uint64_t step, float scale, size_t dim, float* row, const float* g) {
+void UpdateRow(const v1::OptimizerConfig& c, const RowRates& rates, size_t dim, float* __restrict row,
+               const float* __restrict g) {
   float* w = row;
-  const float lr = ScheduledRate(c, step) * scale, wd = c.weight_decay();
+  const float lr = rates.lr, wd = c.weight_decay();
   switch (c.kind()) {
     case v1::MOMENTUM: {
       float* v = row + dim;
+      const float momentum = c.momentum();
       for (size_t i = 0; i < dim; ++i) {
-        v[i] = c.momentum() * v[i] - lr * (g[i] + wd * w[i]);
+        v[i] = momentum * v[i] - lr * (g[i] + wd * w[i]);
         w[i] += v[i];
       }
       return;
     }
     case v1::ADAGRAD: {
       float* a = row + dim;
+      const float epsilon = c.epsilon();
       for (size_t i = 0; i < dim; ++i) {
         const float gi = g[i] + wd * w[i];
         a[i] += gi * gi;
-        w[i] -= lr * gi / (std::sqrt(a[i]) + c.epsilon());
+        w[i] -= lr * gi / (std::sqrt(a[i]) + epsilon);
       }
       return;
     }
     case v1::ADAM: {
-      const double t = static_cast<double>(std::max<uint64_t>(step, 1));
-      const float alpha = static_cast<float>(double{ScheduledRate(c, step)} * std::sqrt(1.0 - std::pow(c.beta2(), t)) /
-                                             (1.0 - std::pow(c.beta1(), t))) *
-                          scale;
       float* m = row + dim;
       float* v = row + 2 * dim;
+      const float beta1 = c.beta1(), beta2 = c.beta2(), epsilon = c.epsilon();
       for (size_t i = 0; i < dim; ++i) {
         const float gi = g[i] + wd * w[i];
-        m[i] += (gi - m[i]) * (1.0f - c.beta1());
-        v[i] += (gi * gi - v[i]) * (1.0f - c.beta2());
-        w[i] -= alpha * m[i] / (std::sqrt(v[i]) + c.epsilon());
+        m[i] += (gi - m[i]) * (1.0f - beta1);
+        v[i] += (gi * gi - v[i]) * (1.0f - beta2);
+        w[i] -= rates.alpha * m[i] / (std::sqrt(v[i]) + epsilon);
       }
       return;
     }
     default:
       for (size_t i = 0; i < dim; ++i) w[i] -= lr * (g[i] + wd * w[i]);
   }
+}
+
+// Whether each of the n values is finite (its exponent not all ones), in a
+// loop the compiler vectorizes.
+bool AllFinite(const float* v, size_t n) {
+  uint32_t bad = 0;
+  for (size_t i = 0; i < n; ++i) {
+    uint32_t bits = 0;
+    std::memcpy(&bits, v + i, sizeof(bits));
+    bad |= static_cast<uint32_t>((~bits & 0x7f800000u) == 0);
+  }
+  return bad == 0;
 }
 
 }  // namespace
@@ -143,18 +174,17 @@ absl::Status EmbeddingTable::Update(uint64_t step, float scale, absl::Span<const
       std::copy_n(rows_.data() + size_t{pending_slots_[r]} * stride_, stride_, row);
     }
   }
+  const RowRates rates = RatesOf(optimizer_, step, scale);
   for (size_t r = 0; r < ids.size(); ++r) {
     float* row = pending_.data() + r * stride_;
-    UpdateRow(optimizer_, step, scale, dim, row, grads.data() + r * dim);
-    for (size_t i = 0; i < stride_; ++i) {
-      if (!std::isfinite(row[i])) {
-        pending_ids_.clear();
-        pending_new_ = 0;
-        return absl::InvalidArgumentError(absl::StrCat(
-            "Push rows: the gradient of row ", ids[r], " of table \"", config_.name(),
-            "\" would make its values or optimizer state non-finite; refused, nothing was applied (lower "
-            "optimizer.learning_rate)"));
-      }
+    UpdateRow(optimizer_, rates, dim, row, grads.data() + r * dim);
+    if (!AllFinite(row, stride_)) {
+      pending_ids_.clear();
+      pending_new_ = 0;
+      return absl::InvalidArgumentError(absl::StrCat(
+          "Push rows: the gradient of row ", ids[r], " of table \"", config_.name(),
+          "\" would make its values or optimizer state non-finite; refused, nothing was applied (lower "
+          "optimizer.learning_rate)"));
     }
   }
   return absl::OkStatus();
