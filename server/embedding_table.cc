@@ -2,10 +2,10 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "common/embedding.h"
+#include "common/tensor_wire.h"
 #include "server/optimizer.h"
 
 namespace segps {
@@ -83,18 +83,6 @@ void UpdateRow(const v1::OptimizerConfig& c, const RowRates& rates, size_t dim, 
     default:
       for (size_t i = 0; i < dim; ++i) w[i] -= lr * (g[i] + wd * w[i]);
   }
-}
-
-// Whether each of the n values is finite (its exponent not all ones), in a
-// loop the compiler vectorizes.
-bool AllFinite(const float* v, size_t n) {
-  uint32_t bad = 0;
-  for (size_t i = 0; i < n; ++i) {
-    uint32_t bits = 0;
-    std::memcpy(&bits, v + i, sizeof(bits));
-    bad |= static_cast<uint32_t>((~bits & 0x7f800000u) == 0);
-  }
-  return bad == 0;
 }
 
 }  // namespace
@@ -178,7 +166,7 @@ absl::Status EmbeddingTable::Update(uint64_t step, float scale, absl::Span<const
   for (size_t r = 0; r < ids.size(); ++r) {
     float* row = pending_.data() + r * stride_;
     UpdateRow(optimizer_, rates, dim, row, grads.data() + r * dim);
-    if (!AllFinite(row, stride_)) {
+    if (FirstNonFinite(absl::MakeConstSpan(row, stride_)).has_value()) {
       pending_ids_.clear();
       pending_new_ = 0;
       return absl::InvalidArgumentError(absl::StrCat(

@@ -6,6 +6,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "common/embedding.h"
+#include "common/tensor_wire.h"
 
 namespace segps {
 namespace {
@@ -79,11 +80,9 @@ absl::StatusOr<std::vector<RowGradients>> ParseRows(const v1::SegmentConfig& con
     // Whole floats: a string's buffer is aligned for them, a region's place is checked to be.
     const float* first = reinterpret_cast<const float*>(given.data());
     out.values.assign(first, first + want / sizeof(float));
-    for (size_t i = 0; i < out.values.size(); ++i) {
-      if (!std::isfinite(out.values[i])) {
-        return bad(absl::StrCat("the gradient of id ", out.ids[i / table.dim()], " is ", out.values[i],
-                                "; gradients must be finite"));
-      }
+    if (const std::optional<size_t> i = FirstNonFinite(out.values); i.has_value()) {
+      return bad(absl::StrCat("the gradient of id ", out.ids[*i / table.dim()], " is ", out.values[*i],
+                              "; gradients must be finite"));
     }
     parsed.push_back(std::move(out));
   }

@@ -226,7 +226,8 @@ class GrpcClient final : public ParameterClient {
         servers, std::vector<std::vector<size_t>>(ids.size()));
     values->resize(ids.size());
     for (size_t t = 0; t < ids.size(); ++t) {
-      (*values)[t].assign(ids[t].size() * config.embeddings(static_cast<int>(t)).dim(), 0.0f);
+      // Every row is landed (each server's reply holds exactly its rows): no need to zero them first.
+      (*values)[t].resize(ids[t].size() * config.embeddings(static_cast<int>(t)).dim());
       for (size_t r = 0; r < ids[t].size(); ++r) {
         (*landing)[RowServer(segment, static_cast<uint32_t>(t), ids[t][r], servers)][t].push_back(r);
       }
