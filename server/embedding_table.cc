@@ -164,16 +164,15 @@ absl::Status EmbeddingTable::Update(uint64_t step, float scale, absl::Span<const
   }
   const RowRates rates = RatesOf(optimizer_, step, scale);
   for (size_t r = 0; r < ids.size(); ++r) {
-    float* row = pending_.data() + r * stride_;
-    UpdateRow(optimizer_, rates, dim, row, grads.data() + r * dim);
-    if (FirstNonFinite(absl::MakeConstSpan(row, stride_)).has_value()) {
-      pending_ids_.clear();
-      pending_new_ = 0;
-      return absl::InvalidArgumentError(absl::StrCat(
-          "Push rows: the gradient of row ", ids[r], " of table \"", config_.name(),
-          "\" would make its values or optimizer state non-finite; refused, nothing was applied (lower "
-          "optimizer.learning_rate)"));
-    }
+    UpdateRow(optimizer_, rates, dim, pending_.data() + r * stride_, grads.data() + r * dim);
+  }
+  if (const std::optional<size_t> bad = FirstNonFinite(pending_); bad.has_value()) {
+    pending_ids_.clear();
+    pending_new_ = 0;
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Push rows: the gradient of row ", ids[*bad / stride_], " of table \"", config_.name(),
+        "\" would make its values or optimizer state non-finite; refused, nothing was applied (lower "
+        "optimizer.learning_rate)"));
   }
   return absl::OkStatus();
 }

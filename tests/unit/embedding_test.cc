@@ -158,7 +158,8 @@ TEST(EmbeddingTable, ANonFiniteResultOrAFullBudgetChangesNothing) {
   config.mutable_optimizer()->set_learning_rate(1e30f);
   RowBudget budget(1);
   EmbeddingTable table(Table(2), config.optimizer(), 11, 0, 0, &budget);
-  const absl::Status refused = table.Update(1, 1.0f, {4}, std::vector<float>{1e30f, 0});
+  // Row 2 would stay finite, row 4 would not: neither is stored.
+  const absl::Status refused = table.Update(1, 1.0f, {2, 4}, std::vector<float>{0, 0, 1e30f, 0});
   EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(refused.message().find("row 4 of table \"t\""), std::string::npos) << refused;
   EXPECT_EQ(table.stored(), 0u);
