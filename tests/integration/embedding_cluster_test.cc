@@ -5,6 +5,7 @@
 // servers, the tables score as trained; the example config's
 // tables beat the same network without them; bad ids stop a worker before
 // it reaches the servers.
+#include <signal.h>
 #include <sys/resource.h>
 
 #include <gtest/gtest.h>
@@ -104,8 +105,12 @@ TEST(EmbeddingCluster, AServerKilledMidRunRecoversItsTablesWithTheJob) {
     std::unique_ptr<Subprocess> worker = cluster.StartWorker("ctr", 0);
     if (kill) {
       EXPECT_TRUE(worker->WaitForLine(" step 150/314 ", absl::Seconds(120)).has_value()) << worker->output();
+      // Held while the server goes, so that it cannot finish its last
+      // steps first (a step takes about a millisecond).
+      worker->Signal(SIGSTOP);
       EXPECT_TRUE(cluster.WaitForFirstCheckpoint(1)) << cluster.Output();
       cluster.KillServer(1);
+      worker->Signal(SIGCONT);
       EXPECT_TRUE(cluster.StartServer(1)) << cluster.Output();
       EXPECT_TRUE(worker->WaitForLine("rejoined at clock", absl::Seconds(120)).has_value()) << worker->output();
     }

@@ -4,6 +4,7 @@
 // wrong secret, no descriptor, an unsealed one) and bad offsets in the
 // region are refused like bad bytes on the wire, changing nothing.
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/un.h>
@@ -167,8 +168,10 @@ TEST(SharedMemory, AServerKilledAgainAndAgainStillTakesTheTensorsThroughARegion)
   for (int kill = 0; kill < 3; ++kill) {
     const std::string step = absl::StrCat(" step ", 60 + 80 * kill, "/378 ");
     ASSERT_TRUE(worker->WaitForLine(step, absl::Seconds(120)).has_value()) << step << worker->output();
+    worker->Signal(SIGSTOP);  // held while the server goes, so that it cannot run past the next kill
     ASSERT_TRUE(cluster.WaitForFirstCheckpoint(1)) << cluster.Output();
     cluster.KillServer(1);
+    worker->Signal(SIGCONT);
     ASSERT_TRUE(cluster.StartServer(1)) << cluster.Output();
     ASSERT_TRUE(worker->WaitForLine("rejoined at clock", absl::Seconds(120)).has_value()) << worker->output();
   }
