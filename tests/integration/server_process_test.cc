@@ -46,6 +46,12 @@ data { source: SYNTHETIC_SEED }
 class ServerProcessTest : public ::testing::Test {
  protected:
   virtual std::string Config() const { return kConfig; }
+  // The fixture's config with `from` replaced by `to`.
+  static std::string ConfigWith(const std::string& from, const std::string& to) {
+    std::string config = kConfig;
+    config.replace(config.find(from), from.size(), to);
+    return config;
+  }
   void SetUp() override {
     dir_ = MakeTempDir();
     config_path_ = dir_ + "/job.pbtxt";
@@ -244,10 +250,7 @@ int Threads(pid_t pid) {
 class ParkingServerProcessTest : public ServerProcessTest {
  protected:
   std::string Config() const override {
-    std::string config = kConfig;
-    const std::string deadline = "rpc_deadline_ms: 2000";
-    config.replace(config.find(deadline), deadline.size(), "rpc_deadline_ms: 60000 pull_wait_ms: 60000");
-    return config;
+    return ConfigWith("rpc_deadline_ms: 2000", "rpc_deadline_ms: 60000 pull_wait_ms: 60000");
   }
 };
 
@@ -577,10 +580,7 @@ TEST_F(ServerProcessTest, ShutsDownCleanlyOnSigtermAndSigint) {
 class AdamServerProcessTest : public ServerProcessTest {
  protected:
   std::string Config() const override {
-    std::string config = kConfig;
-    const std::string sgd = "optimizer { kind: SGD learning_rate: 1 }";
-    config.replace(config.find(sgd), sgd.size(), "optimizer { kind: ADAM }");
-    return config;
+    return ConfigWith("optimizer { kind: SGD learning_rate: 1 }", "optimizer { kind: ADAM }");
   }
 };
 
