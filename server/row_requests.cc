@@ -13,14 +13,18 @@ namespace {
 
 // Where `rows`' values lie in the caller's region: `bytes` of them, at a
 // whole float's offset.
-absl::StatusOr<char*> InRegion(const v1::Rows& rows, size_t bytes, const SharedRegion* region, const char* call) {
-  if (region == nullptr) return absl::InvalidArgumentError("values_region_offset is set, but this registration handed over no shared region");
+absl::StatusOr<char*> InRegion(const v1::Rows& rows, size_t bytes, const SharedRegion* region) {
+  if (region == nullptr) {
+    return absl::InvalidArgumentError(
+        "values_region_offset is set, but this registration handed over no shared region");
+  }
   if (!rows.values().empty()) return absl::InvalidArgumentError("both values and values_region_offset are set");
   if (rows.values_region_offset() % sizeof(float) != 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("values_region_offset ", rows.values_region_offset(), " is not a multiple of 4"));
   }
-  return region->At(rows.values_region_offset(), bytes, absl::StrCat(call, " rows values_region_offset"));
+  // The caller names the call and table before this.
+  return region->At(rows.values_region_offset(), bytes, "values_region_offset");
 }
 
 }  // namespace
@@ -48,7 +52,7 @@ absl::StatusOr<std::vector<RowGradients>> ParseRows(const v1::SegmentConfig& con
     RowGradients out;
     absl::string_view given = r.values();
     if (r.has_values_region_offset()) {
-      absl::StatusOr<char*> place = InRegion(r, n * row_bytes, region, call);
+      absl::StatusOr<char*> place = InRegion(r, n * row_bytes, region);
       if (!place.ok()) return bad(std::string(place.status().message()));
       if (values) {
         given = absl::string_view(*place, n * row_bytes);

@@ -421,6 +421,9 @@ TEST_F(RowsHandOver, BadRowPlacesAreRefusedNamingTheFieldAndChangeNothing) {
     const grpc::Status status = push ? PushRows(r, rows) : PullRows(r, rows, &response);
     EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << why;
     EXPECT_NE(status.error_message().find(why), std::string::npos) << status.error_message();
+    EXPECT_NE(status.error_message().find(push ? "Push rows of table \"t\"" : "Pull rows of table \"t\""),
+              std::string::npos)
+        << status.error_message();
   };
   v1::Rows rows = RowsOf({7});
   rows.set_values_region_offset(0);
