@@ -296,6 +296,20 @@ std::optional<size_t> FirstNonFinite(absl::Span<const float> values) {
   return std::find_if(values.begin(), values.end(), [](float x) { return !std::isfinite(x); }) - values.begin();
 }
 
+std::optional<size_t> CopyFinite(absl::Span<const float> from, float* to) {
+  int32_t most = 0;
+  for (size_t i = 0; i < from.size(); ++i) {
+    const float v = from[i];
+    to[i] = v;
+    int32_t bits;
+    std::memcpy(&bits, &v, sizeof(bits));
+    bits &= 0x7fffffff;
+    most = bits > most ? bits : most;
+  }
+  if (most < 0x7f800000) return std::nullopt;
+  return FirstNonFinite(absl::MakeConstSpan(to, from.size()));
+}
+
 DenseView::DenseView(const v1::TensorSlice& slice, const Payload& data)
     : data_(data), dtype_(slice.dtype()), count_(slice.count()), sparse_(slice.has_indices()) {
   if (!sparse_) return;

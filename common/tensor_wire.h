@@ -85,6 +85,9 @@ absl::Status ValidateTensorSlice(const v1::TensorSlice& slice, size_t payload_by
 
 // The position of the first value that is not finite (infinity or NaN), if any.
 std::optional<size_t> FirstNonFinite(absl::Span<const float> values);
+// `from` copied to `to` (from.size() floats), checked in the same pass: the
+// position of the first copied value that is not finite, if any.
+std::optional<size_t> CopyFinite(absl::Span<const float> from, float* to);
 // The largest magnitude among `values` (0 if none), in the same vectorised
 // pass; infinity or NaN, if present, is above every finite value.
 float MaxMagnitude(absl::Span<const float> values);

@@ -163,14 +163,18 @@ absl::Status EmbeddingTable::Update(uint64_t step, float scale, absl::Span<const
     }
   }
   const RowRates rates = RatesOf(optimizer_, step, scale);
+  std::optional<size_t> bad;
   for (size_t r = 0; r < ids.size(); ++r) {
-    UpdateRow(optimizer_, rates, dim, pending_.data() + r * stride_, grads.data() + r * dim);
+    float* row = pending_.data() + r * stride_;
+    UpdateRow(optimizer_, rates, dim, row, grads.data() + r * dim);
+    // Checked while the row is in the cache.
+    if (!bad.has_value() && FirstNonFinite(absl::MakeConstSpan(row, stride_)).has_value()) bad = r;
   }
-  if (const std::optional<size_t> bad = FirstNonFinite(pending_); bad.has_value()) {
+  if (bad.has_value()) {
     pending_ids_.clear();
     pending_new_ = 0;
     return absl::InvalidArgumentError(absl::StrCat(
-        "Push rows: the gradient of row ", ids[*bad / stride_], " of table \"", config_.name(),
+        "Push rows: the gradient of row ", ids[*bad], " of table \"", config_.name(),
         "\" would make its values or optimizer state non-finite; refused, nothing was applied (lower "
         "optimizer.learning_rate)"));
   }

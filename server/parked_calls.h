@@ -20,6 +20,7 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "common/tensor_wire.h"
+#include "common/uninit_vector.h"
 #include "segps/v1/parameter_server.pb.h"
 #include "server/embedding_table.h"
 
@@ -63,8 +64,8 @@ using EmbeddingTables = std::vector<std::unique_ptr<EmbeddingTable>>;
 // range, held here, finite values).
 struct RowGradients {
   uint32_t table = 0;
-  std::vector<uint64_t> ids;
-  std::vector<float> values;  // ids x dim
+  UninitVector<uint64_t> ids;
+  UninitVector<float> values;  // ids x dim
   // A pull's rows asked into the caller's shared region: the place there
   // (ids x dim floats) and its byte offset.
   float* region_values = nullptr;

@@ -82,9 +82,9 @@ absl::StatusOr<std::vector<RowGradients>> ParseRows(const v1::SegmentConfig& con
     }
     // Out of a shared region before it is checked: the client could change it meanwhile.
     // Whole floats: a string's buffer is aligned for them, a region's place is checked to be.
-    const float* first = reinterpret_cast<const float*>(given.data());
-    out.values.assign(first, first + want / sizeof(float));
-    if (const std::optional<size_t> i = FirstNonFinite(out.values); i.has_value()) {
+    out.values.resize(want / sizeof(float));
+    const absl::Span<const float> from(reinterpret_cast<const float*>(given.data()), out.values.size());
+    if (const std::optional<size_t> i = CopyFinite(from, out.values.data()); i.has_value()) {
       return bad(absl::StrCat("the gradient of id ", out.ids[*i / table.dim()], " is ", out.values[*i],
                               "; gradients must be finite"));
     }

@@ -75,7 +75,6 @@ int Run() {
   if (!config.ok()) return std::cerr << config.status() << "\n", 1;
   ServerProcesses started = StartServers(path, servers);
   if (!started.ok()) return std::cerr << started.Output() << "\n", 1;
-  const v1::SegmentConfig& segment = config->model().segments(0);
   const size_t dense = ShardMap::Create(config->model(), servers)->segment_size(0);
   std::vector<std::thread> threads;
   std::vector<std::string> lines(workers);
@@ -95,7 +94,7 @@ int Run() {
         const std::vector<std::vector<uint64_t>> ids = {batches[clock % batches.size()]};
         absl::Status pulled = client->PullRows(0, clock, ids, &values);
         std::unique_ptr<EncodedPush> push = client->Encode(0, clock, dense_grad);
-        push->rows = RowsByServer(segment, 0, static_cast<uint32_t>(servers), ids, &grads);
+        client->EncodeRows(push.get(), ids, grads);
         absl::Status pushed = pulled.ok() ? client->Send(std::move(push)) : pulled;
         if (!pushed.ok()) return void(lines[w] = absl::StrCat("worker ", w, ": ", pushed.ToString()));
         rounds.push_back(std::chrono::duration<double>(Clock::now() - t0).count());

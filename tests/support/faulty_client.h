@@ -69,6 +69,10 @@ class FaultyClient final : public ParameterClient {
                                             absl::Span<const float> values) override {
     return inner_->EncodeSparse(segment, clock, indices, values);
   }
+  void EncodeRows(EncodedPush* push, const std::vector<std::vector<uint64_t>>& ids,
+                  const std::vector<std::vector<float>>& grads) override {
+    inner_->EncodeRows(push, ids, grads);
+  }
   Completion<absl::Status> StartSend(std::shared_ptr<const EncodedPush> push) override {
     return Run<absl::Status>("Send", [=] { return inner_->StartSend(push); });
   }

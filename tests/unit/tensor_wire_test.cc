@@ -242,6 +242,30 @@ TEST(TensorWire, SparseSliceReadsAsZerosAndItsValues) {
   }
 }
 
+// Row gradients are copied out of a shared region and checked in one pass:
+// every value lands, and the first non-finite one of the copy is named.
+TEST(TensorWire, CopyFiniteCopiesEveryValueAndNamesTheFirstNonFinite) {
+  const size_t n = 1000;
+  for (const size_t at : {size_t{0}, size_t{1}, size_t{517}, n - 1, n}) {  // n: none
+    for (const float special : {INFINITY, -INFINITY, NAN}) {
+      std::vector<float> from = Ramp(n);
+      from[3] = 3.4e38f;  // the largest finite magnitudes
+      from[4] = -3.4e38f;
+      if (at < n) from[at] = special;
+      if (at + 1 < n) from[at + 1] = NAN;  // only the first is named
+      std::vector<float> to(n, -1.0f);
+      const std::optional<size_t> found = CopyFinite(from, to.data());
+      const std::string where = absl::StrCat("at ", at, " ", special);
+      EXPECT_EQ(std::memcmp(from.data(), to.data(), n * sizeof(float)), 0) << where;
+      if (at == n) {
+        EXPECT_FALSE(found.has_value()) << where;
+      } else {
+        EXPECT_EQ(found, std::optional<size_t>(at)) << where;
+      }
+    }
+  }
+}
+
 // A push's check for infinities and NaNs, in every wire type, with the
 // payload split every way: the first one is found, with its position and
 // value, wherever it lies (first and last element, block boundaries), and

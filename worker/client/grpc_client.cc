@@ -222,17 +222,13 @@ class GrpcClient final : public ParameterClient {
     const v1::SegmentConfig& config = model_.segments(segment);
     const uint32_t servers = map_.num_servers();
     // Where each server's rows land: per server and table, positions in ids[t].
-    auto landing = std::make_shared<std::vector<std::vector<std::vector<size_t>>>>(
-        servers, std::vector<std::vector<size_t>>(ids.size()));
+    auto landing = std::make_shared<RowSplit>(SplitRows(segment, servers, ids));
     values->resize(ids.size());
     for (size_t t = 0; t < ids.size(); ++t) {
       // Every row is landed (each server's reply holds exactly its rows): no need to zero them first.
       (*values)[t].resize(ids[t].size() * config.embeddings(static_cast<int>(t)).dim());
-      for (size_t r = 0; r < ids[t].size(); ++r) {
-        (*landing)[RowServer(segment, static_cast<uint32_t>(t), ids[t][r], servers)][t].push_back(r);
-      }
     }
-    std::vector<std::vector<v1::Rows>> asked = RowsByServer(config, segment, servers, ids, nullptr);
+    std::vector<std::vector<v1::Rows>> asked = RowsByServer(*landing, ids);
     // Where servers that hold this client's region write the rows, per server and table.
     auto placed = std::make_shared<PlacedRows>(servers);
     auto exchange = std::make_unique<RequestStreams::Exchange>();
@@ -276,6 +272,10 @@ class GrpcClient final : public ParameterClient {
   std::unique_ptr<EncodedPush> EncodeSparse(int segment, uint64_t clock, absl::Span<const uint64_t> indices,
                                             absl::Span<const float> values) override {
     return segps::EncodeSparse(map_, dtype_, segment, clock, indices, values, Storage());
+  }
+  void EncodeRows(EncodedPush* push, const std::vector<std::vector<uint64_t>>& ids,
+                  const std::vector<std::vector<float>>& grads) override {
+    segps::EncodeRows(model_.segments(push->segment), map_.num_servers(), ids, grads, Storage(), push);
   }
 
   Completion<absl::Status> StartSend(std::shared_ptr<const EncodedPush> push) override {
@@ -382,7 +382,7 @@ class GrpcClient final : public ParameterClient {
     std::shared_ptr<RegionArena> arena;
     std::shared_ptr<char> block;
     std::shared_ptr<const char> gradient;
-    std::vector<std::shared_ptr<char>> row_blocks;  // a push's row gradients
+    std::shared_ptr<const char> row_gradients;
   };
 
   // Whether server i holds this client's region for its registration there.
@@ -431,7 +431,7 @@ class GrpcClient final : public ParameterClient {
       if (landing->arena == nullptr) return;
       landing->arena->Retire(landing->block.get());
       landing->arena->Retire(landing->gradient.get());
-      for (const std::shared_ptr<char>& block : landing->row_blocks) landing->arena->Retire(block.get());
+      landing->arena->Retire(landing->row_gradients.get());
     };
     exchange->on_resend = retire;
     exchange->done = [done, landing, retire](absl::Status status) {
@@ -461,17 +461,10 @@ class GrpcClient final : public ParameterClient {
     auto landing = std::make_shared<Landing>(pull_into, push->segment);
     landing->gradient = push->storage;
     LandInRegion(landing.get(), pull);
+    landing->row_gradients = push->row_storage;
     for (size_t i = 0; i < stubs_.size(); ++i) {
-      const std::vector<v1::Rows>* rows = i < push->rows.size() ? &push->rows[i] : nullptr;
-      std::vector<v1::Rows> in_region;
-      if (rows != nullptr && InRegion(i) && landing->arena != nullptr) {
-        if (std::shared_ptr<char> block = PlaceRowValues(*landing->arena, *rows, &in_region)) {
-          landing->row_blocks.push_back(std::move(block));
-          rows = &in_region;
-        }
-      }
       for (const Range& chunk : Chunks(map_.range(push->segment, static_cast<uint32_t>(i)), chunk_elements_)) {
-        exchange->requests.push_back(PushMessage(*push, i, chunk, pull, *landing, rows));
+        exchange->requests.push_back(PushMessage(*push, i, chunk, pull, *landing));
         exchange->servers.push_back(i);
         landing->chunks.push_back(chunk);
       }
@@ -514,8 +507,8 @@ class GrpcClient final : public ParameterClient {
 
   // The message pushing `chunk` of server i's range (and pulling it, into
   // the landing's block where there is one).
-  grpc::ByteBuffer PushMessage(const EncodedPush& push, size_t i, Range chunk, bool pull, const Landing& landing,
-                               const std::vector<v1::Rows>* rows) const {
+  grpc::ByteBuffer PushMessage(const EncodedPush& push, size_t i, Range chunk, bool pull,
+                               const Landing& landing) const {
     const std::optional<uint64_t> reply_offset = ReplyOffset(landing, i, chunk);
     v1::PushRequest header;
     header.set_segment(push.segment);
@@ -526,9 +519,7 @@ class GrpcClient final : public ParameterClient {
     if (reply_offset.has_value()) header.set_reply_region_offset(*reply_offset);
     if (push.samples.has_value()) header.set_samples(*push.samples);
     header.set_samples_per_second(push.samples_per_second);
-    if (rows != nullptr && chunk.offset == map_.range(push.segment, static_cast<uint32_t>(i)).offset) {
-      for (const v1::Rows& r : *rows) *header.add_rows() = r;
-    }
+    if (chunk.offset == map_.range(push.segment, static_cast<uint32_t>(i)).offset) AddRows(push, i, landing, &header);
     v1::TensorSlice tensor;
     tensor.set_offset(chunk.offset);
     tensor.set_count(chunk.count);
@@ -552,6 +543,24 @@ class GrpcClient final : public ParameterClient {
     const size_t first = push.server_entries[i];
     return GradientMessage(header, &tensor, push, i, landing,
                            push.values[i].substr((begin - first) * width, (end - begin) * width));
+  }
+
+  // Server i's row gradients of `push`: their places in the region, where
+  // server i takes it and they lie there, else their values.
+  void AddRows(const EncodedPush& push, size_t i, const Landing& landing, v1::PushRequest* header) const {
+    if (i >= push.rows.size()) return;
+    for (size_t k = 0; k < push.rows[i].size(); ++k) {
+      v1::Rows* rows = header->add_rows();
+      *rows = push.rows[i][k];
+      const absl::string_view values = push.row_values[i][k];
+      const std::optional<uint64_t> at =
+          InRegion(i) && landing.arena != nullptr ? landing.arena->OffsetOf(values.data()) : std::nullopt;
+      if (at.has_value()) {
+        rows->set_values_region_offset(*at);
+      } else {
+        rows->set_values(values.data(), values.size());
+      }
+    }
   }
 
   // A push's message with `bytes` of its gradient: their place in the

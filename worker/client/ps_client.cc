@@ -12,20 +12,22 @@
 namespace segps {
 namespace {
 
+// A block of `bytes` from `allocate`, else from the heap; whole floats
+// either way (the wire's readers take aligned pieces in place).
+std::shared_ptr<char> PushBytes(size_t bytes, const PushStorage& allocate) {
+  if (std::shared_ptr<char> block = allocate ? allocate(bytes) : nullptr) return block;
+  return std::shared_ptr<char>(reinterpret_cast<char*>(new float[(bytes + sizeof(float) - 1) / sizeof(float) + 1]),
+                               [](char* p) { delete[] reinterpret_cast<float*>(p); });
+}
+
 // `values` encoded as `dtype` into one buffer the push holds; values[i]
 // covers elements [cuts[i], cuts[i + 1]).
 void EncodeInto(EncodedPush* push, absl::Span<const float> values, const std::vector<size_t>& cuts,
                 const PushStorage& allocate) {
   const size_t width = DTypeBytes(push->dtype);
-  std::shared_ptr<char> block = allocate ? allocate(values.size() * width) : nullptr;
+  std::shared_ptr<char> block = PushBytes(values.size() * width, allocate);
   char* bytes = block.get();
-  if (block != nullptr) {
-    push->storage = std::move(block);
-  } else {
-    // Whole floats: the wire's readers take aligned pieces in place.
-    bytes = reinterpret_cast<char*>(new float[(values.size() * width + sizeof(float) - 1) / sizeof(float) + 1]);
-    push->storage = std::shared_ptr<const char>(bytes, [](const char* p) { delete[] reinterpret_cast<const float*>(p); });
-  }
+  push->storage = std::move(block);
   EncodeValuesTo(values, push->dtype, bytes);
   for (size_t i = 0; i + 1 < cuts.size(); ++i) {
     push->values.emplace_back(bytes + cuts[i] * width, (cuts[i + 1] - cuts[i]) * width);
@@ -35,10 +37,10 @@ void EncodeInto(EncodedPush* push, absl::Span<const float> values, const std::ve
 }  // namespace
 
 absl::Status LandRows(const v1::PullResponse& reply, const v1::SegmentConfig& config,
-                      const std::vector<std::vector<uint64_t>>& ids, const std::vector<std::vector<size_t>>& positions,
+                      const std::vector<std::vector<uint64_t>>& ids, const std::vector<std::vector<uint32_t>>& positions,
                       absl::Span<const RowPlace> placed, std::vector<std::vector<float>>* values) {
   size_t tables = 0;
-  for (const std::vector<size_t>& p : positions) tables += p.empty() ? 0 : 1;
+  for (const std::vector<uint32_t>& p : positions) tables += p.empty() ? 0 : 1;
   if (static_cast<size_t>(reply.rows_size()) != tables) {
     return absl::DataLossError(absl::StrCat("PullRows reply: ", reply.rows_size(), " tables for ", tables, " asked"));
   }
@@ -73,38 +75,53 @@ absl::Status LandRows(const v1::PullResponse& reply, const v1::SegmentConfig& co
   return absl::OkStatus();
 }
 
-std::vector<std::vector<v1::Rows>> RowsByServer(const v1::SegmentConfig& config, int segment, uint32_t num_servers,
-                                                const std::vector<std::vector<uint64_t>>& ids,
-                                                const std::vector<std::vector<float>>* values) {
-  std::vector<std::vector<v1::Rows>> by_server(num_servers);
-  std::vector<uint32_t> server_of;
-  std::vector<size_t> count;
+RowSplit SplitRows(int segment, uint32_t num_servers, const std::vector<std::vector<uint64_t>>& ids) {
+  RowSplit split(num_servers, std::vector<std::vector<uint32_t>>(ids.size()));
   for (size_t t = 0; t < ids.size(); ++t) {
-    const size_t dim = config.embeddings(static_cast<int>(t)).dim();
-    server_of.resize(ids[t].size());
-    count.assign(num_servers, 0);
     for (size_t r = 0; r < ids[t].size(); ++r) {
-      server_of[r] = RowServer(segment, static_cast<uint32_t>(t), ids[t][r], num_servers);
-      ++count[server_of[r]];
+      split[RowServer(segment, static_cast<uint32_t>(t), ids[t][r], num_servers)][t].push_back(static_cast<uint32_t>(r));
     }
-    std::vector<v1::Rows*> rows(num_servers, nullptr);
-    for (uint32_t s = 0; s < num_servers; ++s) {
-      if (count[s] == 0) continue;
-      rows[s] = &by_server[s].emplace_back();
-      rows[s]->set_table(static_cast<uint32_t>(t));
-      rows[s]->mutable_ids()->reserve(count[s] * sizeof(uint64_t));
-      if (values != nullptr) rows[s]->mutable_values()->reserve(count[s] * dim * sizeof(float));
-    }
-    for (size_t r = 0; r < ids[t].size(); ++r) {
-      const uint32_t server = server_of[r];
-      rows[server]->mutable_ids()->append(reinterpret_cast<const char*>(&ids[t][r]), sizeof(uint64_t));
-      if (values != nullptr) {
-        rows[server]->mutable_values()->append(reinterpret_cast<const char*>((*values)[t].data() + r * dim),
-                                               dim * sizeof(float));
+  }
+  return split;
+}
+
+std::vector<std::vector<v1::Rows>> RowsByServer(const RowSplit& split, const std::vector<std::vector<uint64_t>>& ids) {
+  std::vector<std::vector<v1::Rows>> by_server(split.size());
+  for (size_t s = 0; s < split.size(); ++s) {
+    for (size_t t = 0; t < split[s].size(); ++t) {
+      const std::vector<uint32_t>& positions = split[s][t];
+      if (positions.empty()) continue;
+      v1::Rows& rows = by_server[s].emplace_back();
+      rows.set_table(static_cast<uint32_t>(t));
+      std::string* out = rows.mutable_ids();
+      out->resize(positions.size() * sizeof(uint64_t));
+      for (size_t k = 0; k < positions.size(); ++k) {
+        std::memcpy(out->data() + k * sizeof(uint64_t), &ids[t][positions[k]], sizeof(uint64_t));
       }
     }
   }
   return by_server;
+}
+
+void EncodeRows(const v1::SegmentConfig& config, uint32_t num_servers, const std::vector<std::vector<uint64_t>>& ids,
+                const std::vector<std::vector<float>>& grads, const PushStorage& allocate, EncodedPush* push) {
+  const RowSplit split = SplitRows(push->segment, num_servers, ids);
+  push->rows = RowsByServer(split, ids);
+  size_t floats = 0;
+  for (size_t t = 0; t < ids.size(); ++t) floats += ids[t].size() * config.embeddings(static_cast<int>(t)).dim();
+  std::shared_ptr<char> block = PushBytes(floats * sizeof(float), allocate);
+  float* at = reinterpret_cast<float*>(block.get());
+  push->row_storage = std::move(block);
+  push->row_values.assign(num_servers, {});
+  for (size_t s = 0; s < split.size(); ++s) {
+    for (size_t t = 0; t < split[s].size(); ++t) {
+      if (split[s][t].empty()) continue;
+      const size_t dim = config.embeddings(static_cast<int>(t)).dim();
+      const float* first = at;
+      for (const uint32_t r : split[s][t]) at = std::copy_n(grads[t].data() + r * dim, dim, at);
+      push->row_values[s].emplace_back(reinterpret_cast<const char*>(first), (at - first) * sizeof(float));
+    }
+  }
 }
 
 std::unique_ptr<EncodedPush> EncodeDense(const ShardMap& map, v1::DType dtype, int segment, uint64_t clock,

@@ -52,17 +52,22 @@ struct EncodedPush {
   // it by them) and the worker's compute throughput (server 0 balances by it).
   std::optional<uint32_t> samples;
   float samples_per_second = 0;
-  // Per server: the step's embedding row gradients it holds, sent with the
-  // step's first message to it (AttachRows).
+  // Per server: the step's embedding row gradients it holds (EncodeRows),
+  // sent with the step's first message to it: per table it holds rows of,
+  // their ids in `rows` and their values (ids x dim floats) in the view of
+  // `row_values` beside it, held by `row_storage`.
   std::vector<std::vector<v1::Rows>> rows;
+  std::vector<std::vector<absl::string_view>> row_values;
+  std::shared_ptr<const char> row_storage;
 };
 
-// Per table of segment `segment`, distinct ids (and, with `values`, ids x
-// dim floats each), split by the server that holds each row (RowServer):
-// what Pull and Push requests carry.
-std::vector<std::vector<v1::Rows>> RowsByServer(const v1::SegmentConfig& config, int segment, uint32_t num_servers,
-                                                const std::vector<std::vector<uint64_t>>& ids,
-                                                const std::vector<std::vector<float>>* values);
+// Per server and table of segment `segment`: the positions in ids[t] of
+// the rows that server holds (RowServer), ascending.
+using RowSplit = std::vector<std::vector<std::vector<uint32_t>>>;
+RowSplit SplitRows(int segment, uint32_t num_servers, const std::vector<std::vector<uint64_t>>& ids);
+// Per server, the ids of `split` (one Rows a table it holds rows of, in
+// table order): what a pull asks each server for.
+std::vector<std::vector<v1::Rows>> RowsByServer(const RowSplit& split, const std::vector<std::vector<uint64_t>>& ids);
 // Where a pull asked one table's rows to be written in the client's shared
 // region (worker/client/region_rows.h): the place here, and its offset.
 struct RowPlace {
@@ -75,7 +80,7 @@ struct RowPlace {
 // their values in the message, or, for a table with a place in `placed`
 // (per table; empty: none), at that place, which the reply must name.
 absl::Status LandRows(const v1::PullResponse& reply, const v1::SegmentConfig& config,
-                      const std::vector<std::vector<uint64_t>>& ids, const std::vector<std::vector<size_t>>& positions,
+                      const std::vector<std::vector<uint64_t>>& ids, const std::vector<std::vector<uint32_t>>& positions,
                       absl::Span<const RowPlace> placed, std::vector<std::vector<float>>* values);
 
 // The gradient `grad` of a segment (segment_size floats) encoded as `dtype`
@@ -89,6 +94,11 @@ std::unique_ptr<EncodedPush> EncodeDense(const ShardMap& map, v1::DType dtype, i
 std::unique_ptr<EncodedPush> EncodeSparse(const ShardMap& map, v1::DType dtype, int segment, uint64_t clock,
                                           absl::Span<const uint64_t> indices, absl::Span<const float> values,
                                           const PushStorage& allocate = nullptr);
+// Attaches a step's embedding row gradients to `push`, split by server:
+// per table of `config`, distinct `ids` and ids x dim floats of `grads`,
+// copied once, into storage from `allocate`.
+void EncodeRows(const v1::SegmentConfig& config, uint32_t num_servers, const std::vector<std::vector<uint64_t>>& ids,
+                const std::vector<std::vector<float>>& grads, const PushStorage& allocate, EncodedPush* push);
 
 struct Registration {
   uint64_t start_clock = 0;  // the clock of the worker's first push
@@ -157,6 +167,10 @@ class ParameterClient {
   virtual std::unique_ptr<EncodedPush> Encode(int segment, uint64_t clock, absl::Span<const float> grad) = 0;
   virtual std::unique_ptr<EncodedPush> EncodeSparse(int segment, uint64_t clock, absl::Span<const uint64_t> indices,
                                                     absl::Span<const float> values) = 0;
+  // Attaches the step's embedding row gradients to its push (EncodeRows):
+  // per table, the distinct ids pulled and ids x dim floats.
+  virtual void EncodeRows(EncodedPush* push, const std::vector<std::vector<uint64_t>>& ids,
+                          const std::vector<std::vector<float>>& grads) = 0;
 
   // Reads rows of the segment's embedding tables once the staleness bound
   // allows computing `clock` (as StartPull; an observer without a

@@ -4,26 +4,6 @@
 
 namespace segps {
 
-std::shared_ptr<char> PlaceRowValues(RegionArena& arena, const std::vector<v1::Rows>& rows,
-                                     std::vector<v1::Rows>* placed) {
-  size_t bytes = 0;
-  for (const v1::Rows& r : rows) bytes += r.values().size();
-  std::shared_ptr<char> block = bytes == 0 ? nullptr : arena.Allocate(bytes);
-  if (block == nullptr) return nullptr;
-  const uint64_t offset = *arena.OffsetOf(block.get());
-  placed->clear();
-  size_t at = 0;
-  for (const v1::Rows& r : rows) {
-    v1::Rows& out = placed->emplace_back();
-    out.set_table(r.table());
-    out.set_ids(r.ids());
-    std::memcpy(block.get() + at, r.values().data(), r.values().size());
-    out.set_values_region_offset(offset + at);
-    at += r.values().size();
-  }
-  return block;
-}
-
 std::shared_ptr<char> PlaceRowReplies(RegionArena& arena, const v1::SegmentConfig& config,
                                       std::vector<v1::Rows>* asked, std::vector<RowPlace>* places) {
   auto bytes_of = [&config](const v1::Rows& r) {

@@ -1,7 +1,8 @@
 // Embedding rows through the same-host region (cluster.shared_memory): a
-// push's row gradients are copied once into a block of the client's region
-// and a pull's rows are asked into one, so that the messages carry ids and
-// the blocks' places (Rows.values_region_offset), not the values.
+// pull's rows are asked into a block of the client's region, so that the
+// messages carry ids and the block's places (Rows.values_region_offset),
+// not the values. (A push's row gradients are encoded into the region in
+// the first place: EncodeRows with the client's PushStorage.)
 //
 // A caller holds the block until its exchange is over, and retires it
 // (RegionArena::Retire) if a request was sent again or cut off.
@@ -17,12 +18,6 @@
 #include "worker/client/region_arena.h"
 
 namespace segps {
-
-// `rows` (one server's part of a push, values in the messages) with their
-// values in a new block of `arena`, and the block; none (and `placed`
-// untouched) when the arena has no room.
-std::shared_ptr<char> PlaceRowValues(RegionArena& arena, const std::vector<v1::Rows>& rows,
-                                     std::vector<v1::Rows>* placed);
 
 // Asks the rows of `asked` (one server's part of a pull: ids) into a new
 // block of `arena`: each Rows names its place, recorded per table in

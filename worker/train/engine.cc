@@ -96,9 +96,7 @@ std::unique_ptr<EncodedPush> TrainingEngine::Encode(uint64_t clock, const StepRe
     push = client_->Encode(options_.segment, clock, grad);
   }
   if (result.rows_pulled != nullptr) {
-    push->rows = RowsByServer(config_.model().segments(options_.segment), options_.segment,
-                              config_.cluster().num_servers(), result.rows_pulled->ids(),
-                              &result.rows_pulled->gradients());
+    client_->EncodeRows(push.get(), result.rows_pulled->ids(), result.rows_pulled->gradients());
   }
   if (result.samples_per_second.has_value()) {
     push->samples = result.rows;
