@@ -15,8 +15,7 @@ uint32_t EmbeddingWidth(const v1::SegmentConfig& segment) {
 }
 
 uint32_t RowServer(int segment, uint32_t table, uint64_t id, uint32_t num_servers) {
-  const uint64_t h = Mix64(Mix64(static_cast<uint64_t>(segment) << 32 | table) ^ id);
-  return static_cast<uint32_t>(h % num_servers);
+  return RowServers(segment, table, num_servers).Of(id);
 }
 
 void InitialRow(uint64_t seed, int segment, uint32_t table, uint64_t id, absl::Span<float> out) {

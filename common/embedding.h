@@ -9,6 +9,7 @@
 #include <string>
 
 #include "absl/types/span.h"
+#include "common/hash.h"
 #include "segps/v1/config.pb.h"
 
 namespace segps {
@@ -20,8 +21,20 @@ inline constexpr float kEmbeddingInit = 0.05f;
 uint32_t EmbeddingWidth(const v1::SegmentConfig& segment);
 
 // The server that holds row `id` of table `table` of segment `segment`:
-// Mix64-based, so neighbouring ids spread evenly.
+// Mix64(Mix64(segment << 32 | table) ^ id) modulo the servers, so
+// neighbouring ids spread evenly.
 uint32_t RowServer(int segment, uint32_t table, uint64_t id, uint32_t num_servers);
+// RowServer for the rows of one table, its part of the hash computed once.
+class RowServers {
+ public:
+  RowServers(int segment, uint32_t table, uint32_t num_servers)
+      : table_key_(Mix64(static_cast<uint64_t>(segment) << 32 | table)), num_servers_(num_servers) {}
+  uint32_t Of(uint64_t id) const { return static_cast<uint32_t>(Mix64(table_key_ ^ id) % num_servers_); }
+
+ private:
+  uint64_t table_key_;
+  uint64_t num_servers_;
+};
 
 // Row `id`'s initial values (dim floats into `out`): with key =
 // Mix64(seed ^ Mix64(segment ^ Mix64(table ^ Mix64(id)))) and, for each

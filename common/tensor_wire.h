@@ -8,6 +8,7 @@
 #define SEGPS_COMMON_TENSOR_WIRE_H_
 
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <optional>
 #include <string>
@@ -85,6 +86,18 @@ absl::Status ValidateTensorSlice(const v1::TensorSlice& slice, size_t payload_by
 
 // The position of the first value that is not finite (infinity or NaN), if any.
 std::optional<size_t> FirstNonFinite(absl::Span<const float> values);
+// Whether every one of `values` is finite: one vectorizable pass, inline
+// for short rows checked while they are in cache.
+inline bool AllFinite(absl::Span<const float> values) {
+  uint32_t most = 0;
+  for (const float v : values) {
+    uint32_t bits;
+    std::memcpy(&bits, &v, sizeof(bits));
+    bits &= 0x7fffffffu;
+    most = bits > most ? bits : most;
+  }
+  return most < 0x7f800000u;  // an exponent of all ones: infinity or NaN
+}
 // `from` copied to `to` (from.size() floats), checked in the same pass: the
 // position of the first copied value that is not finite, if any.
 std::optional<size_t> CopyFinite(absl::Span<const float> from, float* to);

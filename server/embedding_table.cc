@@ -168,7 +168,7 @@ absl::Status EmbeddingTable::Update(uint64_t step, float scale, absl::Span<const
     float* row = pending_.data() + r * stride_;
     UpdateRow(optimizer_, rates, dim, row, grads.data() + r * dim);
     // Checked while the row is in the cache.
-    if (!bad.has_value() && FirstNonFinite(absl::MakeConstSpan(row, stride_)).has_value()) bad = r;
+    if (!bad.has_value() && !AllFinite(absl::MakeConstSpan(row, stride_))) bad = r;
   }
   if (bad.has_value()) {
     pending_ids_.clear();

@@ -71,12 +71,12 @@ absl::StatusOr<std::vector<RowGradients>> ParseRows(const v1::SegmentConfig& con
     std::memcpy(out.ids.data(), r.ids().data(), r.ids().size());
     absl::flat_hash_set<uint64_t> seen;
     seen.reserve(n);
+    const RowServers servers(segment, r.table(), num_servers);
     for (size_t i = 0; i < n; ++i) {
       const uint64_t id = out.ids[i];
       if (id >= table.vocab()) return bad(absl::StrCat("id ", id, " (row ", i, ") is not below vocab ", table.vocab()));
-      if (RowServer(segment, r.table(), id, num_servers) != server) {
-        return bad(absl::StrCat("id ", id, " (row ", i, ") is held by server ",
-                                RowServer(segment, r.table(), id, num_servers), ", not this one (", server, ")"));
+      if (const uint32_t holder = servers.Of(id); holder != server) {
+        return bad(absl::StrCat("id ", id, " (row ", i, ") is held by server ", holder, ", not this one (", server, ")"));
       }
       if (!seen.insert(id).second) return bad(absl::StrCat("id ", id, " appears twice"));
     }
