@@ -24,16 +24,29 @@ uint32_t EmbeddingWidth(const v1::SegmentConfig& segment);
 // Mix64(Mix64(segment << 32 | table) ^ id) modulo the servers, so
 // neighbouring ids spread evenly.
 uint32_t RowServer(int segment, uint32_t table, uint64_t id, uint32_t num_servers);
-// RowServer for the rows of one table, its part of the hash computed once.
+// RowServer for the rows of one table, its part of the hash computed once
+// and the modulo taken by multiplication (a 64-bit division is the
+// slowest step of a batch's split otherwise): with M = ceil(2^128 / n),
+// the fraction (M x h mod 2^128) / 2^128 lies within h / n's fractional
+// part plus less than 1/n, so multiplying it by n and keeping the integer
+// part gives exactly h mod n, for every 64-bit h and n > 0.
 class RowServers {
  public:
   RowServers(int segment, uint32_t table, uint32_t num_servers)
-      : table_key_(Mix64(static_cast<uint64_t>(segment) << 32 | table)), num_servers_(num_servers) {}
-  uint32_t Of(uint64_t id) const { return static_cast<uint32_t>(Mix64(table_key_ ^ id) % num_servers_); }
+      : table_key_(Mix64(static_cast<uint64_t>(segment) << 32 | table)),
+        num_servers_(num_servers),
+        inverse_(~static_cast<unsigned __int128>(0) / num_servers + 1) {}
+  uint32_t Of(uint64_t id) const {
+    const unsigned __int128 fraction = inverse_ * Mix64(table_key_ ^ id);  // mod 2^128
+    // floor(fraction x n / 2^128), from its two 64-bit halves.
+    const unsigned __int128 low = (fraction & ~uint64_t{0}) * num_servers_ >> 64;
+    return static_cast<uint32_t>(((fraction >> 64) * num_servers_ + low) >> 64);
+  }
 
  private:
   uint64_t table_key_;
   uint64_t num_servers_;
+  unsigned __int128 inverse_;
 };
 
 // Row `id`'s initial values (dim floats into `out`): with key =

@@ -4,8 +4,11 @@
 // loopback gRPC, step for step against a single-process reference.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <numeric>
+#include <random>
 #include <thread>
 
 #include "absl/strings/str_format.h"
@@ -209,6 +212,51 @@ TEST(EmbeddingTable, CheckpointsRoundTripTheStoredRows) {
 }
 
 // Rows from the wire: each mistake is named, and nothing is parsed.
+// A row's server is Mix64(Mix64(segment << 32 | table) ^ id) mod the
+// servers, the modulo taken by multiplication: equal to the division's for
+// every count of servers tried, ids of every size among them.
+TEST(RowServers, EqualsTheHashModuloTheServers) {
+  std::mt19937_64 rng(7);
+  for (const uint32_t n : {1u, 2u, 3u, 5u, 7u, 16u, 100u, 1023u, 65537u, 2147483647u, 4294967295u}) {
+    for (const int segment : {0, 3}) {
+      const uint32_t table = static_cast<uint32_t>(segment) + 1;
+      const RowServers servers(segment, table, n);
+      for (int k = 0; k < 20000; ++k) {
+        const uint64_t id = k < 100 ? static_cast<uint64_t>(k) : rng() >> (k % 64);
+        const uint64_t h = Mix64(Mix64(static_cast<uint64_t>(segment) << 32 | table) ^ id);
+        ASSERT_EQ(servers.Of(id), h % n) << "n " << n << " id " << id;
+        ASSERT_EQ(RowServer(segment, table, id, n), h % n) << "n " << n << " id " << id;
+      }
+    }
+  }
+}
+
+// A batch's rows split by server, either way the split is made (a pass a
+// server up to 8 servers, appended row by row beyond): every position once,
+// at its row's server, ascending.
+TEST(RowServers, SplitRowsPutsEachRowWithItsServerInOrder) {
+  const std::vector<std::vector<uint64_t>> ids = {{5, 9, 1000, 77, 3}, {}, {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12}};
+  for (const uint32_t n : {1u, 2u, 3u, 8u, 9u, 20u}) {
+    const RowSplit split = SplitRows(2, n, ids);
+    ASSERT_EQ(split.size(), n);
+    for (size_t t = 0; t < ids.size(); ++t) {
+      std::vector<uint32_t> seen;
+      for (uint32_t s = 0; s < n; ++s) {
+        ASSERT_EQ(split[s].size(), ids.size());
+        EXPECT_TRUE(std::is_sorted(split[s][t].begin(), split[s][t].end())) << "n " << n << " server " << s;
+        for (const uint32_t r : split[s][t]) {
+          EXPECT_EQ(RowServer(2, static_cast<uint32_t>(t), ids[t][r], n), s) << "n " << n << " id " << ids[t][r];
+          seen.push_back(r);
+        }
+      }
+      std::sort(seen.begin(), seen.end());
+      std::vector<uint32_t> all(ids[t].size());
+      std::iota(all.begin(), all.end(), 0u);
+      EXPECT_EQ(seen, all) << "n " << n << " table " << t;
+    }
+  }
+}
+
 TEST(RowRequests, RefusesWhatNoServerShouldApply) {
   const v1::JobConfig config = CtrJob(v1::SGD, 2);
   const v1::SegmentConfig& seg = config.model().segments(0);
