@@ -2,6 +2,8 @@
 
 #include <cmath>
 #include <cstring>
+#include <optional>
+#include <string>
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
@@ -25,6 +27,30 @@ absl::StatusOr<char*> InRegion(const v1::Rows& rows, size_t bytes, const SharedR
   }
   // The caller names the call and table before this.
   return region->At(rows.values_region_offset(), bytes, "values_region_offset");
+}
+
+// Why `ids` cannot be rows of `table` on server `server`: an id not below
+// the vocab, held by another server, or repeated. Ids in ascending order
+// (as a client that sorts them sends them) show that none repeats without
+// a set of them.
+std::optional<std::string> BadIds(absl::Span<const uint64_t> ids, const v1::EmbeddingConfig& table,
+                                  const RowServers& servers, uint32_t server) {
+  bool ascending = true;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    const uint64_t id = ids[i];
+    if (id >= table.vocab()) return absl::StrCat("id ", id, " (row ", i, ") is not below vocab ", table.vocab());
+    if (const uint32_t holder = servers.Of(id); holder != server) {
+      return absl::StrCat("id ", id, " (row ", i, ") is held by server ", holder, ", not this one (", server, ")");
+    }
+    ascending = ascending && (i == 0 || id > ids[i - 1]);
+  }
+  if (ascending) return std::nullopt;
+  absl::flat_hash_set<uint64_t> seen;
+  seen.reserve(ids.size());
+  for (const uint64_t id : ids) {
+    if (!seen.insert(id).second) return absl::StrCat("id ", id, " appears twice");
+  }
+  return std::nullopt;
 }
 
 }  // namespace
@@ -69,16 +95,8 @@ absl::StatusOr<std::vector<RowGradients>> ParseRows(const v1::SegmentConfig& con
     out.table = r.table();
     out.ids.resize(n);
     std::memcpy(out.ids.data(), r.ids().data(), r.ids().size());
-    absl::flat_hash_set<uint64_t> seen;
-    seen.reserve(n);
-    const RowServers servers(segment, r.table(), num_servers);
-    for (size_t i = 0; i < n; ++i) {
-      const uint64_t id = out.ids[i];
-      if (id >= table.vocab()) return bad(absl::StrCat("id ", id, " (row ", i, ") is not below vocab ", table.vocab()));
-      if (const uint32_t holder = servers.Of(id); holder != server) {
-        return bad(absl::StrCat("id ", id, " (row ", i, ") is held by server ", holder, ", not this one (", server, ")"));
-      }
-      if (!seen.insert(id).second) return bad(absl::StrCat("id ", id, " appears twice"));
+    if (std::optional<std::string> why = BadIds(out.ids, table, RowServers(segment, r.table(), num_servers), server)) {
+      return bad(*why);
     }
     // Out of a shared region before it is checked: the client could change it meanwhile.
     // Whole floats: a string's buffer is aligned for them, a region's place is checked to be.

@@ -264,6 +264,8 @@ TEST(RowRequests, RefusesWhatNoServerShouldApply) {
   while (RowServer(0, 1, mine, 2) != 0) ++mine;
   uint64_t other = 0;
   while (RowServer(0, 1, other, 2) != 1) ++other;
+  uint64_t next = mine + 1;  // another row of this server's, above `mine`
+  while (RowServer(0, 1, next, 2) != 0) ++next;
   auto rows = [](uint32_t table, std::vector<uint64_t> ids, size_t floats, float value = 0.5f) {
     google::protobuf::RepeatedPtrField<v1::Rows> out;
     v1::Rows* r = out.Add();
@@ -284,6 +286,11 @@ TEST(RowRequests, RefusesWhatNoServerShouldApply) {
             std::string::npos);
   EXPECT_NE(refusal(rows(1, {other}, 3)).find("held by server 1"), std::string::npos);
   EXPECT_NE(refusal(rows(1, {mine, mine}, 6)).find("appears twice"), std::string::npos);
+  // Ascending ids need no set to show that none repeats; others are checked through one.
+  EXPECT_TRUE(ParseRows(seg, 0, 0, 2, rows(1, {mine, next}, 6), true, nullptr, "Push").ok());
+  EXPECT_TRUE(ParseRows(seg, 0, 0, 2, rows(1, {next, mine}, 6), true, nullptr, "Push").ok());
+  EXPECT_NE(refusal(rows(1, {mine, next, mine}, 9)).find("id " + std::to_string(mine) + " appears twice"),
+            std::string::npos);
   EXPECT_NE(refusal(rows(1, {mine}, 2)).find("values has 8 bytes"), std::string::npos);
   EXPECT_NE(refusal(rows(1, {mine}, 3, NAN)).find("must be finite"), std::string::npos);
 }
