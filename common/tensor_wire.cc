@@ -264,10 +264,7 @@ namespace {
 
 // One branch-free pass, so that checking a push costs no more than reading
 // it once: the largest magnitude, and whether an exponent is all ones
-// (infinity or NaN). Magnitudes are compared as the integers their bits
-// without the sign are, which order as the values do and which the
-// baseline's SSE2 compares four at a time (a float max it does not
-// vectorise without -ffast-math).
+// (infinity or NaN).
 struct Magnitudes {
   float max_abs = 0;
   bool finite = true;
@@ -275,14 +272,9 @@ struct Magnitudes {
 
 Magnitudes ScanMagnitudes(absl::Span<const float> values) {
   int32_t most = 0;
-  for (float v : values) {
-    int32_t bits;
-    std::memcpy(&bits, &v, sizeof(bits));
-    bits &= 0x7fffffff;
-    most = bits > most ? bits : most;
-  }
+  for (const float v : values) most = std::max(most, MagnitudeBits(v));
   Magnitudes found;
-  found.finite = most < 0x7f800000;  // an exponent of all ones: infinity or NaN
+  found.finite = most < kNonFiniteBits;
   std::memcpy(&found.max_abs, &most, sizeof(most));
   return found;
 }
@@ -299,14 +291,10 @@ std::optional<size_t> FirstNonFinite(absl::Span<const float> values) {
 std::optional<size_t> CopyFinite(absl::Span<const float> from, float* to) {
   int32_t most = 0;
   for (size_t i = 0; i < from.size(); ++i) {
-    const float v = from[i];
-    to[i] = v;
-    int32_t bits;
-    std::memcpy(&bits, &v, sizeof(bits));
-    bits &= 0x7fffffff;
-    most = bits > most ? bits : most;
+    to[i] = from[i];
+    most = std::max(most, MagnitudeBits(from[i]));
   }
-  if (most < 0x7f800000) return std::nullopt;
+  if (most < kNonFiniteBits) return std::nullopt;
   return FirstNonFinite(absl::MakeConstSpan(to, from.size()));
 }
 

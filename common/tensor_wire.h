@@ -7,6 +7,7 @@
 #ifndef SEGPS_COMMON_TENSOR_WIRE_H_
 #define SEGPS_COMMON_TENSOR_WIRE_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <memory>
@@ -86,17 +87,22 @@ absl::Status ValidateTensorSlice(const v1::TensorSlice& slice, size_t payload_by
 
 // The position of the first value that is not finite (infinity or NaN), if any.
 std::optional<size_t> FirstNonFinite(absl::Span<const float> values);
+// A float's bits without its sign, as a non-negative integer: they order as
+// the magnitudes do, and those of infinity and NaN (an exponent of all ones)
+// are at least kNonFiniteBits. Compared as signed integers, SSE2 takes four
+// at a time (a float max it does not vectorise without -ffast-math).
+inline int32_t MagnitudeBits(float v) {
+  int32_t bits;
+  std::memcpy(&bits, &v, sizeof(bits));
+  return bits & 0x7fffffff;
+}
+inline constexpr int32_t kNonFiniteBits = 0x7f800000;
 // Whether every one of `values` is finite: one vectorizable pass, inline
 // for short rows checked while they are in cache.
 inline bool AllFinite(absl::Span<const float> values) {
-  uint32_t most = 0;
-  for (const float v : values) {
-    uint32_t bits;
-    std::memcpy(&bits, &v, sizeof(bits));
-    bits &= 0x7fffffffu;
-    most = bits > most ? bits : most;
-  }
-  return most < 0x7f800000u;  // an exponent of all ones: infinity or NaN
+  int32_t most = 0;
+  for (const float v : values) most = std::max(most, MagnitudeBits(v));
+  return most < kNonFiniteBits;
 }
 // `from` copied to `to` (from.size() floats), checked in the same pass: the
 // position of the first copied value that is not finite, if any.
