@@ -294,8 +294,11 @@ TEST(WorkerInProcess, Float16PullOfParametersBeyondItsRangeFails) {
 
   v1::JobConfig narrow_config = config;
   narrow_config.mutable_cluster()->set_wire_dtype(v1::FLOAT16);
+  // The first worker leaves, so that its rank is free at once (a live rank's
+  // registration is refused until its lease lapses).
+  ASSERT_TRUE(wide->Leave(std::nullopt).ok());
   std::unique_ptr<ParameterClient> narrow = *ConnectGrpc(narrow_config, cluster.addresses());
-  absl::StatusOr<Registration> registered = narrow->Register(0, 0);  // replaces the first registration
+  absl::StatusOr<Registration> registered = narrow->Register(0, 0);
   ASSERT_TRUE(registered.ok()) << registered.status();
   std::vector<float> pulled(n);
   absl::Status status = narrow->Pull(0, registered->start_clock, absl::MakeSpan(pulled)).status();
