@@ -462,7 +462,7 @@ class Merger {
       read.push_back(*std::move(file));
     }
     uint32_t servers = 0;
-    absl::SimpleAtoi(read[0].Field("segps.num_servers"), &servers);
+    if (!absl::SimpleAtoi(read[0].Field("segps.num_servers"), &servers)) servers = 0;  // unreadable: skipped below
     std::set<std::string> indices;
     for (const CheckpointFile& f : read) {
       if (f.Field("segps.num_servers") == read[0].Field("segps.num_servers") &&

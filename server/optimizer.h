@@ -17,6 +17,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "common/sanitizers.h"
 #include "segps/v1/config.pb.h"
 
 // On an update kernel: also compiled for AVX2 and picked at run time, so
@@ -24,7 +25,7 @@
 // has them (the apply bench compiles its memory-bound loops the same way).
 // Not under ThreadSanitizer: the loader runs the clones' resolver before the
 // sanitizer's runtime is up.
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_THREAD__)
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(SEGPS_TSAN)
 #define SEGPS_VECTOR_CLONES __attribute__((target_clones("avx2", "default")))
 #else
 #define SEGPS_VECTOR_CLONES

@@ -20,6 +20,7 @@
 #include "absl/strings/str_split.h"
 #include "common/config.h"
 #include "common/hash.h"
+#include "common/sanitizers.h"
 #include "tests/support/subprocess.h"
 #include "worker/data/dataset.h"
 #include "worker/data/npy.h"
@@ -232,7 +233,7 @@ void WriteSignTask(const std::string& dir, const std::string& name, uint64_t row
 }
 
 TEST(OwnData, ADataSetLargerThanAWorkersMemoryLimitTrainsThroughMemoryMapping) {
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#if defined(SEGPS_ASAN) || defined(SEGPS_TSAN)
   GTEST_SKIP() << "the sanitizers reserve terabytes of address space: no process starts under ulimit -v";
 #endif
   const std::string dir = MakeTempDir();

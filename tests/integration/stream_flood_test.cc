@@ -23,6 +23,7 @@
 #include "absl/algorithm/container.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
+#include "common/sanitizers.h"
 #include "common/tensor_wire_grpc.h"
 #include "segps/v1/parameter_server.grpc.pb.h"
 #include "tests/support/subprocess.h"
@@ -143,7 +144,7 @@ double RssOnceQuiet(ServerProcesses& servers, v1::ParameterServer::Stub& probe) 
 // the rest of a flood from one host is refused at its headers (a probe from
 // that host too, while the flood lasts).
 TEST(StreamFlood, SilentStreamsOverManyConnectionsAreCappedAndTheirMemoryReturns) {
-#if defined(__SANITIZE_THREAD__)
+#if defined(SEGPS_TSAN)
   GTEST_SKIP() << "under ThreadSanitizer a server takes minutes over 8,000 streams (930 MiB, 2 minutes to end "
                   "them): the cap is checked in the other builds";
 #endif
@@ -169,7 +170,7 @@ TEST(StreamFlood, SilentStreamsOverManyConnectionsAreCappedAndTheirMemoryReturns
   // Measured here: 13 MiB at rest, 60 MiB holding 2048, 30 MiB after (with
   // no server-wide cap, no host share and no trim: 147 MiB holding all 8000,
   // 147 after).
-#if !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)  // their allocators keep what they free
+#if !defined(SEGPS_ASAN) && !defined(SEGPS_TSAN)  // their allocators keep what they free
   EXPECT_LT(during - resting, 160.0);
   EXPECT_LT(after - resting, 40.0) << "the flood's memory stayed";
 #endif
@@ -179,7 +180,7 @@ TEST(StreamFlood, SilentStreamsOverManyConnectionsAreCappedAndTheirMemoryReturns
 // holds them from their headers (within the host's share) and ends them
 // with DEADLINE_EXCEEDED once cluster.rpc_deadline_ms has passed.
 TEST(StreamFlood, SilentUnaryCallsAreCappedAndEndedAtTheirDeadline) {
-#if defined(__SANITIZE_THREAD__)
+#if defined(SEGPS_TSAN)
   GTEST_SKIP() << "under ThreadSanitizer a server takes minutes over thousands of calls: checked in the other builds";
 #endif
   const std::string dir = MakeTempDir();
@@ -206,7 +207,7 @@ TEST(StreamFlood, SilentUnaryCallsAreCappedAndEndedAtTheirDeadline) {
   const double after = RssOnceQuiet(servers, *probe);
   std::cout << "server RSS " << resting << " MiB at rest, " << during << " MiB holding 2048 silent unary calls, "
             << after << " MiB after their deadline" << std::endl;
-#if !defined(__SANITIZE_ADDRESS__)  // its allocator keeps what it frees
+#if !defined(SEGPS_ASAN)  // its allocator keeps what it frees
   EXPECT_LT(during - resting, 160.0);
   EXPECT_LT(after - resting, 40.0) << "the flood's memory stayed";
 #endif
@@ -217,7 +218,7 @@ TEST(StreamFlood, SilentUnaryCallsAreCappedAndEndedAtTheirDeadline) {
 // server reads in gRPC's log); once they close, the server starts its
 // listener again on the same port and answers calls.
 TEST(StreamFlood, AServerOutOfDescriptorsServesAgainOnceTheyAreFree) {
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#if defined(SEGPS_ASAN) || defined(SEGPS_TSAN)
   GTEST_SKIP() << "the sanitizers' runtimes need descriptors of their own (UBSan's checks open a pipe): a server "
                   "starved of them reports its runtime's failure, not its own";
 #endif

@@ -9,10 +9,12 @@
 #include <malloc.h>
 #endif
 
+#include "common/sanitizers.h"
+
 namespace segps {
 namespace {
 
-#if defined(__GLIBC__) && !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
+#if defined(__GLIBC__) && !defined(SEGPS_ASAN) && !defined(SEGPS_TSAN)
 // A megabyte block comes from malloc's heap (glibc maps anything above
 // 128 KiB by default), and freeing it keeps the memory for the next one.
 TEST(MallocTuning, MegabyteBlocksStayInTheHeap) {

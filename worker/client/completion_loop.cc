@@ -27,7 +27,7 @@ CompletionLoop::~CompletionLoop() {
 }
 
 void CompletionLoop::Dispatch(void* tag, bool ok) {
-#if defined(__SANITIZE_THREAD__)
+#if defined(SEGPS_TSAN)
   __tsan_acquire(tag);  // see Tag
 #endif
   static_cast<Handler*>(tag)->OnComplete(ok);

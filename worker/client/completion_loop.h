@@ -24,9 +24,10 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/functional/function_ref.h"
+#include "common/sanitizers.h"
 #include "common/sync.h"
 
-#if defined(__SANITIZE_THREAD__)
+#if defined(SEGPS_TSAN)
 extern "C" void __tsan_acquire(void* addr);
 extern "C" void __tsan_release(void* addr);
 #endif
@@ -61,7 +62,7 @@ class CompletionLoop {
   // uninstrumented gRPC, so the hand-off to the loop's thread is announced
   // to it: a release here, an acquire when the tag comes off the queue.
   static void* Tag(Handler* handler) {
-#if defined(__SANITIZE_THREAD__)
+#if defined(SEGPS_TSAN)
     __tsan_release(handler);
 #endif
     return handler;
