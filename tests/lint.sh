@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# Static checks over server/, worker/, common/, deploy/ and python/, on the
-# compilation database of the build that tests/run.sh made (build/, or the
-# directory given as $1). Fails on any finding:
+# Static checks over server/, worker/, common/, deploy/ and python/ (their
+# sources and the headers there they include), on the compilation database
+# of the build that tests/run.sh made (build/, or the directory given as
+# $1), in one clang-tidy parse a file. Fails on any finding:
 # - clang's -Wthread-safety: every ABSL_GUARDED_BY / REQUIRES annotation holds;
-# - clang-tidy with the root .clang-tidy: no function over 80 lines, and
-#   the bugprone and performance checks it names.
+# - the root .clang-tidy: no function over 80 lines, and the bugprone and
+#   performance checks it names.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build="${1:-build}"
