@@ -462,7 +462,11 @@ class Merger {
       read.push_back(*std::move(file));
     }
     uint32_t servers = 0;
-    if (!absl::SimpleAtoi(read[0].Field("segps.num_servers"), &servers)) servers = 0;  // unreadable: skipped below
+    if (!absl::SimpleAtoi(read[0].Field("segps.num_servers"), &servers) || servers == 0) {
+      skipped->push_back(absl::StrCat("clock ", c, " (", files[0].string(), ": segps.num_servers '",
+                                      read[0].Field("segps.num_servers"), "' is not a server count)"));
+      return false;
+    }
     std::set<std::string> indices;
     for (const CheckpointFile& f : read) {
       if (f.Field("segps.num_servers") == read[0].Field("segps.num_servers") &&
@@ -470,7 +474,7 @@ class Merger {
         indices.insert(f.Field("segps.server"));
       }
     }
-    if (servers == 0 || indices.size() != servers || read.size() != servers) {
+    if (indices.size() != servers || read.size() != servers) {
       skipped->push_back(absl::StrCat("clock ", c, " (", read.size(), " files for ", servers, " servers)"));
       return false;
     }
