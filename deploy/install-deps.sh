@@ -5,7 +5,7 @@
 set -euo pipefail
 
 packages=(
-  build-essential cmake pkg-config ccache
+  build-essential cmake pkg-config ccache lld
   protobuf-compiler libprotobuf-dev
   libgrpc++-dev protobuf-compiler-grpc libssl-dev
   libabsl-dev libgtest-dev libgmock-dev
