@@ -281,9 +281,20 @@ void WriteResumableTeacher(const std::string& path, const std::string& optimizer
   std::string job = ReadFile(Config("teacher.pbtxt"));
   job.replace(job.find("optimizer { kind: ADAM learning_rate: 0.003 }"), 45, optimizer);
   job.replace(job.find("epochs: 6 staleness: 2 workers_per_segment: 2"), 45,
-              "epochs: 8 staleness: 0 workers_per_segment: 1 log_interval_s: 0.01");
+              "epochs: 8 staleness: 0 workers_per_segment: 1 log_interval_s: 0.01 test_every_epoch: true");
   job.replace(job.find("units: 64"), 9, absl::StrCat("units: ", units));
   WriteFile(path, job);
+}
+
+// The epochs of a report's ensemble history (segps-report.json in `dir`).
+std::vector<int> EnsembleEpochs(const std::string& dir) {
+  const std::string report = ReadFile(dir + "/segps-report.json");
+  const std::regex entry(R"re(\{\s*"epoch":\s*([0-9]+),\s*"test_accuracy")re");
+  std::vector<int> epochs;
+  for (auto it = std::sregex_iterator(report.begin(), report.end(), entry); it != std::sregex_iterator(); ++it) {
+    epochs.push_back(std::stoi((*it)[1]));
+  }
+  return epochs;
 }
 
 // segps-local keeps a job's checkpoints in segps-runs/<job name> of its
@@ -291,7 +302,8 @@ void WriteResumableTeacher(const std::string& path, const std::string& optimizer
 // command, the job resumes, and its model equals the uninterrupted job's
 // bit for bit (--fresh starts over, and runs uninterrupted); a changed
 // learning rate resumes with the new rate, a changed layer is refused
-// naming the field.
+// naming the field. The resumed run's ensemble history has the epochs it
+// scored, under their own numbers.
 TEST(Cluster, CtrlCThenTheSameCommandResumesAndEqualsTheUninterruptedRun) {
   const std::string dir = MakeTempDir(), here = MakeTempDir();
   const std::string config = dir + "/teacher.pbtxt";
@@ -324,6 +336,11 @@ TEST(Cluster, CtrlCThenTheSameCommandResumesAndEqualsTheUninterruptedRun) {
   EXPECT_EQ(resumed->output().find(": epoch 1/8"), std::string::npos) << "it started over:\n" << resumed->output();
   const std::string resumed_params = model();
   ASSERT_GT(resumed_params.size(), 10000u);
+  const std::vector<int> resumed_epochs = EnsembleEpochs(here);
+  ASSERT_FALSE(resumed_epochs.empty()) << ReadFile(here + "/segps-report.json");
+  EXPECT_GT(resumed_epochs.front(), 1);
+  for (size_t i = 0; i < resumed_epochs.size(); ++i) EXPECT_EQ(resumed_epochs[i], resumed_epochs.front() + static_cast<int>(i));
+  EXPECT_EQ(resumed_epochs.back(), 8);
 
   // --fresh starts over and runs uninterrupted: the reference.
   std::unique_ptr<Subprocess> fresh = run(here, dir, {"--fresh"});
@@ -331,6 +348,7 @@ TEST(Cluster, CtrlCThenTheSameCommandResumesAndEqualsTheUninterruptedRun) {
   EXPECT_EQ(fresh->output().find("restored"), std::string::npos) << fresh->output();
   EXPECT_NE(fresh->output().find("relu64/0: epoch 1/8"), std::string::npos) << fresh->output();
   EXPECT_TRUE(model() == resumed_params) << "the resumed job's model differs from the uninterrupted job's";
+  EXPECT_EQ(EnsembleEpochs(here), std::vector<int>({1, 2, 3, 4, 5, 6, 7, 8}));
 
   WriteResumableTeacher(config, "optimizer { kind: ADAM learning_rate: 0.001 }", 64);
   std::unique_ptr<Subprocess> new_rate = run(here, dir);

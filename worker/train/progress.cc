@@ -124,7 +124,7 @@ absl::Status Progress::EndEpoch(uint32_t epoch, TrainReport* report) {
   SEGPS_RETURN_IF_ERROR(backend_->Download(model_->params(), segments[options_.segment].data(), n * sizeof(float)));
   SEGPS_RETURN_IF_ERROR(backend_->Synchronize());
   if (options_.validation != nullptr) SEGPS_RETURN_IF_ERROR(Validate(epoch, segments, record));
-  if (options_.test != nullptr) SEGPS_RETURN_IF_ERROR(Score(epoch, segments, record));
+  if (options_.test != nullptr) SEGPS_RETURN_IF_ERROR(Score(epoch, segments, record, &report->history));
   scoring_time_ += absl::Now() - scoring;
   if (options_.validation != nullptr) MaybeStop(epoch, *record, report);
   return absl::OkStatus();
@@ -158,18 +158,23 @@ absl::Status Progress::Validate(uint32_t epoch, const std::vector<std::vector<fl
 }
 
 absl::Status Progress::Score(uint32_t epoch, const std::vector<std::vector<float>>& segments,
-                             v1::EpochRecord* record) {
+                             v1::EpochRecord* record, v1::WorkerHistory* history) {
   absl::StatusOr<std::vector<float>> probs =
       Predict(config_.model(), *options_.test, segments, options_.segment, backend_, rows_);
   if (!probs.ok()) return probs.status();
   const double accuracy = SecondStat(ScoreRows(config_.model(), *probs, options_.test->y));
   record->set_test_accuracy(accuracy);
-  // Indexed by epoch: an epoch computed again replaces its entry; a worker
-  // that joined after the first epochs (its peers trained them) gives those
-  // its first scores, so the history has no gaps.
-  if (options_.test_probabilities != nullptr) {
-    options_.test_probabilities->resize(std::min<size_t>(options_.test_probabilities->size(), epoch));
-    while (options_.test_probabilities->size() <= epoch) options_.test_probabilities->push_back(*probs);
+  // One an epoch from the first this process scored (a worker that joined
+  // after the first epochs, or resumed, has none of theirs); an epoch
+  // computed again replaces its own and drops the later ones.
+  if (std::vector<std::vector<float>>* kept = options_.test_probabilities; kept != nullptr) {
+    const uint32_t first = history->first_scored_epoch();
+    if (first == 0 || epoch + 1 < first || epoch + 1 - first > kept->size()) {  // none yet, or a gap
+      kept->clear();
+      history->set_first_scored_epoch(epoch + 1);
+    }
+    kept->resize(epoch + 1 - history->first_scored_epoch());
+    kept->push_back(*std::move(probs));
   }
   SEGPS_LOG_INFO << absl::StrFormat("%s: epoch %u test accuracy %.4f after %.2f s of training", tag_, epoch + 1,
                                     accuracy, record->train_seconds());

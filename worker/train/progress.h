@@ -79,7 +79,8 @@ class Progress {
   // Scores the model's parameters (`segments`, this segment's filled in) on
   // the validation set, and on the test set, into `record`.
   absl::Status Validate(uint32_t epoch, const std::vector<std::vector<float>>& segments, v1::EpochRecord* record);
-  absl::Status Score(uint32_t epoch, const std::vector<std::vector<float>>& segments, v1::EpochRecord* record);
+  absl::Status Score(uint32_t epoch, const std::vector<std::vector<float>>& segments, v1::EpochRecord* record,
+                     v1::WorkerHistory* history);
   // Early stopping, on rank 0: after `epoch`'s validation, whether the
   // segment stops (report->end_at_clock, its history's best_epoch).
   void MaybeStop(uint32_t epoch, const v1::EpochRecord& record, TrainReport* report);

@@ -40,14 +40,19 @@ absl::StatusOr<v1::RunHistory> ReadHistory(const std::string& dir, const v1::Job
   v1::RunHistory out;
   const auto& model = config.model();
   const uint64_t classes = model.num_classes();
-  // probs[k]: segment k's rank 0 probabilities [epochs x rows x classes].
+  // probs[k]: segment k's rank 0 probabilities [epochs x rows x classes],
+  // the first of epoch first[k]; the ensemble's epochs are [from, to].
   std::vector<std::vector<float>> probs(model.segments_size());
-  uint64_t epochs = UINT64_MAX;
+  std::vector<uint64_t> first(model.segments_size());
+  uint64_t from = 1, to = UINT64_MAX;
   for (int k = 0; k < model.segments_size(); ++k) {
     for (uint32_t r = 0; r < model.segments(k).workers(); ++r) {
       const std::string base = Base(dir, model.segments(k).name(), r);
       std::ifstream in(base + ".json");
-      if (!in) continue;
+      if (!in) {
+        if (r == 0) to = 0;  // without every segment's probabilities, no ensemble history
+        continue;
+      }
       std::stringstream text;
       text << in.rdbuf();
       v1::WorkerHistory* history = out.add_workers();
@@ -57,8 +62,8 @@ absl::StatusOr<v1::RunHistory> ReadHistory(const std::string& dir, const v1::Job
       if (r != 0) continue;
       absl::StatusOr<NpyHeader> h = ReadNpyHeader(base + ".test_probs.npy");
       if (!h.ok() || h->kind != 'f' || h->item_bytes != 4 || h->shape.size() != 3 || h->shape[1] != test.size() ||
-          h->shape[2] != classes) {
-        epochs = 0;  // without every segment's probabilities, no ensemble history
+          h->shape[2] != classes || history->first_scored_epoch() == 0) {
+        to = 0;  // without every segment's probabilities, no ensemble history
         continue;
       }
       absl::StatusOr<MappedRegion> data = MappedRegion::Map(base + ".test_probs.npy", h->data_offset,
@@ -66,20 +71,23 @@ absl::StatusOr<v1::RunHistory> ReadHistory(const std::string& dir, const v1::Job
       if (!data.ok()) return data.status();
       probs[k].resize(h->elements());
       std::memcpy(probs[k].data(), data->data(), data->size());
-      epochs = std::min<uint64_t>(epochs, h->shape[0]);
+      first[k] = history->first_scored_epoch();
+      from = std::max(from, first[k]);
+      to = std::min(to, first[k] + h->shape[0] - 1);
     }
   }
-  if (epochs == UINT64_MAX) epochs = 0;
+  if (to == UINT64_MAX) to = 0;
   const uint64_t per_epoch = test.size() * classes;
   std::vector<float> ensemble(per_epoch);
-  for (uint64_t e = 0; e < epochs; ++e) {
+  for (uint64_t e = from; e <= to; ++e) {
     std::vector<double> sum(per_epoch, 0.0);
-    for (const auto& p : probs) {
-      for (uint64_t i = 0; i < per_epoch; ++i) sum[i] += p[e * per_epoch + i] / model.segments_size();
+    for (size_t k = 0; k < probs.size(); ++k) {
+      const float* p = probs[k].data() + (e - first[k]) * per_epoch;
+      for (uint64_t i = 0; i < per_epoch; ++i) sum[i] += p[i] / model.segments_size();
     }
     for (uint64_t i = 0; i < per_epoch; ++i) ensemble[i] = static_cast<float>(sum[i]);
     v1::EnsembleEpoch* record = out.add_ensemble();
-    record->set_epoch(static_cast<uint32_t>(e + 1));
+    record->set_epoch(static_cast<uint32_t>(e));
     record->set_test_accuracy(SecondStat(ScoreRows(model, ensemble, test.y)));
   }
   return out;

@@ -37,7 +37,8 @@ struct TrainerOptions {
   // data.validation_fraction's rows: when set, scored after every epoch.
   const Dataset* validation = nullptr;
   // With `test`: receives the segment's test-set probabilities [test rows x
-  // classes] after every epoch (for the ensemble's history). May be null.
+  // classes] after every epoch (for the ensemble's history), one an epoch
+  // from the report's history.first_scored_epoch on. May be null.
   std::vector<std::vector<float>>* test_probabilities = nullptr;
 };
 
