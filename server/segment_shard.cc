@@ -51,21 +51,17 @@ ClockTable::Workers::iterator SegmentShard::Erase(ClockTable::Workers::iterator 
   return next;
 }
 
-uint64_t SegmentShard::Needed(const Waiter& pull) const {
-  return pull.id == 0 ? pull.clock : ClockNeeded(pull.clock, options_.staleness);
+uint64_t SegmentShard::Needed(uint64_t clock) const { return ClockNeeded(clock, options_.staleness); }
+
+bool SegmentShard::BoundAllows(uint64_t clock, uint64_t end) const {
+  const uint64_t needed = Needed(clock);
+  return clocks_.SegmentClock() >= needed || clocks_.ClockOf(end, options_.range.count) >= needed;
 }
 
-bool SegmentShard::BoundAllows(const Waiter& pull) const {
-  const uint64_t needed = Needed(pull);
-  return clocks_.SegmentClock() >= needed || clocks_.ClockOf(pull.first + pull.count, options_.range.count) >= needed;
-}
-
-absl::Status SegmentShard::BehindBound(const Waiter& pull) const {
+absl::Status SegmentShard::BehindBound(uint64_t clock) const {
   return absl::UnavailableError(absl::StrCat(
-      "Pull: segment ", options_.segment, " clock ", clocks_.SegmentClock(), " is below ", Needed(pull),
-      pull.id == 0 ? " asked for by a reader" : absl::StrCat(" needed for clock ", pull.clock, " with staleness ",
-                                                             options_.staleness),
-      "; waiting for ", clocks_.Laggard()));
+      "Pull: segment ", options_.segment, " clock ", clocks_.SegmentClock(), " is below ", Needed(clock),
+      " needed for clock ", clock, " with staleness ", options_.staleness, "; waiting for ", clocks_.Laggard()));
 }
 
 absl::StatusOr<SegmentShard::Worker*> SegmentShard::FindLive(uint64_t id, absl::Time now,
@@ -356,7 +352,7 @@ void SegmentShard::Tick() {
     ParkedCalls::Released expired = parked_.ReleaseExpired(now);
     for (std::unique_ptr<Waiter>& pull : expired.pulls) {
       blocked_ += now - pull->since;
-      absl::Status behind = BehindBound(*pull);
+      absl::Status behind = BehindBound(pull->clock);
       Fail(std::move(pull), std::move(behind), &ready);
     }
     for (std::unique_ptr<Waiter>& push : expired.pushes) {

@@ -278,9 +278,8 @@ class SegmentShard {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void StartPush(std::unique_ptr<Waiter> waiter, absl::Time now, Completions* ready)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Whether a pull may read its elements as they are: a worker's computes
-  // `clock` within the staleness bound; a reader's waits for its clock.
-  bool BoundAllows(const Waiter& pull) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether a worker may compute `clock` with elements [0, end) as they are.
+  bool BoundAllows(uint64_t clock, uint64_t end) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Reads the waiter's elements and completes it.
   void FinishPull(std::unique_ptr<Waiter> waiter, absl::Time now, Completions* ready)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -310,10 +309,9 @@ class SegmentShard {
   // Removes a worker, failing its parked calls; the worker after it.
   ClockTable::Workers::iterator Erase(ClockTable::Workers::iterator it, Completions* ready)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The segment clock a pull needs: a worker's for its clock under the
-  // staleness bound; a reader's (id 0) is its clock.
-  uint64_t Needed(const Waiter& pull) const;
-  absl::Status BehindBound(const Waiter& pull) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The segment clock a pull for `clock` needs under the staleness bound.
+  uint64_t Needed(uint64_t clock) const;
+  absl::Status BehindBound(uint64_t clock) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   static bool AppliedBefore(const Worker& w, const Waiter& push);
   // The answer to a push applied before (a retry).
   static PushResult Acknowledged(const Worker& w);

@@ -44,16 +44,7 @@ void SegmentShard::Pull(uint64_t id, uint64_t clock, uint64_t first, uint64_t co
     // A pull of rows alone comes beside the step's parameter pull, which
     // may be ahead of it (prefetched): it neither goes backwards nor counts as the step's pull.
     const bool rows_only = count == 0 && waiter->read_rows;
-    if (id == 0) {
-      // A reader waits only for pushes of clocks some worker may be computing.
-      const uint64_t reach = clocks_.Highest() + options_.max_clock_ahead + 1;
-      if (clock > reach) {
-        valid = absl::OutOfRangeError(absl::StrCat(
-            "Pull: a reader's clock ", clock, " is beyond segment ", options_.segment, "'s reach: its workers have ",
-            "reached clock ", clocks_.Highest(), " and may compute up to ", options_.max_clock_ahead,
-            " more, so a reader may wait for clock ", reach, " at most"));
-      }
-    } else {
+    if (id != 0) {
       absl::StatusOr<Worker*> w = FindLive(id, now, "Pull");
       if (!w.ok()) {
         valid = w.status();
@@ -82,12 +73,12 @@ void SegmentShard::Pull(uint64_t id, uint64_t clock, uint64_t first, uint64_t co
 
 void SegmentShard::StartPull(std::unique_ptr<Waiter> waiter, absl::Time now, Completions* ready) {
   waiter->since = now;
-  if (BoundAllows(*waiter)) {
+  if (waiter->id == 0 || BoundAllows(waiter->clock, waiter->first + waiter->count)) {
     FinishPull(std::move(waiter), now, ready);
   } else if (now >= waiter->deadline || !draining_.empty()) {
-    absl::Status behind = draining_.empty() ? BehindBound(*waiter) : absl::UnavailableError(draining_);
+    absl::Status behind = draining_.empty() ? BehindBound(waiter->clock) : absl::UnavailableError(draining_);
     Fail(std::move(waiter), std::move(behind), ready);
-  } else if (absl::Status full = parked_.ParkPull(Needed(*waiter), waiter, "Pull"); !full.ok()) {
+  } else if (absl::Status full = parked_.ParkPull(Needed(waiter->clock), waiter, "Pull"); !full.ok()) {
     Fail(std::move(waiter), std::move(full), ready);
   }
 }
@@ -353,7 +344,7 @@ void SegmentShard::Resume(absl::Time now, Completions* ready) {
     // Parked pulls the bound now allows: those needing at most one clock
     // more than the segment's (a chunk may be a clock ahead of it).
     auto allowed = [this](const Waiter& pull) ABSL_NO_THREAD_SAFETY_ANALYSIS {  // under mu_, as Resume
-      return BoundAllows(pull);
+      return BoundAllows(pull.clock, pull.first + pull.count);
     };
     for (std::unique_ptr<Waiter>& pull : parked_.ReleasePulls(clocks_.SegmentClock() + 1, allowed)) {
       FinishPull(std::move(pull), now, ready);

@@ -14,6 +14,7 @@
 #include <csignal>
 #include <cmath>
 #include <iostream>
+#include <map>
 #include <regex>
 #include <string>
 #include <vector>
@@ -168,8 +169,11 @@ TEST(Pipeline, ThreeStageTeacherChainWithTwoReplicasReachesItsBarAndExportsAsOne
 // on the test set; its history (the report, the plots) has each score.
 // Staleness 0 (the order in which the servers apply the two replicas'
 // pushes still varies): in 3 runs epoch 1 scored 91.1-91.3% and the last
-// three epochs 92.0-92.8% on average, while one epoch to the next wanders
-// by up to a point, so the test compares the first with the last three.
+// three epochs 92.0-92.8% on average (under ThreadSanitizer, 12 runs: 91.2-91.6%
+// and 92.5-92.8%), while one epoch to the next wanders by up to a point, so
+// the test compares the first with the last three. An epoch replayed after
+// a recovery (a lease lost on a loaded machine) is scored again, and its
+// last score counts, as in the report.
 TEST(Pipeline, AChainIsScoredAsAWholeAfterEachEpoch) {
   const std::string dir = MakeTempDir();
   std::string job = ReadFile(std::string(SEGPS_SOURCE_DIR) + "/deploy/configs/teacher_chain.pbtxt");
@@ -181,10 +185,14 @@ TEST(Pipeline, AChainIsScoredAsAWholeAfterEachEpoch) {
   Train(dir + "/chain.pbtxt", dir, 3, &output);
   const std::string report = ReadFile(dir + "/report.json");
   const std::regex scored(R"re(stage2/0: epoch ([0-9]+) test accuracy ([0-9.]+) of the whole chain)re");
-  std::vector<double> accuracies;
+  std::map<int, double> by_epoch;
   for (auto it = std::sregex_iterator(output.begin(), output.end(), scored); it != std::sregex_iterator(); ++it) {
-    EXPECT_EQ(std::stoi((*it)[1]), static_cast<int>(accuracies.size()) + 1) << it->str();
-    accuracies.push_back(std::stod((*it)[2]));
+    by_epoch[std::stoi((*it)[1])] = std::stod((*it)[2]);
+  }
+  std::vector<double> accuracies;
+  for (const auto& [epoch, accuracy] : by_epoch) {
+    EXPECT_EQ(epoch, static_cast<int>(accuracies.size()) + 1) << output;
+    accuracies.push_back(accuracy);
   }
   ASSERT_EQ(accuracies.size(), 6u) << output;
   std::cout << "the chain's test accuracy after each epoch:";

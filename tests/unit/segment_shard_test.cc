@@ -114,41 +114,6 @@ TEST_F(SegmentShardTest, StalenessOneWaitsOnlyForTheClockBeforeLast) {
   EXPECT_EQ(waiting->Reflected(), 3);
 }
 
-// A reader (id 0, no registration) asking for clock c waits until every
-// worker has pushed all clocks below c, whatever the staleness (here 2,
-// which would let a worker read at once); clock 0 reads at once, and a
-// clock no worker may yet compute is refused at once.
-TEST_F(SegmentShardTest, AReadersPullWaitsForItsClockWhateverTheStaleness) {
-  auto shard = MakeShard(2);
-  Reg(*shard, 1, 0);
-  Reg(*shard, 2, 1);
-  ASSERT_TRUE(Done(Push(*shard, 1, 0, Soon())).ok());
-  Call<PullResult> now = Pull(*shard, 0, 0, Now());
-  ASSERT_TRUE(Done(now).ok());
-  EXPECT_EQ(now->Reflected(), 1);
-  Call<PullResult> waiting = Pull(*shard, 0, 1, Soon());
-  EXPECT_FALSE(waiting->done);
-  EXPECT_EQ(shard->Waiting(), 1u);
-  ASSERT_TRUE(Done(Push(*shard, 1, 1, Soon())).ok());  // rank 0 ahead: still waiting for rank 1
-  EXPECT_FALSE(waiting->done);
-  ASSERT_TRUE(Done(Push(*shard, 2, 0, Soon())).ok());
-  ASSERT_TRUE(Done(waiting).ok());
-  EXPECT_EQ(waiting->Reflected(), 3);
-  absl::StatusOr<PullResult> refused = Done(Pull(*shard, 0, 3, Now()));  // no time to wait
-  ASSERT_EQ(refused.status().code(), absl::StatusCode::kUnavailable) << refused.status();
-  EXPECT_NE(std::string(refused.status().message()).find("is below 3 asked for by a reader"), std::string::npos)
-      << refused.status();
-  // Rank 0 has reached clock 2 and may compute 4 more (max_clock_ahead):
-  // a reader may wait for clock 7, and no further, at once and parking nothing.
-  Call<PullResult> within = Pull(*shard, 0, 7, Soon());
-  EXPECT_FALSE(within->done);
-  absl::StatusOr<PullResult> beyond = Done(Pull(*shard, 0, 8, Soon()));
-  ASSERT_EQ(beyond.status().code(), absl::StatusCode::kOutOfRange) << beyond.status();
-  EXPECT_NE(std::string(beyond.status().message()).find("a reader may wait for clock 7 at most"), std::string::npos)
-      << beyond.status();
-  EXPECT_EQ(shard->Waiting(), 1u);
-}
-
 // Momentum 0.5, lr 1, two workers at staleness 1: after both push ones at
 // clock 0 the velocity is -1.5 and the values -2.5.
 class LookaheadTest : public SegmentShardTest {

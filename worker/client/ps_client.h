@@ -216,11 +216,9 @@ class ParameterClient {
 std::vector<std::string> ServerAddresses(const std::string& flag, const v1::JobConfig& config);
 
 // Every segment's parameters, read from the servers as an observer (no
-// registration): once every live worker of each segment has pushed all
-// clocks below `clock` (0: as they are now).
+// registration, no wait).
 absl::StatusOr<std::vector<std::vector<float>>> PullParameters(ParameterClient& client,
-                                                               const v1::ModelConfig& model, uint32_t num_servers,
-                                                               uint64_t clock = 0);
+                                                               const v1::ModelConfig& model, uint32_t num_servers);
 
 // Every embedding table of every segment, dense: [segment][table], vocab x
 // dim floats, every row as the servers serve it (a row never pushed is its

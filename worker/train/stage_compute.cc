@@ -324,9 +324,8 @@ absl::Status StageCompute::Record(const StepRecord& record, TrainReport* report)
     options_.stage_metrics->SetIdleShare(absl::ToDoubleSeconds(waiting_ - steady_waiting_) /
                                          std::max(1e-9, absl::ToDoubleSeconds(absl::Now() - steady_start_)));
   }
-  last_clock_ = record.clock;
   if (epoch_ != recorded_epoch_) {  // the clock begins an epoch
-    if (last_stage_) SEGPS_RETURN_IF_ERROR(CloseEpoch(report, record.clock));
+    if (last_stage_) SEGPS_RETURN_IF_ERROR(CloseEpoch(report));
     recorded_epoch_ = epoch_;
     epoch_start_ = absl::Now();
     epoch_loss_ = 0;
@@ -364,7 +363,7 @@ absl::Status StageCompute::Rewind() {
   return absl::OkStatus();
 }
 
-absl::Status StageCompute::CloseEpoch(TrainReport* report, uint64_t through_clock) {
+absl::Status StageCompute::CloseEpoch(TrainReport* report) {
   if (!recorded_epoch_.has_value() || epoch_samples_ == 0) return absl::OkStatus();
   // An epoch replayed after a rollback replaces its record.
   auto* epochs = report->history.mutable_epochs();
@@ -379,12 +378,10 @@ absl::Status StageCompute::CloseEpoch(TrainReport* report, uint64_t through_cloc
   if (options_.reader == nullptr || (options_.test == nullptr && options_.validation == nullptr)) {
     return absl::OkStatus();
   }
-  // Every stage's parameters once each has pushed `through_clock` (this
-  // stage's clock in hand: the others finish it with the gradients this one
-  // sent, and cannot push the next clock before this one computes it), so
-  // that one replica's scores do not depend on its neighbours' timing.
+  // Every stage's parameters as the servers hold them now (a stage's
+  // neighbours are within the pipeline's depth of this epoch's end).
   absl::StatusOr<std::vector<std::vector<float>>> params =
-      PullParameters(*options_.reader, config_.model(), config_.cluster().num_servers(), through_clock + 1);
+      PullParameters(*options_.reader, config_.model(), config_.cluster().num_servers());
   if (!params.ok()) {  // a server restarting: the epoch goes unscored, the chain trains on
     SEGPS_LOG_WARNING << tag_ << ": epoch " << record->epoch() << " is not scored: " << params.status().message();
     return absl::OkStatus();
@@ -410,7 +407,7 @@ absl::Status StageCompute::CloseEpoch(TrainReport* report, uint64_t through_cloc
 }
 
 absl::Status StageCompute::Complete(TrainReport* report) {
-  if (last_stage_) SEGPS_RETURN_IF_ERROR(CloseEpoch(report, last_clock_));
+  if (last_stage_) SEGPS_RETURN_IF_ERROR(CloseEpoch(report));
   if (options_.downstream != nullptr) SEGPS_RETURN_IF_ERROR(options_.downstream->Finish());
   // A stage's time waiting for its neighbours is its blocked time.
   report->blocked_seconds = absl::ToDoubleSeconds(waiting_);

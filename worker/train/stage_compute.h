@@ -54,7 +54,7 @@ class StageCompute final : public StepCompute {
   // The last stage's record of the epoch that ends, in the report's
   // history, with the whole chain's validation and test scores where it
   // keeps them.
-  absl::Status CloseEpoch(TrainReport* report, uint64_t through_clock);
+  absl::Status CloseEpoch(TrainReport* report);
   // A micro-batch's forward and backward; `first`: its first row in the
   // model's slots. The last stage's forward adds its loss to `clock_stats`.
   absl::Status Forward(uint64_t clock, uint32_t m, uint32_t rows, int first, BatchStats* clock_stats);
@@ -110,7 +110,6 @@ class StageCompute final : public StepCompute {
   // each stage passes it on); the last stage keeps a record of each.
   uint32_t epoch_ = 0;
   std::optional<uint32_t> recorded_epoch_;
-  uint64_t last_clock_ = 0;  // of the last record
   absl::Time epoch_start_;
   double epoch_loss_ = 0;
   double epoch_correct_ = 0;  // or, under loss MSE, summed absolute error
