@@ -339,7 +339,9 @@ TEST(Cluster, CtrlCThenTheSameCommandResumesAndEqualsTheUninterruptedRun) {
   const std::vector<int> resumed_epochs = EnsembleEpochs(here);
   ASSERT_FALSE(resumed_epochs.empty()) << ReadFile(here + "/segps-report.json");
   EXPECT_GT(resumed_epochs.front(), 1);
-  for (size_t i = 0; i < resumed_epochs.size(); ++i) EXPECT_EQ(resumed_epochs[i], resumed_epochs.front() + static_cast<int>(i));
+  for (size_t i = 0; i < resumed_epochs.size(); ++i) {
+    EXPECT_EQ(resumed_epochs[i], resumed_epochs.front() + static_cast<int>(i)) << "a gap in the ensemble's epochs";
+  }
   EXPECT_EQ(resumed_epochs.back(), 8);
 
   // --fresh starts over and runs uninterrupted: the reference.

@@ -169,9 +169,9 @@ TEST(Pipeline, ThreeStageTeacherChainWithTwoReplicasReachesItsBarAndExportsAsOne
 // on the test set; its history (the report, the plots) has each score.
 // Staleness 0 (the order in which the servers apply the two replicas'
 // pushes still varies): in 3 runs epoch 1 scored 91.1-91.3% and the last
-// three epochs 92.0-92.8% on average (under ThreadSanitizer, 12 runs: 91.2-91.6%
-// and 92.5-92.8%), while one epoch to the next wanders by up to a point, so
-// the test compares the first with the last three. An epoch replayed after
+// three epochs 92.0-92.8% on average (under ThreadSanitizer, 12 runs:
+// 91.2-91.6% and 92.5-92.8%), while one epoch to the next wanders by up to
+// a point, so the test compares the first with the last three. An epoch replayed after
 // a recovery (a lease lost on a loaded machine) is scored again, and its
 // last score counts, as in the report.
 TEST(Pipeline, AChainIsScoredAsAWholeAfterEachEpoch) {
