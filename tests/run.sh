@@ -9,4 +9,4 @@ bash deploy/install-deps.sh python3-torch
 if [ -x /usr/local/cuda/bin/nvcc ]; then export PATH="/usr/local/cuda/bin:$PATH"; fi
 cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo
 cmake --build build -j"$(nproc)"
-ctest --test-dir build --output-on-failure -j2 "$@"
+bash tests/ctest.sh build -j2 "$@"

@@ -16,5 +16,5 @@ cmake --build build-asan -j"$(nproc)"
 # Fashion-MNIST accuracy runs, 14 epochs of 60000 images, which take over 10
 # minutes under ASan on 2 cores (their code paths are the teacher jobs').
 ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=0}" \
-  ctest --test-dir build-asan --output-on-failure -j2 -L "unit|integration" -LE gpu \
+  bash tests/ctest.sh build-asan -j2 -L "unit|integration" -LE gpu \
   -E "Cluster.FashionMnistConfigReachesItsAccuracyBar|Pipeline.FashionMnist" "$@"

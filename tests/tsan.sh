@@ -15,5 +15,5 @@ cmake --build build-tsan -j"$(nproc)"
 # (ASan runs them): three jobs whose own code runs on one thread of a
 # process, on the teacher jobs' threads otherwise: dropout (4 jobs, 170 s
 # under TSan), the CSV reader (40 s) and the report's plots (30 s).
-ctest --test-dir build-tsan --output-on-failure -j2 -L "unit|integration" -LE gpu \
+bash tests/ctest.sh build-tsan -j2 -L "unit|integration" -LE gpu \
   -E "Cluster.FashionMnistConfigReachesItsAccuracyBar|Pipeline.FashionMnist|Cluster.HiddenLayersWithDropout|OwnData.CsvTables|Cluster.ReportKeepsHistoryAndPlot" "$@"
