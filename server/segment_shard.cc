@@ -39,8 +39,12 @@ void SegmentShard::ExpireLeases(absl::Time now) {
     ClockTable::Worker* w = clocks_.Find(id);
     if (w != nullptr && w->live) w->last_seen = now;
   }
+  // A placeholder's lease runs from the segment's first push: until then
+  // its peers have not gone on without it, however long they waited.
+  const absl::Time moved = moved_at_.value_or(now);
   for (auto& [id, w] : clocks_.workers()) {
-    if (w.live && w.last_seen + options_.lease <= now) clocks_.SetLive(&w, false);
+    const absl::Time seen = id >= kPlaceholder ? std::max(w.last_seen, moved) : w.last_seen;
+    if (w.live && seen + options_.lease <= now) clocks_.SetLive(&w, false);
   }
 }
 
@@ -209,6 +213,7 @@ bool SegmentShard::Restore(const ShardState& state, std::optional<uint64_t> gene
             dropped, &ready);
     cuts_.Taken(state.clock, state.updates, now);
     started_ = true;
+    moved_at_.reset();
     for (uint32_t rank : state.ranks) AddPlaceholder(rank, state.clock, now);
   }
   for (auto& complete : ready) std::move(complete)();

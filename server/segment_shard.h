@@ -37,9 +37,10 @@
 // the segment waits for it and it rejoins there.
 //
 // Starting. The segment's first registration keeps a placeholder at clock
-// 0 for each other configured rank (live for one lease): a worker started a
-// moment after its peers starts where they do, instead of at the clock they
-// reached without it. With hold_for_joiners (staleness 0) a push of clock c
+// 0 for each other configured rank (live for one lease from the segment's
+// first push: peers that wait for a stage to load its data do not count
+// against it): a worker started a moment after its peers starts where they
+// do, instead of at the clock they reached without it. With hold_for_joiners (staleness 0) a push of clock c
 // also waits while a worker that registered at c (or a placeholder there)
 // has not yet pulled: its step computes on exactly the updates below c.
 //
@@ -368,6 +369,9 @@ class SegmentShard {
   std::optional<uint64_t> restored_steps_ ABSL_GUARDED_BY(mu_);  // steps_begun_ as restored; unset: never
   uint64_t next_placeholder_ ABSL_GUARDED_BY(mu_) = 0;
   bool started_ ABSL_GUARDED_BY(mu_) = false;  // a registration or a restore happened
+  // The first push since the placeholders were placed (registrations began,
+  // or a restore): their lease runs from it, not from when they were placed.
+  std::optional<absl::Time> moved_at_ ABSL_GUARDED_BY(mu_);
   // The deciding server of a balanced segment: its shares.
   std::optional<SharePlanner> planner_ ABSL_GUARDED_BY(mu_);
 };

@@ -152,6 +152,7 @@ void SegmentShard::StartPush(std::unique_ptr<Waiter> waiter, absl::Time now, Com
   absl::StatusOr<Worker*> found = FindLive(waiter->id, now, "Push");
   if (!found.ok()) return Fail(std::move(waiter), found.status(), ready);
   Worker* w = *found;
+  if (!moved_at_.has_value()) moved_at_ = now;
   // It computed a step on something: no longer a worker that just joined
   // (two that push without pulling must not wait for each other).
   clocks_.MarkPulled(w);

@@ -272,6 +272,45 @@ TEST_F(SegmentShardTest, ARankThatNeverStartsHoldsItsPeersForOneLease) {
   EXPECT_EQ(shard->FreeRank(2), std::optional<uint32_t>(1));
 }
 
+// A stage of a chain may register long before its lane can move (its
+// first stage still loading the data): the peer it waits for is held for
+// one lease from the segment's first push, not from its own registration,
+// so a rank registering after more than a lease of nobody pushing still
+// starts with its peers at clock 0, and is not taken for one started again.
+TEST_F(SegmentShardTest, ARankYetToStartIsHeldForOneLeaseFromTheFirstPush) {
+  auto shard = MakeShard(0, absl::Seconds(5), 0, 64, /*ranks=*/2, /*hold_for_joiners=*/true);
+  Reg(*shard, 1, 0);
+  for (int beat = 0; beat < 3; ++beat) {  // over two leases, nobody pushing, worker 1's heartbeats
+    clock_.Advance(absl::Seconds(4));
+    ASSERT_TRUE(shard->Renew(1));
+    shard->Tick();
+  }
+  Call<PushResult> first = Push(*shard, 1, 0, Soon(), /*and_pull=*/true);
+  clock_.Advance(absl::Seconds(4));
+  shard->Tick();
+  EXPECT_FALSE(first->done) << "rank 1's place was given up before anyone went on without it";
+  const Registered late = Reg(*shard, 2, 1);
+  EXPECT_EQ(late.start_clock, 0u);
+  EXPECT_FALSE(late.rank_clock.has_value());
+  ASSERT_TRUE(Done(Pull(*shard, 2, 0, Soon())).ok());
+  ASSERT_TRUE(Done(Push(*shard, 2, 0, Soon())).ok());
+  ASSERT_TRUE(Done(first).ok());
+  EXPECT_EQ(first->Reflected(), 2);
+  // From that first push on, a lease: a rank that never comes is given up.
+  auto alone = MakeShard(0, absl::Seconds(5), 0, 64, /*ranks=*/2, /*hold_for_joiners=*/true);
+  Reg(*alone, 1, 0);
+  for (int beat = 0; beat < 3; ++beat) {
+    clock_.Advance(absl::Seconds(4));
+    ASSERT_TRUE(alone->Renew(1));
+    alone->Tick();
+  }
+  Call<PushResult> waiting = Push(*alone, 1, 0, Soon(), /*and_pull=*/true);
+  clock_.Advance(absl::Seconds(5));
+  alone->Tick();
+  ASSERT_TRUE(Done(waiting).ok());
+  EXPECT_EQ(waiting->Reflected(), 1);
+}
+
 // Balanced pushes weigh as their samples over batch_size (SGD, lr 1, ones:
 // the values fall by the weight); a push of 0 samples counts its clock and
 // moves nothing.
