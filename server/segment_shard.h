@@ -33,16 +33,17 @@
 // staleness 0 no push waits for it. When the segment's last worker leaves,
 // the final state is cut too. Restore replaces the state with a
 // checkpoint's: every registration is dropped, and each rank the checkpoint
-// held is kept as a placeholder at its clock (live for one lease), so that
-// the segment waits for it and it rejoins there.
+// held is kept as a placeholder at its clock (live for one lease from the
+// next push), so that the segment waits for it and it rejoins there.
 //
 // Starting. The segment's first registration keeps a placeholder at clock
 // 0 for each other configured rank (live for one lease from the segment's
 // first push: peers that wait for a stage to load its data do not count
 // against it): a worker started a moment after its peers starts where they
-// do, instead of at the clock they reached without it. With hold_for_joiners (staleness 0) a push of clock c
-// also waits while a worker that registered at c (or a placeholder there)
-// has not yet pulled: its step computes on exactly the updates below c.
+// do, instead of at the clock they reached without it. With
+// hold_for_joiners (staleness 0) a push of clock c also waits while a
+// worker that registered at c (or a placeholder there) has not yet pulled:
+// its step computes on exactly the updates below c.
 //
 // Rejoining. A registration of a rank that the shard still knows (a
 // placeholder, an expired lease, a replaced worker) continues at that

@@ -17,12 +17,18 @@ if [ -f "$failed" ] && [ -f "$log" ]; then
   while IFS=: read -r _ name; do
     echo "-- $name"
     # The test's section of the log, from its header to ctest's verdict.
-    awk -v name="$name" '
+    section=$(awk -v name="$name" '
       $0 ~ "^[0-9]+/[0-9]+ Testing: " && $3 == name { on = 1 }
       on && /^Test (Passed|Failed)|^"[^"]*" end time/ { exit }
-      on { print }' "$log" |
-      grep -E -A2 "Failure|Expected|Which is|Value of|Actual|ERROR: |WARNING: ThreadSanitizer|runtime error|failed \(|stopped during|SUMMARY|Timeout|not scored|rejoined|started again" |
-      cut -c1-300 | head -n 30
+      on { print }' "$log")
+    grep -E -A2 "Failure$|ERROR: |WARNING: ThreadSanitizer|runtime error|SUMMARY: |failed \(|stopped during|Timeout" \
+      <<< "$section" | cut -c1-300 | head -n 24
+    # Recoveries in the job it ran: how many, and the first few.
+    recoveries=$(grep -cE "rejoined at clock|rolled back|started again mid-job" <<< "$section")
+    if [ "$recoveries" -gt 0 ]; then
+      echo "   $recoveries lines of recovery in its output; the first:"
+      grep -E "rejoined at clock|rolled back|started again mid-job" <<< "$section" | cut -c1-300 | head -n 4
+    fi
   done < "$failed"
 fi
 exit "$rc"
