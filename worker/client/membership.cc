@@ -76,6 +76,7 @@ absl::StatusOr<Registration> Membership::Register(int segment, std::optional<uin
     registration.chain_checkpoint_clocks =
         CommonClocks(responses, &v1::RegisterResponse::chain_checkpoint_clocks);
     registration.lane_clock = LaneClock(responses);
+    for (const v1::RegisterResponse& r : responses) registration.generations.push_back(r.generation());
     return registration;
   }
   return absl::UnavailableError(absl::StrCat("Register: segment ", segment,

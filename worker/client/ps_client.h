@@ -113,6 +113,9 @@ struct Registration {
   // server, none of it partly applied (RegisterResponse.lane_clocks); unset
   // where they differ.
   std::optional<uint64_t> lane_clock;
+  // Each server's generation of the segment (RegisterResponse.generation):
+  // a rollback moves it on.
+  std::vector<uint64_t> generations;
 };
 
 // A pull's or a pull-carrying push's result: the clock the values reflect

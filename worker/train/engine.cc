@@ -168,11 +168,16 @@ absl::StatusOr<Registration> TrainingEngine::Join(std::optional<uint32_t> rank, 
   rewound_ = false;
   absl::StatusOr<Registration> joined = client_->Register(options_.segment, rank);
   if (!joined.ok() || !compute_->Chained()) return joined;
-  // A stage continues where it is only if its links hold and the servers
-  // continue there too (or just after its step that every server took).
+  // A stage continues where it is only if its links hold, its segment was
+  // not rolled back meanwhile (its lane's other stages replay the steps the
+  // rollback undid, so it replays with them) and the servers continue there
+  // too (or just after its step that every server took).
+  const bool rolled_back = joined->generations != generations_;
+  generations_ = joined->generations;
   const bool continues =
-      at.has_value() ? !link_failed && (joined->start_clock == *at ||
-                                        (unsent_.has_value() && joined->start_clock == unsent_->clock + 1))
+      at.has_value() ? !link_failed && !rolled_back &&
+                           (joined->start_clock == *at ||
+                            (unsent_.has_value() && joined->start_clock == unsent_->clock + 1))
                      : !(joined->known && joined->start_clock > 0);  // not a stage started again
   if (continues) return joined;
   for (int attempt = 0; attempt < 4; ++attempt) {
@@ -192,6 +197,7 @@ absl::StatusOr<Registration> TrainingEngine::Join(std::optional<uint32_t> rank, 
     SEGPS_RETURN_IF_ERROR(client_->RollBackChain(options_.segment, target));
     joined = client_->Register(options_.segment, joined->rank);  // the rollback dropped the registration
     if (!joined.ok()) return joined;
+    generations_ = joined->generations;
   }
   return absl::UnavailableError(
       absl::StrCat(tag_, ": the chain kept moving while rolling it back; its stages keep failing"));

@@ -116,6 +116,7 @@ class TrainingEngine {
 
   std::optional<Unsent> unsent_;
   bool rewound_ = false;  // the last Join rolled the chain back (or found it rolled back)
+  std::vector<uint64_t> generations_;  // the segment's generations at the last Join
   // A chain whose stages keep failing recovers this often, then gives up.
   static constexpr int kMaxRecoveriesInARow = 20;
   int recoveries_in_a_row_ = 0;
