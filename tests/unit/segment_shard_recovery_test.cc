@@ -278,14 +278,19 @@ TEST_F(SegmentShardTest, ARankThatNeverStartsHoldsItsPeersForOneLease) {
 // so a rank registering after more than a lease of nobody pushing still
 // starts with its peers at clock 0, and is not taken for one started again.
 TEST_F(SegmentShardTest, ARankYetToStartIsHeldForOneLeaseFromTheFirstPush) {
+  // Worker 1 (rank 0) registers, renews its lease over two leases with
+  // nobody pushing, then pushes clock 0 and waits for rank 1.
+  auto idle_then_push = [&](SegmentShard& shard) {
+    Reg(shard, 1, 0);
+    for (int beat = 0; beat < 3; ++beat) {
+      clock_.Advance(absl::Seconds(4));
+      EXPECT_TRUE(shard.Renew(1));
+      shard.Tick();
+    }
+    return Push(shard, 1, 0, Soon(), /*and_pull=*/true);
+  };
   auto shard = MakeShard(0, absl::Seconds(5), 0, 64, /*ranks=*/2, /*hold_for_joiners=*/true);
-  Reg(*shard, 1, 0);
-  for (int beat = 0; beat < 3; ++beat) {  // over two leases, nobody pushing, worker 1's heartbeats
-    clock_.Advance(absl::Seconds(4));
-    ASSERT_TRUE(shard->Renew(1));
-    shard->Tick();
-  }
-  Call<PushResult> first = Push(*shard, 1, 0, Soon(), /*and_pull=*/true);
+  Call<PushResult> first = idle_then_push(*shard);
   clock_.Advance(absl::Seconds(4));
   shard->Tick();
   EXPECT_FALSE(first->done) << "rank 1's place was given up before anyone went on without it";
@@ -298,13 +303,7 @@ TEST_F(SegmentShardTest, ARankYetToStartIsHeldForOneLeaseFromTheFirstPush) {
   EXPECT_EQ(first->Reflected(), 2);
   // From that first push on, a lease: a rank that never comes is given up.
   auto alone = MakeShard(0, absl::Seconds(5), 0, 64, /*ranks=*/2, /*hold_for_joiners=*/true);
-  Reg(*alone, 1, 0);
-  for (int beat = 0; beat < 3; ++beat) {
-    clock_.Advance(absl::Seconds(4));
-    ASSERT_TRUE(alone->Renew(1));
-    alone->Tick();
-  }
-  Call<PushResult> waiting = Push(*alone, 1, 0, Soon(), /*and_pull=*/true);
+  Call<PushResult> waiting = idle_then_push(*alone);
   clock_.Advance(absl::Seconds(5));
   alone->Tick();
   ASSERT_TRUE(Done(waiting).ok());
