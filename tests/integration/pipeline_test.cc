@@ -50,8 +50,9 @@ std::vector<std::vector<float>> Train(const std::string& config, const std::stri
                                    "--params_dir", dir, "--verbose"};
   argv.insert(argv.end(), more.begin(), more.end());
   std::unique_ptr<Subprocess> p = Subprocess::Start(argv);
-  // A chain job takes 15 s here; under ThreadSanitizer beside another test
-  // on 2 cores, up to 72 s, and a machine half as fast takes twice that.
+  // A chain job takes 15 s on a 2-core machine; under ThreadSanitizer
+  // beside another test, up to 79 s, and a machine half as fast takes
+  // twice that.
   std::optional<int> status = p->Wait(absl::Minutes(6));
   *output = p->output();
   EXPECT_TRUE(status.has_value() && ExitedOk(*status)) << p->output();
