@@ -60,6 +60,12 @@ absl::Status ValidateCluster(v1::JobConfig& c, const Locator& at) {
   if (cluster->num_servers() > 1024) {
     return at.Error({{"cluster", -1}, {"num_servers", -1}}, "must be <= 1024");
   }
+  if (cluster->replicas() == 0) cluster->set_replicas(1);
+  if (cluster->replicas() > cluster->num_servers()) {
+    return at.Error({{"cluster", -1}, {"replicas", -1}},
+                    absl::StrCat("is ", cluster->replicas(), "; it must be at most num_servers (",
+                                 cluster->num_servers(), "): each copy of a range lives on another server"));
+  }
   if (cluster->lease_ms() == 0) cluster->set_lease_ms(3000);
   if (cluster->pull_wait_ms() == 0) cluster->set_pull_wait_ms(10000);
   if (cluster->max_message_bytes() == 0) cluster->set_max_message_bytes(64ull << 20);
@@ -340,6 +346,10 @@ absl::Status ValidateSegments(v1::JobConfig& c, const Locator& at) {
     }
     SEGPS_RETURN_IF_ERROR(ValidateLayers(model, k, chain, at));
     SEGPS_RETURN_IF_ERROR(ValidateEmbeddings(*model, k, c.cluster().num_servers(), at));
+    if (seg->embeddings_size() > 0 && c.cluster().replicas() > 1) {
+      return at.Error({{"model", -1}, {"segments", k}, {"embeddings", 0}},
+                      "tables are not yet replicated: use cluster.replicas: 1 with embedding tables");
+    }
     if (!seg->has_staleness()) seg->set_staleness(training->staleness());
     if (seg->staleness() < -1) {
       return at.Error({{"model", -1}, {"segments", k}, {"staleness", -1}},

@@ -57,17 +57,36 @@ Range BalancedRange(uint64_t n, uint32_t parts, uint32_t index) {
   return range;
 }
 
+std::vector<uint32_t> ShardMap::holders(uint32_t range) const {
+  std::vector<uint32_t> servers;
+  for (uint32_t r = 0; r < replicas_; ++r) servers.push_back((range + r) % num_servers_);
+  return servers;
+}
+
+std::vector<uint32_t> ShardMap::backed_by(uint32_t server) const {
+  std::vector<uint32_t> ranges;
+  for (uint32_t r = 1; r < replicas_; ++r) ranges.push_back((server + num_servers_ - r) % num_servers_);
+  return ranges;
+}
+
 uint32_t SegmentInputWidth(const v1::ModelConfig& model, int k) {
   if (model.combine() != v1::CHAIN || k == 0) return model.input_width() + EmbeddingWidth(model.segments(k));
   const v1::SegmentConfig& previous = model.segments(k - 1);
   return previous.layers(previous.layers_size() - 1).units();
 }
 
-absl::StatusOr<ShardMap> ShardMap::Create(const v1::ModelConfig& model, uint32_t num_servers) {
+absl::StatusOr<ShardMap> ShardMap::Create(const v1::ModelConfig& model, uint32_t num_servers, uint32_t replicas) {
   if (num_servers == 0) return absl::InvalidArgumentError("shard map: need at least one server");
+  if (replicas == 0 || replicas > num_servers) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("shard map: ", replicas, " replicas of each range need 1 to ", num_servers, " servers"));
+  }
   ShardMap map;
   map.num_servers_ = num_servers;
+  map.replicas_ = replicas;
   std::string digest = absl::StrCat("S=", num_servers, ";in=", model.input_width());
+  // One copy keeps the fingerprint it always had (checkpoints resume).
+  if (replicas > 1) absl::StrAppend(&digest, ";R=", replicas);
   if (model.combine() == v1::CHAIN) digest += ";chain";
   for (int k = 0; k < model.segments_size(); ++k) {
     const auto& seg = model.segments(k);

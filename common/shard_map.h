@@ -52,16 +52,25 @@ uint32_t SegmentInputWidth(const v1::ModelConfig& model, int k);
 
 class ShardMap {
  public:
-  static absl::StatusOr<ShardMap> Create(const v1::ModelConfig& model, uint32_t num_servers);
+  // With `replicas` R >= 2, range i is also copied to the R - 1 servers
+  // after i on the ring (cluster.replicas).
+  static absl::StatusOr<ShardMap> Create(const v1::ModelConfig& model, uint32_t num_servers,
+                                         uint32_t replicas = 1);
 
   uint32_t num_servers() const { return num_servers_; }
+  uint32_t replicas() const { return replicas_; }
+  // The servers that hold range i, its primary first: i, i+1, ..., i+R-1 (mod S).
+  std::vector<uint32_t> holders(uint32_t range) const;
+  // The ranges server `server` backs (holds, and is not the primary of):
+  // server-1, ..., server-R+1 (mod S).
+  std::vector<uint32_t> backed_by(uint32_t server) const;
   int num_segments() const { return static_cast<int>(segments_.size()); }
   // Elements in segment k's flat vector.
   uint64_t segment_size(int k) const { return segments_[k].size; }
   const std::vector<TensorLayout>& tensors(int k) const { return segments_[k].tensors; }
   // The range server `server` holds of segment k.
   Range range(int k, uint32_t server) const { return segments_[k].ranges[server]; }
-  // Hex digest of (model, S, every range).
+  // Hex digest of (model, S, every range, and R where it is not 1).
   const std::string& fingerprint() const { return fingerprint_; }
 
  private:
@@ -71,6 +80,7 @@ class ShardMap {
     std::vector<Range> ranges;
   };
   uint32_t num_servers_ = 0;
+  uint32_t replicas_ = 1;
   std::vector<Segment> segments_;
   std::string fingerprint_;
 };

@@ -26,6 +26,7 @@
 #include "common/sync.h"
 #include "common/tensor_wire_grpc.h"
 #include "server/handler_pool.h"
+#include "server/replication_service.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "segps/v1/parameter_server.grpc.pb.h"
 
@@ -480,8 +481,9 @@ class Service final : public ReactorService<v1::ParameterServer::Service> {
         "Rollback", true, [this](const auto& request, auto* response, const std::string& caller) {
           return server_->Rollback(request, response, caller);
         });
-    Control<v1::StatsRequest, v1::StatsResponse>("Stats", false, [this](const auto&, auto* response, const std::string&) {
-      server_->Stats(response);
+    Control<v1::StatsRequest, v1::StatsResponse>("Stats", false, [this](const auto& request, auto* response,
+                                                                        const std::string&) {
+      server_->Stats(request, response);
       response->set_open_streams(calls_.streams());
       response->set_open_unary_calls(calls_.unary());
       return absl::OkStatus();
@@ -569,9 +571,14 @@ class Service final : public ReactorService<v1::ParameterServer::Service> {
 
 class GrpcRunningServer final : public RunningServer {
  public:
-  GrpcRunningServer(ParameterServer* core, std::unique_ptr<Service> service, std::unique_ptr<grpc::Server> server,
+  GrpcRunningServer(ParameterServer* core, std::unique_ptr<Service> service,
+                    std::unique_ptr<ReplicationService> replication, std::unique_ptr<grpc::Server> server,
                     std::string address)
-      : core_(core), service_(std::move(service)), server_(std::move(server)), address_(std::move(address)) {}
+      : core_(core),
+        service_(std::move(service)),
+        replication_(std::move(replication)),
+        server_(std::move(server)),
+        address_(std::move(address)) {}
   ~GrpcRunningServer() override { Shutdown(absl::ZeroDuration()); }
 
   const std::string& address() const override { return address_; }
@@ -587,6 +594,7 @@ class GrpcRunningServer final : public RunningServer {
  private:
   ParameterServer* const core_;
   std::unique_ptr<Service> service_;
+  std::unique_ptr<ReplicationService> replication_;  // null with one copy
   std::unique_ptr<grpc::Server> server_;
   std::string address_;
 };
@@ -621,6 +629,12 @@ absl::StatusOr<std::unique_ptr<RunningServer>> StartGrpcServer(ParameterServer* 
                                  server->config().cluster().max_streams_per_connection() + 1024, INT32_MAX)));
   builder.RegisterService(service.get());
   builder.RegisterService(service->health());
+  // A backup serves its primaries' streams (cluster.replicas).
+  std::unique_ptr<ReplicationService> replication;
+  if (server->shard_map().replicas() > 1) {
+    replication = std::make_unique<ReplicationService>(server, security->tokens);
+    builder.RegisterService(replication.get());
+  }
   std::unique_ptr<grpc::Server> grpc_server = builder.BuildAndStart();
   if (grpc_server == nullptr || port == 0) {
     return absl::UnavailableError(absl::StrCat("cannot listen on ", listen,
@@ -629,7 +643,8 @@ absl::StatusOr<std::unique_ptr<RunningServer>> StartGrpcServer(ParameterServer* 
   const size_t colon = listen.rfind(':');
   std::string address = absl::StrCat(listen.substr(0, colon), ":", port);
   return std::unique_ptr<RunningServer>(
-      new GrpcRunningServer(server, std::move(service), std::move(grpc_server), std::move(address)));
+      new GrpcRunningServer(server, std::move(service), std::move(replication), std::move(grpc_server),
+                            std::move(address)));
 }
 
 }  // namespace segps

@@ -11,6 +11,7 @@
 #include <iostream>
 
 #include "absl/flags/flag.h"
+#include "absl/strings/str_split.h"
 #include "absl/strings/str_cat.h"
 #include "common/command_line.h"
 #include "common/lock_checks.h"
@@ -23,6 +24,7 @@
 #include "server/listener_watch.h"
 #include "server/parameter_server.h"
 #include "server/region_listener.h"
+#include "server/replica_links.h"
 
 ABSL_FLAG(std::string, config, "", "Job config file (*.pbtxt). Required.");
 ABSL_FLAG(int32_t, index, -1, "This server's index in [0, cluster.num_servers). Required.");
@@ -42,6 +44,9 @@ ABSL_FLAG(bool, insecure, false,
           "Serve plaintext on an address other hosts can reach: the parameters without TLS (without a "
           "certificate such a server refuses to start: give it --tls_cert and --tls_key, which "
           "deploy/make-certs.sh makes), and the metrics endpoint (--metrics_listen), which is plaintext HTTP.");
+ABSL_FLAG(std::string, servers, "",
+          "Every server's host:port, in index order, comma-separated: with cluster.replicas >= 2 a server "
+          "sends its ranges' changes to the servers that back them. Default: cluster.server_addresses.");
 ABSL_FLAG(std::string, listen, "",
           "host:port to serve on. Default: cluster.server_addresses[index] if listed, else "
           "127.0.0.1:0 (a free loopback port). Use 0.0.0.0:PORT to serve other hosts.");
@@ -201,6 +206,10 @@ int Serve(const Settings& s) {
   SEGPS_LOG_INFO << "server " << s.index << " of " << s.config.cluster().num_servers() << " holds " << elements
                  << " parameters of " << map.num_segments() << " segments; shard map " << map.fingerprint();
   std::cout << "segps-server listening on " << (*running)->address() << std::endl;
+  std::vector<std::string> peers = absl::StrSplit(absl::GetFlag(FLAGS_servers), ',', absl::SkipEmpty());
+  if (peers.empty()) peers.assign(s.config.cluster().server_addresses().begin(), s.config.cluster().server_addresses().end());
+  absl::StatusOr<std::unique_ptr<segps::ReplicaLinks>> links = segps::ReplicaLinks::Start(server->get(), peers);
+  if (!links.ok()) return Fail(links.status());
 
   int received = 0;
   {
@@ -211,6 +220,7 @@ int Serve(const Settings& s) {
   }
   SEGPS_LOG_INFO << "server " << s.index << ": " << (received == SIGINT ? "SIGINT" : "SIGTERM") << ", shutting down";
   if (*running != nullptr) (*running)->Shutdown(absl::Seconds(1));
+  links->reset();
   (*server)->FlushCheckpoints();
   return 0;
 }

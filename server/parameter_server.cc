@@ -106,7 +106,7 @@ absl::StatusOr<std::unique_ptr<ParameterServer>> ParameterServer::Create(const v
     return absl::InvalidArgumentError(absl::StrCat("server index ", index, " is out of range: the config has ",
                                                    config.cluster().num_servers(), " servers"));
   }
-  absl::StatusOr<ShardMap> map = ShardMap::Create(config.model(), config.cluster().num_servers());
+  absl::StatusOr<ShardMap> map = ShardMap::Create(config.model(), config.cluster().num_servers(), config.cluster().replicas());
   if (!map.ok()) return map.status();
   std::unique_ptr<ParameterServer> server(new ParameterServer(config, index, *std::move(map), server_options));
   if (getrandom(&server->incarnation_, sizeof(server->incarnation_), 0) != sizeof(server->incarnation_)) {
@@ -124,6 +124,7 @@ absl::StatusOr<std::unique_ptr<ParameterServer>> ParameterServer::Create(const v
   server->push_bytes_ = std::make_unique<std::atomic<uint64_t>[]>(segments);
   server->pull_bytes_ = std::make_unique<std::atomic<uint64_t>[]>(segments);
   server->region_bytes_ = std::make_unique<std::atomic<uint64_t>[]>(segments);
+  SEGPS_RETURN_IF_ERROR(server->AddReplicas());
   for (int k = 0; k < segments; ++k) SEGPS_RETURN_IF_ERROR(server->AddShard(k));
   server->StartThreads(server_options.tick);
   return server;
@@ -144,6 +145,7 @@ ShardOptions ParameterServer::ShardOptionsFor(int k) {
   options.max_waiting_per_worker = config.cluster().max_waiting_calls();
   options.ranks = WorkersOf(config, k);
   options.hold_for_joiners = options.staleness == 0;
+  if (!logs_.empty()) options.replicas = logs_[k].get();
   if (config.training().has_balance()) {
     const v1::BalanceConfig& balance = config.training().balance();
     options.batch_size = config.training().batch_size();
@@ -489,6 +491,8 @@ void ParameterServer::Push(const v1::PushRequest& request, Payload data, absl::T
           ObservePull(segment, start, chunk.count * DTypeBytes(dtype),
                       clock + 1 <= pulled.clock ? 0 : clock + 1 - pulled.clock, pulled.blocked);
         }
+        // Acknowledged once the range's backups hold it (cluster.replicas).
+        if (!logs_.empty()) return logs_[segment]->WhenHeld(result->replica_seq, std::move(done));
         std::move(done)(absl::OkStatus());
       }, *info, rows);
 }
@@ -511,22 +515,24 @@ void ParameterServer::Tick() {
 }
 
 void ParameterServer::Drain() {
-  for (auto& shard : shards_) {
-    shard->Drain(absl::StrCat("server ", index_, " is shutting down; retry with the server that replaces it"));
-  }
+  const std::string why = absl::StrCat("server ", index_, " is shutting down; retry with the server that replaces it");
+  for (auto& shard : shards_) shard->Drain(why);
+  for (auto& log : logs_) log->Drain(why);
 }
 
 void ParameterServer::Reopen() {
   for (auto& shard : shards_) shard->Reopen();
+  for (auto& log : logs_) log->Reopen();
 }
 
 size_t ParameterServer::Waiting() {
   size_t waiting = 0;
   for (auto& shard : shards_) waiting += shard->Waiting();
+  for (auto& log : logs_) waiting += log->Waiting();
   return waiting;
 }
 
-void ParameterServer::Stats(v1::StatsResponse* response) {
+void ParameterServer::Stats(const v1::StatsRequest& request, v1::StatsResponse* response) {
   response->set_server_index(index_);
   response->set_model_fingerprint(model_fingerprint_);
   response->set_shard_fingerprint(map_.fingerprint());
@@ -544,6 +550,7 @@ void ParameterServer::Stats(v1::StatsResponse* response) {
       for (uint64_t clock : store_->Clocks(static_cast<int>(k))) stats->add_checkpoint_clocks(clock);
     }
   }
+  FillReplicaStats(request.digests(), response);
 }
 
 }  // namespace segps

@@ -30,6 +30,8 @@
 #include "server/apply_pool.h"
 #include "server/checkpoint.h"
 #include "server/checkpoint_report.h"
+#include "server/replica_log.h"
+#include "server/replica_range.h"
 #include "server/segment_shard.h"
 #include "server/server_metrics.h"
 
@@ -105,7 +107,8 @@ class ParameterServer {
   // The rank's steps applied here go in `response`, when given.
   absl::Status Leave(const v1::LeaveRequest& request, const std::string& caller = "",
                      v1::LeaveResponse* response = nullptr);
-  void Stats(v1::StatsResponse* response);
+  void Stats(const v1::StatsRequest& request, v1::StatsResponse* response);
+  void Stats(v1::StatsResponse* response) { Stats(v1::StatsRequest(), response); }
   absl::Status Rollback(const v1::RollbackRequest& request, v1::RollbackResponse* response,
                         const std::string& caller = "");
 
@@ -116,6 +119,23 @@ class ParameterServer {
   // before serving.
   void OfferRegions(std::string socket);
   absl::Status AttachRegion(const v1::RegionOffer& offer, std::shared_ptr<SharedRegion> region);
+
+  // cluster.replicas (server/replicas.cc; docs/replication.md). The logs
+  // of this server's ranges, on their way to their backups (none with one
+  // copy), and the ranges it backs.
+  const std::vector<std::unique_ptr<ReplicaLog>>& replica_logs() const { return logs_; }
+  ReplicaRange* copy(int segment, uint32_t range);
+  // Backup `backup`'s link opened: each of this server's ranges it backs
+  // starts from its whole state.
+  void SyncReplicas(uint32_t backup);
+  // A primary's hello, sealed where calls are authenticated (the primary's
+  // side), and checked (the backup's): the job, the ring and the seal.
+  v1::ReplicaHello Hello(uint32_t backup) const;
+  absl::Status CheckHello(const v1::ReplicaHello& hello) const;
+  // A record from server `from`: taken by this server's copy of its
+  // range, which `from` must be the primary of; an error names what is
+  // wrong and changes nothing.
+  absl::Status TakeReplica(uint32_t from, const v1::ReplicaRecord& record);
 
   // Writes the checkpoints cut so far (tests; shutdown).
   void FlushCheckpoints();
@@ -146,6 +166,10 @@ class ParameterServer {
   absl::Status AddShard(int k);
   // The checkpoint writer (with a store) and the ticker (every `tick`, if positive).
   void StartThreads(absl::Duration tick);
+  // The replica logs and copies (with cluster.replicas >= 2).
+  absl::Status AddReplicas();
+  // With StatsRequest.digests.
+  void FillReplicaStats(bool digests, v1::StatsResponse* response);
   absl::StatusOr<SegmentShard*> ShardFor(uint32_t segment, const char* call);
   absl::Status Reject(uint32_t segment, absl::Status status);
   absl::Status CheckFingerprints(const v1::RegisterRequest& request) const;
@@ -199,7 +223,9 @@ class ParameterServer {
   std::unique_ptr<CheckpointStore> store_;  // null without a checkpoint dir
   std::unique_ptr<ApplyPool> apply_pool_;  // null with one apply thread; outlives the shards
   RowBudget row_budget_{config_.cluster().embedding_rows_budget()};  // outlives the shards
+  std::vector<std::unique_ptr<ReplicaLog>> logs_;  // per segment; outlive the shards
   std::vector<std::unique_ptr<SegmentShard>> shards_;
+  std::map<std::pair<int, uint32_t>, std::unique_ptr<ReplicaRange>> copies_;  // by (segment, range)
   // Per segment (rejected_: one more, for unknown segments).
   std::unique_ptr<std::atomic<uint64_t>[]> rejected_, push_bytes_, pull_bytes_, region_bytes_;
   std::atomic<uint64_t> next_worker_id_{1};

@@ -50,6 +50,9 @@ struct PushResult {
   // With embedding rows: those updated, and what the segment's tables hold after.
   uint64_t rows_pushed = 0, rows_held = 0, rows_bytes = 0;
   std::optional<PullResult> pulled;  // a push with a pull: the pull's result
+  // cluster.replicas: the push is acknowledged once the range's backups
+  // hold every record through this one (ReplicaLog::WhenHeld).
+  uint64_t replica_seq = 0;
 };
 
 // Hands a pull's values to the caller, under the shard's lock (to copy or

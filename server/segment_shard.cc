@@ -12,6 +12,7 @@
 #include "common/log.h"
 #include "common/staleness.h"
 #include "common/status_macros.h"
+#include "server/replica_range.h"
 
 namespace segps {
 
@@ -269,6 +270,45 @@ void SegmentShard::Replace(const ShardState& state, const absl::Status& gone, st
   restored_clock_ = state.clock;
   restored_steps_ = state.steps;
   ++generation_;
+  if (options_.replicas != nullptr) options_.replicas->Append(StateRecord());
+}
+
+v1::ReplicaRecord SegmentShard::StateRecord() {
+  v1::ReplicaRecord record;
+  v1::RangeState* state = record.mutable_state();
+  state->set_steps(steps_begun_);
+  std::map<uint32_t, v1::RankPosition> ranks;
+  for (const auto& [id, w] : clocks_.workers()) {
+    v1::RankPosition& at = ranks[w.rank];
+    if (at.next_clock() > w.next_clock) continue;  // a replaced registration behind the rank's
+    at.set_rank(w.rank);
+    at.set_next_clock(w.next_clock);
+    at.set_applied(w.applied);
+  }
+  for (const auto& [rank, at] : ranks) *state->add_ranks() = at;
+  auto slice = [&](const std::vector<float>& floats, v1::TensorSlice* out) {
+    out->set_offset(options_.range.offset);
+    out->set_count(floats.size());
+    out->set_dtype(v1::FLOAT32);
+    out->set_data(reinterpret_cast<const char*>(floats.data()), floats.size() * sizeof(float));
+  };
+  slice(values_, state->mutable_values());
+  std::vector<std::vector<float>> slots;
+  optimizer_->SaveState(&slots);
+  for (const std::vector<float>& slot : slots) slice(slot, state->add_slots());
+  return record;
+}
+
+void SegmentShard::SyncReplica(uint32_t backup) {
+  MutexLock lock(&mu_);
+  if (options_.replicas != nullptr) options_.replicas->Restart(backup, StateRecord());
+}
+
+std::string SegmentShard::Digest() {
+  MutexLock lock(&mu_);
+  std::vector<std::vector<float>> slots;
+  optimizer_->SaveState(&slots);
+  return RangeDigest(steps_begun_, values_, slots);
 }
 
 SegmentShard::Worker* SegmentShard::AddPlaceholder(uint32_t rank, uint64_t clock, absl::Time now) {

@@ -83,6 +83,7 @@
 #include "server/cut_policy.h"
 #include "server/optimizer.h"
 #include "server/parked_calls.h"
+#include "server/replica_log.h"
 #include "server/share_planner.h"
 
 namespace segps {
@@ -129,6 +130,11 @@ struct ShardOptions {
   RowBudget* row_budget = nullptr;
   // Takes each cut, under the shard's lock: it must only hand it on.
   std::function<void(std::shared_ptr<const ShardState>)> on_checkpoint;
+  // cluster.replicas: where every push applied and every state replaced
+  // goes, under the shard's lock and in order, for the range's backups; a
+  // push's result names the record its acknowledgement waits for
+  // (PushResult::replica_seq). Must outlive the shard (null: one copy).
+  ReplicaLog* replicas = nullptr;
   // Whether on_checkpoint can take the cut at `clock` now; false while the
   // segment's previous cut still waits for the disk. The due cut then
   // waits, and the pushes at or past it with it (call CutRoomMade when
@@ -267,6 +273,12 @@ class SegmentShard {
 
   // Copies the current values (tests, tools).
   std::vector<float> Snapshot();
+  // The digest of values, optimizer state and update count that a backup's
+  // copy of the range gives when it holds the same (ReplicaRange::Digest).
+  std::string Digest();
+  // Backup `backup`'s link (re)opened: its records start again from the
+  // range's whole state (ReplicaLog::Restart). Nothing without replicas.
+  void SyncReplica(uint32_t backup);
 
  private:
   using Worker = ClockTable::Worker;
@@ -323,6 +335,11 @@ class SegmentShard {
   // Completes a push (applied now or before), or goes on to its pull.
   void AfterPush(std::unique_ptr<Waiter> waiter, Worker* w, const PushResult& result, absl::Time now,
                  Completions* ready) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The range's whole state as a record for its backups.
+  v1::ReplicaRecord StateRecord() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Hands an applied push (update `step`, rate times `scale`) to the backups.
+  void Replicate(const Worker& w, const Waiter& push, uint64_t step, float scale)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Decides new shares if the segment clock has reached the next decision.
   void MaybeRebalance() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Cuts a checkpoint if the segment clock has reached the next one.

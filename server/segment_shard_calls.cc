@@ -3,6 +3,7 @@
 // that release them; updates applied in clock order, split over the apply
 // pool when large. Registration, clocks and leases are in segment_shard.cc.
 #include <algorithm>
+#include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -218,8 +219,11 @@ absl::Status SegmentShard::Skipped(const Worker& w, const Waiter& push) {
                                                     " element ", w.applied, ", which never arrived"));
 }
 
-void SegmentShard::AfterPush(std::unique_ptr<Waiter> waiter, Worker* w, const PushResult& result, absl::Time now,
+void SegmentShard::AfterPush(std::unique_ptr<Waiter> waiter, Worker* w, const PushResult& applied, absl::Time now,
                              Completions* ready) {
+  // Applied now or before (a retry): either way, once the backups have it.
+  PushResult result = applied;
+  if (options_.replicas != nullptr) result.replica_seq = options_.replicas->last();
   if (!waiter->read) {
     ready->push_back([done = std::move(waiter->push_done), result]() mutable { std::move(done)(result); });
     return;
@@ -268,6 +272,7 @@ absl::StatusOr<PushResult> SegmentShard::Apply(Worker* w, const Waiter& push) {
       apply_part(PartStart(count, parts, part), PartStart(count, parts, part + 1));
     });
   }
+  if (options_.replicas != nullptr) Replicate(*w, push, step, scale);
   PushResult result;
   if (rows) {
     for (const RowGradients& table_rows : *push.rows) {
@@ -351,6 +356,26 @@ void SegmentShard::Resume(absl::Time now, Completions* ready) {
       FinishPull(std::move(pull), now, ready);
     }
   }
+}
+
+void SegmentShard::Replicate(const Worker& w, const Waiter& push, uint64_t step, float scale) {
+  v1::ReplicaRecord record;
+  v1::AppliedPush* applied = record.mutable_push();
+  applied->set_rank(w.rank);
+  applied->set_clock(push.clock);
+  applied->set_step(step);
+  applied->set_scale(scale);
+  v1::TensorSlice* gradient = applied->mutable_gradient();
+  gradient->set_offset(options_.range.offset + push.first);
+  gradient->set_count(push.count);
+  gradient->set_dtype(v1::FLOAT32);
+  // As the optimizer took it: float32, whatever the wire carried.
+  std::string* data = gradient->mutable_data();
+  data->resize(push.count * sizeof(float));
+  push.grad->ForEachFloatBlock(0, push.count, [&](size_t at, absl::Span<const float> block) {
+    std::memcpy(data->data() + at * sizeof(float), block.data(), block.size() * sizeof(float));
+  });
+  options_.replicas->Append(std::move(record));
 }
 
 }  // namespace segps

@@ -30,8 +30,19 @@ std::string Encoding(const v1::SealedRankState& state) {
   return bytes;
 }
 
-std::string Mac(const std::string& key, const v1::SealedRankState& state) {
-  const std::string bytes = Encoding(state);
+std::string Encoding(const v1::ReplicaHello& hello) {
+  std::string bytes = "segps.v1.ReplicaHello";
+  Append(&bytes, hello.from_server());
+  Append(&bytes, hello.to_server());
+  Append(&bytes, hello.incarnation());
+  Append(&bytes, hello.shard_fingerprint().size());
+  bytes += hello.shard_fingerprint();
+  return bytes;
+}
+
+template <typename Message>
+std::string Mac(const std::string& key, const Message& message) {
+  const std::string bytes = Encoding(message);
   unsigned char mac[EVP_MAX_MD_SIZE];
   unsigned int length = 0;
   HMAC(EVP_sha256(), key.data(), static_cast<int>(key.size()), reinterpret_cast<const unsigned char*>(bytes.data()),
@@ -45,6 +56,12 @@ void SealState(const std::string& key, v1::SealedRankState* state) { state->set_
 
 bool SealHolds(const std::string& key, const v1::SealedRankState& state) {
   return ConstantTimeEqual(Mac(key, state), state.seal());
+}
+
+void SealHello(const std::string& key, v1::ReplicaHello* hello) { hello->set_proof(Mac(key, *hello)); }
+
+bool HelloSealHolds(const std::string& key, const v1::ReplicaHello& hello) {
+  return ConstantTimeEqual(Mac(key, hello), hello.proof());
 }
 
 }  // namespace segps

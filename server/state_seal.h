@@ -11,6 +11,7 @@
 #include <string>
 
 #include "segps/v1/parameter_server.pb.h"
+#include "segps/v1/replication.pb.h"
 
 namespace segps {
 
@@ -20,6 +21,11 @@ void SealState(const std::string& key, v1::SealedRankState* state);
 // Whether state.seal is the one SealState gives its fields under `key`
 // (compared in constant time).
 bool SealHolds(const std::string& key, const v1::SealedRankState& state);
+
+// The same for a primary's hello to a backup (ReplicaHello.proof): only a
+// server, which holds the key, can write a backup.
+void SealHello(const std::string& key, v1::ReplicaHello* hello);
+bool HelloSealHolds(const std::string& key, const v1::ReplicaHello& hello);
 
 }  // namespace segps
 

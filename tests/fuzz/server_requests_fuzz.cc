@@ -172,7 +172,7 @@ class Harness {
       case kStats: {
         v1::StatsRequest request;
         v1::StatsResponse response;
-        if (Parse(buffer, &request)) server_->Stats(&response);
+        if (Parse(buffer, &request)) server_->Stats(request, &response);
         break;
       }
       case kRollback: {

@@ -1,0 +1,149 @@
+#include "server/replica_links.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <algorithm>
+#include <atomic>
+
+#include "absl/strings/str_cat.h"
+#include "common/log.h"
+#include "common/security.h"
+#include "segps/v1/replication.grpc.pb.h"
+
+namespace segps {
+
+struct ReplicaLinks::Link {
+  uint32_t backup = 0;
+  std::shared_ptr<grpc::Channel> channel;
+  Mutex mu;
+  CondVar wake;
+  bool pending ABSL_GUARDED_BY(mu) = false;  // a log gained a record for this backup
+  bool stop ABSL_GUARDED_BY(mu) = false;
+  grpc::ClientContext* context ABSL_GUARDED_BY(mu) = nullptr;  // the open stream's, to cancel it
+  std::thread thread;
+};
+
+ReplicaLinks::ReplicaLinks(ParameterServer* server, std::vector<std::string> addresses)
+    : server_(server), addresses_(std::move(addresses)) {}
+
+absl::StatusOr<std::unique_ptr<ReplicaLinks>> ReplicaLinks::Start(ParameterServer* server,
+                                                                   std::vector<std::string> addresses) {
+  const v1::JobConfig& config = server->config();
+  std::unique_ptr<ReplicaLinks> links(new ReplicaLinks(server, std::move(addresses)));
+  if (server->replica_logs().empty()) return links;
+  if (links->addresses_.size() != config.cluster().num_servers()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cluster.replicas ", config.cluster().replicas(), ": server ", server->index(), " needs the ",
+        config.cluster().num_servers(), " servers' addresses to reach its backups (--servers or "
+        "cluster.server_addresses); it has ", links->addresses_.size()));
+  }
+  absl::StatusOr<Security> security = LoadSecurity(config.security());
+  if (!security.ok()) return security.status();
+  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials = ChannelCredentials(*security);
+  if (!credentials.ok()) return credentials.status();
+  grpc::ChannelArguments args;
+  args.SetMaxSendMessageSize(static_cast<int>(config.cluster().max_message_bytes()));
+  args.SetMaxReceiveMessageSize(static_cast<int>(config.cluster().max_message_bytes()));
+  for (uint32_t backup : server->replica_logs().front()->backups()) {
+    auto link = std::make_unique<Link>();
+    link->backup = backup;
+    link->channel = grpc::CreateCustomChannel(links->addresses_[backup], *credentials, args);
+    links->links_.push_back(std::move(link));
+  }
+  for (auto& log : server->replica_logs()) {
+    log->SetWake([raw = links.get()](uint32_t backup) {
+      for (auto& link : raw->links_) {
+        if (link->backup != backup) continue;
+        MutexLock lock(&link->mu);
+        link->pending = true;
+        link->wake.SignalAll();
+      }
+    });
+  }
+  for (auto& link : links->links_) link->thread = std::thread([raw = links.get(), l = link.get()] { raw->Run(l); });
+  return links;
+}
+
+ReplicaLinks::~ReplicaLinks() {
+  for (auto& link : links_) {
+    MutexLock lock(&link->mu);
+    link->stop = true;
+    if (link->context != nullptr) link->context->TryCancel();
+    link->wake.SignalAll();
+  }
+  for (auto& link : links_) {
+    if (link->thread.joinable()) link->thread.join();
+  }
+  for (auto& log : server_->replica_logs()) log->SetWake(nullptr);
+}
+
+void ReplicaLinks::Run(Link* link) {
+  const std::string who =
+      absl::StrCat("server ", server_->index(), ": backup server ", link->backup, " at ", addresses_[link->backup]);
+  absl::Duration delay = absl::Milliseconds(50);
+  bool reported = false;
+  while (true) {
+    std::string error;
+    const bool served = Stream(link, &error);
+    MutexLock lock(&link->mu);
+    if (link->stop) return;
+    if (served) delay = absl::Milliseconds(50);
+    if (!reported || served) {
+      SEGPS_LOG_WARNING << who << " is unreachable (" << error
+                        << "); pushes to this server's ranges wait until it takes their records";
+    }
+    reported = !served;
+    link->wake.WaitWithDeadline(&link->mu, absl::Now() + delay);
+    delay = std::min(delay * 2, absl::Seconds(1));
+  }
+}
+
+bool ReplicaLinks::Stream(Link* link, std::string* error) {
+  auto stub = v1::Replication::NewStub(link->channel);
+  grpc::ClientContext context;
+  {
+    MutexLock lock(&link->mu);
+    if (link->stop) return false;
+    link->context = &context;
+  }
+  auto stream = stub->Replicate(&context);
+  std::atomic<bool> broken{false};
+  bool served = false;
+  v1::ReplicaRecord hello;
+  *hello.mutable_hello() = server_->Hello(link->backup);
+  if (stream->Write(hello)) {
+    // From here on every range this backup holds starts from its state.
+    server_->SyncReplicas(link->backup);
+    std::thread reader([&] {
+      v1::ReplicaAck ack;
+      const auto& logs = server_->replica_logs();
+      while (stream->Read(&ack)) {
+        served = true;
+        if (ack.segment() < logs.size()) logs[ack.segment()]->Acked(link->backup, ack.seq());
+      }
+      broken = true;
+      MutexLock lock(&link->mu);
+      link->wake.SignalAll();
+    });
+    while (!broken) {
+      for (auto& log : server_->replica_logs()) {
+        for (const ReplicaLog::Record& record : log->Take(link->backup)) {
+          if (!broken && !stream->Write(*record)) broken = true;
+        }
+      }
+      MutexLock lock(&link->mu);
+      while (!link->pending && !link->stop && !broken) link->wake.Wait(&link->mu);
+      link->pending = false;
+      if (link->stop) broken = true;
+    }
+    context.TryCancel();
+    reader.join();
+  }
+  const grpc::Status status = stream->Finish();
+  *error = status.ok() ? "the stream ended" : status.error_message();
+  MutexLock lock(&link->mu);
+  link->context = nullptr;
+  return served;
+}
+
+}  // namespace segps

@@ -1,0 +1,49 @@
+// The primary's side of replication (cluster.replicas): one stream to each
+// server that backs a range of this one (proto/segps/v1/replication.proto).
+// A link opens its stream with the server's sealed hello, has the server
+// restart the backup's records from each range's whole state
+// (ParameterServer::SyncReplicas), then sends the logs' records as they
+// come and hands the backup's acknowledgements to the logs, which release
+// the pushes that waited for them. A stream that fails is opened again
+// with backoff (50 ms doubling to 1 s), from the state again; meanwhile
+// pushes wait, and the log says so once per outage.
+//
+// Thread safety: a thread per link; Start and the destructor from one thread.
+#ifndef SEGPS_SERVER_REPLICA_LINKS_H_
+#define SEGPS_SERVER_REPLICA_LINKS_H_
+
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/sync.h"
+#include "server/parameter_server.h"
+
+namespace segps {
+
+class ReplicaLinks {
+ public:
+  // Links `server` (which outlives them) to its backups at `addresses`
+  // (every server's, in index order). None with one copy.
+  static absl::StatusOr<std::unique_ptr<ReplicaLinks>> Start(ParameterServer* server,
+                                                             std::vector<std::string> addresses);
+  ~ReplicaLinks();
+
+ private:
+  struct Link;
+  ReplicaLinks(ParameterServer* server, std::vector<std::string> addresses);
+  // Keeps backup `backup`'s stream open until the links stop.
+  void Run(Link* link);
+  // One stream's life: false once it failed (why in `error`).
+  bool Stream(Link* link, std::string* error);
+
+  ParameterServer* const server_;
+  const std::vector<std::string> addresses_;
+  std::vector<std::unique_ptr<Link>> links_;
+};
+
+}  // namespace segps
+
+#endif  // SEGPS_SERVER_REPLICA_LINKS_H_

@@ -1,0 +1,113 @@
+// ParameterServer's part in replication (cluster.replicas;
+// docs/replication.md): the logs of its own ranges, its copies of the
+// ranges it backs, and the checks on a primary's hello and records. The
+// links that carry them are server/replica_links.h and
+// server/replication_service.h.
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "common/config.h"
+#include "common/log.h"
+#include "common/status_macros.h"
+#include "server/parameter_server.h"
+#include "server/state_seal.h"
+
+namespace segps {
+
+absl::Status ParameterServer::AddReplicas() {
+  if (map_.replicas() < 2) return absl::OkStatus();
+  for (int k = 0; k < map_.num_segments(); ++k) {
+    std::vector<uint32_t> holders = map_.holders(index_);
+    holders.erase(holders.begin());  // the primary: this server
+    logs_.push_back(std::make_unique<ReplicaLog>(k, index_, std::move(holders)));
+    for (uint32_t range : map_.backed_by(index_)) {
+      const Range extent = map_.range(k, range);
+      absl::StatusOr<std::unique_ptr<Optimizer>> optimizer = CreateOptimizer(config_.optimizer(), extent.count);
+      if (!optimizer.ok()) return optimizer.status();
+      // A range's state travels in one record.
+      const uint64_t state_bytes = extent.count * sizeof(float) * (1 + (*optimizer)->SlotNames().size()) + 4096;
+      if (state_bytes > config_.cluster().max_message_bytes()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "cluster.replicas: segment ", k, " range ", range, "'s values and optimizer state are ", state_bytes,
+            " bytes, more than cluster.max_message_bytes (", config_.cluster().max_message_bytes(),
+            "); raise it, or add servers"));
+      }
+      copies_[{k, range}] =
+          std::make_unique<ReplicaRange>(k, range, extent, WorkersOf(config_, k), *std::move(optimizer));
+    }
+  }
+  return absl::OkStatus();
+}
+
+ReplicaRange* ParameterServer::copy(int segment, uint32_t range) {
+  auto it = copies_.find({segment, range});
+  return it == copies_.end() ? nullptr : it->second.get();
+}
+
+void ParameterServer::SyncReplicas(uint32_t backup) {
+  for (auto& shard : shards_) shard->SyncReplica(backup);
+}
+
+v1::ReplicaHello ParameterServer::Hello(uint32_t backup) const {
+  v1::ReplicaHello hello;
+  hello.set_from_server(index_);
+  hello.set_to_server(backup);
+  hello.set_incarnation(incarnation_);
+  hello.set_shard_fingerprint(map_.fingerprint());
+  if (!state_key_.empty()) SealHello(state_key_, &hello);
+  return hello;
+}
+
+absl::Status ParameterServer::CheckHello(const v1::ReplicaHello& hello) const {
+  if (hello.to_server() != index_) {
+    return absl::FailedPreconditionError(absl::StrCat("Replicate: this is server ", index_, ", not server ",
+                                                      hello.to_server(), "; check the server addresses"));
+  }
+  if (hello.shard_fingerprint() != map_.fingerprint()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "Replicate: server ", hello.from_server(), " has shard map ", hello.shard_fingerprint(), ", this server ",
+        map_.fingerprint(), " (another model, server count or cluster.replicas)"));
+  }
+  if (authenticated_ && (state_key_.empty() || !HelloSealHolds(state_key_, hello))) {
+    return absl::PermissionDeniedError(
+        "Replicate: the hello is not sealed with the servers' key (the token file's `server` line); only a "
+        "server of this job writes a backup");
+  }
+  const std::vector<uint32_t> backed = map_.backed_by(index_);
+  if (std::find(backed.begin(), backed.end(), hello.from_server()) == backed.end()) {
+    return absl::FailedPreconditionError(absl::StrCat("Replicate: server ", index_, " backs no range of server ",
+                                                      hello.from_server(), " with cluster.replicas ",
+                                                      map_.replicas()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ParameterServer::TakeReplica(uint32_t from, const v1::ReplicaRecord& record) {
+  if (record.range() != from) {
+    return absl::InvalidArgumentError(absl::StrCat("Replicate: server ", from, " sent a record of range ",
+                                                   record.range(), ", which it is not the primary of"));
+  }
+  ReplicaRange* range = record.segment() < static_cast<uint32_t>(map_.num_segments())
+                            ? copy(static_cast<int>(record.segment()), record.range())
+                            : nullptr;
+  if (range == nullptr) {
+    return absl::NotFoundError(absl::StrCat("Replicate: server ", index_, " holds no copy of segment ",
+                                            record.segment(), " range ", record.range()));
+  }
+  return range->Take(record);
+}
+
+void ParameterServer::FillReplicaStats(bool digests, v1::StatsResponse* response) {
+  for (int k = 0; digests && k < response->segments_size(); ++k) {
+    response->mutable_segments(k)->set_digest(shards_[k]->Digest());
+  }
+  for (const auto& [key, range] : copies_) {
+    v1::ReplicaStats* stats = response->add_replicas();
+    stats->set_segment(static_cast<uint32_t>(key.first));
+    stats->set_range(key.second);
+    stats->set_seq(range->seq());
+    if (digests) stats->set_digest(range->Digest());
+  }
+}
+
+}  // namespace segps

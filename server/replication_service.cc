@@ -1,0 +1,39 @@
+#include "server/replication_service.h"
+
+#include "absl/strings/str_cat.h"
+#include "common/grpc_status.h"
+#include "common/log.h"
+
+namespace segps {
+
+grpc::Status ReplicationService::Replicate(grpc::ServerContext* context,
+                                           grpc::ServerReaderWriter<v1::ReplicaAck, v1::ReplicaRecord>* stream) {
+  const Caller caller = CallerOf(*context, tokens_);
+  if (absl::Status allowed = AuthorizeCall(caller, true, "Replicate"); !allowed.ok()) return ToGrpcStatus(allowed);
+  v1::ReplicaRecord record;
+  if (!stream->Read(&record)) return grpc::Status::OK;
+  if (!record.has_hello()) {
+    return ToGrpcStatus(absl::InvalidArgumentError("Replicate: the first record must carry the primary's hello"));
+  }
+  if (absl::Status hello = server_->CheckHello(record.hello()); !hello.ok()) {
+    SEGPS_LOG_WARNING << "server " << server_->index() << ": refused a replication stream from "
+                      << context->peer() << ": " << hello.message();
+    return ToGrpcStatus(hello);
+  }
+  const uint32_t from = record.hello().from_server();
+  SEGPS_LOG_INFO << "server " << server_->index() << ": backing server " << from << "'s ranges";
+  while (stream->Read(&record)) {
+    if (absl::Status taken = server_->TakeReplica(from, record); !taken.ok()) {
+      SEGPS_LOG_WARNING << "server " << server_->index() << ": " << taken.message();
+      return ToGrpcStatus(taken);
+    }
+    v1::ReplicaAck ack;
+    ack.set_segment(record.segment());
+    ack.set_range(record.range());
+    ack.set_seq(record.seq());
+    if (!stream->Write(ack)) break;
+  }
+  return grpc::Status::OK;
+}
+
+}  // namespace segps

@@ -1,0 +1,36 @@
+// The backup's side of replication (cluster.replicas): serves
+// segps.v1.Replication, the streams primaries write their ranges' records
+// on (proto/segps/v1/replication.proto). Each stream opens with a hello the
+// server checks (the job, the ring, and where calls are authenticated the
+// servers' seal); every record is then taken by the server's copy of its
+// range and acknowledged, in order. A record that is refused ends the
+// stream with the reason and changes nothing; the primary opens a new one,
+// which starts again from the range's state.
+#ifndef SEGPS_SERVER_REPLICATION_SERVICE_H_
+#define SEGPS_SERVER_REPLICATION_SERVICE_H_
+
+#include <vector>
+
+#include "common/security.h"
+#include "segps/v1/replication.grpc.pb.h"
+#include "server/parameter_server.h"
+
+namespace segps {
+
+class ReplicationService final : public v1::Replication::Service {
+ public:
+  // `server` outlives the service.
+  ReplicationService(ParameterServer* server, std::vector<Token> tokens)
+      : server_(server), tokens_(std::move(tokens)) {}
+
+  grpc::Status Replicate(grpc::ServerContext* context,
+                         grpc::ServerReaderWriter<v1::ReplicaAck, v1::ReplicaRecord>* stream) override;
+
+ private:
+  ParameterServer* const server_;
+  const std::vector<Token> tokens_;
+};
+
+}  // namespace segps
+
+#endif  // SEGPS_SERVER_REPLICATION_SERVICE_H_

@@ -1,0 +1,260 @@
+// Replication's core (cluster.replicas): a primary's shard hands each
+// change to its log in order, a backup's copy takes the records and holds
+// the range bit for bit, refuses records that do not fit, and a push is
+// answered only once every backup holds it.
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <random>
+#include <vector>
+
+#include "common/clock.h"
+#include "common/config.h"
+#include "common/tensor_wire.h"
+#include "server/parameter_server.h"
+#include "server/replica_log.h"
+#include "server/replica_range.h"
+#include "server/segment_shard.h"
+
+namespace segps {
+namespace {
+
+constexpr uint64_t kOffset = 40, kCount = 24;
+constexpr uint32_t kPrimary = 0, kBackup = 1;
+
+v1::OptimizerConfig Adam() {
+  v1::OptimizerConfig adam;
+  adam.set_kind(v1::ADAM);
+  adam.set_learning_rate(0.01f);
+  adam.set_beta1(0.9f);
+  adam.set_beta2(0.999f);
+  adam.set_epsilon(1e-7f);
+  return adam;
+}
+
+class ReplicaRangeTest : public ::testing::Test {
+ protected:
+  // An asynchronous shard of range [kOffset, +kCount) with Adam, two
+  // ranks, pushes weighted by their samples, its changes going to log_.
+  void SetUp() override {
+    ShardOptions options;
+    options.range = {kOffset, kCount};
+    options.staleness = -1;
+    options.max_clock_ahead = 4;
+    options.lease = absl::Seconds(60);
+    options.clock = &clock_;
+    options.ranks = 2;
+    options.batch_size = 8;
+    options.replicas = &log_;
+    std::vector<float> initial(kCount);
+    for (size_t i = 0; i < kCount; ++i) initial[i] = 0.1f * static_cast<float>(i) - 1.0f;
+    shard_ = std::make_unique<SegmentShard>(options, initial, *CreateOptimizer(Adam(), kCount));
+    ASSERT_TRUE(shard_->Register(1, 0, std::nullopt).ok());
+    ASSERT_TRUE(shard_->Register(2, 1, std::nullopt).ok());
+  }
+
+  std::unique_ptr<ReplicaRange> Backup() {
+    return std::make_unique<ReplicaRange>(0, kPrimary, Range{kOffset, kCount}, 2, *CreateOptimizer(Adam(), kCount));
+  }
+
+  // Worker `id` pushes a random chunk [first, first + count) of its step `clock`.
+  void PushChunk(uint64_t id, uint64_t clock, uint64_t first, uint64_t count, uint32_t samples) {
+    std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+    std::vector<float> grad(count);
+    for (float& g : grad) g = u(rng_);
+    v1::TensorSlice slice;
+    EncodeFloat32(grad, kOffset + first, &slice);
+    const Payload bytes = Payload::Borrow(slice.data());
+    DenseView view(slice, bytes);
+    PushInfo info;
+    info.samples = samples;
+    info.max_abs_gradient = 1.0f;
+    bool done = false;
+    shard_->Push(id, clock, first, &view, clock_.Now() + absl::Seconds(5), nullptr,
+                 [&](absl::StatusOr<PushResult> r) {
+                   EXPECT_TRUE(r.ok()) << r.status();
+                   done = true;
+                 }, info);
+    EXPECT_TRUE(done);
+  }
+
+  // Both workers push `steps` steps in two chunks each, interleaved.
+  void Train(uint64_t from, uint64_t steps) {
+    for (uint64_t c = from; c < from + steps; ++c) {
+      PushChunk(1, c, 0, 10, 8);
+      PushChunk(2, c, 0, 10, 5);
+      PushChunk(2, c, 10, kCount - 10, 5);
+      PushChunk(1, c, 10, kCount - 10, 8);
+    }
+  }
+
+  static void Feed(ReplicaLog& log, ReplicaRange& backup) {
+    for (const ReplicaLog::Record& record : log.Take(kBackup)) ASSERT_TRUE(backup.Take(*record).ok());
+  }
+
+  FakeClock clock_;
+  std::mt19937 rng_{7};
+  ReplicaLog log_{0, kPrimary, {kBackup}};
+  std::unique_ptr<SegmentShard> shard_;
+};
+
+TEST_F(ReplicaRangeTest, ABackupFedThePrimarysRecordsHoldsItsRangeBitForBit) {
+  std::unique_ptr<ReplicaRange> backup = Backup();
+  shard_->SyncReplica(kBackup);
+  Train(0, 6);
+  Feed(log_, *backup);
+  EXPECT_EQ(backup->Digest(), shard_->Digest());
+  EXPECT_EQ(backup->Snapshot().values, shard_->Snapshot());
+  EXPECT_EQ(backup->seq(), log_.last());
+  // Positions: both ranks at clock 6.
+  const ReplicaRange::Copy copy = backup->Snapshot();
+  ASSERT_EQ(copy.ranks.size(), 2u);
+  for (const auto& [rank, at] : copy.ranks) {
+    EXPECT_EQ(at.next_clock(), 6u) << rank;
+    EXPECT_EQ(at.applied(), 0u) << rank;
+  }
+  // A backup whose link opened again mid-run starts from the state and
+  // follows on from there.
+  Train(6, 2);
+  std::unique_ptr<ReplicaRange> fresh = Backup();
+  shard_->SyncReplica(kBackup);
+  Train(8, 3);
+  Feed(log_, *fresh);
+  EXPECT_EQ(fresh->Digest(), shard_->Digest());
+  EXPECT_EQ(fresh->Snapshot().values, shard_->Snapshot());
+}
+
+TEST_F(ReplicaRangeTest, RecordsThatDoNotFitAreRefusedAndChangeNothing) {
+  std::unique_ptr<ReplicaRange> backup = Backup();
+  shard_->SyncReplica(kBackup);
+  Train(0, 1);
+  std::vector<ReplicaLog::Record> records = log_.Take(kBackup);
+  ASSERT_EQ(records.size(), 5u);  // the state, then four chunks
+  // No push before the state.
+  EXPECT_EQ(backup->Take(*records[1]).code(), absl::StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(backup->Take(*records[0]).ok());
+  const std::string before = backup->Digest();
+  auto refused = [&](const v1::ReplicaRecord& record, absl::StatusCode code) {
+    EXPECT_EQ(backup->Take(record).code(), code) << record.ShortDebugString().substr(0, 200);
+    EXPECT_EQ(backup->Digest(), before);
+  };
+  refused(*records[2], absl::StatusCode::kFailedPrecondition);  // skips record 1
+  v1::ReplicaRecord bad = *records[1];
+  bad.mutable_push()->mutable_gradient()->set_offset(kOffset + kCount);  // past the range
+  refused(bad, absl::StatusCode::kInvalidArgument);
+  bad = *records[1];
+  bad.mutable_push()->mutable_gradient()->set_dtype(v1::BFLOAT16);
+  refused(bad, absl::StatusCode::kInvalidArgument);
+  bad = *records[1];
+  bad.mutable_push()->mutable_gradient()->mutable_data()->resize(3);  // short
+  refused(bad, absl::StatusCode::kInvalidArgument);
+  bad = *records[1];
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  bad.mutable_push()->mutable_gradient()->mutable_data()->replace(0, sizeof(float),
+                                                                  reinterpret_cast<const char*>(&nan), sizeof(float));
+  refused(bad, absl::StatusCode::kInvalidArgument);
+  bad = *records[1];
+  bad.mutable_push()->set_rank(2);  // two ranks
+  refused(bad, absl::StatusCode::kInvalidArgument);
+  bad = *records[1];
+  bad.mutable_push()->mutable_gradient()->set_offset(kOffset + 1);  // not where its rank's step stands
+  refused(bad, absl::StatusCode::kFailedPrecondition);
+  bad = *records[0];
+  bad.mutable_state()->mutable_slots()->RemoveLast();
+  refused(bad, absl::StatusCode::kInvalidArgument);
+  bad.Clear();
+  bad.set_seq(2);
+  refused(bad, absl::StatusCode::kInvalidArgument);  // no change at all
+  // The real ones are still taken, in order.
+  for (size_t i = 1; i < records.size(); ++i) ASSERT_TRUE(backup->Take(*records[i]).ok()) << i;
+  EXPECT_EQ(backup->Digest(), shard_->Digest());
+}
+
+const char kConfig[] = R"pb(
+cluster { num_servers: 2 replicas: 2 }
+model {
+  input_width: 5
+  num_classes: 3
+  segments { name: "a" layers { units: 4 activation: TANH } layers { units: 3 activation: SOFTMAX } }
+}
+optimizer { kind: ADAM }
+training { staleness: 0 workers_per_segment: 1 }
+data { source: SYNTHETIC_SEED }
+)pb";
+
+TEST(ReplicatedServerTest, APushIsAnsweredOnlyOnceItsBackupHoldsIt) {
+  const v1::JobConfig config = *ParseConfig(kConfig, "test");
+  FakeClock clock;
+  ServerOptions options;
+  options.clock = &clock;
+  options.tick = absl::ZeroDuration();
+  std::unique_ptr<ParameterServer> server = *ParameterServer::Create(config, 0, options);
+  ASSERT_EQ(server->replica_logs().size(), 1u);
+  ReplicaLog& log = *server->replica_logs()[0];
+  EXPECT_EQ(log.backups(), std::vector<uint32_t>{1});
+  ASSERT_NE(server->copy(0, 1), nullptr);  // it backs server 1's range
+  v1::RegisterRequest reg;
+  reg.set_model_fingerprint(ModelFingerprint(config));
+  reg.set_shard_fingerprint(server->shard_map().fingerprint());
+  v1::RegisterResponse registered;
+  ASSERT_TRUE(server->Register(reg, &registered).ok());
+  const Range range = server->shard_map().range(0, 0);
+  v1::PushRequest push;
+  push.set_worker_id(registered.worker_id());
+  push.set_registration_secret(registered.registration_secret());
+  EncodeFloat32(std::vector<float>(range.count, 0.25f), range.offset, push.mutable_gradient());
+  auto send = [&](absl::optional<absl::Status>* outcome, v1::PushResponse* response) {
+    server->Push(push, Payload::Borrow(push.gradient().data()), clock.Now() + absl::Seconds(5), nullptr, response,
+                 [outcome](absl::Status s) { *outcome = s; });
+  };
+  absl::optional<absl::Status> first, retry;
+  v1::PushResponse first_response, retry_response;
+  send(&first, &first_response);
+  EXPECT_FALSE(first.has_value()) << "answered before its backup held it";
+  EXPECT_EQ(server->Waiting(), 1u);
+  send(&retry, &retry_response);  // the worker retries: acknowledged, also once the backup holds it
+  EXPECT_FALSE(retry.has_value());
+  // The backup's link opens: the state holds the push.
+  server->SyncReplicas(1);
+  std::vector<ReplicaLog::Record> records = log.Take(1);
+  ASSERT_FALSE(records.empty());
+  ReplicaRange backup(0, 0, range, 1, *CreateOptimizer(config.optimizer(), range.count));
+  for (const ReplicaLog::Record& record : records) ASSERT_TRUE(backup.Take(*record).ok());
+  EXPECT_FALSE(first.has_value());
+  log.Acked(1, backup.seq());
+  ASSERT_TRUE(first.has_value() && retry.has_value());
+  EXPECT_TRUE(first->ok()) << *first;
+  EXPECT_TRUE(retry->ok()) << *retry;
+  EXPECT_TRUE(first_response.applied());
+  EXPECT_FALSE(retry_response.applied());
+  EXPECT_EQ(server->Waiting(), 0u);
+  EXPECT_EQ(backup.Digest(), server->shard(0).Digest());
+}
+
+TEST(ReplicatedServerTest, AHelloIsCheckedForTheRingAndTheJob) {
+  const v1::JobConfig config = *ParseConfig(kConfig, "test");
+  ServerOptions sealed;
+  sealed.tick = absl::ZeroDuration();
+  sealed.authenticated = true;
+  sealed.state_key = "servers' key";
+  std::unique_ptr<ParameterServer> zero = *ParameterServer::Create(config, 0, sealed);
+  std::unique_ptr<ParameterServer> one = *ParameterServer::Create(config, 1, sealed);
+  EXPECT_TRUE(one->CheckHello(zero->Hello(1)).ok());
+  EXPECT_EQ(zero->CheckHello(zero->Hello(1)).code(), absl::StatusCode::kFailedPrecondition);  // not server 0
+  v1::ReplicaHello forged = zero->Hello(1);
+  forged.set_incarnation(forged.incarnation() + 1);
+  EXPECT_EQ(one->CheckHello(forged).code(), absl::StatusCode::kPermissionDenied);
+  forged = zero->Hello(1);
+  forged.clear_proof();
+  EXPECT_EQ(one->CheckHello(forged).code(), absl::StatusCode::kPermissionDenied);
+  // A record of a range its sender is not the primary of.
+  v1::ReplicaRecord record;
+  record.set_range(1);
+  EXPECT_EQ(one->TakeReplica(0, record).code(), absl::StatusCode::kInvalidArgument);
+  record.set_range(0);
+  record.set_segment(5);
+  EXPECT_EQ(one->TakeReplica(0, record).code(), absl::StatusCode::kNotFound);
+}
+
+}  // namespace
+}  // namespace segps
