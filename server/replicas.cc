@@ -98,6 +98,9 @@ absl::Status ParameterServer::TakeReplica(uint32_t from, const v1::ReplicaRecord
 }
 
 void ParameterServer::FillReplicaStats(bool digests, v1::StatsResponse* response) {
+  size_t waiting = 0;
+  for (auto& log : logs_) waiting += log->Waiting();
+  response->set_waiting_for_backups(static_cast<uint32_t>(waiting));
   for (int k = 0; digests && k < response->segments_size(); ++k) {
     response->mutable_segments(k)->set_digest(shards_[k]->Digest());
   }

@@ -5,7 +5,11 @@
 #ifndef SEGPS_TESTS_SUPPORT_PROCESS_CLUSTER_H_
 #define SEGPS_TESTS_SUPPORT_PROCESS_CLUSTER_H_
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <gtest/gtest.h>
 
@@ -29,25 +33,46 @@ namespace segps {
 // evaluator DIR/reader.token.
 class ProcessCluster {
  public:
-  ProcessCluster(std::string config, std::string dir, int servers, bool checkpoints = true, bool tokens = false)
-      : config_(std::move(config)), dir_(std::move(dir)), checkpoints_(checkpoints), tokens_(tokens) {
+  // With `replicated` (cluster.replicas >= 2) the servers' ports are chosen
+  // first, so that each is told every other's address (--servers).
+  ProcessCluster(std::string config, std::string dir, int servers, bool checkpoints = true, bool tokens = false,
+                 bool replicated = false)
+      : config_(std::move(config)), dir_(std::move(dir)), checkpoints_(checkpoints), tokens_(tokens),
+        replicated_(replicated) {
     if (tokens_) {
       WriteFile(dir_ + "/worker.token", "worker 0123456789abcdef0123456789abcdef\n");
       WriteFile(dir_ + "/reader.token", "reader fedcba9876543210fedcba9876543210\n");
       WriteFile(dir_ + "/tokens", ReadFile(dir_ + "/worker.token") + ReadFile(dir_ + "/reader.token") +
                                       "server 00112233445566778899aabbccddeeff\n");
     }
+    for (int i = 0; i < servers; ++i) addresses_.push_back(replicated_ ? FreeLoopbackAddress() : "127.0.0.1:0");
     for (int i = 0; i < servers; ++i) {
-      addresses_.push_back("127.0.0.1:0");
       servers_.emplace_back();
       StartServer(i);
     }
+  }
+
+  // A loopback address with a port no socket holds now.
+  static std::string FreeLoopbackAddress() {
+    const int fd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in address{};
+    address.sin_family = AF_INET;
+    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t length = sizeof(address);
+    const bool bound = bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0 &&
+                       getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) == 0;
+    close(fd);
+    return bound ? absl::StrCat("127.0.0.1:", ntohs(address.sin_port)) : "127.0.0.1:0";
   }
 
   // Starts server i (again) on its address; false if it does not listen.
   bool StartServer(int i) {
     std::vector<std::string> command = {BinaryPath("segps-server"), "--config", config_, "--index",
                                         std::to_string(i), "--listen", addresses_[i]};
+    if (replicated_) {
+      command.push_back("--servers");
+      command.push_back(Joined());
+    }
     if (checkpoints_) {
       command.push_back("--checkpoint_dir");
       command.push_back(absl::StrCat(dir_, "/ckpt", i));
@@ -130,7 +155,7 @@ class ProcessCluster {
   }
 
   const std::string config_, dir_;
-  const bool checkpoints_, tokens_;
+  const bool checkpoints_, tokens_, replicated_;
   std::vector<std::string> addresses_;
   std::vector<std::unique_ptr<Subprocess>> servers_;
 };

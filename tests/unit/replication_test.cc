@@ -212,6 +212,9 @@ TEST(ReplicatedServerTest, APushIsAnsweredOnlyOnceItsBackupHoldsIt) {
   send(&first, &first_response);
   EXPECT_FALSE(first.has_value()) << "answered before its backup held it";
   EXPECT_EQ(server->Waiting(), 1u);
+  v1::StatsResponse stats;
+  server->Stats(&stats);
+  EXPECT_EQ(stats.waiting_for_backups(), 1u);
   send(&retry, &retry_response);  // the worker retries: acknowledged, also once the backup holds it
   EXPECT_FALSE(retry.has_value());
   // The backup's link opens: the state holds the push.
