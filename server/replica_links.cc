@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
@@ -44,6 +45,10 @@ absl::StatusOr<std::unique_ptr<ReplicaLinks>> ReplicaLinks::Start(ParameterServe
   grpc::ChannelArguments args;
   args.SetMaxSendMessageSize(static_cast<int>(config.cluster().max_message_bytes()));
   args.SetMaxReceiveMessageSize(static_cast<int>(config.cluster().max_message_bytes()));
+  // A backup that starts after its primary, or again, is reached within
+  // 100 ms to 1 s (gRPC's own backoff starts at 1 s and grows to 2 minutes).
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   for (uint32_t backup : server->replica_logs().front()->backups()) {
     auto link = std::make_unique<Link>();
     link->backup = backup;
@@ -81,19 +86,29 @@ void ReplicaLinks::Run(Link* link) {
   const std::string who =
       absl::StrCat("server ", server_->index(), ": backup server ", link->backup, " at ", addresses_[link->backup]);
   absl::Duration delay = absl::Milliseconds(50);
+  // An outage is reported once it lasts a second (a backup starting or
+  // restarting is back sooner), and once more when it ends.
+  std::optional<absl::Time> down_since;
   bool reported = false;
   while (true) {
     std::string error;
     const bool served = Stream(link, &error);
     MutexLock lock(&link->mu);
     if (link->stop) return;
-    if (served) delay = absl::Milliseconds(50);
-    if (!reported || served) {
-      SEGPS_LOG_WARNING << who << " is unreachable (" << error
-                        << "); pushes to this server's ranges wait until it takes their records";
+    const absl::Time now = absl::Now();
+    if (served) {
+      if (reported) SEGPS_LOG_INFO << who << " took its records again";
+      delay = absl::Milliseconds(50);
+      down_since = now;
+      reported = false;
     }
-    reported = !served;
-    link->wake.WaitWithDeadline(&link->mu, absl::Now() + delay);
+    if (!down_since.has_value()) down_since = now;
+    if (!reported && now - *down_since >= absl::Seconds(1)) {
+      SEGPS_LOG_WARNING << who << " is unreachable for " << absl::FormatDuration(now - *down_since) << " ("
+                        << error << "); pushes to this server's ranges wait until it takes their records";
+      reported = true;
+    }
+    link->wake.WaitWithDeadline(&link->mu, now + delay);
     delay = std::min(delay * 2, absl::Seconds(1));
   }
 }

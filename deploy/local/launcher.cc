@@ -289,11 +289,18 @@ class LocalJob {
   std::string StartServers() {
     const uint32_t num_servers = config_.cluster().num_servers();
     addresses_.assign(num_servers, "");
+    // Replicated ranges: each server is told every server's address, so
+    // their ports are chosen first.
+    std::vector<std::string> listen(num_servers, "127.0.0.1:0");
+    if (config_.cluster().replicas() > 1) {
+      for (std::string& address : listen) address = segps::FreeLoopbackAddress();
+    }
     for (uint32_t i = 0; i < num_servers; ++i) {
       std::vector<std::string> args = {bin_ + "/segps-server", "--config", config_path_, "--index", std::to_string(i),
-                                       "--listen", "127.0.0.1:0", "--apply_threads",
+                                       "--listen", listen[i], "--apply_threads",
                                        std::to_string(absl::GetFlag(FLAGS_apply_threads)), "--checkpoint_dir",
                                        checkpoint_dir_};
+      if (config_.cluster().replicas() > 1) args.insert(args.end(), {"--servers", absl::StrJoin(listen, ",")});
       args.insert(args.end(), security_.server.begin(), security_.server.end());
       Child* c = launcher_->Spawn(absl::StrCat("server", i), args);
       if (c == nullptr) return "cannot start segps-server";

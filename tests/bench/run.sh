@@ -122,6 +122,18 @@ else
 fi
 if [ -n "$memcpy" ]; then target transport_4mb_shm_vs_memcpy "$(div "$shm" "$memcpy")" 0.3; else unavailable transport_4mb_shm_vs_memcpy 0.3; fi
 
+# Replicated ranges (cluster.replicas 2: each push also goes to, and is
+# applied by, the next server before it is answered) against one copy: the
+# median round of a 4 MB segment over 2 servers and 1 worker, alternating.
+for i in 1 2 3; do
+  for r in 1 2; do
+    $bin/segps-bench-transport --sizes_mb 4 --servers 2 --workers 1 --seconds "$secs" --replicas $r |
+      sed -n 's/^RESULT transport_4mb_2x1_round_ms //p' >> "$out/replicas_$r.txt"
+  done
+done
+echo "4 MB round, 2 servers x 1 worker, median round of 3 alternating runs: one copy $(median_of "$out/replicas_1.txt") ms, two copies $(median_of "$out/replicas_2.txt") ms"
+target replication_overhead_4mb "$(div "$(median_of "$out/replicas_2.txt")" "$(median_of "$out/replicas_1.txt")")" 1.5 le
+
 echo "== 2. server apply: optimizer updates per second, on one core and on every core, against their traffic's memory bound"
 if [ $quick = 1 ]; then apply_sizes=1,16; else apply_sizes=1,4,16,64; fi
 $bin/segps-bench-apply --sizes_m $apply_sizes | tee "$out/apply.txt"

@@ -50,6 +50,7 @@ ABSL_FLAG(double, compute_ms, 0,
 ABSL_FLAG(double, chunk_mb, 0, "cluster.chunk_bytes in MB (0: the default)");
 ABSL_FLAG(bool, shared_memory, false,
           "cluster.shared_memory: tensor bytes through a shared region (same host); off: over TCP");
+ABSL_FLAG(int32_t, replicas, 1, "cluster.replicas: copies of each server's range (on the next servers)");
 ABSL_FLAG(bool, tls, false,
           "Run the cluster over mutual TLS with bearer tokens (certificates from deploy/make-certs.sh)");
 ABSL_FLAG(std::string, wire_dtype, "FLOAT32",
@@ -205,12 +206,12 @@ std::string ConfigText(size_t floats, int servers, int workers, bool adam) {
   const uint64_t max_message = std::max<uint64_t>(256ull << 20, floats * 4 / servers + (16 << 20));
   const uint64_t chunk = static_cast<uint64_t>(absl::GetFlag(FLAGS_chunk_mb) * (1 << 20));
   return absl::StrFormat(R"pb(
-    cluster { num_servers: %d lease_ms: 600000 pull_wait_ms: 600000 rpc_deadline_ms: 600000 max_message_bytes: %d chunk_bytes: %d wire_dtype: %s shared_memory: %s }
+    cluster { num_servers: %d replicas: %d lease_ms: 600000 pull_wait_ms: 600000 rpc_deadline_ms: 600000 max_message_bytes: %d chunk_bytes: %d wire_dtype: %s shared_memory: %s }
     model { input_width: %d num_classes: 10 segments { name: "s" layers { units: 10 activation: SOFTMAX } } }
     optimizer { kind: %s learning_rate: 1e-9 }
     training { staleness: -1 workers_per_segment: %d }
     data { source: SYNTHETIC_SEED train_samples: 1 test_samples: 1 }
-  )pb", servers, std::min<uint64_t>(max_message, (1ull << 31) - 1), chunk,
+  )pb", servers, absl::GetFlag(FLAGS_replicas), std::min<uint64_t>(max_message, (1ull << 31) - 1), chunk,
                          absl::GetFlag(FLAGS_wire_dtype), absl::GetFlag(FLAGS_shared_memory) ? "true" : "false", width, adam ? "ADAM" : "SGD", workers);
 }
 
@@ -240,7 +241,7 @@ std::unique_ptr<Cluster> StartCluster(const std::string& dir, size_t floats, int
     return nullptr;
   }
   cluster->config = *config;
-  ServerProcesses started = StartServers(path, servers);
+  ServerProcesses started = StartServers(path, servers, config->cluster().replicas() > 1);
   if (!started.ok()) {
     std::cerr << started.Output() << "\n";
     return nullptr;
@@ -252,7 +253,8 @@ std::unique_ptr<Cluster> StartCluster(const std::string& dir, size_t floats, int
 
 // `workers` threads, each registered as its own worker, doing push+pull rounds.
 Result RunRounds(Cluster& cluster, int workers, double seconds, int min_rounds) {
-  const size_t n = ShardMap::Create(cluster.config.model(), cluster.addresses.size())->segment_size(0);
+  const size_t n = ShardMap::Create(cluster.config.model(), cluster.addresses.size(),
+                                    cluster.config.cluster().replicas())->segment_size(0);
   std::vector<std::vector<double>> rounds(workers);
   std::vector<std::unique_ptr<ParameterClient>> clients;
   std::vector<uint64_t> start_clocks;
@@ -362,6 +364,9 @@ int Run() {
         if (std::abs(mb - 64) < 1 && s == 1 && w == 1) {
           std::cout << absl::StrFormat("RESULT transport_64mb_gbps %.3f\nRESULT transport_64mb_cpu_s_per_gb %.3f\n",
                                        r.gbps, r.cpu_s_per_gb);
+        }
+        if (std::abs(mb - 4) < 0.5 && s == 2 && w == 1) {
+          std::cout << absl::StrFormat("RESULT transport_4mb_2x1_round_ms %.3f\n", r.p50_ms);
         }
         if (std::abs(mb - 4) < 0.5 && s == 2 && w == 2) {
           std::cout << absl::StrFormat("RESULT transport_4mb_2x2_per_worker_gbps %.3f\n"

@@ -5,11 +5,7 @@
 #ifndef SEGPS_TESTS_SUPPORT_PROCESS_CLUSTER_H_
 #define SEGPS_TESTS_SUPPORT_PROCESS_CLUSTER_H_
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
 #include <signal.h>
-#include <sys/socket.h>
-#include <unistd.h>
 
 #include <gtest/gtest.h>
 
@@ -50,19 +46,6 @@ class ProcessCluster {
       servers_.emplace_back();
       StartServer(i);
     }
-  }
-
-  // A loopback address with a port no socket holds now.
-  static std::string FreeLoopbackAddress() {
-    const int fd = socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in address{};
-    address.sin_family = AF_INET;
-    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t length = sizeof(address);
-    const bool bound = bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0 &&
-                       getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) == 0;
-    close(fd);
-    return bound ? absl::StrCat("127.0.0.1:", ntohs(address.sin_port)) : "127.0.0.1:0";
   }
 
   // Starts server i (again) on its address; false if it does not listen.

@@ -1,9 +1,12 @@
 #include "tests/support/subprocess.h"
 
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -117,11 +120,33 @@ std::string BinaryPath(const std::string& name) {
   return path.substr(0, path.rfind('/') + 1) + name;
 }
 
-ServerProcesses StartServers(const std::string& config, int count) {
+std::string FreeLoopbackAddress() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t length = sizeof(address);
+  const bool bound = fd >= 0 && bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0 &&
+                     getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) == 0;
+  if (fd >= 0) close(fd);
+  return bound ? "127.0.0.1:" + std::to_string(ntohs(address.sin_port)) : "127.0.0.1:0";
+}
+
+ServerProcesses StartServers(const std::string& config, int count, bool replicated) {
   ServerProcesses servers;
+  std::vector<std::string> listen(count, "127.0.0.1:0");
+  std::string peers;
+  if (replicated) {
+    for (std::string& address : listen) {
+      address = FreeLoopbackAddress();
+      peers += (peers.empty() ? "" : ",") + address;
+    }
+  }
   for (int i = 0; i < count; ++i) {
-    servers.processes.push_back(Subprocess::Start({BinaryPath("segps-server"), "--config", config, "--index",
-                                                   std::to_string(i), "--listen", "127.0.0.1:0"}));
+    std::vector<std::string> command = {BinaryPath("segps-server"), "--config", config, "--index",
+                                        std::to_string(i), "--listen", listen[i]};
+    if (replicated) command.insert(command.end(), {"--servers", peers});
+    servers.processes.push_back(Subprocess::Start(command));
     std::optional<std::string> line = servers.processes.back()->WaitForLine("listening on", absl::Seconds(60));
     if (!line.has_value()) break;
     servers.addresses.push_back(line->substr(line->rfind(' ') + 1));

@@ -58,7 +58,12 @@ struct ServerProcesses {
 };
 
 // Starts servers 0..count-1 of `config` and waits until each listens.
-ServerProcesses StartServers(const std::string& config, int count);
+// `replicated` (cluster.replicas >= 2): their ports are chosen first, and
+// each is told every server's address (--servers).
+ServerProcesses StartServers(const std::string& config, int count, bool replicated = false);
+
+// A loopback address with a port no socket holds now.
+std::string FreeLoopbackAddress();
 
 // Path of a segps binary in the build tree: in $SEGPS_BIN_DIR (set by ctest),
 // else beside the running binary.
