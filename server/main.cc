@@ -208,6 +208,11 @@ int Serve(const Settings& s) {
   std::cout << "segps-server listening on " << (*running)->address() << std::endl;
   std::vector<std::string> peers = absl::StrSplit(absl::GetFlag(FLAGS_servers), ',', absl::SkipEmpty());
   if (peers.empty()) peers.assign(s.config.cluster().server_addresses().begin(), s.config.cluster().server_addresses().end());
+  if (absl::Status taken = segps::TakeBackRanges(server->get(), peers,
+                                                 absl::Milliseconds(s.config.cluster().recovery_timeout_ms()));
+      !taken.ok()) {
+    return Fail(taken);
+  }
   absl::StatusOr<std::unique_ptr<segps::ReplicaLinks>> links = segps::ReplicaLinks::Start(server->get(), peers);
   if (!links.ok()) return Fail(links.status());
 

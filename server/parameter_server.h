@@ -136,6 +136,16 @@ class ParameterServer {
   // range, which `from` must be the primary of; an error names what is
   // wrong and changes nothing.
   absl::Status TakeReplica(uint32_t from, const v1::ReplicaRecord& record);
+  // Started again without its ranges: workers are refused (UNAVAILABLE)
+  // from BeginTakeBack until EndTakeBack, and meanwhile each range of this
+  // server may be taken back from a backup's copy (`copy`, a Fetch reply:
+  // checked against the range; none where the backup holds no state).
+  void BeginTakeBack() { taking_back_ = true; }
+  absl::Status TakeBack(int segment, const v1::ReplicaRecord& copy);
+  void EndTakeBack() { taking_back_ = false; }
+  // A backup's answer to Fetch: its copy of the caller's range, the caller
+  // checked as a Replicate stream's sender.
+  absl::StatusOr<v1::ReplicaRecord> Fetch(const v1::FetchRequest& request) const;
 
   // Writes the checkpoints cut so far (tests; shutdown).
   void FlushCheckpoints();
@@ -229,6 +239,8 @@ class ParameterServer {
   // Per segment (rejected_: one more, for unknown segments).
   std::unique_ptr<std::atomic<uint64_t>[]> rejected_, push_bytes_, pull_bytes_, region_bytes_;
   std::atomic<uint64_t> next_worker_id_{1};
+  std::atomic<bool> taking_back_{false};
+  std::atomic<bool> taken_back_{false};  // a range was taken back since the server started
   // OK when `secret` is the one worker `id` was registered with; else
   // NOT_FOUND naming `call`, whether the id is unknown or the secret wrong.
   // `segment`, when given, must be the registration's, and `caller` the

@@ -51,6 +51,10 @@ absl::Status ParameterServer::Register(const v1::RegisterRequest& request, v1::R
   absl::StatusOr<SegmentShard*> shard = ShardFor(request.segment(), "Register");
   if (!shard.ok()) return Reject(request.segment(), shard.status());
   if (absl::Status agree = CheckFingerprints(request); !agree.ok()) return Reject(request.segment(), agree);
+  if (taking_back_.load()) {
+    return absl::UnavailableError(absl::StrCat("Register: server ", index_,
+                                               " is taking its ranges back from their backups; try again"));
+  }
   if (absl::Status epochs = TakeEpochClocks(request, *shard); !epochs.ok()) return Reject(request.segment(), epochs);
   const uint32_t workers = WorkersOf(config_, request.segment());
   uint32_t rank = request.rank();
@@ -111,6 +115,7 @@ absl::Status ParameterServer::Register(const v1::RegisterRequest& request, v1::R
     for (uint64_t clock : store_->Clocks(request.segment())) response->add_checkpoint_clocks(clock);
   }
   DescribeLane(rank, response);
+  response->set_taken_back(taken_back_.load());
   response->set_server_index(index_);
   response->set_offset(range.offset);
   response->set_count(range.count);

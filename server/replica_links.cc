@@ -7,8 +7,10 @@
 #include <optional>
 
 #include "absl/strings/str_cat.h"
+#include "common/grpc_status.h"
 #include "common/log.h"
 #include "common/security.h"
+#include "common/status_macros.h"
 #include "segps/v1/replication.grpc.pb.h"
 
 namespace segps {
@@ -24,6 +26,82 @@ struct ReplicaLinks::Link {
   std::thread thread;
 };
 
+namespace {
+
+// What every link and fetch connects with: the job's TLS and token.
+absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> PeerCredentials(const v1::JobConfig& config) {
+  absl::StatusOr<Security> security = LoadSecurity(config.security());
+  if (!security.ok()) return security.status();
+  return ChannelCredentials(*security);
+}
+
+grpc::ChannelArguments PeerArguments(const v1::JobConfig& config) {
+  grpc::ChannelArguments args;
+  args.SetMaxSendMessageSize(static_cast<int>(config.cluster().max_message_bytes()));
+  args.SetMaxReceiveMessageSize(static_cast<int>(config.cluster().max_message_bytes()));
+  // A backup that starts after its primary, or again, is reached within
+  // 100 ms to 1 s (gRPC's own backoff starts at 1 s and grows to 2 minutes).
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  return args;
+}
+
+absl::Status CheckAddresses(const ParameterServer& server, const std::vector<std::string>& addresses) {
+  const v1::ClusterConfig& cluster = server.config().cluster();
+  if (addresses.size() == cluster.num_servers()) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "cluster.replicas ", cluster.replicas(), ": server ", server.index(), " needs the ", cluster.num_servers(),
+      " servers' addresses to reach its backups (--servers or cluster.server_addresses); it has ", addresses.size()));
+}
+
+}  // namespace
+
+absl::Status TakeBackRanges(ParameterServer* server, const std::vector<std::string>& addresses,
+                            absl::Duration timeout) {
+  if (server->replica_logs().empty()) return absl::OkStatus();
+  SEGPS_RETURN_IF_ERROR(CheckAddresses(*server, addresses));
+  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials = PeerCredentials(server->config());
+  if (!credentials.ok()) return credentials.status();
+  const uint32_t backup = server->replica_logs().front()->backups().front();
+  auto stub = v1::Replication::NewStub(
+      grpc::CreateCustomChannel(addresses[backup], *credentials, PeerArguments(server->config())));
+  server->BeginTakeBack();
+  const absl::Time give_up = absl::Now() + timeout;
+  absl::Duration delay = absl::Milliseconds(50);
+  for (int k = 0; k < server->shard_map().num_segments();) {
+    v1::FetchRequest request;
+    *request.mutable_hello() = server->Hello(backup);
+    request.set_segment(static_cast<uint32_t>(k));
+    request.set_range(server->index());
+    v1::ReplicaRecord copy;
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(30)));
+    const grpc::Status status = stub->Fetch(&context, request, &copy);
+    if (status.ok()) {
+      SEGPS_RETURN_IF_ERROR(server->TakeBack(k, copy));
+      if (copy.has_state()) {
+        SEGPS_LOG_INFO << "server " << server->index() << ": took segment " << k << "'s range back from server "
+                       << backup << " (record " << copy.seq() << ")";
+      }
+      ++k;
+      continue;
+    }
+    if (status.error_code() != grpc::StatusCode::UNAVAILABLE || absl::Now() + delay > give_up) {
+      const absl::Status failed = FromGrpcStatus(status);
+      return absl::Status(failed.code(), absl::StrCat("cannot take segment ", k, "'s range back from server ", backup,
+                                                      " at ", addresses[backup], ": ", failed.message()));
+    }
+    if (delay == absl::Milliseconds(50)) {
+      SEGPS_LOG_INFO << "server " << server->index() << ": waiting for server " << backup << " at "
+                     << addresses[backup] << " to take back its ranges (" << status.error_message() << ")";
+    }
+    absl::SleepFor(delay);
+    delay = std::min(delay * 2, absl::Seconds(1));
+  }
+  server->EndTakeBack();
+  return absl::OkStatus();
+}
+
 ReplicaLinks::ReplicaLinks(ParameterServer* server, std::vector<std::string> addresses)
     : server_(server), addresses_(std::move(addresses)) {}
 
@@ -32,23 +110,10 @@ absl::StatusOr<std::unique_ptr<ReplicaLinks>> ReplicaLinks::Start(ParameterServe
   const v1::JobConfig& config = server->config();
   std::unique_ptr<ReplicaLinks> links(new ReplicaLinks(server, std::move(addresses)));
   if (server->replica_logs().empty()) return links;
-  if (links->addresses_.size() != config.cluster().num_servers()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "cluster.replicas ", config.cluster().replicas(), ": server ", server->index(), " needs the ",
-        config.cluster().num_servers(), " servers' addresses to reach its backups (--servers or "
-        "cluster.server_addresses); it has ", links->addresses_.size()));
-  }
-  absl::StatusOr<Security> security = LoadSecurity(config.security());
-  if (!security.ok()) return security.status();
-  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials = ChannelCredentials(*security);
+  SEGPS_RETURN_IF_ERROR(CheckAddresses(*server, links->addresses_));
+  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials = PeerCredentials(config);
   if (!credentials.ok()) return credentials.status();
-  grpc::ChannelArguments args;
-  args.SetMaxSendMessageSize(static_cast<int>(config.cluster().max_message_bytes()));
-  args.SetMaxReceiveMessageSize(static_cast<int>(config.cluster().max_message_bytes()));
-  // A backup that starts after its primary, or again, is reached within
-  // 100 ms to 1 s (gRPC's own backoff starts at 1 s and grows to 2 minutes).
-  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
-  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  const grpc::ChannelArguments args = PeerArguments(config);
   for (uint32_t backup : server->replica_logs().front()->backups()) {
     auto link = std::make_unique<Link>();
     link->backup = backup;

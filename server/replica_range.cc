@@ -20,6 +20,24 @@ std::vector<float> Floats(const v1::TensorSlice& slice) {
 
 }  // namespace
 
+v1::RangeState RangeStateOf(Range extent, uint64_t steps, uint64_t updates,
+                            const std::map<uint32_t, v1::RankPosition>& ranks, const std::vector<float>& values,
+                            const std::vector<std::vector<float>>& slots) {
+  v1::RangeState state;
+  state.set_steps(steps);
+  state.set_updates(updates);
+  for (const auto& [rank, at] : ranks) *state.add_ranks() = at;
+  auto slice = [&](const std::vector<float>& floats, v1::TensorSlice* out) {
+    out->set_offset(extent.offset);
+    out->set_count(floats.size());
+    out->set_dtype(v1::FLOAT32);
+    out->set_data(reinterpret_cast<const char*>(floats.data()), floats.size() * sizeof(float));
+  };
+  slice(values, state.mutable_values());
+  for (const std::vector<float>& slot : slots) slice(slot, state.add_slots());
+  return state;
+}
+
 std::string RangeDigest(uint64_t steps, const std::vector<float>& values,
                         const std::vector<std::vector<float>>& slots) {
   std::string bytes = absl::StrCat("steps=", steps, ";");
@@ -102,6 +120,7 @@ absl::Status ReplicaRange::TakeState(uint64_t seq, const v1::RangeState& state) 
   optimizer_->LoadState(loaded);
   positions_ = std::move(positions);
   steps_ = state.steps();
+  updates_ = state.updates();
   seq_ = seq;
   has_state_ = true;
   return absl::OkStatus();
@@ -137,6 +156,7 @@ absl::Status ReplicaRange::TakePush(const v1::AppliedPush& push) {
   if (at.applied() == extent_.count) {
     at.set_next_clock(push.clock() + 1);
     at.set_applied(0);
+    ++updates_;
   }
   steps_ = std::max(steps_, push.step());
   return absl::OkStatus();
@@ -148,6 +168,7 @@ ReplicaRange::Copy ReplicaRange::Snapshot() {
   copy.has_state = has_state_;
   copy.seq = seq_;
   copy.steps = steps_;
+  copy.updates = updates_;
   copy.values = values_;
   optimizer_->SaveState(&copy.slots);
   copy.ranks = positions_;
@@ -157,6 +178,18 @@ ReplicaRange::Copy ReplicaRange::Snapshot() {
 uint64_t ReplicaRange::seq() {
   MutexLock lock(&mu_);
   return seq_;
+}
+
+v1::ReplicaRecord ReplicaRange::StateRecord() {
+  const Copy copy = Snapshot();
+  v1::ReplicaRecord record;
+  record.set_segment(static_cast<uint32_t>(segment_));
+  record.set_range(range_);
+  record.set_seq(copy.seq);
+  if (copy.has_state) {
+    *record.mutable_state() = RangeStateOf(extent_, copy.steps, copy.updates, copy.ranks, copy.values, copy.slots);
+  }
+  return record;
 }
 
 std::string ReplicaRange::Digest() {

@@ -39,12 +39,15 @@ class ReplicaRange {
     bool has_state = false;
     uint64_t seq = 0;  // every record through it is taken
     uint64_t steps = 0;
+    uint64_t updates = 0;
     std::vector<float> values;
     std::vector<std::vector<float>> slots;
     std::map<uint32_t, v1::RankPosition> ranks;
   };
   Copy Snapshot();
   uint64_t seq();
+  // The copy as a record of its state (Fetch); no change before its first state.
+  v1::ReplicaRecord StateRecord();
   // A digest of values, optimizer state and update count, comparable with
   // the primary's (RangeDigest).
   std::string Digest();
@@ -67,9 +70,16 @@ class ReplicaRange {
   bool has_state_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t seq_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t steps_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t updates_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<float> values_ ABSL_GUARDED_BY(mu_);
   std::map<uint32_t, v1::RankPosition> positions_ ABSL_GUARDED_BY(mu_);
 };
+
+// A range's whole state as a record's (both sides): the values and the
+// optimizer's slots of `extent`, as float32 slices.
+v1::RangeState RangeStateOf(Range extent, uint64_t steps, uint64_t updates,
+                            const std::map<uint32_t, v1::RankPosition>& ranks, const std::vector<float>& values,
+                            const std::vector<std::vector<float>>& slots);
 
 // The digest ReplicaRange::Digest gives for these contents (the primary's side).
 std::string RangeDigest(uint64_t steps, const std::vector<float>& values,

@@ -97,6 +97,30 @@ absl::Status ParameterServer::TakeReplica(uint32_t from, const v1::ReplicaRecord
   return range->Take(record);
 }
 
+absl::Status ParameterServer::TakeBack(int segment, const v1::ReplicaRecord& copy) {
+  if (!copy.has_state()) return absl::OkStatus();  // the backup held nothing yet: the job had not begun
+  const Range range = map_.range(segment, index_);
+  absl::StatusOr<std::unique_ptr<Optimizer>> optimizer = CreateOptimizer(config_.optimizer(), range.count);
+  if (!optimizer.ok()) return optimizer.status();
+  // Checked as a backup checks a state, before anything changes.
+  ReplicaRange check(segment, index_, range, WorkersOf(config_, segment), *std::move(optimizer));
+  SEGPS_RETURN_IF_ERROR(check.Take(copy));
+  shards_[segment]->TakeBack(copy.state());
+  taken_back_ = true;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<v1::ReplicaRecord> ParameterServer::Fetch(const v1::FetchRequest& request) const {
+  SEGPS_RETURN_IF_ERROR(CheckHello(request.hello()));
+  auto it = copies_.find({static_cast<int>(request.segment()), request.range()});
+  if (it == copies_.end() || request.range() != request.hello().from_server()) {
+    return absl::NotFoundError(absl::StrCat("Fetch: server ", index_, " holds no copy of segment ", request.segment(),
+                                            " range ", request.range(), " for server ",
+                                            request.hello().from_server()));
+  }
+  return it->second->StateRecord();
+}
+
 void ParameterServer::FillReplicaStats(bool digests, v1::StatsResponse* response) {
   size_t waiting = 0;
   for (auto& log : logs_) waiting += log->Waiting();

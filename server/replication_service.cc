@@ -36,4 +36,14 @@ grpc::Status ReplicationService::Replicate(grpc::ServerContext* context,
   return grpc::Status::OK;
 }
 
+grpc::Status ReplicationService::Fetch(grpc::ServerContext* context, const v1::FetchRequest* request,
+                                       v1::ReplicaRecord* response) {
+  const Caller caller = CallerOf(*context, tokens_);
+  if (absl::Status allowed = AuthorizeCall(caller, true, "Fetch"); !allowed.ok()) return ToGrpcStatus(allowed);
+  absl::StatusOr<v1::ReplicaRecord> copy = server_->Fetch(*request);
+  if (!copy.ok()) return ToGrpcStatus(copy.status());
+  *response = *std::move(copy);
+  return grpc::Status::OK;
+}
+
 }  // namespace segps

@@ -25,6 +25,8 @@ class ReplicationService final : public v1::Replication::Service {
 
   grpc::Status Replicate(grpc::ServerContext* context,
                          grpc::ServerReaderWriter<v1::ReplicaAck, v1::ReplicaRecord>* stream) override;
+  grpc::Status Fetch(grpc::ServerContext* context, const v1::FetchRequest* request,
+                     v1::ReplicaRecord* response) override;
 
  private:
   ParameterServer* const server_;

@@ -4,6 +4,7 @@
 #include "server/segment_shard.h"
 
 #include <algorithm>
+#include <cstring>
 #include <limits>
 
 #include "absl/strings/str_cat.h"
@@ -221,6 +222,34 @@ bool SegmentShard::Restore(const ShardState& state, std::optional<uint64_t> gene
   return true;
 }
 
+void SegmentShard::TakeBack(const v1::RangeState& copy) {
+  ShardState state;
+  state.clock = std::numeric_limits<uint64_t>::max();
+  for (const v1::RankPosition& at : copy.ranks()) state.clock = std::min(state.clock, at.next_clock());
+  if (copy.ranks().empty()) state.clock = 0;
+  state.steps = copy.steps();
+  state.updates = copy.updates();
+  auto floats = [](const v1::TensorSlice& slice) {
+    std::vector<float> out(slice.count());
+    if (!out.empty()) std::memcpy(out.data(), slice.data().data(), out.size() * sizeof(float));
+    return out;
+  };
+  state.values = floats(copy.values());
+  for (const v1::TensorSlice& slot : copy.slots()) state.slots.push_back(floats(slot));
+  Completions ready;
+  {
+    MutexLock lock(&mu_);
+    const absl::Time now = options_.clock->Now();
+    Replace(state, absl::NotFoundError("the segment was taken back from its backup; register again"), nullptr,
+            &ready);
+    cuts_.Taken(state.clock, state.updates, now);
+    started_ = true;
+    moved_at_.reset();
+    for (const v1::RankPosition& at : copy.ranks()) AddPlaceholder(at.rank(), at.next_clock(), now)->applied = at.applied();
+  }
+  for (auto& complete : ready) std::move(complete)();
+}
+
 absl::Status SegmentShard::SetEpochClocks(uint64_t epoch_clocks) {
   MutexLock lock(&mu_);
   if (cuts_.epoch() != 0 && cuts_.epoch() != epoch_clocks) {
@@ -274,9 +303,6 @@ void SegmentShard::Replace(const ShardState& state, const absl::Status& gone, st
 }
 
 v1::ReplicaRecord SegmentShard::StateRecord() {
-  v1::ReplicaRecord record;
-  v1::RangeState* state = record.mutable_state();
-  state->set_steps(steps_begun_);
   std::map<uint32_t, v1::RankPosition> ranks;
   for (const auto& [id, w] : clocks_.workers()) {
     v1::RankPosition& at = ranks[w.rank];
@@ -285,17 +311,10 @@ v1::ReplicaRecord SegmentShard::StateRecord() {
     at.set_next_clock(w.next_clock);
     at.set_applied(w.applied);
   }
-  for (const auto& [rank, at] : ranks) *state->add_ranks() = at;
-  auto slice = [&](const std::vector<float>& floats, v1::TensorSlice* out) {
-    out->set_offset(options_.range.offset);
-    out->set_count(floats.size());
-    out->set_dtype(v1::FLOAT32);
-    out->set_data(reinterpret_cast<const char*>(floats.data()), floats.size() * sizeof(float));
-  };
-  slice(values_, state->mutable_values());
   std::vector<std::vector<float>> slots;
   optimizer_->SaveState(&slots);
-  for (const std::vector<float>& slot : slots) slice(slot, state->add_slots());
+  v1::ReplicaRecord record;
+  *record.mutable_state() = RangeStateOf(options_.range, steps_begun_, pushes_, ranks, values_, slots);
   return record;
 }
 

@@ -188,6 +188,11 @@ class SegmentShard {
   // is). Returns whether it did; `dropped` gets the ids of the
   // registrations dropped, whose parked calls fail with NOT_FOUND.
   bool Restore(const ShardState& state, std::optional<uint64_t> generation, std::vector<uint64_t>* dropped);
+  // Replaces values, optimizer state and clocks with a backup's copy of the
+  // range (cluster.replicas; checked by the caller against the range): as
+  // Restore, but each rank is held at its own position in the copy, so that
+  // nothing a backup acknowledged is lost.
+  void TakeBack(const v1::RangeState& copy);
   uint64_t generation();
   // Rank `rank`'s next clock here, and whether that step is partly
   // applied (a rank with no worker yet: the clock the segment restored or

@@ -1,18 +1,26 @@
 // Replicated ranges (cluster.replicas) between server processes on
 // loopback: after training, every backup's copy of a range equals its
 // primary's range bit for bit; a paused backup holds its primary's pushes
-// until it resumes, and the job then ends with the copies equal.
+// until it resumes; a server started again on no disk takes its range back
+// from its backup, and the job ends as if uninterrupted.
 #include <signal.h>
 
 #include <gtest/gtest.h>
 #include <grpcpp/grpcpp.h>
 
+#include <atomic>
 #include <map>
 #include <string>
+#include <thread>
 #include <utility>
+#include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
+#include "common/config.h"
+#include "common/shard_map.h"
+#include "common/tensor_wire.h"
 #include "segps/v1/parameter_server.grpc.pb.h"
 #include "tests/support/process_cluster.h"
 #include "tests/support/subprocess.h"
@@ -36,6 +44,23 @@ std::string Job(const std::string& dir, int epochs) {
     training { batch_size: 64 epochs: %d staleness: 2 workers_per_segment: 2 }
     data { source: SYNTHETIC_TEACHER data_seed: 1 train_samples: 8000 test_samples: 1000 teacher_hidden: 32 }
   )pb", epochs));
+  return path;
+}
+
+// One segment "s" (50 -> 32 -> 10), one worker, staleness 0, Adam: 375 steps.
+std::string SynchronousJob(const std::string& dir) {
+  const std::string path = dir + "/sync.pbtxt";
+  WriteFile(path, R"pb(
+    cluster { num_servers: 3 replicas: 2 lease_ms: 2000 }
+    model {
+      input_width: 50
+      num_classes: 10
+      segments { name: "s" layers { units: 32 activation: RELU } layers { units: 10 activation: SOFTMAX } }
+    }
+    optimizer { kind: ADAM }
+    training { batch_size: 32 epochs: 3 staleness: 0 log_interval_s: 0.000001 }
+    data { source: SYNTHETIC_TEACHER test_samples: 500 train_samples: 4000 }
+  )pb");
   return path;
 }
 
@@ -95,31 +120,91 @@ TEST(ReplicatedCluster, EveryBackupHoldsItsPrimarysRangeBitForBitAfterTraining) 
   EXPECT_GT(cluster.EnsembleAccuracy(), 0.85);
 }
 
-TEST(ReplicatedCluster, APausedBackupHoldsItsPrimarysPushesUntilItResumes) {
+// A push to server 0 while its backup (server 1) is paused is held, not
+// answered, until the backup resumes and takes it.
+TEST(ReplicatedCluster, APushIsNotAnsweredWhileItsBackupIsPausedAndIsOnceItResumes) {
   const std::string dir = MakeTempDir();
-  ProcessCluster cluster(Job(dir, 6), dir, 3, /*checkpoints=*/false, /*tokens=*/false, /*replicated=*/true);
-  std::vector<std::unique_ptr<Subprocess>> workers = StartWorkers(cluster);
-  // Training is under way once server 1 took a record of server 0's.
-  const absl::Time start = absl::Now();
-  auto seq_on_1 = [&] {
-    uint64_t seq = 0;
-    const v1::StatsResponse stats = Stats(cluster.addresses()[1]);
-    for (const v1::ReplicaStats& copy : stats.replicas()) seq += copy.seq();
-    return seq;
-  };
-  while (seq_on_1() < 4 && absl::Now() - start < absl::Seconds(60)) absl::SleepFor(absl::Milliseconds(20));
-  ASSERT_TRUE(cluster.ServerPid(1) > 0);
-  kill(cluster.ServerPid(1), SIGSTOP);
-  // Server 0's pushes now wait for their backup: seen in its waiting calls.
-  bool waited = false;
-  for (absl::Time until = absl::Now() + absl::Seconds(5); !waited && absl::Now() < until;) {
-    waited = Stats(cluster.addresses()[0]).waiting_for_backups() > 0;
-    if (!waited) absl::SleepFor(absl::Milliseconds(20));
+  const std::string path = SynchronousJob(dir);
+  ProcessCluster cluster(path, dir, 3, false, false, true);
+  ASSERT_TRUE(cluster.WaitForServerLine(1, "backing server 0's ranges")) << cluster.Output();
+  const v1::JobConfig config = *LoadConfig(path);
+  const ShardMap map = *ShardMap::Create(config.model(), 3, 2);
+  auto stub = v1::ParameterServer::NewStub(
+      grpc::CreateChannel(cluster.addresses()[0], grpc::InsecureChannelCredentials()));
+  v1::RegisterRequest reg;
+  reg.set_model_fingerprint(ModelFingerprint(config));
+  reg.set_shard_fingerprint(map.fingerprint());
+  v1::RegisterResponse registered;
+  {
+    grpc::ClientContext context;
+    ASSERT_TRUE(stub->Register(&context, reg, &registered).ok());
   }
+  v1::PushRequest push;
+  push.set_worker_id(registered.worker_id());
+  push.set_registration_secret(registered.registration_secret());
+  const Range range = map.range(0, 0);
+  EncodeFloat32(std::vector<float>(range.count, 0.5f), range.offset, push.mutable_gradient());
+  kill(cluster.ServerPid(1), SIGSTOP);
+  std::atomic<bool> answered{false};
+  grpc::Status pushed;
+  v1::PushResponse response;
+  std::thread pusher([&] {
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(60)));
+    pushed = stub->Push(&context, push, &response);
+    answered = true;
+  });
+  bool waited = false;
+  for (absl::Time until = absl::Now() + absl::Seconds(30); !waited && absl::Now() < until;) {
+    waited = Stats(cluster.addresses()[0]).waiting_for_backups() == 1;
+    if (!waited) absl::SleepFor(absl::Milliseconds(10));
+  }
+  const bool early = answered.load();
   kill(cluster.ServerPid(1), SIGCONT);
-  EXPECT_TRUE(waited) << "no push waited on server 0 while its backup was paused";
-  ExpectFinished(workers);
-  ExpectCopiesEqual(cluster);
+  pusher.join();
+  EXPECT_TRUE(waited) << "the push never waited for its backup";
+  EXPECT_FALSE(early) << "answered while its backup was paused";
+  ASSERT_TRUE(pushed.ok()) << pushed.error_message();
+  EXPECT_TRUE(response.applied());
+  EXPECT_EQ(Stats(cluster.addresses()[0]).waiting_for_backups(), 0u);
+  // The backup holds exactly what its primary does.
+  const v1::StatsResponse primary = Stats(cluster.addresses()[0]), backup = Stats(cluster.addresses()[1]);
+  ASSERT_EQ(backup.replicas_size(), 1);
+  EXPECT_EQ(backup.replicas(0).digest(), primary.segments(0).digest());
+}
+
+// A server killed (-9) and started again with no disk at all takes its
+// range back from its backup; the worker rejoins, and the job ends with the
+// parameters of the same job never interrupted, bit for bit.
+TEST(ReplicatedCluster, AServerStartedAgainOnNoDiskTakesItsRangeBackAndTheJobEndsBitForBit) {
+  const std::string reference_dir = MakeTempDir();
+  std::string reference;
+  {
+    ProcessCluster cluster(SynchronousJob(reference_dir), reference_dir, 3, false, false, true);
+    std::unique_ptr<Subprocess> worker = cluster.StartWorker("s", 0);
+    std::optional<int> status = worker->Wait(absl::Seconds(120));
+    ASSERT_TRUE(status.has_value() && ExitedOk(*status)) << worker->output();
+    reference = cluster.Parameters("s");
+  }
+  ASSERT_GT(reference.size(), 1000u);
+  for (int victim : {0, 2}) {
+    SCOPED_TRACE(absl::StrCat("server ", victim, " killed at step 150"));
+    const std::string dir = MakeTempDir();
+    ProcessCluster cluster(SynchronousJob(dir), dir, 3, false, false, true);
+    std::unique_ptr<Subprocess> worker = cluster.StartWorker("s", 0);
+    ASSERT_TRUE(worker->WaitForLine(" step 150/375 ", absl::Seconds(120)).has_value()) << worker->output();
+    cluster.KillServer(victim);
+    ASSERT_TRUE(cluster.StartServer(victim)) << cluster.Output();
+    EXPECT_TRUE(worker->WaitForLine("rejoined at clock", absl::Seconds(120)).has_value()) << worker->output();
+    std::optional<int> status = worker->Wait(absl::Seconds(120));
+    ASSERT_TRUE(status.has_value() && ExitedOk(*status)) << worker->output() << cluster.Output();
+    EXPECT_TRUE(cluster.WaitForServerLine(victim, "took segment 0's range back from server")) << cluster.Output();
+    // The push of step 150 reached the other servers, and the backup or
+    // not: the worker sends it again rather than roll anything back.
+    EXPECT_EQ(worker->output().find("rolling the segment back"), std::string::npos) << worker->output();
+    EXPECT_NE(worker->output().find("rejoined at clock 15"), std::string::npos) << worker->output();
+    EXPECT_TRUE(cluster.Parameters("s") == reference) << worker->output();
+  }
 }
 
 }  // namespace

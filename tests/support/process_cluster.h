@@ -78,6 +78,10 @@ class ProcessCluster {
   bool WaitForFirstCheckpoint(int i) {
     return servers_[i]->WaitForLine("checkpoint of ", absl::Seconds(120)).has_value();
   }
+  // Waits for server i to print a line holding `text`.
+  bool WaitForServerLine(int i, const std::string& text) {
+    return servers_[i]->WaitForLine(text, absl::Seconds(120)).has_value();
+  }
   void KillServer(int i) {
     servers_[i]->Signal(SIGKILL);
     servers_[i]->Wait(absl::Seconds(30));

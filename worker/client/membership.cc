@@ -131,8 +131,9 @@ absl::Status Membership::RegisterWith(size_t i, v1::RegisterRequest request, v1:
 absl::StatusOr<std::optional<uint64_t>> Membership::Agree(int segment,
                                                           const std::vector<v1::RegisterResponse>& responses) {
   for (size_t i = 0; i < responses.size(); ++i) {
+    // Restarted: fine where it restored a checkpoint or took its range back from a backup.
     if (incarnations_[i] != 0 && incarnations_[i] != responses[i].incarnation() &&
-        responses[i].checkpoint_clocks().empty()) {
+        responses[i].checkpoint_clocks().empty() && !responses[i].taken_back()) {
       return absl::FailedPreconditionError(absl::StrCat(
           "Register: ", servers_[i]->Name(), " restarted with no checkpoint of segment ", segment,
           ", so its parameters started over; the job cannot recover. Give the servers a checkpoint "
@@ -148,6 +149,17 @@ absl::StatusOr<std::optional<uint64_t>> Membership::Agree(int segment,
     furthest = std::max(furthest, r.start_clock());
   }
   if (!StatesDisagree(states)) return std::optional<uint64_t>(furthest);
+  // They differ only on whether the push of the step this worker holds reached them.
+  bool held = held_step_.has_value();
+  for (const v1::RegisterResponse& r : responses) {
+    held = held && r.has_rank_clock() && (r.rank_clock() == *held_step_ || r.rank_clock() == *held_step_ + 1);
+  }
+  if (held) {
+    SEGPS_LOG_WARNING << "segment " << segment << " rank " << responses[0].rank() << ": the servers disagree on its clock ("
+                      << DescribeStates(states) << "), only on whether its step " << *held_step_
+                      << " reached them; sending that step again";
+    return std::optional<uint64_t>(*held_step_);
+  }
   // The newest checkpoint clock every server holds.
   const std::vector<uint64_t> common = CommonClocks(responses, &v1::RegisterResponse::checkpoint_clocks);
   const std::string who = absl::StrCat("segment ", segment, " rank ", responses[0].rank());

@@ -133,6 +133,12 @@ class ParameterClient {
   // Early stopping: the epoch length the registrations from now on give
   // (RegisterRequest.epoch_clocks; 0: none).
   virtual void SetEpochClocks(uint64_t epoch_clocks) = 0;
+  // The registrations from now on come from a worker that holds its step
+  // `clock`, computed and not acknowledged by every server (nullopt: none):
+  // servers whose rank clocks are `clock` or the one after disagree only on
+  // whether that push reached them, so the worker continues at `clock` and
+  // sends it again, with no rollback (client/membership.h).
+  virtual void HoldStep(std::optional<uint64_t> clock) = 0;
   // A chain (model.combine: CHAIN): rolls every stage's segment back to its
   // checkpoint at `clock` on every server (RollbackRequest.chain), through
   // this client's registration of `segment`, which it drops: register

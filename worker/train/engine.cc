@@ -214,6 +214,8 @@ absl::StatusOr<uint64_t> TrainingEngine::Recover(const Failure& failure, uint64_
                                                             " recoveries in a row without a step done; at clock ",
                                                             at, ": ", failure.status.message()));
   }
+  // An ensemble worker's step in hand is sent again where servers differ only on it.
+  if (!compute_->Chained()) client_->HoldStep(unsent_.has_value() ? std::optional(unsent_->clock) : std::nullopt);
   absl::StatusOr<Registration> again =
       Rejoin([&] { return Join(rank_, at, IsLinkFailure(failure.status)); },
              absl::Milliseconds(config_.cluster().recovery_timeout_ms()), options_.clock, tag_);
@@ -235,11 +237,13 @@ absl::StatusOr<uint64_t> TrainingEngine::Recover(const Failure& failure, uint64_
   if (rewound_) {
     unsent_.reset();  // the lane replays from its clean cut, or the chain from a checkpoint
     SEGPS_RETURN_IF_ERROR(compute_->Rewind());
-  } else if (!compute_->Chained()) {
+  } else if (!compute_->Chained() && !(unsent_.has_value() && resume >= unsent_->clock &&
+                                        resume <= unsent_->clock + 1)) {
     unsent_.reset();  // computed again from where the servers continue
   } else if (unsent_.has_value() && resume == unsent_->clock + 1) {
     SEGPS_RETURN_IF_ERROR(Done());  // every server had taken it after all
-  }  // else a stage continues at its clock (Join): it sends its unsent step again as it was
+  }  // else it continues at its clock: it sends its unsent step again as it was (a server that
+     // took it acknowledges it; one that lost it with a failure applies it)
   // One line a recovery: what failed, where training continues, what it cost.
   const absl::Duration took = absl::Now() - since;
   const uint64_t again_steps = resume < at ? at - resume : 0;
