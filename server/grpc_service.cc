@@ -611,6 +611,10 @@ absl::StatusOr<std::unique_ptr<RunningServer>> StartGrpcServer(ParameterServer* 
   absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials = ServerCredentials(*security);
   if (!credentials.ok()) return credentials.status();
   builder.AddListeningPort(listen, *credentials, &port);
+  // One server a port: with SO_REUSEPORT (gRPC's default) a second server
+  // given a port in use would share it, and a peer's connections would
+  // reach either one.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   const int max_bytes = static_cast<int>(server->config().cluster().max_message_bytes());
   builder.SetMaxReceiveMessageSize(max_bytes);
   builder.SetMaxSendMessageSize(max_bytes);

@@ -38,6 +38,7 @@
 #include "absl/time/time.h"
 #include "common/command_line.h"
 #include "common/config.h"
+#include "common/loopback.h"
 #include "deploy/local/console.h"
 #include "deploy/local/job_security.h"
 #include "deploy/local/processes.h"
@@ -291,10 +292,9 @@ class LocalJob {
     addresses_.assign(num_servers, "");
     // Replicated ranges: each server is told every server's address, so
     // their ports are chosen first.
-    std::vector<std::string> listen(num_servers, "127.0.0.1:0");
-    if (config_.cluster().replicas() > 1) {
-      for (std::string& address : listen) address = segps::FreeLoopbackAddress();
-    }
+    const std::vector<std::string> listen = config_.cluster().replicas() > 1
+                                                ? segps::FreeLoopbackAddresses(num_servers)
+                                                : std::vector<std::string>(num_servers, "127.0.0.1:0");
     for (uint32_t i = 0; i < num_servers; ++i) {
       std::vector<std::string> args = {bin_ + "/segps-server", "--config", config_path_, "--index", std::to_string(i),
                                        "--listen", listen[i], "--apply_threads",

@@ -1,13 +1,10 @@
 #include "deploy/local/processes.h"
 
-#include <arpa/inet.h>
 #include <fcntl.h>
-#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/signalfd.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -19,18 +16,6 @@
 #include "absl/time/clock.h"
 
 namespace segps {
-
-std::string FreeLoopbackAddress() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t length = sizeof(address);
-  const bool bound = fd >= 0 && bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0 &&
-                     getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) == 0;
-  if (fd >= 0) close(fd);
-  return bound ? "127.0.0.1:" + std::to_string(ntohs(address.sin_port)) : "127.0.0.1:0";
-}
 
 Launcher::Launcher(Console* console) : console_(console) {
   sigset_t set;

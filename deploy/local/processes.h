@@ -20,10 +20,6 @@
 
 namespace segps {
 
-// A loopback address with a port no socket holds now: where a server
-// must be told its peers' addresses before they start (cluster.replicas).
-std::string FreeLoopbackAddress();
-
 struct Child {
   std::string name;
   pid_t pid = -1;

@@ -162,7 +162,7 @@ TEST(ReplicatedCluster, APushIsNotAnsweredWhileItsBackupIsPausedAndIsOnceItResum
   const bool early = answered.load();
   kill(cluster.ServerPid(1), SIGCONT);
   pusher.join();
-  EXPECT_TRUE(waited) << "the push never waited for its backup";
+  EXPECT_TRUE(waited) << "the push never waited for its backup\n" << cluster.Output();
   EXPECT_FALSE(early) << "answered while its backup was paused";
   ASSERT_TRUE(pushed.ok()) << pushed.error_message();
   EXPECT_TRUE(response.applied());

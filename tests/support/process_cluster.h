@@ -17,6 +17,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/loopback.h"
 #include "tests/support/subprocess.h"
 
 namespace segps {
@@ -41,10 +42,10 @@ class ProcessCluster {
       WriteFile(dir_ + "/tokens", ReadFile(dir_ + "/worker.token") + ReadFile(dir_ + "/reader.token") +
                                       "server 00112233445566778899aabbccddeeff\n");
     }
-    for (int i = 0; i < servers; ++i) addresses_.push_back(replicated_ ? FreeLoopbackAddress() : "127.0.0.1:0");
+    addresses_ = replicated_ ? FreeLoopbackAddresses(servers) : std::vector<std::string>(servers, "127.0.0.1:0");
     for (int i = 0; i < servers; ++i) {
       servers_.emplace_back();
-      StartServer(i);
+      EXPECT_TRUE(StartServer(i)) << "server " << i << " did not listen on " << addresses_[i];
     }
   }
 

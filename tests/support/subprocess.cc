@@ -1,12 +1,9 @@
 #include "tests/support/subprocess.h"
 
-#include <arpa/inet.h>
 #include <fcntl.h>
-#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -26,6 +23,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
+#include "common/loopback.h"
 
 namespace segps {
 
@@ -120,28 +118,12 @@ std::string BinaryPath(const std::string& name) {
   return path.substr(0, path.rfind('/') + 1) + name;
 }
 
-std::string FreeLoopbackAddress() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t length = sizeof(address);
-  const bool bound = fd >= 0 && bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0 &&
-                     getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) == 0;
-  if (fd >= 0) close(fd);
-  return bound ? "127.0.0.1:" + std::to_string(ntohs(address.sin_port)) : "127.0.0.1:0";
-}
-
 ServerProcesses StartServers(const std::string& config, int count, bool replicated) {
   ServerProcesses servers;
-  std::vector<std::string> listen(count, "127.0.0.1:0");
+  const std::vector<std::string> listen =
+      replicated ? FreeLoopbackAddresses(count) : std::vector<std::string>(count, "127.0.0.1:0");
   std::string peers;
-  if (replicated) {
-    for (std::string& address : listen) {
-      address = FreeLoopbackAddress();
-      peers += (peers.empty() ? "" : ",") + address;
-    }
-  }
+  for (const std::string& address : listen) peers += (peers.empty() ? "" : ",") + address;
   for (int i = 0; i < count; ++i) {
     std::vector<std::string> command = {BinaryPath("segps-server"), "--config", config, "--index",
                                         std::to_string(i), "--listen", listen[i]};

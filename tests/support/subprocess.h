@@ -62,8 +62,6 @@ struct ServerProcesses {
 // each is told every server's address (--servers).
 ServerProcesses StartServers(const std::string& config, int count, bool replicated = false);
 
-// A loopback address with a port no socket holds now.
-std::string FreeLoopbackAddress();
 
 // Path of a segps binary in the build tree: in $SEGPS_BIN_DIR (set by ctest),
 // else beside the running binary.
