@@ -213,7 +213,7 @@ int Serve(const Settings& s) {
       !taken.ok()) {
     return Fail(taken);
   }
-  absl::StatusOr<std::unique_ptr<segps::ReplicaLinks>> links = segps::ReplicaLinks::Start(server->get(), peers);
+  absl::StatusOr<std::unique_ptr<segps::ReplicaLinks>> links = segps::ReplicaLinks::Start(server->get(), peers, metrics.get());
   if (!links.ok()) return Fail(links.status());
 
   int received = 0;

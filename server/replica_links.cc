@@ -102,13 +102,14 @@ absl::Status TakeBackRanges(ParameterServer* server, const std::vector<std::stri
   return absl::OkStatus();
 }
 
-ReplicaLinks::ReplicaLinks(ParameterServer* server, std::vector<std::string> addresses)
-    : server_(server), addresses_(std::move(addresses)) {}
+ReplicaLinks::ReplicaLinks(ParameterServer* server, std::vector<std::string> addresses, ServerMetrics* metrics)
+    : server_(server), addresses_(std::move(addresses)), metrics_(metrics) {}
 
 absl::StatusOr<std::unique_ptr<ReplicaLinks>> ReplicaLinks::Start(ParameterServer* server,
-                                                                   std::vector<std::string> addresses) {
+                                                                   std::vector<std::string> addresses,
+                                                                   ServerMetrics* metrics) {
   const v1::JobConfig& config = server->config();
-  std::unique_ptr<ReplicaLinks> links(new ReplicaLinks(server, std::move(addresses)));
+  std::unique_ptr<ReplicaLinks> links(new ReplicaLinks(server, std::move(addresses), metrics));
   if (server->replica_logs().empty()) return links;
   SEGPS_RETURN_IF_ERROR(CheckAddresses(*server, links->addresses_));
   absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials = PeerCredentials(config);
@@ -129,6 +130,9 @@ absl::StatusOr<std::unique_ptr<ReplicaLinks>> ReplicaLinks::Start(ParameterServe
         link->wake.SignalAll();
       }
     });
+  }
+  for (auto& link : links->links_) {
+    if (metrics != nullptr) metrics->ObserveBackup(link->backup, false);
   }
   for (auto& link : links->links_) link->thread = std::thread([raw = links.get(), l = link.get()] { raw->Run(l); });
   return links;
@@ -198,9 +202,11 @@ bool ReplicaLinks::Stream(Link* link, std::string* error) {
       v1::ReplicaAck ack;
       const auto& logs = server_->replica_logs();
       while (stream->Read(&ack)) {
+        if (!served && metrics_ != nullptr) metrics_->ObserveBackup(link->backup, true);
         served = true;
         if (ack.segment() < logs.size()) logs[ack.segment()]->Acked(link->backup, ack.seq());
       }
+      if (metrics_ != nullptr) metrics_->ObserveBackup(link->backup, false);
       broken = true;
       MutexLock lock(&link->mu);
       link->wake.SignalAll();

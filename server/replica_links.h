@@ -20,6 +20,7 @@
 #include "absl/status/statusor.h"
 #include "common/sync.h"
 #include "server/parameter_server.h"
+#include "server/server_metrics.h"
 
 namespace segps {
 
@@ -36,13 +37,15 @@ class ReplicaLinks {
  public:
   // Links `server` (which outlives them) to its backups at `addresses`
   // (every server's, in index order). None with one copy.
+  // `metrics` (may be null) hears whether each backup is reachable.
   static absl::StatusOr<std::unique_ptr<ReplicaLinks>> Start(ParameterServer* server,
-                                                             std::vector<std::string> addresses);
+                                                             std::vector<std::string> addresses,
+                                                             ServerMetrics* metrics = nullptr);
   ~ReplicaLinks();
 
  private:
   struct Link;
-  ReplicaLinks(ParameterServer* server, std::vector<std::string> addresses);
+  ReplicaLinks(ParameterServer* server, std::vector<std::string> addresses, ServerMetrics* metrics);
   // Keeps backup `backup`'s stream open until the links stop.
   void Run(Link* link);
   // One stream's life: false once it failed (why in `error`).
@@ -50,6 +53,7 @@ class ReplicaLinks {
 
   ParameterServer* const server_;
   const std::vector<std::string> addresses_;
+  ServerMetrics* const metrics_;  // may be null
   std::vector<std::unique_ptr<Link>> links_;
 };
 

@@ -13,11 +13,19 @@ ReplicaLog::ReplicaLog(int segment, uint32_t range, std::vector<uint32_t> backup
   }
 }
 
-void ReplicaLog::SetWake(std::function<void(uint32_t)> wake) { wake_ = std::move(wake); }
+void ReplicaLog::SetWake(std::function<void(uint32_t)> wake) {
+  MutexLock lock(&mu_);
+  wake_ = std::move(wake);
+}
 
 void ReplicaLog::Wake(const std::vector<uint32_t>& backups) {
-  if (!wake_) return;
-  for (uint32_t b : backups) wake_(b);
+  std::function<void(uint32_t)> wake;
+  {
+    MutexLock lock(&mu_);
+    wake = wake_;
+  }
+  if (!wake) return;
+  for (uint32_t b : backups) wake(b);
 }
 
 uint64_t ReplicaLog::Append(v1::ReplicaRecord record) {

@@ -80,7 +80,7 @@ class ReplicaLog {
   std::map<uint32_t, uint64_t> acked_ ABSL_GUARDED_BY(mu_);
   Waiters waiters_ ABSL_GUARDED_BY(mu_);
   std::string draining_ ABSL_GUARDED_BY(mu_);
-  std::function<void(uint32_t)> wake_;  // set before serving
+  std::function<void(uint32_t)> wake_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace segps

@@ -59,6 +59,11 @@ ServerMetrics::ServerMetrics(prometheus::Registry& registry, const v1::JobConfig
                                   "descriptors)")
                             .Register(registry)
                             .Add({{"server", server_}});
+  backup_reachable_ = &BuildGauge()
+                           .Name("segps_server_backup_reachable")
+                           .Help("cluster.replicas: 1 while the server's link to a backup takes its records, 0 while "
+                                 "the backup is unreachable and pushes to the server's ranges wait for it")
+                           .Register(registry);
   const prometheus::Histogram::BucketBoundaries staleness_buckets = {0, 1, 2, 3, 4, 6, 8, 12, 16, 32, 64};
   for (const auto& seg : config.model().segments()) {
     const prometheus::Labels labels = {{"segment", seg.name()}, {"server", server_}};
@@ -109,6 +114,10 @@ void ServerMetrics::ObserveRowsPushed(int segment, uint64_t rows, uint64_t held,
 }
 
 void ServerMetrics::ObserveListenerRestart() { listener_restarts_->Increment(); }
+
+void ServerMetrics::ObserveBackup(uint32_t backup, bool reachable) {
+  backup_reachable_->Add({{"server", server_}, {"backup", std::to_string(backup)}}).Set(reachable ? 1 : 0);
+}
 
 void ServerMetrics::ObserveRejected(int segment) {
   if (segment >= 0 && static_cast<size_t>(segment) < segments_.size()) segments_[segment].rejected->Increment();

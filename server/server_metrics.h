@@ -30,6 +30,9 @@ class ServerMetrics {
   void ObserveRowsPushed(int segment, uint64_t rows, uint64_t held, uint64_t bytes);
   // The listener was started again (server/listener_watch.h).
   void ObserveListenerRestart();
+  // cluster.replicas: whether this server's link to server `backup` takes
+  // its records now (server/replica_links.h).
+  void ObserveBackup(uint32_t backup, bool reachable);
 
  private:
   struct PerSegment {
@@ -49,6 +52,7 @@ class ServerMetrics {
   std::vector<std::string> names_;
   const std::string server_;
   prometheus::Family<prometheus::Gauge>* worker_clock_;
+  prometheus::Family<prometheus::Gauge>* backup_reachable_;
   // Segments with embedding tables (null elsewhere).
   struct Rows {
     prometheus::Counter* pulled = nullptr;
