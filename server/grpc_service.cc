@@ -625,6 +625,8 @@ absl::StatusOr<std::unique_ptr<RunningServer>> StartGrpcServer(ParameterServer* 
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, lease_ms);
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, lease_ms);
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);  // idle streams are the point
+  // Primaries ping their backups' connections every lease (server/replica_links.h).
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, lease_ms / 2);
   // HTTP/2's own cap on a connection's concurrent calls (streams and
   // unary calls, which may park): a client queues beyond it instead of
   // making the server hold what it would refuse.

@@ -22,6 +22,7 @@ struct ReplicaLinks::Link {
   CondVar wake;
   bool pending ABSL_GUARDED_BY(mu) = false;  // a log gained a record for this backup
   bool stop ABSL_GUARDED_BY(mu) = false;
+  bool reported ABSL_GUARDED_BY(mu) = false;  // the current outage was logged
   grpc::ClientContext* context ABSL_GUARDED_BY(mu) = nullptr;  // the open stream's, to cancel it
   std::thread thread;
 };
@@ -43,6 +44,14 @@ grpc::ChannelArguments PeerArguments(const v1::JobConfig& config) {
   // 100 ms to 1 s (gRPC's own backoff starts at 1 s and grows to 2 minutes).
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  // A backup that is paused or cut off keeps its connection open but
+  // answers nothing: a ping unanswered for a lease closes the connection,
+  // so the link reports it and opens a new one.
+  const int lease_ms = static_cast<int>(std::min<uint32_t>(config.cluster().lease_ms(), INT32_MAX));
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, lease_ms);
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, lease_ms);
+  args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
   return args;
 }
 
@@ -158,7 +167,6 @@ void ReplicaLinks::Run(Link* link) {
   // An outage is reported once it lasts a second (a backup starting or
   // restarting is back sooner), and once more when it ends.
   std::optional<absl::Time> down_since;
-  bool reported = false;
   while (true) {
     std::string error;
     const bool served = Stream(link, &error);
@@ -166,20 +174,28 @@ void ReplicaLinks::Run(Link* link) {
     if (link->stop) return;
     const absl::Time now = absl::Now();
     if (served) {
-      if (reported) SEGPS_LOG_INFO << who << " took its records again";
       delay = absl::Milliseconds(50);
       down_since = now;
-      reported = false;
     }
     if (!down_since.has_value()) down_since = now;
-    if (!reported && now - *down_since >= absl::Seconds(1)) {
+    if (!link->reported && now - *down_since >= absl::Seconds(1)) {
       SEGPS_LOG_WARNING << who << " is unreachable for " << absl::FormatDuration(now - *down_since) << " ("
                         << error << "); pushes to this server's ranges wait until it takes their records";
-      reported = true;
+      link->reported = true;
     }
     link->wake.WaitWithDeadline(&link->mu, now + delay);
     delay = std::min(delay * 2, absl::Seconds(1));
   }
+}
+
+void ReplicaLinks::Reached(Link* link) {
+  if (metrics_ != nullptr) metrics_->ObserveBackup(link->backup, true);
+  MutexLock lock(&link->mu);
+  if (link->reported) {
+    SEGPS_LOG_INFO << "server " << server_->index() << ": backup server " << link->backup
+                   << " takes its records again";
+  }
+  link->reported = false;
 }
 
 bool ReplicaLinks::Stream(Link* link, std::string* error) {
@@ -202,7 +218,7 @@ bool ReplicaLinks::Stream(Link* link, std::string* error) {
       v1::ReplicaAck ack;
       const auto& logs = server_->replica_logs();
       while (stream->Read(&ack)) {
-        if (!served && metrics_ != nullptr) metrics_->ObserveBackup(link->backup, true);
+        if (!served) Reached(link);
         served = true;
         if (ack.segment() < logs.size()) logs[ack.segment()]->Acked(link->backup, ack.seq());
       }

@@ -48,7 +48,10 @@ class ReplicaLinks {
   ReplicaLinks(ParameterServer* server, std::vector<std::string> addresses, ServerMetrics* metrics);
   // Keeps backup `backup`'s stream open until the links stop.
   void Run(Link* link);
-  // One stream's life: false once it failed (why in `error`).
+  // The backup acknowledged the stream's first record: it is reachable.
+  void Reached(Link* link);
+  // One stream's life: whether the backup acknowledged anything on it
+  // (why it ended in `error`).
   bool Stream(Link* link, std::string* error);
 
   ParameterServer* const server_;

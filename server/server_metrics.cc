@@ -59,7 +59,7 @@ ServerMetrics::ServerMetrics(prometheus::Registry& registry, const v1::JobConfig
                                   "descriptors)")
                             .Register(registry)
                             .Add({{"server", server_}});
-  backup_reachable_ = &BuildGauge()
+  backup_reachable_ = &prometheus::BuildGauge()
                            .Name("segps_server_backup_reachable")
                            .Help("cluster.replicas: 1 while the server's link to a backup takes its records, 0 while "
                                  "the backup is unreachable and pushes to the server's ranges wait for it")
