@@ -106,7 +106,8 @@ absl::StatusOr<std::unique_ptr<ParameterServer>> ParameterServer::Create(const v
     return absl::InvalidArgumentError(absl::StrCat("server index ", index, " is out of range: the config has ",
                                                    config.cluster().num_servers(), " servers"));
   }
-  absl::StatusOr<ShardMap> map = ShardMap::Create(config.model(), config.cluster().num_servers(), config.cluster().replicas());
+  absl::StatusOr<ShardMap> map = ShardMap::Create(config.model(), config.cluster().num_servers(),
+                                                  config.cluster().replicas());
   if (!map.ok()) return map.status();
   std::unique_ptr<ParameterServer> server(new ParameterServer(config, index, *std::move(map), server_options));
   if (getrandom(&server->incarnation_, sizeof(server->incarnation_), 0) != sizeof(server->incarnation_)) {

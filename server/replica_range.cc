@@ -10,15 +10,11 @@
 #include "common/status_macros.h"
 
 namespace segps {
-namespace {
-
-std::vector<float> Floats(const v1::TensorSlice& slice) {
+std::vector<float> FloatsOf(const v1::TensorSlice& slice) {
   std::vector<float> out(slice.count());
   if (!out.empty()) std::memcpy(out.data(), slice.data().data(), out.size() * sizeof(float));
   return out;
 }
-
-}  // namespace
 
 v1::RangeState RangeStateOf(Range extent, uint64_t steps, uint64_t updates,
                             const std::map<uint32_t, v1::RankPosition>& ranks, const std::vector<float>& values,
@@ -115,8 +111,8 @@ absl::Status ReplicaRange::TakeState(uint64_t seq, const v1::RangeState& state) 
     }
   }
   std::vector<std::vector<float>> loaded;
-  for (const v1::TensorSlice& slot : state.slots()) loaded.push_back(Floats(slot));
-  values_ = Floats(state.values());
+  for (const v1::TensorSlice& slot : state.slots()) loaded.push_back(FloatsOf(slot));
+  values_ = FloatsOf(state.values());
   optimizer_->LoadState(loaded);
   positions_ = std::move(positions);
   steps_ = state.steps();

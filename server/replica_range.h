@@ -81,6 +81,9 @@ v1::RangeState RangeStateOf(Range extent, uint64_t steps, uint64_t updates,
                             const std::map<uint32_t, v1::RankPosition>& ranks, const std::vector<float>& values,
                             const std::vector<std::vector<float>>& slots);
 
+// A float32 slice's values (checked by the caller: data holds count floats).
+std::vector<float> FloatsOf(const v1::TensorSlice& slice);
+
 // The digest ReplicaRange::Digest gives for these contents (the primary's side).
 std::string RangeDigest(uint64_t steps, const std::vector<float>& values,
                         const std::vector<std::vector<float>>& slots);

@@ -4,7 +4,6 @@
 #include "server/segment_shard.h"
 
 #include <algorithm>
-#include <cstring>
 #include <limits>
 
 #include "absl/strings/str_cat.h"
@@ -229,13 +228,8 @@ void SegmentShard::TakeBack(const v1::RangeState& copy) {
   if (copy.ranks().empty()) state.clock = 0;
   state.steps = copy.steps();
   state.updates = copy.updates();
-  auto floats = [](const v1::TensorSlice& slice) {
-    std::vector<float> out(slice.count());
-    if (!out.empty()) std::memcpy(out.data(), slice.data().data(), out.size() * sizeof(float));
-    return out;
-  };
-  state.values = floats(copy.values());
-  for (const v1::TensorSlice& slot : copy.slots()) state.slots.push_back(floats(slot));
+  state.values = FloatsOf(copy.values());
+  for (const v1::TensorSlice& slot : copy.slots()) state.slots.push_back(FloatsOf(slot));
   Completions ready;
   {
     MutexLock lock(&mu_);
@@ -245,7 +239,9 @@ void SegmentShard::TakeBack(const v1::RangeState& copy) {
     cuts_.Taken(state.clock, state.updates, now);
     started_ = true;
     moved_at_.reset();
-    for (const v1::RankPosition& at : copy.ranks()) AddPlaceholder(at.rank(), at.next_clock(), now)->applied = at.applied();
+    for (const v1::RankPosition& at : copy.ranks()) {
+      AddPlaceholder(at.rank(), at.next_clock(), now)->applied = at.applied();
+    }
   }
   for (auto& complete : ready) std::move(complete)();
 }

@@ -249,6 +249,8 @@ absl::StatusOr<PushResult> SegmentShard::Apply(Worker* w, const Waiter& push) {
   const bool rows = push.rows != nullptr && first == 0 && scale != 0.0f;
   if (rows) SEGPS_RETURN_IF_ERROR(UpdateRows(*push.rows, step, scale));
   if (first == 0) w->step = ++steps_begun_;
+  // To the backups first, so that they apply it while this server does.
+  if (options_.replicas != nullptr) Replicate(*w, push, step, scale);
   const absl::Time apply_start = absl::Now();
   Optimizer* const optimizer = optimizer_.get();
   const absl::Span<float> values = absl::MakeSpan(values_);
@@ -272,7 +274,6 @@ absl::StatusOr<PushResult> SegmentShard::Apply(Worker* w, const Waiter& push) {
       apply_part(PartStart(count, parts, part), PartStart(count, parts, part + 1));
     });
   }
-  if (options_.replicas != nullptr) Replicate(*w, push, step, scale);
   PushResult result;
   if (rows) {
     for (const RowGradients& table_rows : *push.rows) {

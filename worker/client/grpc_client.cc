@@ -661,7 +661,8 @@ absl::StatusOr<std::unique_ptr<ParameterClient>> ConnectGrpc(const v1::JobConfig
     return absl::InvalidArgumentError(absl::StrCat(addresses.size(), " server addresses given, but the config has ",
                                                    config.cluster().num_servers(), " servers"));
   }
-  absl::StatusOr<ShardMap> map = ShardMap::Create(config.model(), config.cluster().num_servers(), config.cluster().replicas());
+  absl::StatusOr<ShardMap> map = ShardMap::Create(config.model(), config.cluster().num_servers(),
+                                                  config.cluster().replicas());
   if (!map.ok()) return map.status();
   absl::StatusOr<Security> security = LoadSecurity(config.security());
   if (!security.ok()) return security.status();

@@ -38,7 +38,8 @@ absl::StatusOr<std::unique_ptr<SegmentSession>> SegmentSession::Open(v1::JobConf
   }
   const std::vector<std::string> addresses = ServerAddresses(absl::StrJoin(servers, ","), config);
   if (addresses.empty()) return absl::InvalidArgumentError("no servers given (and the config lists none)");
-  absl::StatusOr<ShardMap> map = ShardMap::Create(config.model(), config.cluster().num_servers(), config.cluster().replicas());
+  absl::StatusOr<ShardMap> map = ShardMap::Create(config.model(), config.cluster().num_servers(),
+                                                  config.cluster().replicas());
   if (!map.ok()) return map.status();
   absl::StatusOr<std::unique_ptr<ParameterClient>> client = ConnectGrpc(config, addresses);
   if (!client.ok()) return client.status();
