@@ -22,15 +22,20 @@ namespace {
 constexpr uint64_t kOffset = 40, kCount = 24;
 constexpr uint32_t kPrimary = 0, kBackup = 1;
 
-v1::OptimizerConfig Adam() {
-  v1::OptimizerConfig adam;
-  adam.set_kind(v1::ADAM);
-  adam.set_learning_rate(0.01f);
-  adam.set_beta1(0.9f);
-  adam.set_beta2(0.999f);
-  adam.set_epsilon(1e-7f);
-  return adam;
+const char kConfig[] = R"pb(
+cluster { num_servers: 2 replicas: 2 }
+model {
+  input_width: 5
+  num_classes: 3
+  segments { name: "a" layers { units: 4 activation: TANH } layers { units: 3 activation: SOFTMAX } }
 }
+optimizer { kind: ADAM }
+training { staleness: 0 workers_per_segment: 1 }
+data { source: SYNTHETIC_SEED }
+)pb";
+
+// The config's optimizer: Adam with its defaults.
+v1::OptimizerConfig Adam() { return ParseConfig(kConfig, "test")->optimizer(); }
 
 class ReplicaRangeTest : public ::testing::Test {
  protected:
@@ -170,17 +175,6 @@ TEST_F(ReplicaRangeTest, RecordsThatDoNotFitAreRefusedAndChangeNothing) {
   EXPECT_EQ(backup->Digest(), shard_->Digest());
 }
 
-const char kConfig[] = R"pb(
-cluster { num_servers: 2 replicas: 2 }
-model {
-  input_width: 5
-  num_classes: 3
-  segments { name: "a" layers { units: 4 activation: TANH } layers { units: 3 activation: SOFTMAX } }
-}
-optimizer { kind: ADAM }
-training { staleness: 0 workers_per_segment: 1 }
-data { source: SYNTHETIC_SEED }
-)pb";
 
 TEST(ReplicatedServerTest, APushIsAnsweredOnlyOnceItsBackupHoldsIt) {
   const v1::JobConfig config = *ParseConfig(kConfig, "test");
