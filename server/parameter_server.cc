@@ -474,15 +474,7 @@ void ParameterServer::Push(const v1::PushRequest& request, Payload data, absl::T
         response->set_next_clock(result->next_clock);
         response->set_incarnation(incarnation_);
         push_bytes_[segment].fetch_add(bytes, std::memory_order_relaxed);
-        if (metrics_ != nullptr) {
-          metrics_->ObservePush(static_cast<int>(segment), absl::ToDoubleSeconds(absl::Now() - start), bytes,
-                                result->applied, absl::ToDoubleSeconds(result->apply));
-          metrics_->ObserveWorkerClock(static_cast<int>(segment), result->rank, result->next_clock);
-          if (result->rows_pushed > 0) {
-            metrics_->ObserveRowsPushed(static_cast<int>(segment), result->rows_pushed, result->rows_held,
-                                        result->rows_bytes);
-          }
-        }
+        ObservePush(segment, start, bytes, *result);
         if (result->pulled.has_value()) {
           const PullResult& pulled = *result->pulled;
           response->set_clock(pulled.clock);
@@ -496,6 +488,16 @@ void ParameterServer::Push(const v1::PushRequest& request, Payload data, absl::T
         if (!logs_.empty()) return logs_[segment]->WhenHeld(result->replica_seq, std::move(done));
         std::move(done)(absl::OkStatus());
       }, *info, rows);
+}
+
+void ParameterServer::ObservePush(uint32_t segment, absl::Time start, size_t bytes, const PushResult& result) {
+  if (metrics_ == nullptr) return;
+  metrics_->ObservePush(static_cast<int>(segment), absl::ToDoubleSeconds(absl::Now() - start), bytes, result.applied,
+                        absl::ToDoubleSeconds(result.apply));
+  metrics_->ObserveWorkerClock(static_cast<int>(segment), result.rank, result.next_clock);
+  if (result.rows_pushed > 0) {
+    metrics_->ObserveRowsPushed(static_cast<int>(segment), result.rows_pushed, result.rows_held, result.rows_bytes);
+  }
 }
 
 absl::Status ParameterServer::Push(const v1::PushRequest& request, absl::Time deadline, v1::PushResponse* response,

@@ -183,6 +183,11 @@ class ParameterServer {
   absl::StatusOr<SegmentShard*> ShardFor(uint32_t segment, const char* call);
   absl::Status Reject(uint32_t segment, absl::Status status);
   absl::Status CheckFingerprints(const v1::RegisterRequest& request) const;
+  // The rank a registration takes: the one it names (in range), or with
+  // any_rank the lowest free one.
+  absl::StatusOr<uint32_t> RankFor(const v1::RegisterRequest& request, SegmentShard* shard);
+  // A push answered: its metrics.
+  void ObservePush(uint32_t segment, absl::Time start, size_t bytes, const PushResult& result);
   // Early stopping: a registration's epoch length, for its segment's epoch cuts.
   absl::Status TakeEpochClocks(const v1::RegisterRequest& request, SegmentShard* shard);
   // Early stopping: Leave with end_at_clock ends the caller's segment at its

@@ -46,6 +46,28 @@ absl::Status ParameterServer::CheckFingerprints(const v1::RegisterRequest& reque
   return absl::OkStatus();
 }
 
+absl::StatusOr<uint32_t> ParameterServer::RankFor(const v1::RegisterRequest& request, SegmentShard* shard) {
+  const uint32_t workers = WorkersOf(config_, request.segment());
+  if (request.any_rank()) {
+    // Two replicas asking at once could both see the same free rank; the
+    // second is then refused (the first holds it) and asks again.
+    std::optional<uint32_t> free = shard->FreeRank(workers);
+    if (!free.has_value()) {
+      return absl::ResourceExhaustedError(absl::StrCat("Register: all ", workers, " ranks of segment ",
+                                                       request.segment(),
+                                                       " are held by live workers; raise the segment's workers in "
+                                                       "the config"));
+    }
+    return *free;
+  }
+  if (request.rank() >= workers) {
+    return absl::InvalidArgumentError(absl::StrCat("Register: rank ", request.rank(),
+                                                   " is out of range: segment ", request.segment(), " has ",
+                                                   workers, " workers"));
+  }
+  return request.rank();
+}
+
 absl::Status ParameterServer::Register(const v1::RegisterRequest& request, v1::RegisterResponse* response,
                                        const std::string& caller) {
   absl::StatusOr<SegmentShard*> shard = ShardFor(request.segment(), "Register");
@@ -56,23 +78,9 @@ absl::Status ParameterServer::Register(const v1::RegisterRequest& request, v1::R
                                                " is taking its ranges back from their backups; try again"));
   }
   if (absl::Status epochs = TakeEpochClocks(request, *shard); !epochs.ok()) return Reject(request.segment(), epochs);
-  const uint32_t workers = WorkersOf(config_, request.segment());
-  uint32_t rank = request.rank();
-  if (request.any_rank()) {
-    // Two replicas asking at once could both see the same free rank; the
-    // second is then refused (the first holds it) and asks again.
-    std::optional<uint32_t> free = (*shard)->FreeRank(workers);
-    if (!free.has_value()) {
-      return Reject(request.segment(), absl::ResourceExhaustedError(absl::StrCat(
-          "Register: all ", workers, " ranks of segment ", request.segment(),
-          " are held by live workers; raise the segment's workers in the config")));
-    }
-    rank = *free;
-  } else if (rank >= workers) {
-    return Reject(request.segment(), absl::InvalidArgumentError(absl::StrCat(
-        "Register: rank ", request.rank(), " is out of range: segment ", request.segment(),
-        " has ", workers, " workers")));
-  }
+  absl::StatusOr<uint32_t> chosen = RankFor(request, *shard);
+  if (!chosen.ok()) return Reject(request.segment(), chosen.status());
+  const uint32_t rank = *chosen;
   std::string secret(16, '\0');
   if (getrandom(secret.data(), secret.size(), 0) != static_cast<ssize_t>(secret.size())) {
     return absl::UnavailableError("Register: the system's random source failed; try again");
