@@ -148,6 +148,7 @@ absl::StatusOr<std::unique_ptr<ReplicaLinks>> ReplicaLinks::Start(ParameterServe
 }
 
 ReplicaLinks::~ReplicaLinks() {
+  for (auto& log : server_->replica_logs()) log->SetWake(nullptr);
   for (auto& link : links_) {
     MutexLock lock(&link->mu);
     link->stop = true;
@@ -157,7 +158,6 @@ ReplicaLinks::~ReplicaLinks() {
   for (auto& link : links_) {
     if (link->thread.joinable()) link->thread.join();
   }
-  for (auto& log : server_->replica_logs()) log->SetWake(nullptr);
 }
 
 void ReplicaLinks::Run(Link* link) {

@@ -8,7 +8,9 @@
 // with backoff (50 ms doubling to 1 s), from the state again; meanwhile
 // pushes wait, and the log says so once per outage.
 //
-// Thread safety: a thread per link; Start and the destructor from one thread.
+// Thread safety: a thread per link; Start and the destructor from one
+// thread, the destructor once the server no longer takes pushes (its gRPC
+// server shut down): a push's log wakes the links.
 #ifndef SEGPS_SERVER_REPLICA_LINKS_H_
 #define SEGPS_SERVER_REPLICA_LINKS_H_
 
