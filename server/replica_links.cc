@@ -71,13 +71,20 @@ absl::Status TakeBackRanges(ParameterServer* server, const std::vector<std::stri
   SEGPS_RETURN_IF_ERROR(CheckAddresses(*server, addresses));
   absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials = PeerCredentials(server->config());
   if (!credentials.ok()) return credentials.status();
-  const uint32_t backup = server->replica_logs().front()->backups().front();
-  auto stub = v1::Replication::NewStub(
-      grpc::CreateCustomChannel(addresses[backup], *credentials, PeerArguments(server->config())));
+  // Every backup holds every acknowledged push: any one that answers will do.
+  const std::vector<uint32_t>& backups = server->replica_logs().front()->backups();
+  std::vector<std::unique_ptr<v1::Replication::Stub>> stubs;
+  for (uint32_t b : backups) {
+    stubs.push_back(v1::Replication::NewStub(
+        grpc::CreateCustomChannel(addresses[b], *credentials, PeerArguments(server->config()))));
+  }
   server->BeginTakeBack();
   const absl::Time give_up = absl::Now() + timeout;
   absl::Duration delay = absl::Milliseconds(50);
-  for (int k = 0; k < server->shard_map().num_segments();) {
+  for (int k = 0, attempt = 0; k < server->shard_map().num_segments(); ++attempt) {
+    const size_t which = attempt % backups.size();
+    const uint32_t backup = backups[which];
+    auto& stub = stubs[which];
     v1::FetchRequest request;
     *request.mutable_hello() = server->Hello(backup);
     request.set_segment(static_cast<uint32_t>(k));
@@ -104,6 +111,7 @@ absl::Status TakeBackRanges(ParameterServer* server, const std::vector<std::stri
       SEGPS_LOG_INFO << "server " << server->index() << ": waiting for server " << backup << " at "
                      << addresses[backup] << " to take back its ranges (" << status.error_message() << ")";
     }
+    if (which + 1 < backups.size()) continue;  // the next backup at once
     absl::SleepFor(delay);
     delay = std::min(delay * 2, absl::Seconds(1));
   }

@@ -29,7 +29,8 @@ namespace segps {
 // A server started again without its ranges (cluster.replicas) takes each
 // back from a backup's copy before it serves workers, which it refuses
 // meanwhile; a backup that holds no copy yet (the job begins) leaves the
-// range as it is. Unreachable backups are asked again with backoff until
+// range as it is. Each backup is asked in turn (any holds every acknowledged
+// push), all again with backoff until
 // `timeout` (cluster.recovery_timeout_ms). Call before ReplicaLinks::Start:
 // a link would replace the backup's copy with this server's own state.
 absl::Status TakeBackRanges(ParameterServer* server, const std::vector<std::string>& addresses,
