@@ -93,6 +93,8 @@ absl::Status TakeBackRanges(ParameterServer* server, const std::vector<std::stri
     grpc::ClientContext context;
     context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(30)));
     const grpc::Status status = stub->Fetch(&context, request, &copy);
+    // A backup with no copy (started again itself) may be beside one with.
+    if (status.ok() && !copy.has_state() && which + 1 < backups.size()) continue;
     if (status.ok()) {
       SEGPS_RETURN_IF_ERROR(server->TakeBack(k, copy));
       if (copy.has_state()) {
