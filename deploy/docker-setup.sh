@@ -33,7 +33,7 @@ if ! docker info > /dev/null 2>&1; then
 fi
 
 if ! docker image inspect debian:bookworm > /dev/null 2>&1; then
-  if docker pull debian:bookworm > /dev/null 2>&1; then
+  if timeout 120 docker pull debian:bookworm > /dev/null 2>&1; then
     echo "docker-setup: pulled debian:bookworm"
   else
     # The mirror (and proxy) this machine's apt uses: deploy/apt-source.sh.
