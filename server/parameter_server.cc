@@ -249,6 +249,7 @@ void ParameterServer::Pull(const v1::PullRequest& request, absl::Time deadline, 
                            v1::PullResponse* response, Done done, const std::string& caller) {
   absl::StatusOr<SegmentShard*> shard = ShardFor(request.segment(), "Pull");
   if (!shard.ok()) return std::move(done)(Reject(request.segment(), shard.status()));
+  if (request.has_copy_of()) return std::move(done)(ReadCopy(request, read, response));
   if (request.reader() != (request.worker_id() == 0)) {
     return std::move(done)(Reject(request.segment(), absl::InvalidArgumentError(
         "Pull: a reader pull has worker_id 0 and a worker pull has its registered worker_id")));

@@ -146,6 +146,9 @@ class ParameterServer {
   // A backup's answer to Fetch: its copy of the caller's range, the caller
   // checked as a Replicate stream's sender.
   absl::StatusOr<v1::ReplicaRecord> Fetch(const v1::FetchRequest& request) const;
+  // A reader's Pull of this server's copy of another server's range
+  // (PullRequest.copy_of): the values go to `read`, as Pull's.
+  absl::Status ReadCopy(const v1::PullRequest& request, ReadValues& read, v1::PullResponse* response);
 
   // Writes the checkpoints cut so far (tests; shutdown).
   void FlushCheckpoints();

@@ -1,5 +1,6 @@
 #include "server/replica_range.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <utility>
@@ -174,6 +175,31 @@ ReplicaRange::Copy ReplicaRange::Snapshot() {
 uint64_t ReplicaRange::seq() {
   MutexLock lock(&mu_);
   return seq_;
+}
+
+ReplicaRange::Position ReplicaRange::PositionLocked() const {
+  Position at;
+  at.has_state = has_state_;
+  at.seq = seq_;
+  at.updates = updates_;
+  for (const auto& [rank, p] : positions_) at.clock = std::max(at.clock, p.next_clock());
+  return at;
+}
+
+ReplicaRange::Position ReplicaRange::position() {
+  MutexLock lock(&mu_);
+  return PositionLocked();
+}
+
+absl::Status ReplicaRange::Read(Range chunk, absl::FunctionRef<void(absl::Span<const float>)> read, Position* at) {
+  MutexLock lock(&mu_);
+  *at = PositionLocked();
+  if (!has_state_) {
+    return absl::FailedPreconditionError(absl::StrCat("segment ", segment_, " range ", range_,
+                                                      ": this server's copy holds no state yet"));
+  }
+  read(absl::MakeConstSpan(values_).subspan(chunk.offset - extent_.offset, chunk.count));
+  return absl::OkStatus();
 }
 
 v1::ReplicaRecord ReplicaRange::StateRecord() {

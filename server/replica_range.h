@@ -18,7 +18,9 @@
 #include <string>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
+#include "absl/types/span.h"
 #include "common/shard_map.h"
 #include "common/sync.h"
 #include "segps/v1/replication.pb.h"
@@ -46,6 +48,18 @@ class ReplicaRange {
   };
   Copy Snapshot();
   uint64_t seq();
+  // Where the copy stands, as the primary's SegmentStats would say it with
+  // no live worker: the highest next clock over the ranks, the steps
+  // completed. All 0 before its first state.
+  struct Position {
+    bool has_state = false;
+    uint64_t seq = 0, clock = 0, updates = 0;
+  };
+  Position position();
+  // Hands `read` the copy's values of `chunk` (segment offsets, within the
+  // range) under its lock, and says where the copy stands in `at`.
+  // FAILED_PRECONDITION before its first state.
+  absl::Status Read(Range chunk, absl::FunctionRef<void(absl::Span<const float>)> read, Position* at);
   // The copy as a record of its state (Fetch); no change before its first state.
   v1::ReplicaRecord StateRecord();
   // A digest of values, optimizer state and update count, comparable with
@@ -60,6 +74,7 @@ class ReplicaRange {
   absl::Status TakePush(const v1::AppliedPush& push) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // `slice` holds exactly elements [offset, offset + count) of the range as FLOAT32.
   absl::Status CheckSlice(const v1::TensorSlice& slice, const char* what) const;
+  Position PositionLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const int segment_;
   const uint32_t range_;

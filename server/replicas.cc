@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/config.h"
+#include "common/tensor_wire.h"
 #include "common/log.h"
 #include "common/status_macros.h"
 #include "server/parameter_server.h"
@@ -121,6 +122,49 @@ absl::StatusOr<v1::ReplicaRecord> ParameterServer::Fetch(const v1::FetchRequest&
   return it->second->StateRecord();
 }
 
+absl::Status ParameterServer::ReadCopy(const v1::PullRequest& request, ReadValues& read,
+                                       v1::PullResponse* response) {
+  if (!request.reader() || request.worker_id() != 0 || !request.registration_secret().empty()) {
+    return absl::InvalidArgumentError("Pull copy_of: only a reader (reader true, worker_id 0) reads a copy");
+  }
+  if (request.rows_size() > 0 || request.rows_only() || request.has_reply_region_offset()) {
+    return absl::InvalidArgumentError("Pull copy_of: a copy's values are read without rows and without a region");
+  }
+  const int segment = static_cast<int>(request.segment());
+  ReplicaRange* copy = this->copy(segment, request.copy_of());
+  if (copy == nullptr) {
+    return absl::NotFoundError(absl::StrCat("Pull copy_of: server ", index_, " holds no copy of segment ", segment,
+                                            " range ", request.copy_of(), " (cluster.replicas ", map_.replicas(),
+                                            ")"));
+  }
+  const Range range = map_.range(segment, request.copy_of());
+  Range chunk = range;
+  if (request.count() != 0) {
+    chunk = {request.offset(), request.count()};
+    if (chunk.offset < range.offset || chunk.count > range.count ||
+        chunk.offset - range.offset > range.count - chunk.count) {
+      return absl::InvalidArgumentError(absl::StrCat("Pull copy_of: range [", chunk.offset, ", ", chunk.end(),
+                                                     ") is not within the copy's [", range.offset, ", ",
+                                                     range.end(), ")"));
+    }
+  }
+  const v1::DType dtype = request.dtype() == v1::DTYPE_UNSPECIFIED ? v1::FLOAT32 : request.dtype();
+  if (DTypeBytes(dtype) == 0) {
+    return absl::InvalidArgumentError(absl::StrCat("Pull copy_of: dtype ", v1::DType_Name(dtype),
+                                                   " is not supported; ask for FLOAT32, BFLOAT16 or FLOAT16"));
+  }
+  ReplicaRange::Position at;
+  SEGPS_RETURN_IF_ERROR(copy->Read(chunk, [&](absl::Span<const float> values) { read(values, dtype); }, &at));
+  response->set_clock(at.clock);
+  response->set_updates(at.updates);
+  response->set_incarnation(incarnation_);
+  v1::TensorSlice* values = response->mutable_values();
+  values->set_offset(chunk.offset);
+  values->set_count(chunk.count);
+  values->set_dtype(dtype);
+  return absl::OkStatus();
+}
+
 void ParameterServer::FillReplicaStats(bool digests, v1::StatsResponse* response) {
   size_t waiting = 0;
   for (auto& log : logs_) waiting += log->Waiting();
@@ -132,7 +176,10 @@ void ParameterServer::FillReplicaStats(bool digests, v1::StatsResponse* response
     v1::ReplicaStats* stats = response->add_replicas();
     stats->set_segment(static_cast<uint32_t>(key.first));
     stats->set_range(key.second);
-    stats->set_seq(range->seq());
+    const ReplicaRange::Position at = range->position();
+    stats->set_seq(at.seq);
+    stats->set_clock(at.clock);
+    stats->set_updates(at.updates);
     if (digests) stats->set_digest(range->Digest());
   }
 }

@@ -1,8 +1,9 @@
 // Replicated ranges (cluster.replicas) between server processes on
 // loopback: after training, every backup's copy of a range equals its
-// primary's range bit for bit; a paused backup holds its primary's pushes
-// until it resumes; a server started again on no disk takes its range back
-// from its backup, and the job ends as if uninterrupted.
+// primary's range bit for bit; the tools read a lost server's ranges from
+// their copies; a paused backup holds its primary's pushes until it
+// resumes; a server started again on no disk takes its range back from its
+// backup, and the job ends as if uninterrupted.
 #include <signal.h>
 
 #include <gtest/gtest.h>
@@ -118,6 +119,42 @@ TEST(ReplicatedCluster, EveryBackupHoldsItsPrimarysRangeBitForBitAfterTraining) 
   ExpectFinished(workers);
   ExpectCopiesEqual(cluster);
   EXPECT_GT(cluster.EnsembleAccuracy(), 0.85);
+}
+
+// The tools' reads of a job whose server is lost for good (killed, never
+// started again): each of its ranges comes from its backup's copy, and
+// segps-eval scores, and segps-export writes, exactly what they did with
+// every server up.
+TEST(ReplicatedCluster, AServerLostForGoodIsReadFromItsBackupsCopiesByTheTools) {
+  const std::string dir = MakeTempDir();
+  ProcessCluster cluster(Job(dir, 1), dir, 3, false, /*tokens=*/true, true);
+  std::vector<std::unique_ptr<Subprocess>> workers = StartWorkers(cluster);
+  ExpectFinished(workers);
+  const std::string up = MakeTempDir(), lost = MakeTempDir();
+  const std::string all_up = cluster.Evaluate({"--dump_params", up});
+  auto export_to = [&](const std::string& out) {
+    std::unique_ptr<Subprocess> exporter = Subprocess::Start(
+        {BinaryPath("segps-export"), "--config", dir + "/job.pbtxt", "--servers", cluster.Joined(), "--out", out,
+         "--token_file", dir + "/reader.token"});
+    std::optional<int> status = exporter->Wait(absl::Seconds(120));
+    EXPECT_TRUE(status.has_value() && ExitedOk(*status)) << exporter->output();
+    return exporter->output();
+  };
+  export_to(up + "/model.safetensors");
+  cluster.KillServer(1);
+  const std::string one_lost = cluster.Evaluate({"--dump_params", lost});
+  EXPECT_NE(one_lost.find("its ranges are read from server 2's copy"), std::string::npos) << one_lost;
+  const std::string exported = export_to(lost + "/model.safetensors");
+  EXPECT_NE(exported.find("its ranges are read from server 2's copy"), std::string::npos) << exported;
+  auto ensemble = [](const std::string& output) { return output.substr(output.find("ENSEMBLE")); };
+  ASSERT_NE(all_up.find("ENSEMBLE"), std::string::npos) << all_up;
+  ASSERT_NE(one_lost.find("ENSEMBLE"), std::string::npos) << one_lost;
+  EXPECT_EQ(ensemble(one_lost), ensemble(all_up));
+  for (const char* file : {"relu64.npy", "tanh32.npy", "model.safetensors"}) {
+    const std::string a = ReadFile(up + "/" + file), b = ReadFile(lost + "/" + file);
+    EXPECT_GT(a.size(), 1000u) << file;
+    EXPECT_TRUE(a == b) << file << " differs with server 1 lost";
+  }
 }
 
 // A push to server 0 while its backup (server 1) is paused is held, not

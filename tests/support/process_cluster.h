@@ -104,6 +104,12 @@ class ProcessCluster {
     return eval->output();
   }
   pid_t ServerPid(int i) const { return servers_[i]->pid(); }
+  // Every server's address, comma-separated (--servers).
+  std::string Joined() const {
+    std::string joined;
+    for (const std::string& a : addresses_) joined += (joined.empty() ? "" : ",") + a;
+    return joined;
+  }
   const std::vector<std::string>& addresses() const { return addresses_; }
 
   // The trained parameters of segment `name`, as segps-eval dumps them.
@@ -135,11 +141,6 @@ class ProcessCluster {
       command.push_back(absl::StrCat(dir_, "/", file));
     }
     return command;
-  }
-  std::string Joined() const {
-    std::string joined;
-    for (const std::string& a : addresses_) joined += (joined.empty() ? "" : ",") + a;
-    return joined;
   }
 
   const std::string config_, dir_;

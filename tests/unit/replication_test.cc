@@ -4,7 +4,9 @@
 // answered only once every backup holds it.
 #include <gtest/gtest.h>
 
+#include <functional>
 #include <memory>
+#include <string>
 #include <random>
 #include <vector>
 
@@ -251,6 +253,63 @@ TEST(ReplicatedServerTest, AHelloIsCheckedForTheRingAndTheJob) {
   record.set_range(0);
   record.set_segment(5);
   EXPECT_EQ(one->TakeReplica(0, record).code(), absl::StatusCode::kNotFound);
+}
+
+// A reader reads a backup's copy of another server's range
+// (PullRequest.copy_of) once the copy holds a state: the primary's values,
+// as the primary gives them. Every other use is refused, naming the field.
+TEST(ReplicatedServerTest, ACopyIsReadByAReaderWithinItsRangeOnceItHoldsAState) {
+  const v1::JobConfig config = *ParseConfig(kConfig, "test");
+  ServerOptions options;
+  options.tick = absl::ZeroDuration();
+  std::unique_ptr<ParameterServer> zero = *ParameterServer::Create(config, 0, options);
+  std::unique_ptr<ParameterServer> one = *ParameterServer::Create(config, 1, options);
+  const Range range = zero->shard_map().range(0, 0);
+  v1::PullRequest read;
+  read.set_reader(true);
+  read.set_copy_of(0);
+  v1::PullResponse copy;
+  EXPECT_EQ(one->Pull(read, absl::InfiniteFuture(), &copy).code(), absl::StatusCode::kFailedPrecondition);
+  zero->SyncReplicas(1);  // the range's whole state, as a link opening sends it
+  for (const ReplicaLog::Record& record : zero->replica_logs()[0]->Take(1)) {
+    ASSERT_TRUE(one->TakeReplica(0, *record).ok());
+  }
+  ASSERT_TRUE(one->Pull(read, absl::InfiniteFuture(), &copy).ok());
+  v1::PullRequest primary_read;
+  primary_read.set_reader(true);
+  v1::PullResponse primary;
+  ASSERT_TRUE(zero->Pull(primary_read, absl::InfiniteFuture(), &primary).ok());
+  EXPECT_EQ(copy.values().offset(), range.offset);
+  EXPECT_EQ(copy.values().count(), range.count);
+  EXPECT_EQ(copy.values().data(), primary.values().data());
+  struct Bad {
+    const char* field;
+    std::function<void(v1::PullRequest*)> change;
+    absl::StatusCode code;
+  };
+  const std::vector<Bad> bad = {
+      {"reader", [](v1::PullRequest* r) { r->set_reader(false); }, absl::StatusCode::kInvalidArgument},
+      {"worker_id", [](v1::PullRequest* r) { r->set_worker_id(7); }, absl::StatusCode::kInvalidArgument},
+      {"rows_only", [](v1::PullRequest* r) { r->set_rows_only(true); }, absl::StatusCode::kInvalidArgument},
+      {"reply_region_offset", [](v1::PullRequest* r) { r->set_reply_region_offset(0); },
+       absl::StatusCode::kInvalidArgument},
+      {"copy_of", [](v1::PullRequest* r) { r->set_copy_of(1); }, absl::StatusCode::kNotFound},
+      {"copy_of", [](v1::PullRequest* r) { r->set_copy_of(9); }, absl::StatusCode::kNotFound},
+      {"offset", [&](v1::PullRequest* r) { r->set_offset(range.end()); r->set_count(1); },
+       absl::StatusCode::kInvalidArgument},
+      {"count", [&](v1::PullRequest* r) { r->set_offset(range.offset); r->set_count(range.count + 1); },
+       absl::StatusCode::kInvalidArgument},
+      {"dtype", [](v1::PullRequest* r) { r->set_dtype(static_cast<v1::DType>(99)); },
+       absl::StatusCode::kInvalidArgument},
+  };
+  for (const Bad& b : bad) {
+    v1::PullRequest request = read;
+    b.change(&request);
+    v1::PullResponse response;
+    const absl::Status status = one->Pull(request, absl::InfiniteFuture(), &response);
+    EXPECT_EQ(status.code(), b.code) << b.field << ": " << status;
+    EXPECT_NE(status.message().find("Pull copy_of"), std::string::npos) << b.field << ": " << status;
+  }
 }
 
 }  // namespace

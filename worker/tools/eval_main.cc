@@ -23,6 +23,7 @@
 #include "worker/model/evaluator.h"
 #include "worker/model/model_file.h"
 #include "worker/train/run_history.h"
+#include "worker/client/model_reader.h"
 #include "worker/client/ps_client.h"
 
 ABSL_FLAG(std::string, config, "", "Job config file (*.pbtxt). Required.");
@@ -97,11 +98,11 @@ std::string Disagreement(const std::vector<segps::v1::StatsResponse>& servers,
 // Training is over when every server has applied updates to every segment,
 // holds no live worker (nor a rank it waits for after a restore) and the
 // servers agree. Polled: the evaluator is a tool, not a peer.
-absl::Status WaitForTraining(segps::ParameterClient& client, absl::Duration timeout) {
+absl::Status WaitForTraining(segps::ModelReader& reader, absl::Duration timeout) {
   const absl::Time deadline = absl::Now() + timeout;
   std::string last;
   while (absl::Now() < deadline) {
-    absl::StatusOr<std::vector<segps::v1::StatsResponse>> stats = client.Stats();
+    absl::StatusOr<std::vector<segps::v1::StatsResponse>> stats = reader.Stats();
     bool done = stats.ok();
     int live = 0;
     if (stats.ok()) {
@@ -127,19 +128,17 @@ absl::Status WaitForTraining(segps::ParameterClient& client, absl::Duration time
 // The segments' parameters, never a mixture: the servers must agree before
 // and after the read. A disagreement that lasts (a recovery) is waited out
 // for a while, then refused.
-absl::StatusOr<std::vector<std::vector<float>>> PullAgreed(segps::ParameterClient& client,
-                                                           const segps::v1::JobConfig& config) {
+absl::StatusOr<std::vector<std::vector<float>>> PullAgreed(segps::ModelReader& reader) {
   const absl::Time give_up = absl::Now() + absl::Seconds(30);
   for (bool first = true;; first = false) {
-    absl::StatusOr<std::vector<segps::v1::StatsResponse>> before = client.Stats();
+    absl::StatusOr<std::vector<segps::v1::StatsResponse>> before = reader.Stats();
     if (!before.ok()) return before.status();
     std::string disagreement = Disagreement(*before);
     if (disagreement.empty()) {
       if (first) PrintTraffic(*before);  // counted before this evaluation's own reads
-      absl::StatusOr<std::vector<std::vector<float>>> params =
-          segps::PullParameters(client, config.model(), config.cluster().num_servers());
+      absl::StatusOr<std::vector<std::vector<float>>> params = reader.Pull();
       if (!params.ok()) return params.status();
-      absl::StatusOr<std::vector<segps::v1::StatsResponse>> after = client.Stats();
+      absl::StatusOr<std::vector<segps::v1::StatsResponse>> after = reader.Stats();
       if (!after.ok()) return after.status();
       disagreement = Disagreement(*after, &*before);
       if (disagreement.empty()) return params;
@@ -208,12 +207,12 @@ absl::Status WriteOutputs(const segps::v1::JobConfig& config, const std::vector<
 }
 
 // Pulls, scores and reports the trained model.
-absl::Status Run(const segps::v1::JobConfig& config, segps::ParameterClient& client) {
+absl::Status Run(const segps::v1::JobConfig& config, segps::ModelReader& reader, segps::ParameterClient& client) {
   SEGPS_RETURN_IF_ERROR(segps::ComputedHere(config.model()));
   if (absl::GetFlag(FLAGS_wait_for_training)) {
-    SEGPS_RETURN_IF_ERROR(WaitForTraining(client, absl::Seconds(absl::GetFlag(FLAGS_wait_timeout_s))));
+    SEGPS_RETURN_IF_ERROR(WaitForTraining(reader, absl::Seconds(absl::GetFlag(FLAGS_wait_timeout_s))));
   }
-  absl::StatusOr<std::vector<std::vector<float>>> params = PullAgreed(client, config);
+  absl::StatusOr<std::vector<std::vector<float>>> params = PullAgreed(reader);
   if (!params.ok()) return params.status();
   absl::StatusOr<segps::TrainTest> data = segps::LoadData(config);
   if (!data.ok()) return data.status();
@@ -247,10 +246,13 @@ int main(int argc, char** argv) {
   absl::StatusOr<segps::v1::JobConfig> config = segps::LoadConfig(absl::GetFlag(FLAGS_config));
   if (!config.ok()) return Fail(std::string(config.status().message()));
   segps::ApplySecurityFlags(config->mutable_security());
-  absl::StatusOr<std::unique_ptr<segps::ParameterClient>> client =
-      segps::ConnectGrpc(*config, segps::ServerAddresses(absl::GetFlag(FLAGS_servers), *config));
+  const std::vector<std::string> addresses = segps::ServerAddresses(absl::GetFlag(FLAGS_servers), *config);
+  absl::StatusOr<std::unique_ptr<segps::ModelReader>> reader = segps::ModelReader::Connect(*config, addresses);
+  if (!reader.ok()) return Fail(std::string(reader.status().message()));
+  // Embedding rows (tables are never replicated) through the workers' client.
+  absl::StatusOr<std::unique_ptr<segps::ParameterClient>> client = segps::ConnectGrpc(*config, addresses);
   if (!client.ok()) return Fail(std::string(client.status().message()));
-  absl::Status done = Run(*config, **client);
+  absl::Status done = Run(*config, **reader, **client);
   if (!done.ok()) return Fail(std::string(done.message()));
   return 0;
 }

@@ -15,6 +15,7 @@
 #include "worker/data/dataset.h"
 #include "worker/model/evaluator.h"
 #include "worker/model/model_file.h"
+#include "worker/client/model_reader.h"
 #include "worker/client/ps_client.h"
 
 ABSL_FLAG(std::string, config, "", "Job config file (*.pbtxt). Required.");
@@ -47,12 +48,15 @@ int main(int argc, char** argv) {
   absl::StatusOr<segps::v1::JobConfig> config = segps::LoadConfig(absl::GetFlag(FLAGS_config));
   if (!config.ok()) return Fail(std::string(config.status().message()));
   segps::ApplySecurityFlags(config->mutable_security());
-  absl::StatusOr<std::unique_ptr<segps::ParameterClient>> client =
-      segps::ConnectGrpc(*config, segps::ServerAddresses(absl::GetFlag(FLAGS_servers), *config));
-  if (!client.ok()) return Fail(std::string(client.status().message()));
-  absl::StatusOr<std::vector<std::vector<float>>> params =
-      segps::PullParameters(**client, config->model(), config->cluster().num_servers());
+  const std::vector<std::string> addresses = segps::ServerAddresses(absl::GetFlag(FLAGS_servers), *config);
+  absl::StatusOr<std::unique_ptr<segps::ModelReader>> reader = segps::ModelReader::Connect(*config, addresses);
+  if (!reader.ok()) return Fail(std::string(reader.status().message()));
+  // Each range from its primary, or from a backup's copy (cluster.replicas).
+  absl::StatusOr<std::vector<std::vector<float>>> params = (*reader)->Pull();
   if (!params.ok()) return Fail(std::string(params.status().message()));
+  // Embedding rows (tables are never replicated) through the workers' client.
+  absl::StatusOr<std::unique_ptr<segps::ParameterClient>> client = segps::ConnectGrpc(*config, addresses);
+  if (!client.ok()) return Fail(std::string(client.status().message()));
   absl::StatusOr<std::vector<std::vector<std::vector<float>>>> tables =
       segps::PullTables(**client, config->model(), absl::GetFlag(FLAGS_max_table_mb) << 20);
   if (!tables.ok()) return Fail(std::string(tables.status().message()));

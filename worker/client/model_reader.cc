@@ -1,0 +1,176 @@
+#include "worker/client/model_reader.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/grpc_status.h"
+#include "common/log.h"
+#include "common/security.h"
+#include "common/tensor_wire.h"
+
+namespace segps {
+namespace {
+
+bool OutOfReach(const grpc::Status& status) {
+  return status.error_code() == grpc::StatusCode::UNAVAILABLE ||
+         status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED;
+}
+
+// The backup's copies of every segment's range `range`, as the primary's Stats would give them.
+std::optional<v1::StatsResponse> ViewOf(const v1::JobConfig& config, const ShardMap& map, uint32_t range,
+                                        const v1::StatsResponse& backup) {
+  v1::StatsResponse view;
+  view.set_server_index(range);
+  view.set_model_fingerprint(backup.model_fingerprint());
+  view.set_shard_fingerprint(backup.shard_fingerprint());
+  view.set_incarnation(backup.incarnation());
+  for (int k = 0; k < map.num_segments(); ++k) {
+    auto copy = std::find_if(backup.replicas().begin(), backup.replicas().end(), [&](const v1::ReplicaStats& r) {
+      return r.segment() == static_cast<uint32_t>(k) && r.range() == range && r.seq() > 0;
+    });
+    if (copy == backup.replicas().end()) return std::nullopt;  // a copy not yet filled
+    v1::SegmentStats* segment = view.add_segments();
+    segment->set_segment(static_cast<uint32_t>(k));
+    segment->set_name(config.model().segments(k).name());
+    segment->set_offset(map.range(k, range).offset);
+    segment->set_count(map.range(k, range).count);
+    segment->set_clock(copy->clock());
+    segment->set_updates(copy->updates());
+  }
+  return view;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<ModelReader>> ModelReader::Connect(const v1::JobConfig& config,
+                                                                  const std::vector<std::string>& addresses) {
+  if (addresses.size() != config.cluster().num_servers()) {
+    return absl::InvalidArgumentError(absl::StrCat(addresses.size(), " server addresses given, but the config has ",
+                                                   config.cluster().num_servers(), " servers"));
+  }
+  absl::StatusOr<ShardMap> map =
+      ShardMap::Create(config.model(), config.cluster().num_servers(), config.cluster().replicas());
+  if (!map.ok()) return map.status();
+  absl::StatusOr<Security> security = LoadSecurity(config.security());
+  if (!security.ok()) return security.status();
+  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials = ChannelCredentials(*security);
+  if (!credentials.ok()) return credentials.status();
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(static_cast<int>(std::min<uint64_t>(config.cluster().max_message_bytes(), INT32_MAX)));
+  std::vector<std::unique_ptr<v1::ParameterServer::Stub>> stubs;
+  for (const std::string& address : addresses) {
+    stubs.push_back(v1::ParameterServer::NewStub(grpc::CreateCustomChannel(address, *credentials, args)));
+  }
+  return std::unique_ptr<ModelReader>(new ModelReader(config, *std::move(map), addresses, std::move(stubs)));
+}
+
+ModelReader::ModelReader(const v1::JobConfig& config, ShardMap map, std::vector<std::string> addresses,
+                         std::vector<std::unique_ptr<v1::ParameterServer::Stub>> stubs)
+    : config_(config),
+      map_(std::move(map)),
+      addresses_(std::move(addresses)),
+      stubs_(std::move(stubs)),
+      deadline_(absl::Milliseconds(config.cluster().rpc_deadline_ms())) {}
+
+void ModelReader::StandIn(uint32_t i, uint32_t from, const std::string& why) {
+  if (!out_of_reach_.insert(i).second) return;
+  SEGPS_LOG_WARNING << "server " << i << " at " << addresses_[i] << " is out of reach (" << why
+                    << "); its ranges are read from server " << from << "'s copy (cluster.replicas "
+                    << map_.replicas() << ")";
+}
+
+absl::StatusOr<v1::StatsResponse> ModelReader::StatsOf(uint32_t i) {
+  grpc::Status why;
+  for (const uint32_t holder : map_.holders(i)) {
+    if (holder == i && out_of_reach_.count(i) > 0) continue;  // read from a stand-in since
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + deadline_));
+    v1::StatsResponse stats;
+    const grpc::Status status = stubs_[holder]->Stats(&context, v1::StatsRequest(), &stats);
+    if (status.ok() && holder == i) return stats;
+    if (status.ok()) {
+      std::optional<v1::StatsResponse> view = ViewOf(config_, map_, i, stats);
+      if (!view.has_value()) continue;
+      StandIn(i, holder, why.error_message());
+      return *std::move(view);
+    }
+    if (!OutOfReach(status) || map_.replicas() < 2) {
+      const absl::Status failed = FromGrpcStatus(status);
+      return absl::Status(failed.code(),
+                          absl::StrCat("Stats of server ", holder, " at ", addresses_[holder], ": ", failed.message()));
+    }
+    if (holder == i) why = status;
+  }
+  return absl::UnavailableError(absl::StrCat("server ", i, " at ", addresses_[i], " is out of reach (",
+                                             why.error_message(), ") and no backup of its range holds a copy"));
+}
+
+absl::StatusOr<std::vector<v1::StatsResponse>> ModelReader::Stats() {
+  std::vector<v1::StatsResponse> servers;
+  for (uint32_t i = 0; i < map_.num_servers(); ++i) {
+    absl::StatusOr<v1::StatsResponse> stats = StatsOf(i);
+    if (!stats.ok()) return stats.status();
+    servers.push_back(*std::move(stats));
+  }
+  return servers;
+}
+
+absl::Status ModelReader::PullRange(uint32_t holder, int segment, uint32_t range, absl::Span<float> out) {
+  const Range extent = map_.range(segment, range);
+  const uint64_t per_call = std::max<uint64_t>(config_.cluster().chunk_bytes() / sizeof(float), 1024);
+  for (uint64_t offset = extent.offset; offset < extent.end(); offset += per_call) {
+    v1::PullRequest request;
+    request.set_segment(static_cast<uint32_t>(segment));
+    request.set_reader(true);
+    request.set_offset(offset);
+    request.set_count(std::min(per_call, extent.end() - offset));
+    request.set_dtype(v1::FLOAT32);
+    if (holder != range) request.set_copy_of(range);
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + deadline_));
+    v1::PullResponse response;
+    const grpc::Status status = stubs_[holder]->Pull(&context, request, &response);
+    if (!status.ok()) return FromGrpcStatus(status);
+    const v1::TensorSlice& values = response.values();
+    if (values.dtype() != v1::FLOAT32 || values.offset() != request.offset() || values.count() != request.count() ||
+        values.data().size() != request.count() * sizeof(float)) {
+      return absl::DataLossError(absl::StrCat("Pull of segment ", segment, " [", request.offset(), ", ",
+                                              request.offset() + request.count(), ") from server ", holder,
+                                              ": the reply holds other elements"));
+    }
+    DecodeFloat32(values, out.subspan(offset, request.count()));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<std::vector<float>>> ModelReader::Pull() {
+  std::vector<std::vector<float>> params;
+  for (int k = 0; k < map_.num_segments(); ++k) {
+    std::vector<float>& values = params.emplace_back(map_.segment_size(k));
+    for (uint32_t i = 0; i < map_.num_servers(); ++i) {
+      absl::Status pulled = absl::UnavailableError("no holder was asked");
+      std::string why;
+      for (const uint32_t holder : map_.holders(i)) {
+        if (holder == i && out_of_reach_.count(i) > 0) continue;  // read from a stand-in since
+        pulled = PullRange(holder, k, i, absl::MakeSpan(values));
+        if (pulled.ok() && holder != i) StandIn(i, holder, why);
+        if (pulled.ok() || !(absl::IsUnavailable(pulled) || absl::IsDeadlineExceeded(pulled)) ||
+            map_.replicas() < 2) {
+          break;
+        }
+        if (holder == i) why = std::string(pulled.message());
+      }
+      if (!pulled.ok()) {
+        return absl::Status(pulled.code(), absl::StrCat("reading segment ", config_.model().segments(k).name(),
+                                                        "'s range on server ", i, " at ", addresses_[i], ": ",
+                                                        pulled.message()));
+      }
+    }
+  }
+  return params;
+}
+
+}  // namespace segps

@@ -1,0 +1,66 @@
+// What the tools (segps-eval, segps-export) read of a trained model: each
+// server's Stats and each segment's parameters, every range from its
+// primary, as a reader (no registration, no staleness wait).
+//
+// With cluster.replicas >= 2 a server out of reach (its calls UNAVAILABLE
+// or past their deadline) is stood in for by a live backup of its range:
+// the backup's copy gives the server's segments' clocks and update counts
+// (ReplicaStats) and its range's values (PullRequest.copy_of). A read fails,
+// naming the server, where no holder of a range answers. The stand-in is
+// said once per server, in the log.
+//
+// Thread safety: one caller at a time.
+#ifndef SEGPS_WORKER_CLIENT_MODEL_READER_H_
+#define SEGPS_WORKER_CLIENT_MODEL_READER_H_
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "common/shard_map.h"
+#include "segps/v1/config.pb.h"
+#include "segps/v1/parameter_server.grpc.pb.h"
+
+namespace segps {
+
+class ModelReader {
+ public:
+  // Reads the job `config` from the servers at `addresses` (every server's, in index order).
+  static absl::StatusOr<std::unique_ptr<ModelReader>> Connect(const v1::JobConfig& config,
+                                                              const std::vector<std::string>& addresses);
+
+  // Every server's Stats, in index order. For a server out of reach, its
+  // stand-in's copies: the segments' names, clocks and update counts, no
+  // workers, and the stand-in's incarnation.
+  absl::StatusOr<std::vector<v1::StatsResponse>> Stats();
+  // Every segment's parameters.
+  absl::StatusOr<std::vector<std::vector<float>>> Pull();
+
+ private:
+  ModelReader(const v1::JobConfig& config, ShardMap map, std::vector<std::string> addresses,
+              std::vector<std::unique_ptr<v1::ParameterServer::Stub>> stubs);
+  // Server i's Stats, or its stand-in's view of it.
+  absl::StatusOr<v1::StatsResponse> StatsOf(uint32_t i);
+  // Server `holder`'s values of range `range` of `segment` into `out`
+  // (its own range, or its copy of another's).
+  absl::Status PullRange(uint32_t holder, int segment, uint32_t range, absl::Span<float> out);
+  // Says once that server i's range is read from server `from`'s copy.
+  void StandIn(uint32_t i, uint32_t from, const std::string& why);
+
+  const v1::JobConfig config_;
+  const ShardMap map_;
+  const std::vector<std::string> addresses_;
+  std::vector<std::unique_ptr<v1::ParameterServer::Stub>> stubs_;
+  const absl::Duration deadline_;
+  std::set<uint32_t> out_of_reach_;  // servers found out of reach, read from a stand-in since
+};
+
+}  // namespace segps
+
+#endif  // SEGPS_WORKER_CLIENT_MODEL_READER_H_
