@@ -23,6 +23,7 @@ struct ReplicaLinks::Link {
   bool pending ABSL_GUARDED_BY(mu) = false;  // a log gained a record for this backup
   bool stop ABSL_GUARDED_BY(mu) = false;
   bool reported ABSL_GUARDED_BY(mu) = false;  // the current outage was logged
+  bool dropped ABSL_GUARDED_BY(mu) = false;   // out of reach for a lease: its copies are dropped
   grpc::ClientContext* context ABSL_GUARDED_BY(mu) = nullptr;  // the open stream's, to cancel it
   std::thread thread;
 };
@@ -173,39 +174,66 @@ ReplicaLinks::~ReplicaLinks() {
 void ReplicaLinks::Run(Link* link) {
   const std::string who =
       absl::StrCat("server ", server_->index(), ": backup server ", link->backup, " at ", addresses_[link->backup]);
+  const absl::Duration lease = absl::Milliseconds(server_->config().cluster().lease_ms());
   absl::Duration delay = absl::Milliseconds(50);
   // An outage is reported once it lasts a second (a backup starting or
-  // restarting is back sooner), and once more when it ends.
+  // restarting is back sooner), and once more when it ends. One that lasts
+  // a lease drops the backup's copies: pushes stop waiting for it.
   std::optional<absl::Time> down_since;
   while (true) {
     std::string error;
     const bool served = Stream(link, &error);
-    MutexLock lock(&link->mu);
-    if (link->stop) return;
     const absl::Time now = absl::Now();
     if (served) {
       delay = absl::Milliseconds(50);
       down_since = now;
     }
     if (!down_since.has_value()) down_since = now;
-    if (!link->reported && now - *down_since >= absl::Seconds(1)) {
-      SEGPS_LOG_WARNING << who << " is unreachable for " << absl::FormatDuration(now - *down_since) << " ("
-                        << error << "); pushes to this server's ranges wait until it takes their records";
-      link->reported = true;
+    bool drop = false;
+    {
+      MutexLock lock(&link->mu);
+      if (link->stop) return;
+      if (!link->reported && now - *down_since >= std::min(absl::Seconds(1), lease)) {
+        SEGPS_LOG_WARNING << who << " is unreachable for " << absl::FormatDuration(now - *down_since) << " ("
+                          << error << "); pushes to this server's ranges wait for it for up to a lease ("
+                          << absl::FormatDuration(lease) << ")";
+        link->reported = true;
+      }
+      drop = !link->dropped && now - *down_since >= lease;
+      link->dropped = link->dropped || drop;
     }
-    link->wake.WaitWithDeadline(&link->mu, now + delay);
+    // Outside the link's lock: the pushes released are answered here.
+    if (drop) Drop(link->backup, now - *down_since);
+    MutexLock lock(&link->mu);
+    // Woken at the lease's end to drop the backup, if not by a record sooner.
+    const absl::Time until = link->dropped ? now + delay : std::min(now + delay, *down_since + lease);
+    if (!link->stop) link->wake.WaitWithDeadline(&link->mu, until);
     delay = std::min(delay * 2, absl::Seconds(1));
   }
+}
+
+void ReplicaLinks::Drop(uint32_t backup, absl::Duration down) {
+  for (auto& log : server_->replica_logs()) log->Drop(backup);
+  const uint32_t replicas = server_->shard_map().replicas();
+  SEGPS_LOG_WARNING << "server " << server_->index() << ": backup server " << backup << " at "
+                    << addresses_[backup] << " is out of reach for " << absl::FormatDuration(down)
+                    << ": its copies of this server's ranges are dropped, and pushes are acknowledged with one copy "
+                       "fewer than cluster.replicas "
+                    << replicas << " until it is back and filled again";
 }
 
 void ReplicaLinks::Reached(Link* link) {
   if (metrics_ != nullptr) metrics_->ObserveBackup(link->backup, true);
   MutexLock lock(&link->mu);
-  if (link->reported) {
+  if (link->dropped) {
+    SEGPS_LOG_INFO << "server " << server_->index() << ": backup server " << link->backup
+                   << " is filled again from this server's state";
+  } else if (link->reported) {
     SEGPS_LOG_INFO << "server " << server_->index() << ": backup server " << link->backup
                    << " takes its records again";
   }
   link->reported = false;
+  link->dropped = false;
 }
 
 bool ReplicaLinks::Stream(Link* link, std::string* error) {

@@ -6,7 +6,11 @@
 // come and hands the backup's acknowledgements to the logs, which release
 // the pushes that waited for them. A stream that fails is opened again
 // with backoff (50 ms doubling to 1 s), from the state again; meanwhile
-// pushes wait, and the log says so once per outage.
+// pushes wait, and the log says so once per outage. A backup out of reach
+// for a lease (cluster.lease_ms; a paused one is found out by keepalive
+// pings within two more) is dropped: pushes are acknowledged without it
+// until its link opens again, the log says so, and
+// segps_server_backup_reachable is 0 (the SegpsBackupUnreachable alert).
 //
 // Thread safety: a thread per link; Start and the destructor from one
 // thread, the destructor once the server no longer takes pushes (its gRPC
@@ -51,7 +55,11 @@ class ReplicaLinks {
   ReplicaLinks(ParameterServer* server, std::vector<std::string> addresses, ServerMetrics* metrics);
   // Keeps backup `backup`'s stream open until the links stop.
   void Run(Link* link);
-  // The backup acknowledged the stream's first record: it is reachable.
+  // The backup has been out of reach for `down`, a lease or more: its
+  // copies are dropped (ReplicaLog::Drop) until a stream opens again.
+  void Drop(uint32_t backup, absl::Duration down);
+  // The backup acknowledged the stream's first record: it is reachable,
+  // and holds this server's state.
   void Reached(Link* link);
   // One stream's life: whether the backup acknowledged anything on it
   // (why it ended in `error`).

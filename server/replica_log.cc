@@ -30,6 +30,7 @@ void ReplicaLog::Wake(const std::vector<uint32_t>& backups) {
 
 uint64_t ReplicaLog::Append(v1::ReplicaRecord record) {
   uint64_t seq = 0;
+  std::vector<uint32_t> queued;
   {
     MutexLock lock(&mu_);
     seq = ++last_;
@@ -37,9 +38,13 @@ uint64_t ReplicaLog::Append(v1::ReplicaRecord record) {
     record.set_range(range_);
     record.set_seq(seq);
     auto shared = std::make_shared<const v1::ReplicaRecord>(std::move(record));
-    for (auto& [backup, queue] : queues_) queue.push_back(shared);
+    for (auto& [backup, queue] : queues_) {
+      if (dropped_.count(backup) > 0) continue;
+      queue.push_back(shared);
+      queued.push_back(backup);
+    }
   }
-  Wake(backups_);
+  Wake(queued);
   return seq;
 }
 
@@ -51,10 +56,24 @@ void ReplicaLog::Restart(uint32_t backup, v1::ReplicaRecord state) {
     state.set_segment(static_cast<uint32_t>(segment_));
     state.set_range(range_);
     state.set_seq(last_);
+    dropped_.erase(backup);  // later pushes wait for it again
     queue->second.clear();
     queue->second.push_back(std::make_shared<const v1::ReplicaRecord>(std::move(state)));
   }
   Wake({backup});
+}
+
+void ReplicaLog::Drop(uint32_t backup) {
+  std::vector<absl::AnyInvocable<void(absl::Status) &&>> ready;
+  {
+    MutexLock lock(&mu_);
+    auto queue = queues_.find(backup);
+    if (queue == queues_.end()) return;
+    dropped_.insert(backup);
+    queue->second.clear();
+    ready = Release();
+  }
+  for (auto& then : ready) std::move(then)(absl::OkStatus());
 }
 
 uint64_t ReplicaLog::last() {
@@ -64,8 +83,18 @@ uint64_t ReplicaLog::last() {
 
 uint64_t ReplicaLog::Held() const {
   uint64_t held = last_;
-  for (const auto& [backup, seq] : acked_) held = std::min(held, seq);
+  for (const auto& [backup, seq] : acked_) {
+    if (dropped_.count(backup) == 0) held = std::min(held, seq);
+  }
   return held;
+}
+
+std::vector<absl::AnyInvocable<void(absl::Status) &&>> ReplicaLog::Release() {
+  std::vector<absl::AnyInvocable<void(absl::Status) &&>> ready;
+  auto end = waiters_.upper_bound(Held());
+  for (auto it = waiters_.begin(); it != end; ++it) ready.push_back(std::move(it->second));
+  waiters_.erase(waiters_.begin(), end);
+  return ready;
 }
 
 void ReplicaLog::WhenHeld(uint64_t seq, absl::AnyInvocable<void(absl::Status) &&> then) {
@@ -88,10 +117,7 @@ void ReplicaLog::Acked(uint32_t backup, uint64_t seq) {
     auto acked = acked_.find(backup);
     if (acked == acked_.end() || seq <= acked->second || seq > last_) return;
     acked->second = seq;
-    const uint64_t held = Held();
-    auto end = waiters_.upper_bound(held);
-    for (auto it = waiters_.begin(); it != end; ++it) ready.push_back(std::move(it->second));
-    waiters_.erase(waiters_.begin(), end);
+    ready = Release();
   }
   for (auto& then : ready) std::move(then)(absl::OkStatus());
 }

@@ -8,8 +8,10 @@
 // the range's whole state, stamped with the last sequence number, since
 // records in flight may be lost with the old stream. A backup acknowledges
 // a sequence number once it took every record through it; a push waits
-// (WhenHeld) until every backup has, and only then is it acknowledged to its
-// worker.
+// (WhenHeld) until every live backup has, and only then is it acknowledged
+// to its worker. A backup out of reach for a lease is dropped: pushes no
+// longer wait for it, and it queues nothing, until its link opens again
+// and restarts it from the whole state.
 //
 // Thread safety: every method is safe to call concurrently.
 #ifndef SEGPS_SERVER_REPLICA_LOG_H_
@@ -20,6 +22,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -41,6 +44,9 @@ class ReplicaLog {
   // Backup `backup`'s link opened: its queue is the range's whole `state`
   // from now on, holding every change through the last seq.
   void Restart(uint32_t backup, v1::ReplicaRecord state);
+  // Backup `backup` is out of reach: the waits release without it, and it
+  // queues nothing, until Restart.
+  void Drop(uint32_t backup);
   // The last seq given.
   uint64_t last();
 
@@ -66,8 +72,10 @@ class ReplicaLog {
 
  private:
   using Waiters = std::multimap<uint64_t, absl::AnyInvocable<void(absl::Status) &&>>;
-  // The seq every backup took.
+  // The seq every live backup took.
   uint64_t Held() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Takes the waits that every live backup now holds.
+  std::vector<absl::AnyInvocable<void(absl::Status) &&>> Release() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Wakes the links of the backups that gained a record.
   void Wake(const std::vector<uint32_t>& backups);
 
@@ -78,6 +86,7 @@ class ReplicaLog {
   uint64_t last_ ABSL_GUARDED_BY(mu_) = 0;
   std::map<uint32_t, std::deque<Record>> queues_ ABSL_GUARDED_BY(mu_);
   std::map<uint32_t, uint64_t> acked_ ABSL_GUARDED_BY(mu_);
+  std::set<uint32_t> dropped_ ABSL_GUARDED_BY(mu_);
   Waiters waiters_ ABSL_GUARDED_BY(mu_);
   std::string draining_ ABSL_GUARDED_BY(mu_);
   std::function<void(uint32_t)> wake_ ABSL_GUARDED_BY(mu_);

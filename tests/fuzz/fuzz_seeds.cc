@@ -12,14 +12,18 @@
 #include "common/tensor_wire.h"
 #include "common/tensor_wire_grpc.h"
 #include "segps/v1/parameter_server.pb.h"
+#include "segps/v1/replication.pb.h"
 
 namespace segps {
 namespace {
 
 // Matches the harness: kinds, worker ids 1 (segment 0) and 2 (segment 1),
 // server 0's range of segment 0 is [0, 20).
-enum Kind : uint8_t { kRegister, kPull, kPush, kHeartbeat, kLeave, kStats, kRollback, kPullReply, kPushReply, kTick };
-constexpr uint64_t kRange = 20;
+enum Kind : uint8_t {
+  kRegister, kPull, kPush, kHeartbeat, kLeave, kStats, kRollback, kPullReply, kPushReply, kTick,
+  kReplicaRecord, kFetch, kCopyPull
+};
+constexpr uint64_t kRange = 20;  // replicas 2 keeps the same ranges
 
 std::string Flatten(const grpc::ByteBuffer& buffer) {
   std::vector<grpc::Slice> slices;
@@ -114,6 +118,29 @@ std::vector<std::pair<std::string, std::string>> FuzzSeeds() {
   rollback.set_worker_id(1);
   rollback.set_segment(0);
   seeds.emplace_back("rollback", Record(kRollback, rollback.SerializeAsString()));
+  // Replication: a push record following the state (seq 1), a record out
+  // of order, a Fetch, and a reader's read of the copy.
+  v1::ReplicaRecord record;
+  record.set_segment(0);
+  record.set_range(0);
+  record.set_seq(1);
+  v1::AppliedPush* applied = record.mutable_push();
+  applied->set_rank(0);
+  applied->set_step(1);
+  applied->set_scale(1);
+  std::vector<float> gradient(kRange, 0.5f);
+  EncodeFloat32(gradient, 0, applied->mutable_gradient());
+  seeds.emplace_back("replica_push", Record(kReplicaRecord, record.SerializeAsString(), 11));
+  record.set_seq(3);
+  seeds.emplace_back("replica_gap", Record(kReplicaRecord, record.SerializeAsString()));
+  v1::FetchRequest fetch;
+  fetch.mutable_hello()->set_from_server(0);
+  fetch.mutable_hello()->set_to_server(1);
+  seeds.emplace_back("fetch", Record(kFetch, fetch.SerializeAsString()));
+  v1::PullRequest copy;
+  copy.set_reader(true);
+  copy.set_copy_of(0);
+  seeds.emplace_back("copy_pull", Record(kCopyPull, copy.SerializeAsString()));
   // Sequences: two steps of push-with-pull, a pull that parks and times out.
   seeds.emplace_back("steps", Push(0, v1::FLOAT32, false, true) + Push(1, v1::BFLOAT16, false, true) +
                                   Pull(1, 2, false) + Record(kTick, "", 60) + Pull(2, 0, false));

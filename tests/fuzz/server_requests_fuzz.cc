@@ -13,6 +13,9 @@
 // "=" gets the real fingerprints. Everything else reaches the server as the
 // fuzzer wrote it.
 //
+// Records of the replication service (a backup's stream, Fetch, a copy's
+// read) go to a backup of server 0's range, filled with its state.
+//
 // Built with clang -fsanitize=fuzzer,address,undefined by tests/fuzz/run.sh;
 // in every other build it is linked with replay_main.cc and replays the
 // committed corpus as a unit test.
@@ -34,6 +37,7 @@
 #include "common/tensor_wire.h"
 #include "common/tensor_wire_grpc.h"
 #include "server/parameter_server.h"
+#include "server/replica_log.h"
 
 namespace segps {
 namespace {
@@ -49,11 +53,17 @@ enum Kind : uint8_t {
   kPullReply,  // a server's PullResponse as a worker decodes it
   kPushReply,  // a server's PushResponse as a worker decodes it
   kTick,       // time moves on by `split` milliseconds
+  // Server to server (cluster.replicas), served by a backup of range 0:
+  kReplicaRecord,  // a record on a Replicate stream from server 0
+  kFetch,          // a Fetch of a copy
+  kCopyPull,       // a PullRequest to the backup, as a reader reads a copy (copy_of)
   kKinds
 };
 
 // Two segments over two servers (this is server 0: it also plans shares),
-// bounded staleness, balanced shares, two workers each.
+// bounded staleness, balanced shares, two workers each. The same job with
+// two copies of each range (cluster.replicas 2) for the backup: server 1,
+// holding server 0's range from its state on.
 constexpr char kConfig[] = R"pb(
 cluster { num_servers: 2 chunk_bytes: 4096 max_waiting_calls: 8 }
 model {
@@ -115,12 +125,24 @@ class Harness {
       if (!server_->Register(request, &response).ok()) abort();
       secrets_.push_back(response.registration_secret());
     }
+    v1::JobConfig replicated = config_;
+    replicated.mutable_cluster()->set_replicas(2);
+    primary_ = *ParameterServer::Create(replicated, 0, options);
+    backup_ = *ParameterServer::Create(replicated, 1, options);
+    primary_->SyncReplicas(1);  // each range's whole state, as a link opening sends it
+    for (const auto& log : primary_->replica_logs()) {
+      for (const ReplicaLog::Record& record : log->Take(1)) {
+        if (!backup_->TakeReplica(0, *record).ok()) abort();
+      }
+    }
   }
   ~Harness() {
     // Every parked call ends (at its deadline) before the server goes.
     clock_.Advance(absl::Hours(1));
     server_->Tick();
     server_->Drain();
+    primary_->Drain();
+    backup_->Drain();
   }
 
   void Serve(uint8_t kind, uint8_t split, absl::string_view bytes) {
@@ -193,10 +215,38 @@ class Harness {
         clock_.Advance(absl::Milliseconds(split));
         server_->Tick();
         break;
+      default:
+        ServeReplica(kind % kKinds, buffer, deadline);
+        break;
     }
   }
 
  private:
+  void ServeReplica(uint8_t kind, const grpc::ByteBuffer& buffer, absl::Time deadline) {
+    switch (kind) {
+      case kReplicaRecord: {
+        v1::ReplicaRecord record;
+        if (Parse(buffer, &record)) backup_->TakeReplica(0, record).IgnoreError();
+        break;
+      }
+      case kFetch: {
+        v1::FetchRequest request;
+        if (Parse(buffer, &request)) backup_->Fetch(request).IgnoreError();
+        break;
+      }
+      case kCopyPull: {
+        v1::PullRequest request;
+        if (!Parse(buffer, &request)) break;
+        auto response = std::make_shared<v1::PullResponse>();
+        backup_->Pull(request, deadline, [](absl::Span<const float>, v1::DType) {}, response.get(),
+                      [response](absl::Status) {});
+        break;
+      }
+      default:
+        break;
+    }
+  }
+
   // The harness's own registration's secret where the fuzzer asks for it.
   void Own(uint64_t worker, std::string* secret) const {
     if (secret->empty() && worker >= 1 && worker <= secrets_.size()) *secret = secrets_[worker - 1];
@@ -212,6 +262,7 @@ class Harness {
   const v1::JobConfig config_;
   FakeClock clock_;
   std::unique_ptr<ParameterServer> server_;
+  std::unique_ptr<ParameterServer> primary_, backup_;  // replicas 2: server 0's range and its copy
   std::vector<std::string> secrets_;
 };
 

@@ -2,7 +2,8 @@
 // loopback: after training, every backup's copy of a range equals its
 // primary's range bit for bit; the tools read a lost server's ranges from
 // their copies; a paused backup holds its primary's pushes until it
-// resumes; a server started again on no disk takes its range back from its
+// resumes, or for a lease, then is dropped and later filled again; a
+// server started again on no disk takes its range back from its
 // backup, and the job ends as if uninterrupted.
 #include <signal.h>
 
@@ -157,6 +158,70 @@ TEST(ReplicatedCluster, AServerLostForGoodIsReadFromItsBackupsCopiesByTheTools) 
   }
 }
 
+// A worker's push of segment 0's range 0, registered on server 0 by hand,
+// sent on a thread of its own, so that a test sees it wait.
+class RawPush {
+ public:
+  RawPush(const ProcessCluster& cluster, const std::string& path) {
+    const v1::JobConfig config = *LoadConfig(path);
+    const ShardMap map = *ShardMap::Create(config.model(), 3, 2);
+    stub_ = v1::ParameterServer::NewStub(
+        grpc::CreateChannel(cluster.addresses()[0], grpc::InsecureChannelCredentials()));
+    v1::RegisterRequest reg;
+    reg.set_model_fingerprint(ModelFingerprint(config));
+    reg.set_shard_fingerprint(map.fingerprint());
+    v1::RegisterResponse registered;
+    grpc::ClientContext context;
+    EXPECT_TRUE(stub_->Register(&context, reg, &registered).ok());
+    push_.set_worker_id(registered.worker_id());
+    push_.set_registration_secret(registered.registration_secret());
+    const Range range = map.range(0, 0);
+    EncodeFloat32(std::vector<float>(range.count, 0.5f), range.offset, push_.mutable_gradient());
+  }
+  ~RawPush() {
+    if (thread_.joinable()) thread_.join();
+  }
+  void Send() {
+    thread_ = std::thread([this] {
+      grpc::ClientContext context;
+      context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(60)));
+      status_ = stub_->Push(&context, push_, &response_);
+      answered_ = true;
+    });
+  }
+  bool answered() const { return answered_; }
+  // Waits for the answer: whether it applied the push.
+  bool Applied() {
+    thread_.join();
+    EXPECT_TRUE(status_.ok()) << status_.error_message();
+    return status_.ok() && response_.applied();
+  }
+
+ private:
+  std::unique_ptr<v1::ParameterServer::Stub> stub_;
+  v1::PushRequest push_;
+  std::thread thread_;
+  std::atomic<bool> answered_{false};
+  grpc::Status status_;
+  v1::PushResponse response_;
+};
+
+// Whether server 0 comes to hold a push waiting for its backups within 30 s.
+bool PushWaits(const ProcessCluster& cluster) {
+  for (absl::Time until = absl::Now() + absl::Seconds(30); absl::Now() < until;) {
+    if (Stats(cluster.addresses()[0]).waiting_for_backups() == 1) return true;
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  return false;
+}
+
+// Server 1's copy of range 0 and server 0's range: equal bit for bit.
+void ExpectBackupHoldsRangeZero(const ProcessCluster& cluster) {
+  const v1::StatsResponse primary = Stats(cluster.addresses()[0]), backup = Stats(cluster.addresses()[1]);
+  ASSERT_EQ(backup.replicas_size(), 1);
+  EXPECT_EQ(backup.replicas(0).digest(), primary.segments(0).digest());
+}
+
 // A push to server 0 while its backup (server 1) is paused is held, not
 // answered, until the backup resumes and takes it.
 TEST(ReplicatedCluster, APushIsNotAnsweredWhileItsBackupIsPausedAndIsOnceItResumes) {
@@ -164,50 +229,38 @@ TEST(ReplicatedCluster, APushIsNotAnsweredWhileItsBackupIsPausedAndIsOnceItResum
   const std::string path = SynchronousJob(dir);
   ProcessCluster cluster(path, dir, 3, false, false, true);
   ASSERT_TRUE(cluster.WaitForServerLine(1, "backing server 0's ranges")) << cluster.Output();
-  const v1::JobConfig config = *LoadConfig(path);
-  const ShardMap map = *ShardMap::Create(config.model(), 3, 2);
-  auto stub = v1::ParameterServer::NewStub(
-      grpc::CreateChannel(cluster.addresses()[0], grpc::InsecureChannelCredentials()));
-  v1::RegisterRequest reg;
-  reg.set_model_fingerprint(ModelFingerprint(config));
-  reg.set_shard_fingerprint(map.fingerprint());
-  v1::RegisterResponse registered;
-  {
-    grpc::ClientContext context;
-    ASSERT_TRUE(stub->Register(&context, reg, &registered).ok());
-  }
-  v1::PushRequest push;
-  push.set_worker_id(registered.worker_id());
-  push.set_registration_secret(registered.registration_secret());
-  const Range range = map.range(0, 0);
-  EncodeFloat32(std::vector<float>(range.count, 0.5f), range.offset, push.mutable_gradient());
+  RawPush push(cluster, path);
   kill(cluster.ServerPid(1), SIGSTOP);
-  std::atomic<bool> answered{false};
-  grpc::Status pushed;
-  v1::PushResponse response;
-  std::thread pusher([&] {
-    grpc::ClientContext context;
-    context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(60)));
-    pushed = stub->Push(&context, push, &response);
-    answered = true;
-  });
-  bool waited = false;
-  for (absl::Time until = absl::Now() + absl::Seconds(30); !waited && absl::Now() < until;) {
-    waited = Stats(cluster.addresses()[0]).waiting_for_backups() == 1;
-    if (!waited) absl::SleepFor(absl::Milliseconds(10));
-  }
-  const bool early = answered.load();
+  push.Send();
+  const bool waited = PushWaits(cluster);
+  const bool early = push.answered();
   kill(cluster.ServerPid(1), SIGCONT);
-  pusher.join();
   EXPECT_TRUE(waited) << "the push never waited for its backup\n" << cluster.Output();
   EXPECT_FALSE(early) << "answered while its backup was paused";
-  ASSERT_TRUE(pushed.ok()) << pushed.error_message();
-  EXPECT_TRUE(response.applied());
+  EXPECT_TRUE(push.Applied());
   EXPECT_EQ(Stats(cluster.addresses()[0]).waiting_for_backups(), 0u);
-  // The backup holds exactly what its primary does.
-  const v1::StatsResponse primary = Stats(cluster.addresses()[0]), backup = Stats(cluster.addresses()[1]);
-  ASSERT_EQ(backup.replicas_size(), 1);
-  EXPECT_EQ(backup.replicas(0).digest(), primary.segments(0).digest());
+  ExpectBackupHoldsRangeZero(cluster);
+}
+
+// A backup paused past its lease is dropped: the push its primary held is
+// answered while the backup is still paused, and the primary says so. Once
+// the backup resumes it is filled again from its primary's state, and holds
+// exactly what the primary does.
+TEST(ReplicatedCluster, ABackupPausedPastItsLeaseIsDroppedAndFilledAgainOnceItResumes) {
+  const std::string dir = MakeTempDir();
+  const std::string path = SynchronousJob(dir);
+  ProcessCluster cluster(path, dir, 3, false, false, true);
+  ASSERT_TRUE(cluster.WaitForServerLine(1, "backing server 0's ranges")) << cluster.Output();
+  RawPush push(cluster, path);
+  kill(cluster.ServerPid(1), SIGSTOP);
+  push.Send();
+  EXPECT_TRUE(PushWaits(cluster)) << "the push never waited for its backup\n" << cluster.Output();
+  EXPECT_TRUE(cluster.WaitForServerLine(0, "its copies of this server's ranges are dropped")) << cluster.Output();
+  const bool applied = push.Applied();  // answered with its backup still paused
+  kill(cluster.ServerPid(1), SIGCONT);
+  EXPECT_TRUE(applied);
+  EXPECT_TRUE(cluster.WaitForServerLine(0, "is filled again from this server's state")) << cluster.Output();
+  ExpectBackupHoldsRangeZero(cluster);
 }
 
 // A server killed (-9) and started again with no disk at all takes its

@@ -178,6 +178,40 @@ TEST_F(ReplicaRangeTest, RecordsThatDoNotFitAreRefusedAndChangeNothing) {
 }
 
 
+// A backup dropped (out of reach for a lease) holds no push back and
+// queues nothing; once its link opens again (Restart) it is sent the whole
+// state, and later pushes wait for it again.
+TEST(ReplicaLogTest, ADroppedBackupHoldsNothingBackUntilItsLinkOpensAgain) {
+  ReplicaLog log(0, 0, {1, 2});
+  v1::ReplicaRecord change;
+  change.mutable_push()->set_rank(0);
+  bool first_held = false, second_held = false, third_held = false;
+  const uint64_t first = log.Append(change);
+  log.WhenHeld(first, [&](absl::Status status) { first_held = status.ok(); });
+  log.Acked(1, first);
+  EXPECT_FALSE(first_held);  // backup 2 has not taken it
+  log.Drop(2);
+  EXPECT_TRUE(first_held);
+  EXPECT_TRUE(log.Take(2).empty());
+  const uint64_t second = log.Append(change);
+  EXPECT_TRUE(log.Take(2).empty());  // nothing queues for a dropped backup
+  EXPECT_EQ(log.Take(1).size(), 2u);
+  log.WhenHeld(second, [&](absl::Status status) { second_held = status.ok(); });
+  EXPECT_FALSE(second_held);  // backup 1 is live
+  log.Acked(1, second);
+  EXPECT_TRUE(second_held);
+  log.Restart(2, v1::ReplicaRecord());
+  const std::vector<ReplicaLog::Record> state = log.Take(2);
+  ASSERT_EQ(state.size(), 1u);
+  EXPECT_EQ(state[0]->seq(), second);
+  const uint64_t third = log.Append(change);
+  log.WhenHeld(third, [&](absl::Status status) { third_held = status.ok(); });
+  log.Acked(1, third);
+  EXPECT_FALSE(third_held);  // backup 2 is back
+  log.Acked(2, third);
+  EXPECT_TRUE(third_held);
+}
+
 TEST(ReplicatedServerTest, APushIsAnsweredOnlyOnceItsBackupHoldsIt) {
   const v1::JobConfig config = *ParseConfig(kConfig, "test");
   FakeClock clock;
