@@ -15,6 +15,7 @@ make() {  # make OVERLAY CONFIG [FLAG ...]
 }
 make seed seed.pbtxt
 make teacher teacher.pbtxt
+make teacher-replicated teacher_replicated.pbtxt
 make fashion-mnist fashion_mnist.pbtxt
 make teacher-chain teacher_chain.pbtxt
 make gpu teacher.pbtxt --gpu-segments 0

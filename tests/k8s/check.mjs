@@ -69,8 +69,9 @@ async function schemaErrors(objects) {
 }
 
 // What the manifests must agree with, read from a config's text (the
-// fields the example configs use: cluster.num_servers, and workers per
-// segment from training.workers_per_segment or a segment's own workers).
+// fields the example configs use: cluster.num_servers and replicas, and
+// workers per segment from training.workers_per_segment or a segment's own
+// workers).
 function configFacts(text) {
   const body = text.replace(/#.*$/gm, "");
   const number = (re, within, fallback) => { const m = re.exec(within); return m ? Number(m[1]) : fallback; };
@@ -78,6 +79,7 @@ function configFacts(text) {
   const segments = [...body.matchAll(/segments\s*\{((?:[^{}]|\{[^{}]*\})*)\}/g)].map((m) => m[1]);
   return {
     servers: number(/num_servers:\s*(\d+)/, body, 0),
+    replicas: number(/(?:^|\s)replicas:\s*(\d+)/, body, 1),
     workers: segments.map((s) => number(/(?:^|\s)workers:\s*(\d+)/, s, perSegment)),
     chain: /combine:\s*CHAIN/.test(body),
     dataFiles: [...body.matchAll(/(?:path|train_x|train_y|test_x|test_y|train_csv|test_csv):\s*"([^"]*)"/g)].map((m) => m[1]),
@@ -187,8 +189,9 @@ function selects(selector, labels) {
 // The servers' port and the stage links' admit the job's own pods only:
 // some policy selects those pods, and every rule that opens the port names
 // its sources by pod labels (no rule open to all, no namespace-wide one);
-// the workers and the evaluation can reach the servers.
-function networkErrors(objects) {
+// the workers and the evaluation can reach the servers, and with
+// cluster.replicas the servers each other.
+function networkErrors(objects, facts) {
   const errors = [];
   const policies = objects.filter((o) => o.kind === "NetworkPolicy");
   const pods = objects.filter((o) => ["Job", "StatefulSet"].includes(o.kind)).map((o) => o.spec.template.metadata.labels);
@@ -208,7 +211,8 @@ function networkErrors(objects) {
     }
   };
   const labelled = (name) => pods.filter((l) => l?.["app.kubernetes.io/name"] === name);
-  guard("servers", labelled("segps-server")[0], 7000, [...labelled("segps-worker"), ...labelled("segps-eval")]);
+  guard("servers", labelled("segps-server")[0], 7000, [...labelled("segps-worker"), ...labelled("segps-eval"),
+                                                      ...(facts.replicas > 1 ? labelled("segps-server") : [])]);
   if (objects.some((o) => o.kind === "Service" && o.metadata.name === "segps-stages")) {
     guard("stages", labelled("segps-worker")[0], 7100, labelled("segps-worker"));
   }
@@ -241,7 +245,8 @@ function consistencyErrors(objects) {
   // The pods' DNS names: <statefulset>-<ordinal>.<service>.
   const expected = Array.from({ length: sts.spec.replicas }, (_, i) => `${sts.metadata.name}-${i}.${svc.metadata.name}:${port}`).join(",");
   for (const [o, , c, args] of processes(objects)) {
-    if (["segps-worker", "segps-eval", "segps-export"].includes(c.command?.[0]) && argAfter(args, "--servers") !== expected) {
+    if (["segps-server", "segps-worker", "segps-eval", "segps-export"].includes(c.command?.[0]) &&
+        argAfter(args, "--servers") !== expected) {
       errors.push(`Job ${o.metadata.name}/${c.name}: --servers ${argAfter(args, "--servers")}, but the server pods are ${expected}`);
     }
   }
@@ -264,7 +269,7 @@ function consistencyErrors(objects) {
     errors.push(`${workerJobs.length} worker Jobs for the config's ${facts.workers.length} segments`);
   }
   if (facts.chain) errors.push(...chainErrors(facts, workerJobs, byKind("Service")));
-  return [...errors, ...tlsErrors(objects), ...volumeErrors(objects, facts), ...networkErrors(objects)];
+  return [...errors, ...tlsErrors(objects), ...volumeErrors(objects, facts), ...networkErrors(objects, facts)];
 }
 
 // A chain's stages (model.combine: CHAIN): replica r of stage k reaches
@@ -384,6 +389,9 @@ const breaks = [
   ["the servers' port open to a namespace", "teacher", (o) => { serverPolicy(o).ingress[0].from.push({ namespaceSelector: {} }); }],
   ["the servers closed to the evaluation", "teacher", (o) => {
     serverPolicy(o).ingress[0].from[0].podSelector.matchExpressions[0].values = ["segps-worker"];
+  }],
+  ["replicated servers closed to each other", "teacher-replicated", (o) => {
+    serverPolicy(o).ingress[0].from[0].podSelector.matchExpressions[0].values = ["segps-worker", "segps-eval"];
   }],
   ["the stage links open to all", "teacher-chain", (o) => { delete find(o, "segps-workers").spec.ingress[0].from; }],
 ];

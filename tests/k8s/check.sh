@@ -4,8 +4,9 @@
 # into a scratch folder, no difference), then check.mjs checks them
 # against the API schemas, their configs and the Secrets make-certs.sh
 # --k8s makes (it installs the pinned schema and type-check packages,
-# package-lock.json), and run_pods.mjs runs an overlay's pods as local
-# processes. Exit 77 (skipped, with the reason) where kubectl or
+# package-lock.json), and run_pods.mjs runs two overlays' pods as local
+# processes (teacher-npy's, from data claim to model claim, and
+# teacher-replicated's). Exit 77 (skipped, with the reason) where kubectl or
 # the npm registry is out of reach; any other failure fails.
 #   bash tests/k8s/check.sh PATH/TO/segps-k8s
 set -uo pipefail
@@ -33,4 +34,6 @@ trap 'rm -rf "$scratch" "$certs"' EXIT
 bash ../../deploy/make-certs.sh --k8s "$certs" segps-server-0.segps-server > /dev/null || exit 1
 node check.mjs "$certs/secrets.yaml" || exit 1
 # The teacher-npy overlay's pods as local processes: a job from data claim to model claim.
-node run_pods.mjs ../../deploy/k8s/overlays/teacher-npy "$(dirname "$segps_k8s")" "$certs"
+node run_pods.mjs ../../deploy/k8s/overlays/teacher-npy "$(dirname "$segps_k8s")" "$certs" || exit 1
+# The replicated overlay's pods: three servers streaming to their backups over mutual TLS.
+node run_pods.mjs ../../deploy/k8s/overlays/teacher-replicated "$(dirname "$segps_k8s")" "$certs"
