@@ -244,12 +244,14 @@ absl::Status ParameterServer::Reject(uint32_t segment, absl::Status status) {
   return status;
 }
 
-// Whether a registering worker's model and shard map are this server's.
 void ParameterServer::Pull(const v1::PullRequest& request, absl::Time deadline, ReadValues read,
                            v1::PullResponse* response, Done done, const std::string& caller) {
   absl::StatusOr<SegmentShard*> shard = ShardFor(request.segment(), "Pull");
   if (!shard.ok()) return std::move(done)(Reject(request.segment(), shard.status()));
-  if (request.has_copy_of()) return std::move(done)(ReadCopy(request, read, response));
+  if (request.has_copy_of()) {
+    absl::Status read_copy = ReadCopy(request, read, response);
+    return std::move(done)(read_copy.ok() ? read_copy : Reject(request.segment(), std::move(read_copy)));
+  }
   if (request.reader() != (request.worker_id() == 0)) {
     return std::move(done)(Reject(request.segment(), absl::InvalidArgumentError(
         "Pull: a reader pull has worker_id 0 and a worker pull has its registered worker_id")));

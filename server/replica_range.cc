@@ -172,11 +172,6 @@ ReplicaRange::Copy ReplicaRange::Snapshot() {
   return copy;
 }
 
-uint64_t ReplicaRange::seq() {
-  MutexLock lock(&mu_);
-  return seq_;
-}
-
 ReplicaRange::Position ReplicaRange::PositionLocked() const {
   Position at;
   at.has_state = has_state_;

@@ -47,7 +47,6 @@ class ReplicaRange {
     std::map<uint32_t, v1::RankPosition> ranks;
   };
   Copy Snapshot();
-  uint64_t seq();
   // Where the copy stands, as the primary's SegmentStats would say it with
   // no live worker: the highest next clock over the ranks, the steps
   // completed. All 0 before its first state.

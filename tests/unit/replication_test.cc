@@ -112,7 +112,7 @@ TEST_F(ReplicaRangeTest, ABackupFedThePrimarysRecordsHoldsItsRangeBitForBit) {
   Feed(log_, *backup);
   EXPECT_EQ(backup->Digest(), shard_->Digest());
   EXPECT_EQ(backup->Snapshot().values, shard_->Snapshot());
-  EXPECT_EQ(backup->seq(), log_.last());
+  EXPECT_EQ(backup->position().seq, log_.last());
   // Positions: both ranks at clock 6.
   const ReplicaRange::Copy copy = backup->Snapshot();
   ASSERT_EQ(copy.ranks.size(), 2u);
@@ -254,7 +254,7 @@ TEST(ReplicatedServerTest, APushIsAnsweredOnlyOnceItsBackupHoldsIt) {
   ReplicaRange backup(0, 0, range, 1, *CreateOptimizer(config.optimizer(), range.count));
   for (const ReplicaLog::Record& record : records) ASSERT_TRUE(backup.Take(*record).ok());
   EXPECT_FALSE(first.has_value());
-  log.Acked(1, backup.seq());
+  log.Acked(1, backup.position().seq);
   ASSERT_TRUE(first.has_value() && retry.has_value());
   EXPECT_TRUE(first->ok()) << *first;
   EXPECT_TRUE(retry->ok()) << *retry;
