@@ -8,16 +8,15 @@
 #include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
 #include "common/log.h"
+#include "common/status_macros.h"
 #include "common/security.h"
 #include "common/tensor_wire.h"
 
 namespace segps {
 namespace {
 
-bool OutOfReach(const grpc::Status& status) {
-  return status.error_code() == grpc::StatusCode::UNAVAILABLE ||
-         status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED;
-}
+// A server out of reach, for now or for good.
+bool Transient(const absl::Status& status) { return absl::IsUnavailable(status) || absl::IsDeadlineExceeded(status); }
 
 // The backup's copies of every segment's range `range`, as the primary's Stats would give them.
 std::optional<v1::StatsResponse> ViewOf(const v1::JobConfig& config, const ShardMap& map, uint32_t range,
@@ -82,30 +81,45 @@ void ModelReader::StandIn(uint32_t i, uint32_t from, const std::string& why) {
                     << map_.replicas() << ")";
 }
 
-absl::StatusOr<v1::StatsResponse> ModelReader::StatsOf(uint32_t i) {
-  grpc::Status why;
-  for (const uint32_t holder : map_.holders(i)) {
-    if (holder == i && out_of_reach_.count(i) > 0) continue;  // read from a stand-in since
-    grpc::ClientContext context;
-    context.set_deadline(absl::ToChronoTime(absl::Now() + deadline_));
-    v1::StatsResponse stats;
-    const grpc::Status status = stubs_[holder]->Stats(&context, v1::StatsRequest(), &stats);
-    if (status.ok() && holder == i) return stats;
-    if (status.ok()) {
-      std::optional<v1::StatsResponse> view = ViewOf(config_, map_, i, stats);
-      if (!view.has_value()) continue;
-      StandIn(i, holder, why.error_message());
-      return *std::move(view);
+template <typename T>
+absl::StatusOr<T> ModelReader::FromHolders(uint32_t i, absl::FunctionRef<absl::StatusOr<T>(uint32_t)> attempt) {
+  const absl::Time give_up = absl::Now() + 2 * deadline_;
+  absl::Duration delay = absl::Milliseconds(100);
+  while (true) {
+    std::string why;  // the primary's failure
+    absl::Status last = absl::UnavailableError("no holder was asked");
+    for (const uint32_t holder : map_.holders(i)) {
+      if (holder == i && out_of_reach_.count(i) > 0) continue;  // read from a stand-in since
+      absl::StatusOr<T> got = attempt(holder);
+      if (got.ok() && holder != i) StandIn(i, holder, why);
+      if (got.ok() || !Transient(got.status())) return got;
+      if (holder == i) why = std::string(got.status().message());
+      last = got.status();
     }
-    if (!OutOfReach(status) || map_.replicas() < 2) {
-      const absl::Status failed = FromGrpcStatus(status);
-      return absl::Status(failed.code(),
-                          absl::StrCat("Stats of server ", holder, " at ", addresses_[holder], ": ", failed.message()));
-    }
-    if (holder == i) why = status;
+    if (absl::Now() + delay > give_up) return last;
+    absl::SleepFor(delay);
+    delay = std::min(delay * 2, absl::Seconds(1));
   }
-  return absl::UnavailableError(absl::StrCat("server ", i, " at ", addresses_[i], " is out of reach (",
-                                             why.error_message(), ") and no backup of its range holds a copy"));
+}
+
+absl::StatusOr<v1::StatsResponse> ModelReader::StatsOf(uint32_t i) {
+  absl::StatusOr<v1::StatsResponse> stats =
+      FromHolders<v1::StatsResponse>(i, [&](uint32_t holder) -> absl::StatusOr<v1::StatsResponse> {
+        grpc::ClientContext context;
+        context.set_deadline(absl::ToChronoTime(absl::Now() + deadline_));
+        v1::StatsResponse stats;
+        const grpc::Status status = stubs_[holder]->Stats(&context, v1::StatsRequest(), &stats);
+        if (!status.ok()) return FromGrpcStatus(status);
+        if (holder == i) return stats;
+        std::optional<v1::StatsResponse> view = ViewOf(config_, map_, i, stats);
+        if (!view.has_value()) {
+          return absl::UnavailableError(absl::StrCat("server ", holder, "'s copy of its range holds no state yet"));
+        }
+        return *std::move(view);
+      });
+  if (stats.ok()) return stats;
+  return absl::Status(stats.status().code(), absl::StrCat("Stats of server ", i, " at ", addresses_[i], ": ",
+                                                          stats.status().message()));
 }
 
 absl::StatusOr<std::vector<v1::StatsResponse>> ModelReader::Stats() {
@@ -151,22 +165,14 @@ absl::StatusOr<std::vector<std::vector<float>>> ModelReader::Pull() {
   for (int k = 0; k < map_.num_segments(); ++k) {
     std::vector<float>& values = params.emplace_back(map_.segment_size(k));
     for (uint32_t i = 0; i < map_.num_servers(); ++i) {
-      absl::Status pulled = absl::UnavailableError("no holder was asked");
-      std::string why;
-      for (const uint32_t holder : map_.holders(i)) {
-        if (holder == i && out_of_reach_.count(i) > 0) continue;  // read from a stand-in since
-        pulled = PullRange(holder, k, i, absl::MakeSpan(values));
-        if (pulled.ok() && holder != i) StandIn(i, holder, why);
-        if (pulled.ok() || !(absl::IsUnavailable(pulled) || absl::IsDeadlineExceeded(pulled)) ||
-            map_.replicas() < 2) {
-          break;
-        }
-        if (holder == i) why = std::string(pulled.message());
-      }
+      const absl::StatusOr<bool> pulled = FromHolders<bool>(i, [&](uint32_t holder) -> absl::StatusOr<bool> {
+        SEGPS_RETURN_IF_ERROR(PullRange(holder, k, i, absl::MakeSpan(values)));
+        return true;
+      });
       if (!pulled.ok()) {
-        return absl::Status(pulled.code(), absl::StrCat("reading segment ", config_.model().segments(k).name(),
-                                                        "'s range on server ", i, " at ", addresses_[i], ": ",
-                                                        pulled.message()));
+        return absl::Status(pulled.status().code(),
+                            absl::StrCat("reading segment ", config_.model().segments(k).name(), "'s range on server ",
+                                         i, " at ", addresses_[i], ": ", pulled.status().message()));
       }
     }
   }

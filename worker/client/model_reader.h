@@ -5,9 +5,11 @@
 // With cluster.replicas >= 2 a server out of reach (its calls UNAVAILABLE
 // or past their deadline) is stood in for by a live backup of its range:
 // the backup's copy gives the server's segments' clocks and update counts
-// (ReplicaStats) and its range's values (PullRequest.copy_of). A read fails,
-// naming the server, where no holder of a range answers. The stand-in is
-// said once per server, in the log.
+// (ReplicaStats) and its range's values (PullRequest.copy_of). The stand-in
+// is said once per server, in the log. Where no holder of a range answers,
+// every holder is asked again, backing off from 100 ms to 1 s, for twice
+// cluster.rpc_deadline_ms (a server restarting); then the read fails,
+// naming the server.
 //
 // Thread safety: one caller at a time.
 #ifndef SEGPS_WORKER_CLIENT_MODEL_READER_H_
@@ -20,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
@@ -45,6 +48,10 @@ class ModelReader {
  private:
   ModelReader(const v1::JobConfig& config, ShardMap map, std::vector<std::string> addresses,
               std::vector<std::unique_ptr<v1::ParameterServer::Stub>> stubs);
+  // `attempt` at each holder of range i (its primary first) until one
+  // answers; all again while every failure is transient (see above).
+  template <typename T>
+  absl::StatusOr<T> FromHolders(uint32_t i, absl::FunctionRef<absl::StatusOr<T>(uint32_t holder)> attempt);
   // Server i's Stats, or its stand-in's view of it.
   absl::StatusOr<v1::StatsResponse> StatsOf(uint32_t i);
   // Server `holder`'s values of range `range` of `segment` into `out`
