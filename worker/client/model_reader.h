@@ -44,6 +44,8 @@ class ModelReader {
   absl::StatusOr<std::vector<v1::StatsResponse>> Stats();
   // Every segment's parameters.
   absl::StatusOr<std::vector<std::vector<float>>> Pull();
+  // The servers read from a stand-in so far.
+  const std::set<uint32_t>& out_of_reach() const { return out_of_reach_; }
 
  private:
   ModelReader(const v1::JobConfig& config, ShardMap map, std::vector<std::string> addresses,

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <fstream>
 #include <iostream>
+#include <set>
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
@@ -46,8 +47,12 @@ int Fail(const std::string& message) {
 }
 
 // Each segment's tensor bytes a step, as the servers counted them (a step
-// is one update on every server).
-void PrintTraffic(const std::vector<segps::v1::StatsResponse>& servers) {
+// is one update on every server); those out of reach, read from a stand-in,
+// counted nothing.
+void PrintTraffic(const std::vector<segps::v1::StatsResponse>& servers, const std::set<uint32_t>& out_of_reach) {
+  const std::string uncounted =
+      out_of_reach.empty() ? "" : absl::StrCat("; not counted: server ", absl::StrJoin(out_of_reach, ", server "),
+                                               ", out of reach");
   for (int k = 0; k < servers[0].segments_size(); ++k) {
     uint64_t steps = 0, push = 0, pull = 0, rows = 0;
     std::vector<std::string> held;
@@ -59,10 +64,10 @@ void PrintTraffic(const std::vector<segps::v1::StatsResponse>& servers) {
       rows += seg.embedding_rows();
       held.push_back(absl::StrCat(seg.embedding_rows()));
     }
-    std::cout << absl::StrFormat("traffic %s: %d steps, push bytes/step %.0f, pull bytes/step %.0f (server counters)%s\n",
+    std::cout << absl::StrFormat("traffic %s: %d steps, push bytes/step %.0f, pull bytes/step %.0f (server counters%s)%s\n",
                                  servers[0].segments(k).name(), steps,
                                  static_cast<double>(push) / std::max<uint64_t>(steps, 1),
-                                 static_cast<double>(pull) / std::max<uint64_t>(steps, 1),
+                                 static_cast<double>(pull) / std::max<uint64_t>(steps, 1), uncounted,
                                  rows == 0 ? "" : absl::StrCat("; embedding rows held ", rows, " (by server: ",
                                                               absl::StrJoin(held, ", "), ")"));
   }
@@ -135,7 +140,7 @@ absl::StatusOr<std::vector<std::vector<float>>> PullAgreed(segps::ModelReader& r
     if (!before.ok()) return before.status();
     std::string disagreement = Disagreement(*before);
     if (disagreement.empty()) {
-      if (first) PrintTraffic(*before);  // counted before this evaluation's own reads
+      if (first) PrintTraffic(*before, reader.out_of_reach());  // counted before this evaluation's own reads
       absl::StatusOr<std::vector<std::vector<float>>> params = reader.Pull();
       if (!params.ok()) return params.status();
       absl::StatusOr<std::vector<segps::v1::StatsResponse>> after = reader.Stats();
