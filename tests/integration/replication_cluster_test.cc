@@ -12,6 +12,7 @@
 
 #include <atomic>
 #include <map>
+#include <memory>
 #include <string>
 #include <thread>
 #include <utility>
@@ -223,24 +224,35 @@ void ExpectBackupHoldsRangeZero(const ProcessCluster& cluster) {
   EXPECT_EQ(backup.replicas(0).digest(), primary.segments(0).digest());
 }
 
+// The synchronous job's cluster, server 1 (server 0's backup) then paused
+// with a push to server 0 on its way.
+struct PausedBackup {
+  explicit PausedBackup(const std::string& dir)
+      : path(SynchronousJob(dir)), cluster(path, dir, 3, false, false, true) {
+    EXPECT_TRUE(cluster.WaitForServerLine(1, "backing server 0's ranges")) << cluster.Output();
+    push = std::make_unique<RawPush>(cluster, path);
+    kill(cluster.ServerPid(1), SIGSTOP);
+    push->Send();
+  }
+  void Resume() { kill(cluster.ServerPid(1), SIGCONT); }
+
+  const std::string path;
+  ProcessCluster cluster;
+  std::unique_ptr<RawPush> push;
+};
+
 // A push to server 0 while its backup (server 1) is paused is held, not
 // answered, until the backup resumes and takes it.
 TEST(ReplicatedCluster, APushIsNotAnsweredWhileItsBackupIsPausedAndIsOnceItResumes) {
-  const std::string dir = MakeTempDir();
-  const std::string path = SynchronousJob(dir);
-  ProcessCluster cluster(path, dir, 3, false, false, true);
-  ASSERT_TRUE(cluster.WaitForServerLine(1, "backing server 0's ranges")) << cluster.Output();
-  RawPush push(cluster, path);
-  kill(cluster.ServerPid(1), SIGSTOP);
-  push.Send();
-  const bool waited = PushWaits(cluster);
-  const bool early = push.answered();
-  kill(cluster.ServerPid(1), SIGCONT);
-  EXPECT_TRUE(waited) << "the push never waited for its backup\n" << cluster.Output();
+  PausedBackup paused(MakeTempDir());
+  const bool waited = PushWaits(paused.cluster);
+  const bool early = paused.push->answered();
+  paused.Resume();
+  EXPECT_TRUE(waited) << "the push never waited for its backup\n" << paused.cluster.Output();
   EXPECT_FALSE(early) << "answered while its backup was paused";
-  EXPECT_TRUE(push.Applied());
-  EXPECT_EQ(Stats(cluster.addresses()[0]).waiting_for_backups(), 0u);
-  ExpectBackupHoldsRangeZero(cluster);
+  EXPECT_TRUE(paused.push->Applied());
+  EXPECT_EQ(Stats(paused.cluster.addresses()[0]).waiting_for_backups(), 0u);
+  ExpectBackupHoldsRangeZero(paused.cluster);
 }
 
 // A backup paused past its lease is dropped: the push its primary held is
@@ -248,17 +260,12 @@ TEST(ReplicatedCluster, APushIsNotAnsweredWhileItsBackupIsPausedAndIsOnceItResum
 // the backup resumes it is filled again from its primary's state, and holds
 // exactly what the primary does.
 TEST(ReplicatedCluster, ABackupPausedPastItsLeaseIsDroppedAndFilledAgainOnceItResumes) {
-  const std::string dir = MakeTempDir();
-  const std::string path = SynchronousJob(dir);
-  ProcessCluster cluster(path, dir, 3, false, false, true);
-  ASSERT_TRUE(cluster.WaitForServerLine(1, "backing server 0's ranges")) << cluster.Output();
-  RawPush push(cluster, path);
-  kill(cluster.ServerPid(1), SIGSTOP);
-  push.Send();
+  PausedBackup paused(MakeTempDir());
+  ProcessCluster& cluster = paused.cluster;
   EXPECT_TRUE(PushWaits(cluster)) << "the push never waited for its backup\n" << cluster.Output();
   EXPECT_TRUE(cluster.WaitForServerLine(0, "its copies of this server's ranges are dropped")) << cluster.Output();
-  const bool applied = push.Applied();  // answered with its backup still paused
-  kill(cluster.ServerPid(1), SIGCONT);
+  const bool applied = paused.push->Applied();  // answered with its backup still paused
+  paused.Resume();
   EXPECT_TRUE(applied);
   EXPECT_TRUE(cluster.WaitForServerLine(0, "is filled again from this server's state")) << cluster.Output();
   ExpectBackupHoldsRangeZero(cluster);
