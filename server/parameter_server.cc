@@ -266,20 +266,14 @@ void ParameterServer::Pull(const v1::PullRequest& request, absl::Time deadline, 
   Range chunk = range;
   if (request.rows_only()) {
     chunk.count = 0;
-  } else if (request.count() != 0) {
-    chunk = {request.offset(), request.count()};
-    if (chunk.offset < range.offset || chunk.count > range.count || chunk.offset - range.offset > range.count - chunk.count) {
-      return std::move(done)(Reject(request.segment(), absl::InvalidArgumentError(absl::StrCat(
-          "Pull: range [", chunk.offset, ", ", chunk.offset + chunk.count, ") is not within this server's shard [",
-          range.offset, ", ", range.end(), ")"))));
-    }
+  } else {
+    absl::StatusOr<Range> asked = PulledChunk(request, range, "Pull", "this server's shard");
+    if (!asked.ok()) return std::move(done)(Reject(request.segment(), asked.status()));
+    chunk = *asked;
   }
-  const v1::DType dtype = request.dtype() == v1::DTYPE_UNSPECIFIED ? v1::FLOAT32 : request.dtype();
-  if (DTypeBytes(dtype) == 0) {
-    return std::move(done)(Reject(request.segment(), absl::InvalidArgumentError(absl::StrCat(
-        "Pull: dtype ", static_cast<int>(dtype), " (", v1::DType_Name(dtype),
-        ") is not supported; ask for FLOAT32, BFLOAT16 or FLOAT16"))));
-  }
+  absl::StatusOr<v1::DType> reply_dtype = PulledDType(request, "Pull");
+  if (!reply_dtype.ok()) return std::move(done)(Reject(request.segment(), reply_dtype.status()));
+  const v1::DType dtype = *reply_dtype;
   std::optional<uint64_t> region_offset;
   if (request.has_reply_region_offset()) region_offset = request.reply_region_offset();
   if (absl::Status in_region = ReplyInRegion(region_offset, chunk.count * DTypeBytes(dtype), region, "Pull", &read);
@@ -322,6 +316,25 @@ void ParameterServer::Pull(const v1::PullRequest& request, absl::Time deadline, 
         std::move(done)(absl::OkStatus());
       },
       std::move(read_rows));
+}
+
+absl::StatusOr<Range> ParameterServer::PulledChunk(const v1::PullRequest& request, Range range, const char* call,
+                                                   const char* whose) {
+  if (request.count() == 0) return range;
+  const Range chunk{request.offset(), request.count()};
+  if (chunk.offset < range.offset || chunk.count > range.count || chunk.offset - range.offset > range.count - chunk.count) {
+    return absl::InvalidArgumentError(absl::StrCat(call, ": range [", chunk.offset, ", ", chunk.offset + chunk.count,
+                                                   ") is not within ", whose, " [", range.offset, ", ", range.end(),
+                                                   ")"));
+  }
+  return chunk;
+}
+
+absl::StatusOr<v1::DType> ParameterServer::PulledDType(const v1::PullRequest& request, const char* call) {
+  const v1::DType dtype = request.dtype() == v1::DTYPE_UNSPECIFIED ? v1::FLOAT32 : request.dtype();
+  if (DTypeBytes(dtype) != 0) return dtype;
+  return absl::InvalidArgumentError(absl::StrCat(call, ": dtype ", static_cast<int>(dtype), " (", v1::DType_Name(dtype),
+                                                 ") is not supported; ask for FLOAT32, BFLOAT16 or FLOAT16"));
 }
 
 absl::Status ParameterServer::PushedRows(const v1::PushRequest& request, Range range, const SharedRegion* region,

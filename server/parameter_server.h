@@ -271,6 +271,11 @@ class ParameterServer {
   static absl::Status PushTensors(const v1::PushRequest& request, Range range,
                                   const std::shared_ptr<SharedRegion>& region, Payload* data, ReadValues* read,
                                   std::optional<uint64_t>* reply_offset);
+  // The elements a Pull asks for of `range` (offset and count; count 0:
+  // all of it), and its reply's dtype; `call` and `whose` name them in errors.
+  static absl::StatusOr<Range> PulledChunk(const v1::PullRequest& request, Range range, const char* call,
+                                           const char* whose);
+  static absl::StatusOr<v1::DType> PulledDType(const v1::PullRequest& request, const char* call);
   static absl::Status ReplyInRegion(std::optional<uint64_t> reply_offset, size_t bytes,
                                     const std::shared_ptr<SharedRegion>& region, const char* call, ReadValues* read);
   void ForgetRegistrations(const std::vector<uint64_t>& ids);

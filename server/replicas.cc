@@ -7,7 +7,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/config.h"
-#include "common/tensor_wire.h"
 #include "common/log.h"
 #include "common/status_macros.h"
 #include "server/parameter_server.h"
@@ -137,31 +136,19 @@ absl::Status ParameterServer::ReadCopy(const v1::PullRequest& request, ReadValue
                                             " range ", request.copy_of(), " (cluster.replicas ", map_.replicas(),
                                             ")"));
   }
-  const Range range = map_.range(segment, request.copy_of());
-  Range chunk = range;
-  if (request.count() != 0) {
-    chunk = {request.offset(), request.count()};
-    if (chunk.offset < range.offset || chunk.count > range.count ||
-        chunk.offset - range.offset > range.count - chunk.count) {
-      return absl::InvalidArgumentError(absl::StrCat("Pull copy_of: range [", chunk.offset, ", ", chunk.end(),
-                                                     ") is not within the copy's [", range.offset, ", ",
-                                                     range.end(), ")"));
-    }
-  }
-  const v1::DType dtype = request.dtype() == v1::DTYPE_UNSPECIFIED ? v1::FLOAT32 : request.dtype();
-  if (DTypeBytes(dtype) == 0) {
-    return absl::InvalidArgumentError(absl::StrCat("Pull copy_of: dtype ", v1::DType_Name(dtype),
-                                                   " is not supported; ask for FLOAT32, BFLOAT16 or FLOAT16"));
-  }
+  absl::StatusOr<Range> chunk = PulledChunk(request, map_.range(segment, request.copy_of()), "Pull copy_of", "the copy's");
+  if (!chunk.ok()) return chunk.status();
+  absl::StatusOr<v1::DType> dtype = PulledDType(request, "Pull copy_of");
+  if (!dtype.ok()) return dtype.status();
   ReplicaRange::Position at;
-  SEGPS_RETURN_IF_ERROR(copy->Read(chunk, [&](absl::Span<const float> values) { read(values, dtype); }, &at));
+  SEGPS_RETURN_IF_ERROR(copy->Read(*chunk, [&](absl::Span<const float> values) { read(values, *dtype); }, &at));
   response->set_clock(at.clock);
   response->set_updates(at.updates);
   response->set_incarnation(incarnation_);
   v1::TensorSlice* values = response->mutable_values();
-  values->set_offset(chunk.offset);
-  values->set_count(chunk.count);
-  values->set_dtype(dtype);
+  values->set_offset(chunk->offset);
+  values->set_count(chunk->count);
+  values->set_dtype(*dtype);
   return absl::OkStatus();
 }
 
