@@ -28,7 +28,9 @@ std::optional<v1::StatsResponse> ViewOf(const v1::JobConfig& config, const Shard
   view.set_incarnation(backup.incarnation());
   for (int k = 0; k < map.num_segments(); ++k) {
     auto copy = std::find_if(backup.replicas().begin(), backup.replicas().end(), [&](const v1::ReplicaStats& r) {
-      return r.segment() == static_cast<uint32_t>(k) && r.range() == range && r.seq() > 0;
+      // A filled copy has taken a record, or a state with updates: a
+      // primary started again stamps its first state with record 0.
+      return r.segment() == static_cast<uint32_t>(k) && r.range() == range && (r.seq() > 0 || r.updates() > 0);
     });
     if (copy == backup.replicas().end()) return std::nullopt;  // a copy not yet filled
     v1::SegmentStats* segment = view.add_segments();
