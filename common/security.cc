@@ -203,6 +203,12 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerCredentials(const
   return credentials;
 }
 
+absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> LoadChannelCredentials(const v1::SecurityConfig& config) {
+  absl::StatusOr<Security> security = LoadSecurity(config);
+  if (!security.ok()) return security.status();
+  return ChannelCredentials(*security);
+}
+
 absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> ChannelCredentials(const Security& security) {
   if (!security.tls()) {
     if (security.tokens.empty()) return grpc::InsecureChannelCredentials();

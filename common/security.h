@@ -69,6 +69,9 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerCredentials(const
 // for mutual TLS and its token as call credentials. A token without TLS
 // goes to loopback servers only.
 absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> ChannelCredentials(const Security& security);
+// The same from the config: its files read (LoadSecurity), then made into
+// credentials; errors name the file.
+absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> LoadChannelCredentials(const v1::SecurityConfig& config);
 
 // Whether `address` (host:port, [v6]:port) is reachable from this host
 // only: localhost, 127.x, ::1.

@@ -30,13 +30,6 @@ struct ReplicaLinks::Link {
 
 namespace {
 
-// What every link and fetch connects with: the job's TLS and token.
-absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> PeerCredentials(const v1::JobConfig& config) {
-  absl::StatusOr<Security> security = LoadSecurity(config.security());
-  if (!security.ok()) return security.status();
-  return ChannelCredentials(*security);
-}
-
 grpc::ChannelArguments PeerArguments(const v1::JobConfig& config) {
   grpc::ChannelArguments args;
   args.SetMaxSendMessageSize(static_cast<int>(config.cluster().max_message_bytes()));
@@ -70,7 +63,8 @@ absl::Status TakeBackRanges(ParameterServer* server, const std::vector<std::stri
                             absl::Duration timeout) {
   if (server->replica_logs().empty()) return absl::OkStatus();
   SEGPS_RETURN_IF_ERROR(CheckAddresses(*server, addresses));
-  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials = PeerCredentials(server->config());
+  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials =
+      LoadChannelCredentials(server->config().security());
   if (!credentials.ok()) return credentials.status();
   // Every backup holds every acknowledged push: any one that answers will do.
   const std::vector<uint32_t>& backups = server->replica_logs().front()->backups();
@@ -132,7 +126,7 @@ absl::StatusOr<std::unique_ptr<ReplicaLinks>> ReplicaLinks::Start(ParameterServe
   std::unique_ptr<ReplicaLinks> links(new ReplicaLinks(server, std::move(addresses), metrics));
   if (server->replica_logs().empty()) return links;
   SEGPS_RETURN_IF_ERROR(CheckAddresses(*server, links->addresses_));
-  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials = PeerCredentials(config);
+  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials = LoadChannelCredentials(config.security());
   if (!credentials.ok()) return credentials.status();
   const grpc::ChannelArguments args = PeerArguments(config);
   for (uint32_t backup : server->replica_logs().front()->backups()) {

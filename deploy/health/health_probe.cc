@@ -20,9 +20,7 @@ int main(int argc, char** argv) {
       argc, argv, "Checks that a segps server answers.\n  segps-health [--address HOST:PORT] [--timeout_ms MS]");
   segps::v1::SecurityConfig flags;
   segps::ApplySecurityFlags(&flags);
-  absl::StatusOr<segps::Security> security = segps::LoadSecurity(flags);
-  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials =
-      security.ok() ? segps::ChannelCredentials(*security) : security.status();
+  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials = segps::LoadChannelCredentials(flags);
   if (!credentials.ok()) {
     std::cerr << "segps-health: " << credentials.status().message() << "\n";
     return 2;

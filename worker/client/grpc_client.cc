@@ -657,16 +657,9 @@ class GrpcClient final : public ParameterClient {
 
 absl::StatusOr<std::unique_ptr<ParameterClient>> ConnectGrpc(const v1::JobConfig& config,
                                                              const std::vector<std::string>& addresses) {
-  if (addresses.size() != config.cluster().num_servers()) {
-    return absl::InvalidArgumentError(absl::StrCat(addresses.size(), " server addresses given, but the config has ",
-                                                   config.cluster().num_servers(), " servers"));
-  }
-  absl::StatusOr<ShardMap> map = ShardMap::Create(config.model(), config.cluster().num_servers(),
-                                                  config.cluster().replicas());
+  absl::StatusOr<ShardMap> map = MapOfServers(config, addresses);
   if (!map.ok()) return map.status();
-  absl::StatusOr<Security> security = LoadSecurity(config.security());
-  if (!security.ok()) return security.status();
-  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials = ChannelCredentials(*security);
+  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials = LoadChannelCredentials(config.security());
   if (!credentials.ok()) return credentials.status();
   return std::unique_ptr<ParameterClient>(new GrpcClient(config, *std::move(map), addresses, *credentials));
 }

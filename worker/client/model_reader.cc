@@ -11,6 +11,7 @@
 #include "common/status_macros.h"
 #include "common/security.h"
 #include "common/tensor_wire.h"
+#include "worker/client/ps_client.h"
 
 namespace segps {
 namespace {
@@ -48,16 +49,9 @@ std::optional<v1::StatsResponse> ViewOf(const v1::JobConfig& config, const Shard
 
 absl::StatusOr<std::unique_ptr<ModelReader>> ModelReader::Connect(const v1::JobConfig& config,
                                                                   const std::vector<std::string>& addresses) {
-  if (addresses.size() != config.cluster().num_servers()) {
-    return absl::InvalidArgumentError(absl::StrCat(addresses.size(), " server addresses given, but the config has ",
-                                                   config.cluster().num_servers(), " servers"));
-  }
-  absl::StatusOr<ShardMap> map =
-      ShardMap::Create(config.model(), config.cluster().num_servers(), config.cluster().replicas());
+  absl::StatusOr<ShardMap> map = MapOfServers(config, addresses);
   if (!map.ok()) return map.status();
-  absl::StatusOr<Security> security = LoadSecurity(config.security());
-  if (!security.ok()) return security.status();
-  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials = ChannelCredentials(*security);
+  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials = LoadChannelCredentials(config.security());
   if (!credentials.ok()) return credentials.status();
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(static_cast<int>(std::min<uint64_t>(config.cluster().max_message_bytes(), INT32_MAX)));

@@ -176,6 +176,14 @@ std::unique_ptr<EncodedPush> EncodeSparse(const ShardMap& map, v1::DType dtype, 
   return push;
 }
 
+absl::StatusOr<ShardMap> MapOfServers(const v1::JobConfig& config, const std::vector<std::string>& addresses) {
+  if (addresses.size() != config.cluster().num_servers()) {
+    return absl::InvalidArgumentError(absl::StrCat(addresses.size(), " server addresses given, but the config has ",
+                                                   config.cluster().num_servers(), " servers"));
+  }
+  return ShardMap::Create(config.model(), config.cluster().num_servers(), config.cluster().replicas());
+}
+
 std::vector<std::string> ServerAddresses(const std::string& flag, const v1::JobConfig& config) {
   if (!flag.empty()) return absl::StrSplit(flag, ',', absl::SkipEmpty());
   return {config.cluster().server_addresses().begin(), config.cluster().server_addresses().end()};

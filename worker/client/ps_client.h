@@ -238,6 +238,10 @@ absl::StatusOr<std::vector<std::vector<std::vector<float>>>> PullTables(Paramete
                                                                         uint64_t max_bytes,
                                                                         uint64_t page_rows = 65536);
 
+// The config's shard map, where `addresses` (one per server, in index order)
+// are as many as its servers; INVALID_ARGUMENT naming both counts if not.
+absl::StatusOr<ShardMap> MapOfServers(const v1::JobConfig& config, const std::vector<std::string>& addresses);
+
 // A client over gRPC to `addresses` (one per server, in index order).
 absl::StatusOr<std::unique_ptr<ParameterClient>> ConnectGrpc(const v1::JobConfig& config,
                                                              const std::vector<std::string>& addresses);

@@ -294,9 +294,7 @@ class DownstreamImpl final : public Downstream {
   ~DownstreamImpl() override { Close(); }
 
   absl::Status Start() {
-    absl::StatusOr<Security> security = LoadSecurity(config_.security());
-    if (!security.ok()) return security.status();
-    absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials = ChannelCredentials(*security);
+    absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials = LoadChannelCredentials(config_.security());
     if (!credentials.ok()) return credentials.status();
     std::shared_ptr<grpc::Channel> channel = grpc::CreateCustomChannel(address_, *credentials, LinkArguments(config_));
     // The next stage may still be starting (or starting again): wait for it, but not for ever.
