@@ -6,12 +6,17 @@
 #include <atomic>
 #include <optional>
 
+#include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
 #include "common/log.h"
 #include "common/security.h"
 #include "common/status_macros.h"
 #include "segps/v1/replication.grpc.pb.h"
+
+ABSL_FLAG(int32_t, fault_replica_delay_ms, 0,
+          "Fault injection, for tests: each record this server sends a backup waits this long first (a slow link "
+          "to its backups: pushes stay unacknowledged meanwhile). 0: none.");
 
 namespace segps {
 
@@ -117,7 +122,8 @@ absl::Status TakeBackRanges(ParameterServer* server, const std::vector<std::stri
 }
 
 ReplicaLinks::ReplicaLinks(ParameterServer* server, std::vector<std::string> addresses, ServerMetrics* metrics)
-    : server_(server), addresses_(std::move(addresses)), metrics_(metrics) {}
+    : server_(server), addresses_(std::move(addresses)), metrics_(metrics),
+      record_delay_(absl::Milliseconds(absl::GetFlag(FLAGS_fault_replica_delay_ms))) {}
 
 absl::StatusOr<std::unique_ptr<ReplicaLinks>> ReplicaLinks::Start(ParameterServer* server,
                                                                    std::vector<std::string> addresses,
@@ -262,6 +268,7 @@ bool ReplicaLinks::Stream(Link* link, std::string* error) {
     while (!broken) {
       for (auto& log : server_->replica_logs()) {
         for (const ReplicaLog::Record& record : log->Take(link->backup)) {
+          if (record_delay_ > absl::ZeroDuration()) absl::SleepFor(record_delay_);
           if (!broken && !stream->Write(*record)) broken = true;
         }
       }

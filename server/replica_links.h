@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "common/sync.h"
 #include "server/parameter_server.h"
 #include "server/server_metrics.h"
@@ -68,6 +69,7 @@ class ReplicaLinks {
   ParameterServer* const server_;
   const std::vector<std::string> addresses_;
   ServerMetrics* const metrics_;  // may be null
+  const absl::Duration record_delay_;  // --fault_replica_delay_ms
   std::vector<std::unique_ptr<Link>> links_;
 };
 

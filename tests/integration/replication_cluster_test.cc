@@ -67,6 +67,15 @@ std::string SynchronousJob(const std::string& dir) {
   return path;
 }
 
+// SynchronousJob at staleness 2: a worker has pushes of 3 steps in flight.
+std::string BoundedJob(const std::string& dir) {
+  const std::string path = dir + "/bounded.pbtxt";
+  std::string job = ReadFile(SynchronousJob(dir));
+  job.replace(job.find("staleness: 0"), 12, "staleness: 2");
+  WriteFile(path, job);
+  return path;
+}
+
 v1::StatsResponse Stats(const std::string& address) {
   auto stub = v1::ParameterServer::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
   grpc::ClientContext context;
@@ -301,6 +310,37 @@ TEST(ReplicatedCluster, AServerStartedAgainOnNoDiskTakesItsRangeBackAndTheJobEnd
     EXPECT_EQ(worker->output().find("rolling the segment back"), std::string::npos) << worker->output();
     EXPECT_NE(worker->output().find("rejoined at clock 15"), std::string::npos) << worker->output();
     EXPECT_TRUE(cluster.Parameters("s") == reference) << worker->output();
+  }
+}
+
+// Server 0's records to its backup held back 50 ms each
+// (--fault_replica_delay_ms), so that pushes it applied have not reached
+// the backup when it is killed (-9); started again on no disk, it takes its
+// range back from the backup, steps behind the other servers. The worker
+// holds those pushes (staleness 2: three in flight) and sends them again
+// as they were: no rollback, no step computed again, and every server
+// applies each of the rank's steps once (the worker's Leave checks it).
+TEST(ReplicatedCluster, AServerBehindByThePushesInFlightIsSentThemAgainWithNoRollback) {
+  const std::string dir = MakeTempDir();
+  ProcessCluster cluster(BoundedJob(dir), dir, 3, false, false, true);
+  cluster.KillServer(0);
+  ASSERT_TRUE(cluster.StartServer(0, {"--fault_replica_delay_ms", "50"})) << cluster.Output();
+  std::unique_ptr<Subprocess> worker = cluster.StartWorker("s", 0);
+  ASSERT_TRUE(worker->WaitForLine(" step 100/375 ", absl::Seconds(120)).has_value()) << worker->output();
+  // One applied by server 0 and waiting for its backup. A worker's pushes
+  // to one server go one after another, so the two after it reached the
+  // other servers only: server 0 comes back two or three steps behind them.
+  ASSERT_TRUE(PushWaits(cluster)) << cluster.Output();
+  cluster.KillServer(0);
+  ASSERT_TRUE(cluster.StartServer(0)) << cluster.Output();
+  EXPECT_TRUE(worker->WaitForLine("are sent again as they were", absl::Seconds(120)).has_value())
+      << worker->output();
+  std::optional<int> status = worker->Wait(absl::Seconds(120));
+  ASSERT_TRUE(status.has_value() && ExitedOk(*status)) << worker->output() << cluster.Output();
+  EXPECT_TRUE(cluster.WaitForServerLine(0, "took segment 0's range back from server 1")) << cluster.Output();
+  EXPECT_NE(worker->output().find("only on which of its steps"), std::string::npos) << worker->output();
+  for (const char* never : {"rolling the segment back", "computed again", "continuing from clock"}) {
+    EXPECT_EQ(worker->output().find(never), std::string::npos) << never << "\n" << worker->output();
   }
 }
 

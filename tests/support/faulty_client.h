@@ -93,7 +93,7 @@ class FaultyClient final : public ParameterClient {
     return Run<Counts>("Leave", [=] { return Completion<Counts>::Done(inner_->Leave(end_at_clock)); }).Wait();
   }
   void SetEpochClocks(uint64_t epoch_clocks) override { inner_->SetEpochClocks(epoch_clocks); }
-  void HoldStep(std::optional<uint64_t> clock) override { inner_->HoldStep(clock); }
+  void HoldSteps(std::optional<HeldSteps> held) override { inner_->HoldSteps(held); }
   absl::Status RollBackChain(int segment, uint64_t clock) override {
     return inner_->RollBackChain(segment, clock);
   }

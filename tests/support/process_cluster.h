@@ -49,10 +49,12 @@ class ProcessCluster {
     }
   }
 
-  // Starts server i (again) on its address; false if it does not listen.
-  bool StartServer(int i) {
+  // Starts server i (again) on its address, with `flags` besides; false if
+  // it does not listen.
+  bool StartServer(int i, const std::vector<std::string>& flags = {}) {
     std::vector<std::string> command = {BinaryPath("segps-server"), "--config", config_, "--index",
                                         std::to_string(i), "--listen", addresses_[i]};
+    command.insert(command.end(), flags.begin(), flags.end());
     if (replicated_) {
       command.push_back("--servers");
       command.push_back(Joined());

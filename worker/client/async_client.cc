@@ -47,22 +47,36 @@ PulledAt AsyncClient::Pull(uint64_t clock, absl::Span<float> dest) {
   return result;
 }
 
-absl::Status AsyncClient::StartPush(std::unique_ptr<EncodedPush> push) {
+absl::Status AsyncClient::StartPush(std::shared_ptr<const EncodedPush> push) {
+  const uint64_t clock = push->clock;
   {
     MutexLock lock(&mu_);
     while (!HasRoom()) changed_.Wait(&mu_);
+    unacknowledged_[clock] = push;  // sent or not, it is not acknowledged
     if (!error_.ok()) return error_;
     ++pushes_;
     ++calls_;
   }
   const absl::Time start = absl::Now();
-  client_->StartSend(std::move(push)).OnDone([this, start](const absl::Status& status) {
+  client_->StartSend(std::move(push)).OnDone([this, start, clock](const absl::Status& status) {
     if (metrics_ != nullptr && status.ok()) {
       metrics_->ObservePush(absl::ToDoubleSeconds(absl::Now() - start), push_bytes_);
+    }
+    if (status.ok()) {
+      MutexLock lock(&mu_);
+      unacknowledged_.erase(clock);
     }
     Ended(true, status);
   });
   return absl::OkStatus();
+}
+
+std::vector<std::shared_ptr<const EncodedPush>> AsyncClient::Unacknowledged() {
+  MutexLock lock(&mu_);
+  while (calls_ > 0) changed_.Wait(&mu_);
+  std::vector<std::shared_ptr<const EncodedPush>> pushes;
+  for (const auto& [clock, push] : unacknowledged_) pushes.push_back(push);
+  return pushes;
 }
 
 absl::Status AsyncClient::DrainPushes() {

@@ -11,7 +11,9 @@
 #define SEGPS_WORKER_CLIENT_ASYNC_CLIENT_H_
 
 #include <cstdint>
+#include <map>
 #include <memory>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
@@ -46,7 +48,11 @@ class AsyncClient {
   Completion<PulledAt> StartPull(uint64_t clock, absl::Span<float> dest);
   // Starts a push after those started before it, first waiting while
   // max_pushes are outstanding. Fails at once once a push has failed.
-  absl::Status StartPush(std::unique_ptr<EncodedPush> push);
+  absl::Status StartPush(std::shared_ptr<const EncodedPush> push);
+  // Once every call has ended (it waits for them): the pushes started that
+  // not every server acknowledged (failed, or cut short), in clock order.
+  // A recovery sends them again where a server lost them.
+  std::vector<std::shared_ptr<const EncodedPush>> Unacknowledged();
   // Waits until every push started is acknowledged; the first failure.
   absl::Status DrainPushes();
 
@@ -70,6 +76,8 @@ class AsyncClient {
   uint32_t pushes_ ABSL_GUARDED_BY(mu_) = 0;  // outstanding
   uint32_t calls_ ABSL_GUARDED_BY(mu_) = 0;   // outstanding, pulls included
   absl::Status error_ ABSL_GUARDED_BY(mu_);   // the first push failure
+  // The pushes started and not yet acknowledged by every server, by clock.
+  std::map<uint64_t, std::shared_ptr<const EncodedPush>> unacknowledged_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace segps

@@ -143,7 +143,7 @@ class GrpcClient final : public ParameterClient {
   }
 
   void SetEpochClocks(uint64_t epoch_clocks) override { membership_->set_epoch_clocks(epoch_clocks); }
-  void HoldStep(std::optional<uint64_t> clock) override { membership_->set_held_step(clock); }
+  void HoldSteps(std::optional<HeldSteps> held) override { membership_->set_held_steps(held); }
   absl::Status RollBackChain(int segment, uint64_t clock) override {
     return membership_->RollBackChain(segment, clock);
   }

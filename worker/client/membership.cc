@@ -149,16 +149,19 @@ absl::StatusOr<std::optional<uint64_t>> Membership::Agree(int segment,
     furthest = std::max(furthest, r.start_clock());
   }
   if (!StatesDisagree(states)) return std::optional<uint64_t>(furthest);
-  // They differ only on whether the push of the step this worker holds reached them.
-  bool held = held_step_.has_value();
+  // They differ only on which of the pushes this worker holds reached them.
+  bool held = held_steps_.has_value();
   for (const v1::RegisterResponse& r : responses) {
-    held = held && r.has_rank_clock() && (r.rank_clock() == *held_step_ || r.rank_clock() == *held_step_ + 1);
+    held = held && r.has_rank_clock() && r.rank_clock() >= held_steps_->first &&
+           r.rank_clock() <= held_steps_->last + 1;
   }
-  if (held) {
+  if (held && !rank_clocks.empty()) {
+    const uint64_t lowest = *rank_clocks.begin();
     SEGPS_LOG_WARNING << "segment " << segment << " rank " << responses[0].rank() << ": the servers disagree on its clock ("
-                      << DescribeStates(states) << "), only on whether its step " << *held_step_
-                      << " reached them; sending that step again";
-    return std::optional<uint64_t>(*held_step_);
+                      << DescribeStates(states) << "), only on which of its steps " << held_steps_->first << " to "
+                      << held_steps_->last << " reached them; sending steps " << lowest << " to "
+                      << held_steps_->last << " again";
+    return std::optional<uint64_t>(lowest);
   }
   // The newest checkpoint clock every server holds.
   const std::vector<uint64_t> common = CommonClocks(responses, &v1::RegisterResponse::checkpoint_clocks);

@@ -37,10 +37,11 @@ class MembershipStub {
 
 // A worker's registrations, one per server, and how they are agreed.
 //
-// Where the rank's own clocks differ only on the step the worker holds
-// (HoldStep: every server knows the rank, at that step or the one after),
-// the worker continues at that step and sends it again: the servers that
-// took it acknowledge it, the others apply it. Where they differ otherwise
+// Where the rank's own clocks differ only on the steps whose pushes the
+// worker holds (HoldSteps: every server knows the rank, at one of those
+// steps or the one after the last), the worker continues at the lowest of
+// the servers' clocks and sends its pushes from there again: the servers
+// that took one acknowledge it, the others apply it. Where they differ otherwise
 // (a push that reached some of them, a server restored from a checkpoint),
 // the segment is rolled
 // back to the newest checkpoint every server holds and registration starts
@@ -69,8 +70,8 @@ class Membership {
   absl::Status RollBackChain(int segment, uint64_t clock);
   // Early stopping: RegisterRequest.epoch_clocks from now on.
   void set_epoch_clocks(uint64_t epoch_clocks) { epoch_clocks_ = epoch_clocks; }
-  // ParameterClient::HoldStep.
-  void set_held_step(std::optional<uint64_t> clock) { held_step_ = clock; }
+  // ParameterClient::HoldSteps.
+  void set_held_steps(std::optional<HeldSteps> held) { held_steps_ = held; }
 
   // This worker's registration with server `i` (0 and empty until registered).
   uint64_t worker_id(size_t i) const { return worker_ids_[i]; }
@@ -99,7 +100,7 @@ class Membership {
   std::vector<std::string> secrets_;    // per server: each registration's secret
   std::vector<uint64_t> incarnations_;  // per server: as of the last registration (0: none yet)
   uint64_t epoch_clocks_ = 0;
-  std::optional<uint64_t> held_step_;
+  std::optional<HeldSteps> held_steps_;
 };
 
 // Failures a worker recovers from by registering again: a server that

@@ -122,6 +122,13 @@ struct Registration {
 // (the minimum over servers).
 using PulledAt = absl::StatusOr<uint64_t>;
 
+// A worker's steps first..last (inclusive) whose pushes it holds, computed
+// and not acknowledged by every server (ParameterClient::HoldSteps).
+struct HeldSteps {
+  uint64_t first = 0;
+  uint64_t last = 0;
+};
+
 class ParameterClient {
  public:
   virtual ~ParameterClient() = default;
@@ -133,12 +140,13 @@ class ParameterClient {
   // Early stopping: the epoch length the registrations from now on give
   // (RegisterRequest.epoch_clocks; 0: none).
   virtual void SetEpochClocks(uint64_t epoch_clocks) = 0;
-  // The registrations from now on come from a worker that holds its step
-  // `clock`, computed and not acknowledged by every server (nullopt: none):
-  // servers whose rank clocks are `clock` or the one after disagree only on
-  // whether that push reached them, so the worker continues at `clock` and
-  // sends it again, with no rollback (client/membership.h).
-  virtual void HoldStep(std::optional<uint64_t> clock) = 0;
+  // The registrations from now on come from a worker that holds the pushes
+  // of its steps `held`, computed and not acknowledged by every server
+  // (nullopt: none): servers whose rank clocks all lie in [first, last + 1]
+  // disagree only on which of those pushes reached them, so the worker
+  // continues at the lowest of their clocks and sends its pushes from there
+  // again, with no rollback (client/membership.h).
+  virtual void HoldSteps(std::optional<HeldSteps> held) = 0;
   // A chain (model.combine: CHAIN): rolls every stage's segment back to its
   // checkpoint at `clock` on every server (RollbackRequest.chain), through
   // this client's registration of `segment`, which it drops: register

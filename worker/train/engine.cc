@@ -205,8 +205,11 @@ absl::StatusOr<Registration> TrainingEngine::Join(std::optional<uint32_t> rank, 
 
 absl::StatusOr<uint64_t> TrainingEngine::Recover(const Failure& failure, uint64_t at) {
   const absl::Time since = absl::Now();
-  // What is in flight fails or is abandoned; the calls and the heartbeat stop first.
+  // What is in flight fails or is abandoned; the calls and the heartbeat
+  // stop first. The pushes not every server acknowledged are kept.
   strategy_.reset();
+  std::vector<std::shared_ptr<const EncodedPush>> held;
+  if (async_ != nullptr) held = async_->Unacknowledged();
   async_.reset();
   heartbeat_.reset();
   if (++recoveries_in_a_row_ > kMaxRecoveriesInARow) {
@@ -214,8 +217,13 @@ absl::StatusOr<uint64_t> TrainingEngine::Recover(const Failure& failure, uint64_
                                                             " recoveries in a row without a step done; at clock ",
                                                             at, ": ", failure.status.message()));
   }
-  // An ensemble worker's step in hand is sent again where servers differ only on it.
-  if (!compute_->Chained()) client_->HoldStep(unsent_.has_value() ? std::optional(unsent_->clock) : std::nullopt);
+  // An ensemble worker's steps in hand (its unsent step, its pushes not
+  // acknowledged) are sent again where servers differ only on them.
+  if (unsent_.has_value()) {
+    held.erase(std::remove_if(held.begin(), held.end(), [&](const auto& p) { return p->clock >= unsent_->clock; }),
+               held.end());
+  }
+  if (!compute_->Chained()) client_->HoldSteps(Held(held));
   absl::StatusOr<Registration> again =
       Rejoin([&] { return Join(rank_, at, IsLinkFailure(failure.status)); },
              absl::Milliseconds(config_.cluster().recovery_timeout_ms()), options_.clock, tag_);
@@ -224,6 +232,10 @@ absl::StatusOr<uint64_t> TrainingEngine::Recover(const Failure& failure, uint64_
                                                             ": ", failure.status.message(), ")"));
   }
   const uint64_t resume = again->start_clock;
+  // The pushes held from there on go again as they were; training continues after them.
+  if (rewound_ || compute_->Chained() || held.empty() || resume < held.front()->clock) held.clear();
+  held.erase(held.begin(), std::find_if(held.begin(), held.end(), [&](const auto& p) { return p->clock >= resume; }));
+  const uint64_t next = held.empty() ? resume : held.back()->clock + 1;
   if (resume > sent_through_) {
     // Its rank went on without it (another process held the rank while it was away).
     SEGPS_LOG_WARNING << tag_ << ": the servers continue at clock " << resume << ", ahead of the " << sent_through_
@@ -237,23 +249,36 @@ absl::StatusOr<uint64_t> TrainingEngine::Recover(const Failure& failure, uint64_
   if (rewound_) {
     unsent_.reset();  // the lane replays from its clean cut, or the chain from a checkpoint
     SEGPS_RETURN_IF_ERROR(compute_->Rewind());
-  } else if (!compute_->Chained() && !(unsent_.has_value() && resume >= unsent_->clock &&
-                                        resume <= unsent_->clock + 1)) {
+  } else if (!compute_->Chained() && !(unsent_.has_value() && next >= unsent_->clock &&
+                                        next <= unsent_->clock + 1)) {
     unsent_.reset();  // computed again from where the servers continue
-  } else if (unsent_.has_value() && resume == unsent_->clock + 1) {
+  } else if (unsent_.has_value() && next == unsent_->clock + 1) {
     SEGPS_RETURN_IF_ERROR(Done());  // every server had taken it after all
   }  // else it continues at its clock: it sends its unsent step again as it was (a server that
      // took it acknowledges it; one that lost it with a failure applies it)
   // One line a recovery: what failed, where training continues, what it cost.
   const absl::Duration took = absl::Now() - since;
-  const uint64_t again_steps = resume < at ? at - resume : 0;
+  const uint64_t again_steps = next < at ? at - next : 0;
   SEGPS_LOG_WARNING << tag_ << ": rejoined at clock " << resume << " after " << absl::FormatDuration(took)
+                    << (held.empty() ? std::string()
+                                     : absl::StrCat("; its pushes of steps ", resume, " to ", next - 1,
+                                                    " are sent again as they were"))
                     << (again_steps > 0 ? absl::StrCat("; ", again_steps, " steps are computed again") : std::string())
                     << " (at clock " << at << ": " << failure.status.message() << ")";
   if (options_.metrics != nullptr) options_.metrics->ObserveRecovery(absl::ToDoubleSeconds(took), again_steps);
   report_.recoveries += 1;
-  Connect(resume);
-  return resume;
+  Connect(next);
+  // A push that fails again is held again: the next step's call reports it.
+  for (std::shared_ptr<const EncodedPush>& push : held) (void)async_->StartPush(std::move(push));
+  return next;
+}
+
+std::optional<HeldSteps> TrainingEngine::Held(const std::vector<std::shared_ptr<const EncodedPush>>& pushes) const {
+  if (pushes.empty() && !unsent_.has_value()) return std::nullopt;
+  HeldSteps held;
+  held.first = pushes.empty() ? unsent_->clock : pushes.front()->clock;
+  held.last = unsent_.has_value() ? unsent_->clock : pushes.back()->clock;
+  return held;
 }
 
 absl::StatusOr<TrainReport> TrainingEngine::Run() {

@@ -86,6 +86,9 @@ class TrainingEngine {
   absl::StatusOr<Registration> Join(std::optional<uint32_t> rank, std::optional<uint64_t> at, bool link_failed);
   // Registers again after `failure` at `at`; the clock to continue at.
   absl::StatusOr<uint64_t> Recover(const Failure& failure, uint64_t at);
+  // The steps whose pushes this worker holds: `pushes` (not acknowledged
+  // by every server, in clock order) and the unsent step, if any.
+  std::optional<HeldSteps> Held(const std::vector<std::shared_ptr<const EncodedPush>>& pushes) const;
   void CountBlocked(absl::Duration waited);
   // Leaves the servers, checking that each applied the schedule's steps of this rank.
   absl::Status Leave();
