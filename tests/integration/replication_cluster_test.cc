@@ -264,6 +264,26 @@ TEST(ReplicatedCluster, APushIsNotAnsweredWhileItsBackupIsPausedAndIsOnceItResum
   ExpectBackupHoldsRangeZero(paused.cluster);
 }
 
+// Server 0's records to its backup slowed by fault injection: each waits
+// 2 s (--fault_replica_delay_ms). A push server 0 applied is held while
+// its backup lacks it (the backup's copy differs from server 0's range),
+// and answered only once the backup holds it.
+TEST(ReplicatedCluster, APushIsNotAnsweredBeforeItsSlowedBackupHoldsIt) {
+  const std::string dir = MakeTempDir(), path = SynchronousJob(dir);
+  ProcessCluster cluster(path, dir, 3, false, false, true);
+  cluster.KillServer(0);
+  ASSERT_TRUE(cluster.StartServer(0, {"--fault_replica_delay_ms", "2000"})) << cluster.Output();
+  RawPush push(cluster, path);
+  push.Send();
+  ASSERT_TRUE(PushWaits(cluster)) << "the push never waited for its backup\n" << cluster.Output();
+  const v1::StatsResponse primary = Stats(cluster.addresses()[0]), backup = Stats(cluster.addresses()[1]);
+  EXPECT_FALSE(push.answered()) << "answered while its backup lacked it";
+  ASSERT_EQ(backup.replicas_size(), 1);
+  EXPECT_NE(backup.replicas(0).digest(), primary.segments(0).digest()) << "the backup held it already";
+  EXPECT_TRUE(push.Applied());
+  ExpectBackupHoldsRangeZero(cluster);
+}
+
 // A backup paused past its lease is dropped: the push its primary held (as
 // the test above shows it holds one) is answered while the backup is still
 // paused, and the primary says so. Once the backup resumes it is filled
@@ -317,7 +337,7 @@ TEST(ReplicatedCluster, AServerStartedAgainOnNoDiskTakesItsRangeBackAndTheJobEnd
 // (--fault_replica_delay_ms), so that pushes it applied have not reached
 // the backup when it is killed (-9); started again on no disk, it takes its
 // range back from the backup, steps behind the other servers. The worker
-// holds those pushes (staleness 2: three in flight) and sends them again
+// holds those pushes (staleness 2: up to three in flight) and sends them again
 // as they were: no rollback, no step computed again, and every server
 // applies each of the rank's steps once (the worker's Leave checks it).
 TEST(ReplicatedCluster, AServerBehindByThePushesInFlightIsSentThemAgainWithNoRollback) {
@@ -327,9 +347,10 @@ TEST(ReplicatedCluster, AServerBehindByThePushesInFlightIsSentThemAgainWithNoRol
   ASSERT_TRUE(cluster.StartServer(0, {"--fault_replica_delay_ms", "50"})) << cluster.Output();
   std::unique_ptr<Subprocess> worker = cluster.StartWorker("s", 0);
   ASSERT_TRUE(worker->WaitForLine(" step 100/375 ", absl::Seconds(120)).has_value()) << worker->output();
-  // One applied by server 0 and waiting for its backup. A worker's pushes
-  // to one server go one after another, so the two after it reached the
-  // other servers only: server 0 comes back two or three steps behind them.
+  // A push applied by server 0 and waiting for its backup, which lacks it.
+  // The worker's pushes queued behind it go on to the other servers while
+  // server 0, started again, refuses them (it knows no registration yet):
+  // it comes back a few steps behind the others.
   ASSERT_TRUE(PushWaits(cluster)) << cluster.Output();
   cluster.KillServer(0);
   ASSERT_TRUE(cluster.StartServer(0)) << cluster.Output();
