@@ -132,6 +132,40 @@ TEST(ReplicatedCluster, EveryBackupHoldsItsPrimarysRangeBitForBitAfterTraining) 
   EXPECT_GT(cluster.EnsembleAccuracy(), 0.85);
 }
 
+// Whether server i's clock of segment 0 reaches `clock` within 120 s.
+bool ReachesClock(const ProcessCluster& cluster, int i, uint64_t clock) {
+  for (absl::Time until = absl::Now() + absl::Seconds(120); absl::Now() < until;) {
+    const v1::StatsResponse stats = Stats(cluster.addresses()[i]);
+    if (stats.segments_size() > 0 && stats.segments(0).clock() >= clock) return true;
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  return false;
+}
+
+// The job of 2 workers a segment at staleness 2, server 1 killed (-9)
+// mid-run and started again with no disk: it takes its ranges back from
+// server 2, behind the other servers by the pushes in flight, and every
+// worker sends it the pushes it lacks. Nothing is rolled back or computed
+// again, every server applies each rank's steps once (each worker's Leave
+// checks it), and the ensemble reaches its bar.
+TEST(ReplicatedCluster, AServerStartedAgainOnNoDiskMidJobCostsNoStepAtStaleness2) {
+  const std::string dir = MakeTempDir();
+  ProcessCluster cluster(Job(dir, 6), dir, 3, false, false, true);
+  std::vector<std::unique_ptr<Subprocess>> workers = StartWorkers(cluster);
+  ASSERT_TRUE(ReachesClock(cluster, 1, 60)) << cluster.Output();  // of about 190
+  cluster.KillServer(1);
+  ASSERT_TRUE(cluster.StartServer(1)) << cluster.Output();
+  ExpectFinished(workers);
+  EXPECT_TRUE(cluster.WaitForServerLine(1, "took segment 0's range back from server 2")) << cluster.Output();
+  for (const auto& worker : workers) {
+    EXPECT_NE(worker->output().find("rejoined at clock"), std::string::npos) << worker->output();
+    for (const char* never : {"rolling the segment back", "computed again", "continuing from clock"}) {
+      EXPECT_EQ(worker->output().find(never), std::string::npos) << never << "\n" << worker->output();
+    }
+  }
+  EXPECT_GT(cluster.EnsembleAccuracy(), 0.9);
+}
+
 // The tools' reads of a job whose server is lost for good (killed, never
 // started again): each of its ranges comes from its backup's copy, and
 // segps-eval scores, and segps-export writes, exactly what they did with
