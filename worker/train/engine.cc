@@ -232,9 +232,10 @@ absl::StatusOr<uint64_t> TrainingEngine::Recover(const Failure& failure, uint64_
                                                             ": ", failure.status.message(), ")"));
   }
   const uint64_t resume = again->start_clock;
-  // The pushes held from there on go again as they were; training continues after them.
-  if (rewound_ || compute_->Chained() || held.empty() || resume < held.front()->clock) held.clear();
+  // The pushes held from there on go again as they were, where they start
+  // there (none missing); training continues after them.
   held.erase(held.begin(), std::find_if(held.begin(), held.end(), [&](const auto& p) { return p->clock >= resume; }));
+  if (rewound_ || compute_->Chained() || held.empty() || held.front()->clock != resume) held.clear();
   const uint64_t next = held.empty() ? resume : held.back()->clock + 1;
   if (resume > sent_through_) {
     // Its rank went on without it (another process held the rank while it was away).
