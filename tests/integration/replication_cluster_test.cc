@@ -216,8 +216,16 @@ class RawPush {
     reg.set_model_fingerprint(ModelFingerprint(config));
     reg.set_shard_fingerprint(map.fingerprint());
     v1::RegisterResponse registered;
-    grpc::ClientContext context;
-    EXPECT_TRUE(stub_->Register(&context, reg, &registered).ok());
+    // A server just started again refuses registrations (UNAVAILABLE)
+    // until it has taken its ranges back: asked again, as a worker does.
+    grpc::Status status;
+    for (absl::Time until = absl::Now() + absl::Seconds(60); absl::Now() < until;) {
+      grpc::ClientContext context;
+      status = stub_->Register(&context, reg, &registered);
+      if (status.error_code() != grpc::StatusCode::UNAVAILABLE) break;
+      absl::SleepFor(absl::Milliseconds(50));
+    }
+    EXPECT_TRUE(status.ok()) << status.error_message();
     push_.set_worker_id(registered.worker_id());
     push_.set_registration_secret(registered.registration_secret());
     const Range range = map.range(0, 0);
