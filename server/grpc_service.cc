@@ -19,10 +19,12 @@
 #include "absl/algorithm/container.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/functional/any_invocable.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/grpc_status.h"
 #include "common/security.h"
+#include "common/server_route.h"
 #include "common/sync.h"
 #include "common/tensor_wire_grpc.h"
 #include "server/handler_pool.h"
@@ -458,32 +460,33 @@ class HealthService final : public ReactorService<grpc::health::v1::Health::Serv
 // token the server takes is refused at its headers.
 class Service final : public ReactorService<v1::ParameterServer::Service> {
  public:
-  Service(ParameterServer* server, int handler_threads, std::vector<Token> tokens)
+  Service(ParameterServer* server, Failover* failover, int handler_threads, std::vector<Token> tokens)
       : server_(server),
+        failover_(failover),
         tokens_(std::move(tokens)),
         pool_(handler_threads),
         calls_(server->config().cluster().max_streams_per_connection(), server->config().cluster().max_open_calls()),
         first_request_(absl::Milliseconds(server->config().cluster().rpc_deadline_ms())),
         health_(&calls_, first_request_, server) {
     Control<v1::RegisterRequest, v1::RegisterResponse>(
-        "Register", true, [this](const auto& request, auto* response, const std::string& caller) {
-          return server_->Register(request, response, caller);
+        "Register", true, [](ParameterServer* server, const auto& request, auto* response, const std::string& caller) {
+          return server->Register(request, response, caller);
         });
     Control<v1::HeartbeatRequest, v1::HeartbeatResponse>(
-        "Heartbeat", true, [this](const auto& request, auto* response, const std::string& caller) {
-          return server_->Heartbeat(request, response, caller);
+        "Heartbeat", true, [](ParameterServer* server, const auto& request, auto* response, const std::string& caller) {
+          return server->Heartbeat(request, response, caller);
         });
     Control<v1::LeaveRequest, v1::LeaveResponse>(
-        "Leave", true, [this](const auto& request, auto* response, const std::string& caller) {
-          return server_->Leave(request, caller, response);
+        "Leave", true, [](ParameterServer* server, const auto& request, auto* response, const std::string& caller) {
+          return server->Leave(request, caller, response);
         });
     Control<v1::RollbackRequest, v1::RollbackResponse>(
-        "Rollback", true, [this](const auto& request, auto* response, const std::string& caller) {
-          return server_->Rollback(request, response, caller);
+        "Rollback", true, [](ParameterServer* server, const auto& request, auto* response, const std::string& caller) {
+          return server->Rollback(request, response, caller);
         });
-    Control<v1::StatsRequest, v1::StatsResponse>("Stats", false, [this](const auto& request, auto* response,
-                                                                        const std::string&) {
-      server_->Stats(request, response);
+    Control<v1::StatsRequest, v1::StatsResponse>("Stats", false, [this](ParameterServer* server, const auto& request,
+                                                                        auto* response, const std::string&) {
+      server->Stats(request, response);
       response->set_open_streams(calls_.streams());
       response->set_open_unary_calls(calls_.unary());
       return absl::OkStatus();
@@ -495,7 +498,26 @@ class Service final : public ReactorService<v1::ParameterServer::Service> {
  private:
   // How a call of one method is served, from its context.
   // How a method's calls are served, from the call's context and caller.
-  using Serving = std::function<CallReactor::Serve(const grpc::CallbackServerContext&, const Caller&)>;
+  // `server`: the one the call is for (Target).
+  using Serving =
+      std::function<CallReactor::Serve(const grpc::CallbackServerContext&, const Caller&, ParameterServer* server)>;
+
+  // The server a call is for: this one, or with the segps-server header
+  // (common/server_route.h) one whose ranges this server took over
+  // (server/failover.h).
+  absl::StatusOr<ParameterServer*> Target(const grpc::CallbackServerContext& context) {
+    const auto& headers = context.client_metadata();
+    auto named = headers.find(kServerHeader);
+    if (named == headers.end()) return server_;
+    uint32_t index = 0;
+    if (!absl::SimpleAtoi(absl::string_view(named->second.data(), named->second.size()), &index)) {
+      return absl::InvalidArgumentError(absl::StrCat("header ", kServerHeader, " must be a server index"));
+    }
+    if (failover_ == nullptr && index != server_->index()) {
+      return absl::UnavailableError(absl::StrCat("server ", server_->index(), " serves no ranges of server ", index));
+    }
+    return failover_ == nullptr ? server_ : failover_->Route(index);
+  }
 
   // Serves `method` (`stream`: a streaming one) with CallReactors.
   void Handle(const char* method, bool stream, Serving serving) {
@@ -506,39 +528,37 @@ class Service final : public ReactorService<v1::ParameterServer::Service> {
             if (absl::Status admitted = AuthorizeCall(caller, false, method); !admitted.ok()) {
               return new CallReactor(method, ToGrpcStatus(admitted));
             }
-            return new CallReactor(method, stream, context->peer(), first_request_, serving(*context, caller),
-                                   &calls_, server_);
+            absl::StatusOr<ParameterServer*> target = Target(*context);
+            if (!target.ok()) return new CallReactor(method, ToGrpcStatus(target.status()));
+            return new CallReactor(method, stream, context->peer(), first_request_,
+                                   serving(*context, caller, *target), &calls_, *target);
           });
   }
 
   void HandleTensors() {
-    Handle("Pull", false, [this](const grpc::CallbackServerContext& context,
-                                 const Caller& caller) -> CallReactor::Serve {
-      return [this, &context, caller](const grpc::ByteBuffer& bytes, Reply finish,
-                                                                  StreamUsers*) {
-        ServePull(server_, &pool_, caller, WaitDeadline(&context, *server_), "Pull", bytes, std::move(finish));
+    Handle("Pull", false, [this](const grpc::CallbackServerContext& context, const Caller& caller,
+                                 ParameterServer* server) -> CallReactor::Serve {
+      return [this, &context, caller, server](const grpc::ByteBuffer& bytes, Reply finish, StreamUsers*) {
+        ServePull(server, &pool_, caller, WaitDeadline(&context, *server), "Pull", bytes, std::move(finish));
       };
     });
-    Handle("Push", false, [this](const grpc::CallbackServerContext& context,
-                                 const Caller& caller) -> CallReactor::Serve {
-      return [this, &context, caller](const grpc::ByteBuffer& bytes, Reply finish,
-                                                                  StreamUsers*) {
-        ServePush(server_, &pool_, caller, WaitDeadline(&context, *server_), bytes, std::move(finish));
+    Handle("Push", false, [this](const grpc::CallbackServerContext& context, const Caller& caller,
+                                 ParameterServer* server) -> CallReactor::Serve {
+      return [this, &context, caller, server](const grpc::ByteBuffer& bytes, Reply finish, StreamUsers*) {
+        ServePush(server, &pool_, caller, WaitDeadline(&context, *server), bytes, std::move(finish));
       };
     });
-    Handle("PushStream", true, [this](const grpc::CallbackServerContext&,
-                                       const Caller& caller) -> CallReactor::Serve {
-      return [this, caller](const grpc::ByteBuffer& bytes, Reply finish,
-                                                         StreamUsers* users) {
-        ServePush(server_, &pool_, caller, server_->clock()->Now() + server_->max_wait(), bytes, std::move(finish),
+    Handle("PushStream", true, [this](const grpc::CallbackServerContext&, const Caller& caller,
+                                       ParameterServer* server) -> CallReactor::Serve {
+      return [this, caller, server](const grpc::ByteBuffer& bytes, Reply finish, StreamUsers* users) {
+        ServePush(server, &pool_, caller, server->clock()->Now() + server->max_wait(), bytes, std::move(finish),
                   users);
       };
     });
-    Handle("PullStream", true, [this](const grpc::CallbackServerContext&,
-                                       const Caller& caller) -> CallReactor::Serve {
-      return [this, caller](const grpc::ByteBuffer& bytes, Reply finish,
-                                                         StreamUsers* users) {
-        ServePull(server_, &pool_, caller, server_->clock()->Now() + server_->max_wait(), "PullStream", bytes,
+    Handle("PullStream", true, [this](const grpc::CallbackServerContext&, const Caller& caller,
+                                       ParameterServer* server) -> CallReactor::Serve {
+      return [this, caller, server](const grpc::ByteBuffer& bytes, Reply finish, StreamUsers* users) {
+        ServePull(server, &pool_, caller, server->clock()->Now() + server->max_wait(), "PullStream", bytes,
                   std::move(finish), users);
       };
     });
@@ -548,20 +568,21 @@ class Service final : public ReactorService<v1::ParameterServer::Service> {
   template <typename Request, typename Response, typename Run>
   void Control(const char* name, bool worker_call, Run run) {
     Handle(name, false,
-           [name, worker_call, run](const grpc::CallbackServerContext&, const Caller& caller) -> CallReactor::Serve {
-      return [caller, name, worker_call, run](const grpc::ByteBuffer& bytes, Reply finish,
-                                                                           StreamUsers*) {
+           [name, worker_call, run](const grpc::CallbackServerContext&, const Caller& caller,
+                                    ParameterServer* server) -> CallReactor::Serve {
+      return [caller, name, worker_call, run, server](const grpc::ByteBuffer& bytes, Reply finish, StreamUsers*) {
         Request request;
         Response response;
         grpc::Status status = ToGrpcStatus(AuthorizeCall(caller, worker_call, name));
         if (status.ok()) status = Parse(name, bytes, &request);
-        if (status.ok()) status = ToGrpcStatus(run(request, &response, caller.identity));
+        if (status.ok()) status = ToGrpcStatus(run(server, request, &response, caller.identity));
         std::move(finish)(status, status.ok() ? Serialize(response) : grpc::ByteBuffer());
       };
     });
   }
 
   ParameterServer* const server_;
+  Failover* const failover_;  // null: calls for this server only
   const std::vector<Token> tokens_;  // the token file's: each call's role comes from its own
   HandlerPool pool_;
   CallCounts calls_;
@@ -571,10 +592,11 @@ class Service final : public ReactorService<v1::ParameterServer::Service> {
 
 class GrpcRunningServer final : public RunningServer {
  public:
-  GrpcRunningServer(ParameterServer* core, std::unique_ptr<Service> service,
+  GrpcRunningServer(ParameterServer* core, std::unique_ptr<Failover> failover, std::unique_ptr<Service> service,
                     std::unique_ptr<ReplicationService> replication, std::unique_ptr<grpc::Server> server,
                     std::string address)
       : core_(core),
+        failover_(std::move(failover)),
         service_(std::move(service)),
         replication_(std::move(replication)),
         server_(std::move(server)),
@@ -593,6 +615,7 @@ class GrpcRunningServer final : public RunningServer {
 
  private:
   ParameterServer* const core_;
+  std::unique_ptr<Failover> failover_;  // the server's own where none was given
   std::unique_ptr<Service> service_;
   std::unique_ptr<ReplicationService> replication_;  // null with one copy
   std::unique_ptr<grpc::Server> server_;
@@ -602,10 +625,20 @@ class GrpcRunningServer final : public RunningServer {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<RunningServer>> StartGrpcServer(ParameterServer* server,
-                                                               const std::string& listen, int handler_threads) {
+                                                               const std::string& listen, int handler_threads,
+                                                               Failover* failover) {
   absl::StatusOr<Security> security = LoadSecurity(server->config().security());
   if (!security.ok()) return security.status();
-  auto service = std::make_unique<Service>(server, handler_threads, security->tokens);
+  // A backup serves its primaries' streams (cluster.replicas): with no
+  // failover given, it takes no range over.
+  std::unique_ptr<Failover> own_failover;
+  if (failover == nullptr && server->shard_map().replicas() > 1) {
+    absl::StatusOr<std::unique_ptr<Failover>> passive = Failover::Start(server, {}, {});
+    if (!passive.ok()) return passive.status();
+    own_failover = *std::move(passive);
+    failover = own_failover.get();
+  }
+  auto service = std::make_unique<Service>(server, failover, handler_threads, security->tokens);
   grpc::ServerBuilder builder;
   int port = 0;
   absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials = ServerCredentials(*security);
@@ -637,8 +670,8 @@ absl::StatusOr<std::unique_ptr<RunningServer>> StartGrpcServer(ParameterServer* 
   builder.RegisterService(service->health());
   // A backup serves its primaries' streams (cluster.replicas).
   std::unique_ptr<ReplicationService> replication;
-  if (server->shard_map().replicas() > 1) {
-    replication = std::make_unique<ReplicationService>(server, security->tokens);
+  if (failover != nullptr) {
+    replication = std::make_unique<ReplicationService>(server, failover, security->tokens);
     builder.RegisterService(replication.get());
   }
   std::unique_ptr<grpc::Server> grpc_server = builder.BuildAndStart();
@@ -649,8 +682,8 @@ absl::StatusOr<std::unique_ptr<RunningServer>> StartGrpcServer(ParameterServer* 
   const size_t colon = listen.rfind(':');
   std::string address = absl::StrCat(listen.substr(0, colon), ":", port);
   return std::unique_ptr<RunningServer>(
-      new GrpcRunningServer(server, std::move(service), std::move(replication), std::move(grpc_server),
-                            std::move(address)));
+      new GrpcRunningServer(server, std::move(own_failover), std::move(service), std::move(replication),
+                            std::move(grpc_server), std::move(address)));
 }
 
 }  // namespace segps

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "server/failover.h"
 #include "server/parameter_server.h"
 
 namespace segps {
@@ -25,8 +26,11 @@ class RunningServer {
 // Serves `server` (which must outlive the result) on `listen` ("host:port")
 // on gRPC's callback API. Pushes and pulls of 256 KiB or more are served on
 // `handler_threads` threads of the service's own (server/handler_pool.h).
+// With cluster.replicas, `failover` (which must outlive the result; none:
+// the server takes no range over) also serves calls for the primaries whose
+// ranges it took over, and the backup's side of replication.
 absl::StatusOr<std::unique_ptr<RunningServer>> StartGrpcServer(ParameterServer* server, const std::string& listen,
-                                                               int handler_threads = 2);
+                                                               int handler_threads = 2, Failover* failover = nullptr);
 
 }  // namespace segps
 

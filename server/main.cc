@@ -20,6 +20,7 @@
 #include "common/security.h"
 #include "common/log.h"
 #include "common/metrics.h"
+#include "server/failover.h"
 #include "server/grpc_service.h"
 #include "server/listener_watch.h"
 #include "server/parameter_server.h"
@@ -127,13 +128,14 @@ absl::StatusOr<std::unique_ptr<segps::MetricsEndpoint>> StartMetrics() {
 // Starts `running` again on `address`, its own: gRPC abandoned its listener
 // (server/listener_watch.h). Calls in flight fail; workers rejoin. On an
 // error `running` is null until a later call succeeds.
-absl::Status Relisten(segps::ParameterServer* server, const std::string& address, int handler_threads,
-                      segps::ServerMetrics* metrics, std::unique_ptr<segps::RunningServer>* running) {
+absl::Status Relisten(segps::ParameterServer* server, segps::Failover* failover, const std::string& address,
+                      int handler_threads, segps::ServerMetrics* metrics,
+                      std::unique_ptr<segps::RunningServer>* running) {
   if (*running != nullptr) (*running)->Shutdown(absl::ZeroDuration());  // drains the parked calls
   running->reset();
   server->Reopen();
   absl::StatusOr<std::unique_ptr<segps::RunningServer>> again =
-      segps::StartGrpcServer(server, address, handler_threads);
+      segps::StartGrpcServer(server, address, handler_threads, failover);
   if (!again.ok()) return again.status();
   *running = *std::move(again);
   if (metrics != nullptr) metrics->ObserveListenerRestart();
@@ -197,8 +199,16 @@ int Serve(const Settings& s) {
                                       .state_key = security->state_key});
   if (!server.ok()) return Fail(server.status());
   const std::unique_ptr<segps::RegionListener> regions = StartRegionListener(server->get());
+  std::vector<std::string> peers = absl::StrSplit(absl::GetFlag(FLAGS_servers), ',', absl::SkipEmpty());
+  if (peers.empty()) peers.assign(s.config.cluster().server_addresses().begin(), s.config.cluster().server_addresses().end());
+  segps::ServerOptions taken_over;  // of the ranges this server may take over
+  taken_over.authenticated = !security->tokens.empty();
+  taken_over.state_key = security->state_key;
+  absl::StatusOr<std::unique_ptr<segps::Failover>> failover =
+      segps::Failover::Start(server->get(), peers, taken_over);
+  if (!failover.ok()) return Fail(failover.status());
   absl::StatusOr<std::unique_ptr<segps::RunningServer>> running =
-      segps::StartGrpcServer(server->get(), s.listen, s.handler_threads);
+      segps::StartGrpcServer(server->get(), s.listen, s.handler_threads, failover->get());
   if (!running.ok()) return Fail(running.status());
   const segps::ShardMap& map = (*server)->shard_map();
   uint64_t elements = 0;
@@ -206,26 +216,26 @@ int Serve(const Settings& s) {
   SEGPS_LOG_INFO << "server " << s.index << " of " << s.config.cluster().num_servers() << " holds " << elements
                  << " parameters of " << map.num_segments() << " segments; shard map " << map.fingerprint();
   std::cout << "segps-server listening on " << (*running)->address() << std::endl;
-  std::vector<std::string> peers = absl::StrSplit(absl::GetFlag(FLAGS_servers), ',', absl::SkipEmpty());
-  if (peers.empty()) peers.assign(s.config.cluster().server_addresses().begin(), s.config.cluster().server_addresses().end());
   if (absl::Status taken = segps::TakeBackRanges(server->get(), peers,
                                                  absl::Milliseconds(s.config.cluster().recovery_timeout_ms()));
       !taken.ok()) {
     return Fail(taken);
   }
-  absl::StatusOr<std::unique_ptr<segps::ReplicaLinks>> links = segps::ReplicaLinks::Start(server->get(), peers, metrics.get());
+  absl::StatusOr<std::unique_ptr<segps::ReplicaLinks>> links =
+      segps::ReplicaLinks::Start(server->get(), peers, failover->get(), metrics.get());
   if (!links.ok()) return Fail(links.status());
 
   int received = 0;
   {
     segps::ListenerWatch watch(absl::Seconds(1), [&, address = (*running)->address()] {
-      return Relisten(server->get(), address, s.handler_threads, metrics.get(), &*running);
+      return Relisten(server->get(), failover->get(), address, s.handler_threads, metrics.get(), &*running);
     });
     sigwait(&signals, &received);
   }
   SEGPS_LOG_INFO << "server " << s.index << ": " << (received == SIGINT ? "SIGINT" : "SIGTERM") << ", shutting down";
   if (*running != nullptr) (*running)->Shutdown(absl::Seconds(1));
   links->reset();
+  failover->reset();
   (*server)->FlushCheckpoints();
   return 0;
 }

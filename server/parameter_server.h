@@ -132,6 +132,8 @@ class ParameterServer {
   // side), and checked (the backup's): the job, the ring and the seal.
   v1::ReplicaHello Hello(uint32_t backup) const;
   absl::Status CheckHello(const v1::ReplicaHello& hello) const;
+  // A peer server's hello to this one, on `call`: the job and the seal.
+  absl::Status CheckPeer(const v1::ReplicaHello& hello, const char* call) const;
   // A record from server `from`: taken by this server's copy of its
   // range, which `from` must be the primary of; an error names what is
   // wrong and changes nothing.
@@ -143,6 +145,12 @@ class ParameterServer {
   void BeginTakeBack() { taking_back_ = true; }
   absl::Status TakeBack(int segment, const v1::ReplicaRecord& copy);
   void EndTakeBack() { taking_back_ = false; }
+  // Failover (server/failover.h): this server serves a primary's ranges
+  // taken over by one of its backups, alone: its pushes wait for no backup.
+  void ServeAlone();
+  // Hands every range over to the primary's new run: each segment's
+  // state, after which every call is refused (UNAVAILABLE, `why`).
+  std::vector<v1::ReplicaRecord> HandOver(const std::string& why);
   // A backup's answer to Fetch: its copy of the caller's range, the caller
   // checked as a Replicate stream's sender.
   absl::StatusOr<v1::ReplicaRecord> Fetch(const v1::FetchRequest& request) const;

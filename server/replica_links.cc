@@ -13,6 +13,7 @@
 #include "common/security.h"
 #include "common/status_macros.h"
 #include "segps/v1/replication.grpc.pb.h"
+#include "server/failover.h"
 
 ABSL_FLAG(int32_t, fault_replica_delay_ms, 0,
           "Fault injection, for tests: each record this server sends a backup waits this long first (a slow link "
@@ -29,11 +30,10 @@ struct ReplicaLinks::Link {
   bool stop ABSL_GUARDED_BY(mu) = false;
   bool reported ABSL_GUARDED_BY(mu) = false;  // the current outage was logged
   bool dropped ABSL_GUARDED_BY(mu) = false;   // out of reach for a lease: its copies are dropped
+  bool held ABSL_GUARDED_BY(mu) = false;      // no majority let it drop the backup (said once)
   grpc::ClientContext* context ABSL_GUARDED_BY(mu) = nullptr;  // the open stream's, to cancel it
   std::thread thread;
 };
-
-namespace {
 
 grpc::ChannelArguments PeerArguments(const v1::JobConfig& config) {
   grpc::ChannelArguments args;
@@ -53,6 +53,8 @@ grpc::ChannelArguments PeerArguments(const v1::JobConfig& config) {
   args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
   return args;
 }
+
+namespace {
 
 absl::Status CheckAddresses(const ParameterServer& server, const std::vector<std::string>& addresses) {
   const v1::ClusterConfig& cluster = server.config().cluster();
@@ -121,15 +123,16 @@ absl::Status TakeBackRanges(ParameterServer* server, const std::vector<std::stri
   return absl::OkStatus();
 }
 
-ReplicaLinks::ReplicaLinks(ParameterServer* server, std::vector<std::string> addresses, ServerMetrics* metrics)
-    : server_(server), addresses_(std::move(addresses)), metrics_(metrics),
+ReplicaLinks::ReplicaLinks(ParameterServer* server, std::vector<std::string> addresses, Failover* failover,
+                           ServerMetrics* metrics)
+    : server_(server), addresses_(std::move(addresses)), failover_(failover), metrics_(metrics),
       record_delay_(absl::Milliseconds(absl::GetFlag(FLAGS_fault_replica_delay_ms))) {}
 
 absl::StatusOr<std::unique_ptr<ReplicaLinks>> ReplicaLinks::Start(ParameterServer* server,
                                                                    std::vector<std::string> addresses,
-                                                                   ServerMetrics* metrics) {
+                                                                   Failover* failover, ServerMetrics* metrics) {
   const v1::JobConfig& config = server->config();
-  std::unique_ptr<ReplicaLinks> links(new ReplicaLinks(server, std::move(addresses), metrics));
+  std::unique_ptr<ReplicaLinks> links(new ReplicaLinks(server, std::move(addresses), failover, metrics));
   if (server->replica_logs().empty()) return links;
   SEGPS_RETURN_IF_ERROR(CheckAddresses(*server, links->addresses_));
   absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials = LoadChannelCredentials(config.security());
@@ -200,10 +203,12 @@ void ReplicaLinks::Run(Link* link) {
         link->reported = true;
       }
       drop = !link->dropped && now - *down_since >= lease;
-      link->dropped = link->dropped || drop;
     }
     // Outside the link's lock: the pushes released are answered here.
-    if (drop) Drop(link->backup, now - *down_since);
+    if (drop && Drop(link, now - *down_since)) {
+      MutexLock lock(&link->mu);
+      link->dropped = true;
+    }
     MutexLock lock(&link->mu);
     // Woken at the lease's end to drop the backup, if not by a record sooner.
     const absl::Time until = link->dropped ? now + delay : std::min(now + delay, *down_since + lease);
@@ -212,7 +217,17 @@ void ReplicaLinks::Run(Link* link) {
   }
 }
 
-void ReplicaLinks::Drop(uint32_t backup, absl::Duration down) {
+bool ReplicaLinks::Drop(Link* link, absl::Duration down) {
+  const uint32_t backup = link->backup;
+  const absl::Status allowed = failover_ != nullptr ? failover_->MayDrop(backup) : absl::OkStatus();
+  if (absl::IsAborted(allowed)) failover_->Stop(std::string(allowed.message()));
+  if (!allowed.ok()) {
+    MutexLock lock(&link->mu);
+    if (std::exchange(link->held, true)) return false;  // said once an outage
+    SEGPS_LOG_WARNING << "server " << server_->index() << ": backup server " << backup << " is out of reach for "
+                      << absl::FormatDuration(down) << ", and pushes go on waiting for it: " << allowed.message();
+    return false;
+  }
   for (auto& log : server_->replica_logs()) log->Drop(backup);
   const uint32_t replicas = server_->shard_map().replicas();
   SEGPS_LOG_WARNING << "server " << server_->index() << ": backup server " << backup << " at "
@@ -220,6 +235,7 @@ void ReplicaLinks::Drop(uint32_t backup, absl::Duration down) {
                     << ": its copies of this server's ranges are dropped, and pushes are acknowledged with one copy "
                        "fewer than cluster.replicas "
                     << replicas << " until it is back and filled again";
+  return true;
 }
 
 void ReplicaLinks::Reached(Link* link) {
@@ -234,6 +250,7 @@ void ReplicaLinks::Reached(Link* link) {
   }
   link->reported = false;
   link->dropped = false;
+  link->held = false;
 }
 
 bool ReplicaLinks::Stream(Link* link, std::string* error) {
@@ -282,6 +299,7 @@ bool ReplicaLinks::Stream(Link* link, std::string* error) {
   }
   const grpc::Status status = stream->Finish();
   *error = status.ok() ? "the stream ended" : status.error_message();
+  if (status.error_code() == grpc::StatusCode::ABORTED && failover_ != nullptr) failover_->Stop(*error);
   MutexLock lock(&link->mu);
   link->context = nullptr;
   return served;

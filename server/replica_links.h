@@ -23,6 +23,8 @@
 #include <thread>
 #include <vector>
 
+#include <grpcpp/support/channel_arguments.h>
+
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "common/sync.h"
@@ -30,6 +32,12 @@
 #include "server/server_metrics.h"
 
 namespace segps {
+
+class Failover;
+
+// A server's channels to its peers: messages of cluster.max_message_bytes,
+// reconnects within 100 ms to 1 s, keepalive pings every lease.
+grpc::ChannelArguments PeerArguments(const v1::JobConfig& config);
 
 // A server started again without its ranges (cluster.replicas) takes each
 // back from a backup's copy before it serves workers, which it refuses
@@ -44,30 +52,38 @@ absl::Status TakeBackRanges(ParameterServer* server, const std::vector<std::stri
 class ReplicaLinks {
  public:
   // Links `server` (which outlives them) to its backups at `addresses`
-  // (every server's, in index order). None with one copy.
-  // `metrics` (may be null) hears whether each backup is reachable.
+  // (every server's, in index order). None with one copy. A backup is
+  // dropped only once `failover` (which outlives them) finds a majority of
+  // the servers answering and none that voted this run gone; a backup or
+  // a server that says this run was taken over stops the server
+  // (Failover::Stop). `metrics` (may be null) hears whether each backup is
+  // reachable.
   static absl::StatusOr<std::unique_ptr<ReplicaLinks>> Start(ParameterServer* server,
                                                              std::vector<std::string> addresses,
-                                                             ServerMetrics* metrics = nullptr);
+                                                             Failover* failover, ServerMetrics* metrics = nullptr);
   ~ReplicaLinks();
 
  private:
   struct Link;
-  ReplicaLinks(ParameterServer* server, std::vector<std::string> addresses, ServerMetrics* metrics);
+  ReplicaLinks(ParameterServer* server, std::vector<std::string> addresses, Failover* failover,
+               ServerMetrics* metrics);
   // Keeps backup `backup`'s stream open until the links stop.
   void Run(Link* link);
   // The backup has been out of reach for `down`, a lease or more: its
-  // copies are dropped (ReplicaLog::Drop) until a stream opens again.
-  void Drop(uint32_t backup, absl::Duration down);
+  // copies are dropped (ReplicaLog::Drop) until a stream opens again, if a
+  // majority allows (whether it did).
+  bool Drop(Link* link, absl::Duration down);
   // The backup acknowledged the stream's first record: it is reachable,
   // and holds this server's state.
   void Reached(Link* link);
   // One stream's life: whether the backup acknowledged anything on it
-  // (why it ended in `error`).
+  // (why it ended in `error`). A backup that took this run over stops the
+  // server.
   bool Stream(Link* link, std::string* error);
 
   ParameterServer* const server_;
   const std::vector<std::string> addresses_;
+  Failover* const failover_;
   ServerMetrics* const metrics_;  // may be null
   const absl::Duration record_delay_;  // --fault_replica_delay_ms
   std::vector<std::unique_ptr<Link>> links_;

@@ -58,21 +58,30 @@ v1::ReplicaHello ParameterServer::Hello(uint32_t backup) const {
   return hello;
 }
 
-absl::Status ParameterServer::CheckHello(const v1::ReplicaHello& hello) const {
+absl::Status ParameterServer::CheckPeer(const v1::ReplicaHello& hello, const char* call) const {
   if (hello.to_server() != index_) {
-    return absl::FailedPreconditionError(absl::StrCat("Replicate: this is server ", index_, ", not server ",
+    return absl::FailedPreconditionError(absl::StrCat(call, ": this is server ", index_, ", not server ",
                                                       hello.to_server(), "; check the server addresses"));
   }
   if (hello.shard_fingerprint() != map_.fingerprint()) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "Replicate: server ", hello.from_server(), " has shard map ", hello.shard_fingerprint(), ", this server ",
+        call, ": server ", hello.from_server(), " has shard map ", hello.shard_fingerprint(), ", this server ",
         map_.fingerprint(), " (another model, server count or cluster.replicas)"));
   }
   if (authenticated_ && (state_key_.empty() || !HelloSealHolds(state_key_, hello))) {
-    return absl::PermissionDeniedError(
-        "Replicate: the hello is not sealed with the servers' key (the token file's `server` line); only a "
-        "server of this job writes a backup");
+    return absl::PermissionDeniedError(absl::StrCat(
+        call, ": the hello is not sealed with the servers' key (the token file's `server` line); only a server "
+              "of this job calls it"));
   }
+  if (hello.from_server() >= map_.num_servers()) {
+    return absl::InvalidArgumentError(absl::StrCat(call, ": hello from_server ", hello.from_server(),
+                                                   " is not a server of this job (", map_.num_servers(), ")"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ParameterServer::CheckHello(const v1::ReplicaHello& hello) const {
+  SEGPS_RETURN_IF_ERROR(CheckPeer(hello, "Replicate"));
   const std::vector<uint32_t> backed = map_.backed_by(index_);
   if (std::find(backed.begin(), backed.end(), hello.from_server()) == backed.end()) {
     return absl::FailedPreconditionError(absl::StrCat("Replicate: server ", index_, " backs no range of server ",
@@ -108,6 +117,18 @@ absl::Status ParameterServer::TakeBack(int segment, const v1::ReplicaRecord& cop
   shards_[segment]->TakeBack(copy.state());
   taken_back_ = true;
   return absl::OkStatus();
+}
+
+void ParameterServer::ServeAlone() {
+  for (auto& log : logs_) {
+    for (uint32_t backup : log->backups()) log->Drop(backup);
+  }
+}
+
+std::vector<v1::ReplicaRecord> ParameterServer::HandOver(const std::string& why) {
+  std::vector<v1::ReplicaRecord> states;
+  for (auto& shard : shards_) states.push_back(shard->HandOver(why));
+  return states;
 }
 
 absl::StatusOr<v1::ReplicaRecord> ParameterServer::Fetch(const v1::FetchRequest& request) const {

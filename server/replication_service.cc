@@ -1,5 +1,6 @@
 #include "server/replication_service.h"
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
 #include "common/log.h"
@@ -20,10 +21,15 @@ grpc::Status ReplicationService::Replicate(grpc::ServerContext* context,
                       << context->peer() << ": " << hello.message();
     return ToGrpcStatus(hello);
   }
-  const uint32_t from = record.hello().from_server();
+  const v1::ReplicaHello hello = record.hello();
+  const uint32_t from = hello.from_server();
+  absl::StatusOr<uint64_t> opened = failover_->Opened(hello, [context] { context->TryCancel(); });
+  if (!opened.ok()) return ToGrpcStatus(opened.status());
+  // Closed before the context goes.
+  const absl::Cleanup closed = [&] { failover_->Closed(from, *opened); };
   SEGPS_LOG_INFO << "server " << server_->index() << ": backing server " << from << "'s ranges";
   while (stream->Read(&record)) {
-    if (absl::Status taken = server_->TakeReplica(from, record); !taken.ok()) {
+    if (absl::Status taken = failover_->Take(hello, record); !taken.ok()) {
       SEGPS_LOG_WARNING << "server " << server_->index() << ": " << taken.message();
       return ToGrpcStatus(taken);
     }
@@ -40,9 +46,18 @@ grpc::Status ReplicationService::Fetch(grpc::ServerContext* context, const v1::F
                                        v1::ReplicaRecord* response) {
   const Caller caller = CallerOf(*context, tokens_);
   if (absl::Status allowed = AuthorizeCall(caller, true, "Fetch"); !allowed.ok()) return ToGrpcStatus(allowed);
-  absl::StatusOr<v1::ReplicaRecord> copy = server_->Fetch(*request);
+  absl::StatusOr<v1::ReplicaRecord> copy = failover_->Fetch(*request);
   if (!copy.ok()) return ToGrpcStatus(copy.status());
   *response = *std::move(copy);
+  return grpc::Status::OK;
+}
+
+grpc::Status ReplicationService::Suspect(grpc::ServerContext* context, const v1::SuspectRequest* request,
+                                        v1::SuspectResponse* response) {
+  const Caller caller = CallerOf(*context, tokens_);
+  if (absl::Status allowed = AuthorizeCall(caller, true, "Suspect"); !allowed.ok()) return ToGrpcStatus(allowed);
+  if (absl::Status hello = server_->CheckPeer(request->hello(), "Suspect"); !hello.ok()) return ToGrpcStatus(hello);
+  *response = failover_->Suspect(*request);
   return grpc::Status::OK;
 }
 

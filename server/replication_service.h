@@ -5,7 +5,9 @@
 // servers' seal); every record is then taken by the server's copy of its
 // range and acknowledged, in order. A record that is refused ends the
 // stream with the reason and changes nothing; the primary opens a new one,
-// which starts again from the range's state.
+// which starts again from the range's state. Failover (server/failover.h)
+// refuses the streams of a primary's run it took over, hands ranges taken
+// over back on Fetch, and answers Suspect.
 #ifndef SEGPS_SERVER_REPLICATION_SERVICE_H_
 #define SEGPS_SERVER_REPLICATION_SERVICE_H_
 
@@ -13,23 +15,27 @@
 
 #include "common/security.h"
 #include "segps/v1/replication.grpc.pb.h"
+#include "server/failover.h"
 #include "server/parameter_server.h"
 
 namespace segps {
 
 class ReplicationService final : public v1::Replication::Service {
  public:
-  // `server` outlives the service.
-  ReplicationService(ParameterServer* server, std::vector<Token> tokens)
-      : server_(server), tokens_(std::move(tokens)) {}
+  // `server` and `failover` outlive the service.
+  ReplicationService(ParameterServer* server, Failover* failover, std::vector<Token> tokens)
+      : server_(server), failover_(failover), tokens_(std::move(tokens)) {}
 
   grpc::Status Replicate(grpc::ServerContext* context,
                          grpc::ServerReaderWriter<v1::ReplicaAck, v1::ReplicaRecord>* stream) override;
   grpc::Status Fetch(grpc::ServerContext* context, const v1::FetchRequest* request,
                      v1::ReplicaRecord* response) override;
+  grpc::Status Suspect(grpc::ServerContext* context, const v1::SuspectRequest* request,
+                       v1::SuspectResponse* response) override;
 
  private:
   ParameterServer* const server_;
+  Failover* const failover_;
   const std::vector<Token> tokens_;
 };
 

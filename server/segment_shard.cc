@@ -72,6 +72,9 @@ absl::Status SegmentShard::BehindBound(uint64_t clock) const {
 absl::StatusOr<SegmentShard::Worker*> SegmentShard::FindLive(uint64_t id, absl::Time now,
                                                              const char* call) {
   Worker* found = clocks_.Find(id);
+  if (found == nullptr && !handed_over_.empty()) {
+    return absl::UnavailableError(absl::StrCat(call, ": ", handed_over_));
+  }
   if (found == nullptr && !ended_.empty()) return absl::OutOfRangeError(absl::StrCat(call, ": ", ended_));
   if (found == nullptr) {
     return absl::NotFoundError(absl::StrCat(call, ": worker ", id, " is not registered for segment ",
@@ -137,6 +140,7 @@ absl::StatusOr<Registered> SegmentShard::Register(uint64_t id, uint32_t rank, st
   Registered out;
   {
     MutexLock lock(&mu_);
+    if (!handed_over_.empty()) return absl::UnavailableError(handed_over_);
     if (!ended_.empty()) return absl::OutOfRangeError(ended_);
     const absl::Time now = options_.clock->Now();
     ExpireLeases(now);
@@ -244,6 +248,21 @@ void SegmentShard::TakeBack(const v1::RangeState& copy) {
     }
   }
   for (auto& complete : ready) std::move(complete)();
+}
+
+v1::ReplicaRecord SegmentShard::HandOver(const std::string& why) {
+  Completions ready;
+  v1::ReplicaRecord state;
+  {
+    MutexLock lock(&mu_);
+    state = StateRecord();
+    const absl::Status gone = absl::UnavailableError(why);
+    for (std::unique_ptr<Waiter>& waiter : parked_.ReleaseAll()) Fail(std::move(waiter), gone, &ready);
+    clocks_.Reset(0);
+    handed_over_ = why;
+  }
+  for (auto& complete : ready) std::move(complete)();
+  return state;
 }
 
 absl::Status SegmentShard::SetEpochClocks(uint64_t epoch_clocks) {

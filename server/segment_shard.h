@@ -193,6 +193,10 @@ class SegmentShard {
   // Restore, but each rank is held at its own position in the copy, so that
   // nothing a backup acknowledged is lost.
   void TakeBack(const v1::RangeState& copy);
+  // Failover's hand-back (server/failover.h): the range's state now, as a
+  // record. Every registration ends with it, and every call from then on
+  // is answered UNAVAILABLE with `why`: nothing changes the range after.
+  v1::ReplicaRecord HandOver(const std::string& why);
   uint64_t generation();
   // Rank `rank`'s next clock here, and whether that step is partly
   // applied (a rank with no worker yet: the clock the segment restored or
@@ -385,6 +389,7 @@ class SegmentShard {
   ParkedCalls parked_ ABSL_GUARDED_BY(mu_);
   std::string draining_ ABSL_GUARDED_BY(mu_);  // why calls no longer wait, once set
   std::string ended_ ABSL_GUARDED_BY(mu_);     // why the segment stopped early, once it did
+  std::string handed_over_ ABSL_GUARDED_BY(mu_);  // why the range is served elsewhere, once it is
   std::optional<uint64_t> ended_at_ ABSL_GUARDED_BY(mu_);
   CutPolicy cuts_ ABSL_GUARDED_BY(mu_);
   uint64_t generation_ ABSL_GUARDED_BY(mu_) = 1;

@@ -158,8 +158,9 @@ Result RunEchoStream(const std::string& address, pid_t pid, size_t bytes, double
   args.SetMaxReceiveMessageSize(INT32_MAX);
   args.SetMaxSendMessageSize(INT32_MAX);
   CompletionLoop loop;
-  RequestStreams streams(&loop, {grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args)},
-                         {"the echo"}, "/segps.bench.Echo/EchoStream");
+  ServerRoutes routes({ServerRoutes::Way::Own(
+      grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args), "the echo")});
+  RequestStreams streams(&loop, &routes, "/segps.bench.Echo/EchoStream");
   std::vector<char> sent(bytes, 'x'), landed(bytes);
   char* const data = sent.data();
   const grpc::Slice slice(data, bytes, [](void*) {}, nullptr);

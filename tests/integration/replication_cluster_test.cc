@@ -13,6 +13,7 @@
 #include <atomic>
 #include <map>
 #include <memory>
+#include <random>
 #include <string>
 #include <thread>
 #include <utility>
@@ -22,6 +23,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "common/config.h"
+#include "common/server_route.h"
 #include "common/shard_map.h"
 #include "common/tensor_wire.h"
 #include "segps/v1/parameter_server.grpc.pb.h"
@@ -76,10 +78,13 @@ std::string BoundedJob(const std::string& dir) {
   return path;
 }
 
-v1::StatsResponse Stats(const std::string& address) {
+// The Stats of the server at `address`, or with `as`, of the ranges of
+// server `as` it took over (the segps-server header).
+v1::StatsResponse Stats(const std::string& address, std::optional<int> as = std::nullopt) {
   auto stub = v1::ParameterServer::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(30)));
+  if (as.has_value()) context.AddMetadata(kServerHeader, absl::StrCat(*as));
   v1::StatsRequest request;
   request.set_digests(true);
   v1::StatsResponse stats;
@@ -243,6 +248,11 @@ class RawPush {
     });
   }
   bool answered() const { return answered_; }
+  // Waits for the answer: whether it was acknowledged (any way).
+  bool Acknowledged() {
+    thread_.join();
+    return status_.ok();
+  }
   // Waits for the answer: whether it applied the push.
   bool Applied() {
     thread_.join();
@@ -281,6 +291,7 @@ struct PausedBackup {
   explicit PausedBackup(const std::string& dir)
       : path(SynchronousJob(dir)), cluster(path, dir, 3, false, false, true) {
     EXPECT_TRUE(cluster.WaitForServerLine(1, "backing server 0's ranges")) << cluster.Output();
+    EXPECT_TRUE(cluster.WaitForServerLine(2, "backing server 1's ranges")) << cluster.Output();
     push = std::make_unique<RawPush>(cluster, path);
     kill(cluster.ServerPid(1), SIGSTOP);
     push->Send();
@@ -328,32 +339,76 @@ TEST(ReplicatedCluster, APushIsNotAnsweredBeforeItsSlowedBackupHoldsIt) {
 
 // A backup paused past its lease is dropped: the push its primary held (as
 // the test above shows it holds one) is answered while the backup is still
-// paused, and the primary says so. Once the backup resumes it is filled
-// again from its primary's state, and holds exactly what the primary does.
+// paused, and the primary says so. Server 1 is also a primary, of range 1:
+// its own backup (server 2) takes that range over meanwhile, so once it
+// resumes it is refused and stops. Started again, it takes its range back
+// from server 2 and is filled again from server 0's state, holding exactly
+// what server 0 does.
 TEST(ReplicatedCluster, ABackupPausedPastItsLeaseIsDroppedAndFilledAgainOnceItResumes) {
   PausedBackup paused(MakeTempDir());
   ProcessCluster& cluster = paused.cluster;
   EXPECT_TRUE(cluster.WaitForServerLine(0, "its copies of this server's ranges are dropped")) << cluster.Output();
   const bool applied = paused.push->Applied();  // answered with its backup still paused
+  EXPECT_TRUE(cluster.WaitForServerLine(2, "took over server 1's ranges")) << cluster.Output();
   paused.Resume();
   EXPECT_TRUE(applied);
-  EXPECT_TRUE(cluster.WaitForServerLine(0, "is filled again from this server's state")) << cluster.Output();
+  EXPECT_TRUE(cluster.WaitForServerLine(1, "server 1 stops")) << cluster.Output();
+  ASSERT_TRUE(cluster.StartServer(1)) << cluster.Output();
+  EXPECT_TRUE(cluster.WaitForServerLine(1, "took segment 0's range back from server 2")) << cluster.Output();
+  // Server 0 fills the new server 1 (it may have said so of the old one).
+  bool filled = false;
+  for (absl::Time until = absl::Now() + absl::Seconds(60); !filled && absl::Now() < until;) {
+    const v1::StatsResponse backup = Stats(cluster.addresses()[1]);
+    filled = backup.replicas_size() == 1 && !backup.replicas(0).digest().empty();
+    if (!filled) absl::SleepFor(absl::Milliseconds(10));
+  }
+  EXPECT_TRUE(filled) << cluster.Output();
   ExpectBackupHoldsRangeZero(cluster);
+}
+
+// Server 0 paused past its lease with a push on its way to it: its backup
+// (server 1) finds it silent, server 2 agrees it is out of reach, and server
+// 1 takes range 0 over. Once server 0 resumes it takes the push, but its
+// backup refuses it for the take-over: the push is never acknowledged,
+// server 0 stops (exit 3) saying why, and the range server 1 serves never
+// saw the push.
+TEST(ReplicatedCluster, APrimaryPausedPastItsLeaseIsTakenOverAndAcknowledgesNothingOnceItResumes) {
+  const std::string dir = MakeTempDir(), path = SynchronousJob(dir);
+  ProcessCluster cluster(path, dir, 3, false, false, true);
+  ASSERT_TRUE(cluster.WaitForServerLine(1, "backing server 0's ranges")) << cluster.Output();
+  RawPush push(cluster, path);
+  kill(cluster.ServerPid(0), SIGSTOP);
+  push.Send();
+  ASSERT_TRUE(cluster.WaitForServerLine(1, "took over server 0's ranges")) << cluster.Output();
+  const bool early = push.answered();
+  kill(cluster.ServerPid(0), SIGCONT);
+  EXPECT_FALSE(early);
+  EXPECT_FALSE(push.Acknowledged()) << "a push was acknowledged under the old map";
+  EXPECT_TRUE(cluster.WaitForServerLine(0, "server 0 stops")) << cluster.Output();
+  std::optional<int> status = cluster.WaitServer(0);
+  ASSERT_TRUE(status.has_value());
+  EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 3) << *status;
+  // Server 1's range 0, as server 0 (the segps-server header): no update.
+  const v1::StatsResponse taken_over = Stats(cluster.addresses()[1], 0);
+  ASSERT_EQ(taken_over.segments_size(), 1);
+  EXPECT_EQ(taken_over.segments(0).updates(), 0u);
+}
+
+// The synchronous job's parameters, never interrupted.
+std::string UninterruptedParameters() {
+  const std::string dir = MakeTempDir();
+  ProcessCluster cluster(SynchronousJob(dir), dir, 3, false, false, true);
+  std::unique_ptr<Subprocess> worker = cluster.StartWorker("s", 0);
+  std::optional<int> status = worker->Wait(absl::Seconds(120));
+  EXPECT_TRUE(status.has_value() && ExitedOk(*status)) << worker->output();
+  return cluster.Parameters("s");
 }
 
 // A server killed (-9) and started again with no disk at all takes its
 // range back from its backup; the worker rejoins, and the job ends with the
 // parameters of the same job never interrupted, bit for bit.
 TEST(ReplicatedCluster, AServerStartedAgainOnNoDiskTakesItsRangeBackAndTheJobEndsBitForBit) {
-  const std::string reference_dir = MakeTempDir();
-  std::string reference;
-  {
-    ProcessCluster cluster(SynchronousJob(reference_dir), reference_dir, 3, false, false, true);
-    std::unique_ptr<Subprocess> worker = cluster.StartWorker("s", 0);
-    std::optional<int> status = worker->Wait(absl::Seconds(120));
-    ASSERT_TRUE(status.has_value() && ExitedOk(*status)) << worker->output();
-    reference = cluster.Parameters("s");
-  }
+  const std::string reference = UninterruptedParameters();
   ASSERT_GT(reference.size(), 1000u);
   for (int victim : {0, 2}) {
     SCOPED_TRACE(absl::StrCat("server ", victim, " killed at step 150"));
@@ -373,6 +428,40 @@ TEST(ReplicatedCluster, AServerStartedAgainOnNoDiskTakesItsRangeBackAndTheJobEnd
     EXPECT_NE(worker->output().find("rejoined at clock 15"), std::string::npos) << worker->output();
     EXPECT_TRUE(cluster.Parameters("s") == reference) << worker->output();
   }
+}
+
+// A server killed (-9) for good, at a step and a server drawn from a fixed
+// seed, and never started again: its first backup finds it silent for a
+// lease, the third server agrees it is out of reach (a majority), and the
+// backup serves its ranges from its copies. The worker's calls for the lost
+// server go to the backup, naming it; the job ends with the uninterrupted
+// job's parameters bit for bit, which segps-eval reads from the backup.
+TEST(ReplicatedCluster, AServerKilledForGoodIsTakenOverByItsBackupAndTheJobEndsBitForBit) {
+  const std::string reference = UninterruptedParameters();
+  ASSERT_GT(reference.size(), 1000u);
+  std::mt19937 draw(20261207);
+  const int step = std::uniform_int_distribution<int>(20, 350)(draw);
+  const int victim = std::uniform_int_distribution<int>(0, 2)(draw);
+  const int backup = (victim + 1) % 3;
+  SCOPED_TRACE(absl::StrCat("server ", victim, " killed for good at step ", step));
+  const std::string dir = MakeTempDir();
+  ProcessCluster cluster(SynchronousJob(dir), dir, 3, false, false, true);
+  std::unique_ptr<Subprocess> worker = cluster.StartWorker("s", 0);
+  ASSERT_TRUE(worker->WaitForLine(absl::StrCat(" step ", step, "/375 "), absl::Seconds(120)).has_value())
+      << worker->output();
+  cluster.KillServer(victim);
+  std::optional<int> status = worker->Wait(absl::Seconds(120));
+  ASSERT_TRUE(status.has_value() && ExitedOk(*status)) << worker->output() << cluster.Output();
+  EXPECT_TRUE(cluster.WaitForServerLine(backup, absl::StrCat("took over server ", victim, "'s ranges")))
+      << cluster.Output();
+  EXPECT_NE(worker->output().find(absl::StrCat("through server ", backup)), std::string::npos) << worker->output();
+  for (const char* never : {"rolling the segment back", "computed again", "continuing from clock"}) {
+    EXPECT_EQ(worker->output().find(never), std::string::npos) << never << "\n" << worker->output();
+  }
+  const std::string read = cluster.Evaluate({"--dump_params", dir});
+  EXPECT_NE(read.find(absl::StrCat("read from server ", backup, ", which took them over")), std::string::npos)
+      << read;
+  EXPECT_TRUE(ReadFile(dir + "/s.npy") == reference) << worker->output();
 }
 
 // Server 0's records to its backup held back 50 ms each

@@ -85,6 +85,8 @@ class ProcessCluster {
   bool WaitForServerLine(int i, const std::string& text) {
     return servers_[i]->WaitForLine(text, absl::Seconds(120)).has_value();
   }
+  // Server i's exit status, once it exits within 60 s.
+  std::optional<int> WaitServer(int i) { return servers_[i]->Wait(absl::Seconds(60)); }
   void KillServer(int i) {
     servers_[i]->Signal(SIGKILL);
     servers_[i]->Wait(absl::Seconds(30));

@@ -42,6 +42,7 @@
 #include "worker/client/ps_client.h"
 #include "worker/client/region_rows.h"
 #include "worker/client/request_streams.h"
+#include "worker/client/server_routes.h"
 #include "worker/client/unary_fan_out.h"
 
 namespace segps {
@@ -97,22 +98,17 @@ class GrpcClient final : public ParameterClient {
     // attempt for as long as the load lasts.
     args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
     args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
-    std::vector<std::shared_ptr<grpc::Channel>> channels;
-    for (const std::string& address : addresses_) {
-      channels.push_back(grpc::CreateCustomChannel(address, credentials, args));
-      stubs_.push_back(v1::ParameterServer::NewStub(channels.back()));
-    }
-    std::vector<std::string> names;
-    for (size_t i = 0; i < addresses_.size(); ++i) names.push_back(absl::StrCat("server ", i, " (", addresses_[i], ")"));
-    push_streams_ = std::make_unique<RequestStreams>(&loop_, channels, names, kPushStreamMethod);
-    pull_streams_ = std::make_unique<RequestStreams>(&loop_, channels, names, kPullStreamMethod);
+    routes_ = std::make_unique<ServerRoutes>(map_, addresses_, credentials, args,
+                                             absl::Milliseconds(config.cluster().lease_ms()));
+    push_streams_ = std::make_unique<RequestStreams>(&loop_, routes_.get(), kPushStreamMethod);
+    pull_streams_ = std::make_unique<RequestStreams>(&loop_, routes_.get(), kPullStreamMethod);
     // Rows on streams of their own: a step's row pull never queues behind
     // the next step's prefetched parameter pull (which may wait on the bound).
-    row_streams_ = std::make_unique<RequestStreams>(&loop_, channels, names, kPullStreamMethod);
+    row_streams_ = std::make_unique<RequestStreams>(&loop_, routes_.get(), kPullStreamMethod);
     std::vector<MembershipStub*> servers;
-    for (size_t i = 0; i < stubs_.size(); ++i) {
+    for (size_t i = 0; i < addresses_.size(); ++i) {
       membership_stubs_.push_back(
-          std::make_unique<GrpcMembershipStub>(stubs_[i].get(), i, addresses_[i], rpc_deadline_, regions_, host_));
+          std::make_unique<GrpcMembershipStub>(routes_.get(), i, rpc_deadline_, regions_, host_));
       servers.push_back(membership_stubs_.back().get());
     }
     membership_ = std::make_unique<Membership>(std::move(servers), ModelFingerprint(config), map_.fingerprint(),
@@ -175,7 +171,7 @@ class GrpcClient final : public ParameterClient {
     auto exchange = std::make_unique<RequestStreams::Exchange>();
     auto landing = std::make_shared<Landing>(dest, segment);
     LandInRegion(landing.get(), true);
-    for (size_t i = 0; i < stubs_.size(); ++i) {
+    for (size_t i = 0; i < addresses_.size(); ++i) {
       const std::vector<Range> cut = Chunks(map_.range(segment, static_cast<uint32_t>(i)), chunk_elements_);
       for (const Range& chunk : cut) {
         v1::PullRequest request = PullHeader(segment, i, clock);
@@ -305,19 +301,21 @@ class GrpcClient final : public ParameterClient {
   }
 
   absl::Status Heartbeat() override {
-    std::vector<v1::HeartbeatRequest> requests(stubs_.size());
-    std::vector<v1::HeartbeatResponse> responses(stubs_.size());
-    for (size_t i = 0; i < stubs_.size(); ++i) {
+    std::vector<v1::HeartbeatRequest> requests(addresses_.size());
+    std::vector<v1::HeartbeatResponse> responses(addresses_.size());
+    for (size_t i = 0; i < addresses_.size(); ++i) {
       requests[i].set_worker_id(membership_->worker_id(i));
       requests[i].set_registration_secret(membership_->secret(i));
     }
     absl::Status status = FanOut(
         "Heartbeat", rpc_deadline_, rpc_deadline_,
         [&](size_t i, grpc::ClientContext* context, grpc::CompletionQueue* cq, UnaryCall* call) {
-          call->Start(stubs_[i]->PrepareAsyncHeartbeat(context, requests[i], cq), &responses[i]);
+          const ServerRoutes::Way& way = routes_->way(i);
+          way.Prepare(context);
+          call->Start(way.stub->PrepareAsyncHeartbeat(context, requests[i], cq), &responses[i]);
         });
     if (!status.ok()) return status;
-    for (size_t i = 0; i < stubs_.size(); ++i) {
+    for (size_t i = 0; i < addresses_.size(); ++i) {
       if (!responses[i].live()) {
         return Annotate(absl::FailedPreconditionError("lease expired; this worker was dropped"), i, "Heartbeat");
       }
@@ -332,16 +330,18 @@ class GrpcClient final : public ParameterClient {
   }
 
   absl::StatusOr<std::vector<uint64_t>> Leave(std::optional<uint64_t> end_at_clock) override {
-    std::vector<v1::LeaveRequest> requests(stubs_.size());
-    std::vector<v1::LeaveResponse> responses(stubs_.size());
-    for (size_t i = 0; i < stubs_.size(); ++i) {
+    std::vector<v1::LeaveRequest> requests(addresses_.size());
+    std::vector<v1::LeaveResponse> responses(addresses_.size());
+    for (size_t i = 0; i < addresses_.size(); ++i) {
       requests[i].set_worker_id(membership_->worker_id(i));
       requests[i].set_registration_secret(membership_->secret(i));
       if (end_at_clock.has_value()) requests[i].set_end_at_clock(*end_at_clock);
     }
     SEGPS_RETURN_IF_ERROR(FanOut("Leave", rpc_deadline_, rpc_deadline_,
                                  [&](size_t i, grpc::ClientContext* context, grpc::CompletionQueue* cq, UnaryCall* call) {
-                                   call->Start(stubs_[i]->PrepareAsyncLeave(context, requests[i], cq), &responses[i]);
+                                   const ServerRoutes::Way& way = routes_->way(i);
+                                   way.Prepare(context);
+                                   call->Start(way.stub->PrepareAsyncLeave(context, requests[i], cq), &responses[i]);
                                  }));
     std::vector<uint64_t> applied;
     for (const v1::LeaveResponse& response : responses) applied.push_back(response.next_clock());
@@ -349,13 +349,15 @@ class GrpcClient final : public ParameterClient {
   }
 
   absl::StatusOr<std::vector<v1::StatsResponse>> Stats() override {
-    std::vector<v1::StatsRequest> requests(stubs_.size());
-    std::vector<v1::StatsResponse> responses(stubs_.size());
+    std::vector<v1::StatsRequest> requests(addresses_.size());
+    std::vector<v1::StatsResponse> responses(addresses_.size());
     // Twice a call's deadline: servers that are still starting, or slow to
     // finish a TLS handshake on a loaded machine.
     absl::Status status = FanOut("Stats", rpc_deadline_ * 2, rpc_deadline_,
                                  [&](size_t i, grpc::ClientContext* context, grpc::CompletionQueue* cq, UnaryCall* call) {
-                                   call->Start(stubs_[i]->PrepareAsyncStats(context, requests[i], cq), &responses[i]);
+                                   const ServerRoutes::Way& way = routes_->way(i);
+                                   way.Prepare(context);
+                                   call->Start(way.stub->PrepareAsyncStats(context, requests[i], cq), &responses[i]);
                                  });
     if (!status.ok()) return status;
     return responses;
@@ -397,7 +399,7 @@ class GrpcClient final : public ParameterClient {
     return [arena = regions_->get()](size_t bytes) { return arena->Allocate(bytes); };
   }
   bool AnyInRegion() const {
-    for (size_t i = 0; i < stubs_.size(); ++i) {
+    for (size_t i = 0; i < addresses_.size(); ++i) {
       if (InRegion(i)) return true;
     }
     return false;
@@ -463,7 +465,7 @@ class GrpcClient final : public ParameterClient {
     landing->gradient = push->storage;
     LandInRegion(landing.get(), pull);
     landing->row_gradients = push->row_storage;
-    for (size_t i = 0; i < stubs_.size(); ++i) {
+    for (size_t i = 0; i < addresses_.size(); ++i) {
       for (const Range& chunk : Chunks(map_.range(push->segment, static_cast<uint32_t>(i)), chunk_elements_)) {
         exchange->requests.push_back(PushMessage(*push, i, chunk, pull, *landing));
         exchange->servers.push_back(i);
@@ -488,14 +490,14 @@ class GrpcClient final : public ParameterClient {
       return absl::InvalidArgumentError(absl::StrCat("Push of clock ", push.clock, ": ", why));
     };
     if (push.segment < 0 || push.segment >= map_.num_segments()) return refuse("no such segment");
-    if (push.values.size() != stubs_.size() || DTypeBytes(push.dtype) == 0) {
+    if (push.values.size() != addresses_.size() || DTypeBytes(push.dtype) == 0) {
       return refuse("not encoded for these servers");
     }
-    if (push.sparse && (push.server_entries.size() != stubs_.size() + 1 ||
+    if (push.sparse && (push.server_entries.size() != addresses_.size() + 1 ||
                         push.server_entries.back() != push.indices.size())) {
       return refuse("its sparse entries are not split by these servers");
     }
-    for (size_t i = 0; i < stubs_.size(); ++i) {
+    for (size_t i = 0; i < addresses_.size(); ++i) {
       const uint64_t elements = push.sparse ? push.server_entries[i + 1] - push.server_entries[i]
                                             : map_.range(push.segment, static_cast<uint32_t>(i)).count;
       if (push.values[i].size() != elements * DTypeBytes(push.dtype)) {
@@ -632,7 +634,7 @@ class GrpcClient final : public ParameterClient {
 
   // A control call to every server at once (client/unary_fan_out.h).
   absl::Status FanOut(const char* call, absl::Duration budget, absl::Duration per_call, const StartUnary& start) {
-    return UnaryFanOut(stubs_.size(), budget, per_call, start,
+    return UnaryFanOut(addresses_.size(), budget, per_call, start,
                        [&](const absl::Status& status, size_t server) { return Annotate(status, server, call); });
   }
 
@@ -642,7 +644,7 @@ class GrpcClient final : public ParameterClient {
   const absl::Duration rpc_deadline_, pull_wait_;
   const v1::DType dtype_;        // of tensors on the wire
   const uint64_t chunk_elements_;
-  std::vector<std::unique_ptr<v1::ParameterServer::Stub>> stubs_;  // the control calls
+  std::unique_ptr<ServerRoutes> routes_;  // each server's way, for every call
   const std::string host_;  // SameHostIdentity; empty: no shared memory
   const std::shared_ptr<RegionHolder> regions_;  // null: no shared memory
   CompletionLoop loop_;  // drives the streams; destroyed after them

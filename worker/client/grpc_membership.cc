@@ -10,37 +10,42 @@
 
 namespace segps {
 
-GrpcMembershipStub::GrpcMembershipStub(v1::ParameterServer::Stub* stub, size_t index, std::string address,
-                                       absl::Duration deadline, std::shared_ptr<RegionHolder> regions,
-                                       std::string host)
-    : stub_(stub), index_(index), address_(std::move(address)), deadline_(deadline), regions_(std::move(regions)),
+GrpcMembershipStub::GrpcMembershipStub(ServerRoutes* routes, size_t index, absl::Duration deadline,
+                                       std::shared_ptr<RegionHolder> regions, std::string host)
+    : routes_(routes), index_(index), deadline_(deadline), regions_(std::move(regions)),
       host_(regions_ != nullptr ? std::move(host) : "") {}
 
 absl::Status GrpcMembershipStub::Register(const v1::RegisterRequest& request, v1::RegisterResponse* response) {
   v1::RegisterRequest offered = request;
   offered.set_host(host_);
-  absl::Status status = WithRetries([&](grpc::ClientContext* context) {
+  absl::Status status = WithRetries([&](const ServerRoutes::Way& way, grpc::ClientContext* context) {
     context->set_wait_for_ready(true);  // servers may still be starting
-    return stub_->Register(context, offered, response);
+    return way.stub->Register(context, offered, response);
   });
   if (status.ok()) OfferRegion(*response);
   return status;
 }
 
 absl::Status GrpcMembershipStub::Rollback(const v1::RollbackRequest& request, v1::RollbackResponse* response) {
-  return WithRetries([&](grpc::ClientContext* context) { return stub_->Rollback(context, request, response); });
+  return WithRetries([&](const ServerRoutes::Way& way, grpc::ClientContext* context) {
+    return way.stub->Rollback(context, request, response);
+  });
 }
 
-std::string GrpcMembershipStub::Name() const { return absl::StrCat("server ", index_, " (", address_, ")"); }
+std::string GrpcMembershipStub::Name() const { return routes_->way(index_).name; }
 
 template <typename F>
 absl::Status GrpcMembershipStub::WithRetries(F call) {
   Backoff backoff(deadline_ * 4);
   while (true) {
     grpc::ClientContext context;
-    context.set_deadline(absl::ToChronoTime(absl::Now() + std::min(backoff.left(), deadline_)));
-    const absl::Status status = FromGrpcStatus(call(&context));
-    if (status.ok() || !IsTransient(status) || !SleepBeforeRetry(&backoff)) return status;
+    const ServerRoutes::Way& way = routes_->way(index_);
+    context.set_deadline(absl::ToChronoTime(absl::Now() + std::min({backoff.left(), deadline_, way.patience})));
+    way.Prepare(&context);
+    const absl::Status status = FromGrpcStatus(call(way, &context));
+    if (status.ok() || !IsTransient(status)) return status;
+    routes_->Failed(index_);  // the server may be gone: its ranges may be served the other way
+    if (!SleepBeforeRetry(&backoff)) return status;
   }
 }
 

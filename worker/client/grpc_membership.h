@@ -13,6 +13,7 @@
 #include "segps/v1/parameter_server.grpc.pb.h"
 #include "worker/client/membership.h"
 #include "worker/client/region_arena.h"
+#include "worker/client/server_routes.h"
 
 namespace segps {
 
@@ -22,7 +23,9 @@ class GrpcMembershipStub final : public MembershipStub {
  public:
   // `regions`: the client's shared regions, or null (cluster.shared_memory
   // off); `host`: this host's SameHostIdentity, offered where there are regions.
-  GrpcMembershipStub(v1::ParameterServer::Stub* stub, size_t index, std::string address, absl::Duration deadline,
+  // Server `index` of `routes` (which outlive the stub): a try that finds
+  // it gone makes the next go its other way (ServerRoutes::Failed).
+  GrpcMembershipStub(ServerRoutes* routes, size_t index, absl::Duration deadline,
                      std::shared_ptr<RegionHolder> regions, std::string host);
 
   absl::Status Register(const v1::RegisterRequest& request, v1::RegisterResponse* response) override;
@@ -40,9 +43,8 @@ class GrpcMembershipStub final : public MembershipStub {
   // server offered to take it; says once which way tensors go.
   void OfferRegion(const v1::RegisterResponse& response);
 
-  v1::ParameterServer::Stub* const stub_;
+  ServerRoutes* const routes_;
   const size_t index_;
-  const std::string address_;
   const absl::Duration deadline_;
   const std::shared_ptr<RegionHolder> regions_;
   const std::string host_;  // SameHostIdentity, where there are regions

@@ -10,6 +10,7 @@
 #include "common/log.h"
 #include "common/status_macros.h"
 #include "common/security.h"
+#include "common/server_route.h"
 #include "common/tensor_wire.h"
 #include "worker/client/ps_client.h"
 
@@ -70,15 +71,17 @@ ModelReader::ModelReader(const v1::JobConfig& config, ShardMap map, std::vector<
       stubs_(std::move(stubs)),
       deadline_(absl::Milliseconds(config.cluster().rpc_deadline_ms())) {}
 
-void ModelReader::StandIn(uint32_t i, uint32_t from, const std::string& why) {
+void ModelReader::StandIn(uint32_t i, uint32_t from, bool taken_over, const std::string& why) {
   if (!out_of_reach_.insert(i).second) return;
   SEGPS_LOG_WARNING << "server " << i << " at " << addresses_[i] << " is out of reach (" << why
-                    << "); its ranges are read from server " << from << "'s copy (cluster.replicas "
+                    << "); its ranges are read from server " << from
+                    << (taken_over ? ", which took them over" : "'s copy") << " (cluster.replicas "
                     << map_.replicas() << ")";
 }
 
 template <typename T>
-absl::StatusOr<T> ModelReader::FromHolders(uint32_t i, absl::FunctionRef<absl::StatusOr<T>(uint32_t)> attempt) {
+absl::StatusOr<T> ModelReader::FromHolders(uint32_t i,
+                                           absl::FunctionRef<absl::StatusOr<T>(uint32_t, bool)> attempt) {
   const absl::Time give_up = absl::Now() + 2 * deadline_;
   absl::Duration delay = absl::Milliseconds(100);
   while (true) {
@@ -86,8 +89,13 @@ absl::StatusOr<T> ModelReader::FromHolders(uint32_t i, absl::FunctionRef<absl::S
     absl::Status last = absl::UnavailableError("no holder was asked");
     for (const uint32_t holder : map_.holders(i)) {
       if (holder == i && out_of_reach_.count(i) > 0) continue;  // read from a stand-in since
-      absl::StatusOr<T> got = attempt(holder);
-      if (got.ok() && holder != i) StandIn(i, holder, why);
+      if (holder != i) {
+        absl::StatusOr<T> served = attempt(holder, true);
+        if (served.ok()) StandIn(i, holder, true, why);
+        if (served.ok()) return served;
+      }
+      absl::StatusOr<T> got = attempt(holder, false);
+      if (got.ok() && holder != i) StandIn(i, holder, false, why);
       if (got.ok() || !Transient(got.status())) return got;
       if (holder == i) why = std::string(got.status().message());
       last = got.status();
@@ -100,13 +108,14 @@ absl::StatusOr<T> ModelReader::FromHolders(uint32_t i, absl::FunctionRef<absl::S
 
 absl::StatusOr<v1::StatsResponse> ModelReader::StatsOf(uint32_t i) {
   absl::StatusOr<v1::StatsResponse> stats =
-      FromHolders<v1::StatsResponse>(i, [&](uint32_t holder) -> absl::StatusOr<v1::StatsResponse> {
+      FromHolders<v1::StatsResponse>(i, [&](uint32_t holder, bool taken_over) -> absl::StatusOr<v1::StatsResponse> {
         grpc::ClientContext context;
         context.set_deadline(absl::ToChronoTime(absl::Now() + deadline_));
+        if (taken_over) context.AddMetadata(kServerHeader, absl::StrCat(i));
         v1::StatsResponse stats;
         const grpc::Status status = stubs_[holder]->Stats(&context, v1::StatsRequest(), &stats);
         if (!status.ok()) return FromGrpcStatus(status);
-        if (holder == i) return stats;
+        if (holder == i || taken_over) return stats;
         std::optional<v1::StatsResponse> view = ViewOf(config_, map_, i, stats);
         if (!view.has_value()) {
           return absl::UnavailableError(absl::StrCat("server ", holder, "'s copy of its range holds no state yet"));
@@ -128,7 +137,8 @@ absl::StatusOr<std::vector<v1::StatsResponse>> ModelReader::Stats() {
   return servers;
 }
 
-absl::Status ModelReader::PullRange(uint32_t holder, int segment, uint32_t range, absl::Span<float> out) {
+absl::Status ModelReader::PullRange(uint32_t holder, bool taken_over, int segment, uint32_t range,
+                                    absl::Span<float> out) {
   const Range extent = map_.range(segment, range);
   const uint64_t per_call = std::max<uint64_t>(config_.cluster().chunk_bytes() / sizeof(float), 1024);
   for (uint64_t offset = extent.offset; offset < extent.end(); offset += per_call) {
@@ -138,9 +148,10 @@ absl::Status ModelReader::PullRange(uint32_t holder, int segment, uint32_t range
     request.set_offset(offset);
     request.set_count(std::min(per_call, extent.end() - offset));
     request.set_dtype(v1::FLOAT32);
-    if (holder != range) request.set_copy_of(range);
+    if (holder != range && !taken_over) request.set_copy_of(range);
     grpc::ClientContext context;
     context.set_deadline(absl::ToChronoTime(absl::Now() + deadline_));
+    if (taken_over) context.AddMetadata(kServerHeader, absl::StrCat(range));
     v1::PullResponse response;
     const grpc::Status status = stubs_[holder]->Pull(&context, request, &response);
     if (!status.ok()) return FromGrpcStatus(status);
@@ -161,8 +172,8 @@ absl::StatusOr<std::vector<std::vector<float>>> ModelReader::Pull() {
   for (int k = 0; k < map_.num_segments(); ++k) {
     std::vector<float>& values = params.emplace_back(map_.segment_size(k));
     for (uint32_t i = 0; i < map_.num_servers(); ++i) {
-      const absl::StatusOr<bool> pulled = FromHolders<bool>(i, [&](uint32_t holder) -> absl::StatusOr<bool> {
-        SEGPS_RETURN_IF_ERROR(PullRange(holder, k, i, absl::MakeSpan(values)));
+      const absl::StatusOr<bool> pulled = FromHolders<bool>(i, [&](uint32_t holder, bool taken_over) -> absl::StatusOr<bool> {
+        SEGPS_RETURN_IF_ERROR(PullRange(holder, taken_over, k, i, absl::MakeSpan(values)));
         return true;
       });
       if (!pulled.ok()) {

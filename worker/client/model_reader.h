@@ -4,8 +4,10 @@
 //
 // With cluster.replicas >= 2 a server out of reach (its calls UNAVAILABLE
 // or past their deadline) is stood in for by a live backup of its range:
-// the backup's copy gives the server's segments' clocks and update counts
-// (ReplicaStats) and its range's values (PullRequest.copy_of). The stand-in
+// the backup that took its ranges over (server/failover.h) answers for it
+// (calls naming it in the segps-server header); otherwise the backup's copy
+// gives the server's segments' clocks and update counts (ReplicaStats) and
+// its range's values (PullRequest.copy_of). The stand-in
 // is said once per server, in the log. Where no holder of a range answers,
 // every holder is asked again, backing off from 100 ms to 1 s, for twice
 // cluster.rpc_deadline_ms (a server restarting); then the read fails,
@@ -50,17 +52,19 @@ class ModelReader {
  private:
   ModelReader(const v1::JobConfig& config, ShardMap map, std::vector<std::string> addresses,
               std::vector<std::unique_ptr<v1::ParameterServer::Stub>> stubs);
-  // `attempt` at each holder of range i (its primary first) until one
-  // answers; all again while every failure is transient (see above).
+  // `attempt` at each holder of range i (its primary first; a backup as
+  // the server that took range i over (`taken_over`), then as a copy)
+  // until one answers; all again while every failure is transient.
   template <typename T>
-  absl::StatusOr<T> FromHolders(uint32_t i, absl::FunctionRef<absl::StatusOr<T>(uint32_t holder)> attempt);
+  absl::StatusOr<T> FromHolders(uint32_t i,
+                                absl::FunctionRef<absl::StatusOr<T>(uint32_t holder, bool taken_over)> attempt);
   // Server i's Stats, or its stand-in's view of it.
   absl::StatusOr<v1::StatsResponse> StatsOf(uint32_t i);
   // Server `holder`'s values of range `range` of `segment` into `out`
   // (its own range, or its copy of another's).
-  absl::Status PullRange(uint32_t holder, int segment, uint32_t range, absl::Span<float> out);
-  // Says once that server i's range is read from server `from`'s copy.
-  void StandIn(uint32_t i, uint32_t from, const std::string& why);
+  absl::Status PullRange(uint32_t holder, bool taken_over, int segment, uint32_t range, absl::Span<float> out);
+  // Says once that server i's range is read from server `from`.
+  void StandIn(uint32_t i, uint32_t from, bool taken_over, const std::string& why);
 
   const v1::JobConfig config_;
   const ShardMap map_;

@@ -23,11 +23,9 @@ bool SleepBeforeRetry(Backoff* backoff) {
   return true;
 }
 
-RequestStreams::RequestStreams(CompletionLoop* loop, const std::vector<std::shared_ptr<grpc::Channel>>& channels,
-                               std::vector<std::string> names, const char* method)
-    : loop_(loop), method_(method), names_(std::move(names)), streams_(channels.size()) {
-  for (size_t i = 0; i < channels.size(); ++i) {
-    stubs_.push_back(std::make_unique<grpc::GenericStub>(channels[i]));
+RequestStreams::RequestStreams(CompletionLoop* loop, ServerRoutes* routes, const char* method)
+    : loop_(loop), method_(method), routes_(routes), streams_(routes->size()) {
+  for (size_t i = 0; i < routes->size(); ++i) {
     for (Op op : {Op::kStart, Op::kWrite, Op::kRead, Op::kFinish}) {
       streams_[i].tags[static_cast<int>(op)] = {};
       streams_[i].tags[static_cast<int>(op)].owner = this;
@@ -218,7 +216,7 @@ void RequestStreams::Complete(absl::Status status) {
 
 absl::Status RequestStreams::Annotate(const absl::Status& status, size_t server) const {
   return absl::Status(status.code(),
-                      absl::StrCat(current_->call, " to ", names_[server], ": ", status.message()));
+                      absl::StrCat(current_->call, " to ", routes_->way(server).name, ": ", status.message()));
 }
 
 void RequestStreams::Close() {
@@ -248,7 +246,9 @@ bool RequestStreams::JustClosed() {
 void RequestStreams::Open(size_t server) {
   Stream& s = streams_[server];
   s.context = std::make_unique<grpc::ClientContext>();
-  s.io = stubs_[server]->PrepareCall(s.context.get(), method_, loop_->queue());
+  const ServerRoutes::Way& way = routes_->way(server);
+  way.Prepare(s.context.get());
+  s.io = way.generic->PrepareCall(s.context.get(), method_, loop_->queue());
   s.started = s.broken = false;
   s.status = grpc::Status();
   s.break_cause = absl::OkStatus();
@@ -332,6 +332,9 @@ void RequestStreams::Finished(size_t i) {
   }
   s.io.reset();
   s.context.reset();
+  // The server may be gone: the stream opens the other way next (its ranges
+  // may be served there: worker/client/server_routes.h).
+  if (failed && IsTransient(status)) routes_->Failed(i);
   // A request that failed for good fails the exchange: the others are
   // abandoned rather than waited for (a pull parked on a peer that this
   // failure also stops would wait for its deadline).
@@ -339,7 +342,7 @@ void RequestStreams::Finished(size_t i) {
   for (size_t j = 0; j < streams_.size(); ++j) {
     const Stream& other = streams_[j];
     if (j != i && !other.broken && (!other.unsent.empty() || !other.unanswered.empty())) {
-      Break(j, absl::AbortedError(absl::StrCat("abandoned: ", names_[i], " failed: ", status.message())));
+      Break(j, absl::AbortedError(absl::StrCat("abandoned: ", routes_->way(i).name, " failed: ", status.message())));
     }
   }
 }

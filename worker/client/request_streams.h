@@ -37,6 +37,7 @@
 #include "absl/time/time.h"
 #include "common/sync.h"
 #include "worker/client/completion_loop.h"
+#include "worker/client/server_routes.h"
 
 namespace segps {
 
@@ -82,9 +83,11 @@ class RequestStreams {
   };
 
   // Streams of the bidirectional method `method` (a path, e.g.
-  // kPushStreamMethod), one per channel; names[i] names server i in errors.
-  RequestStreams(CompletionLoop* loop, const std::vector<std::shared_ptr<grpc::Channel>>& channels,
-                 std::vector<std::string> names, const char* method);
+  // kPushStreamMethod), one per server of `routes` (which outlive them),
+  // each opened the server's way at the time; a stream that fails with
+  // requests on it as a server that is gone fails turns its server's way
+  // (ServerRoutes::Failed).
+  RequestStreams(CompletionLoop* loop, ServerRoutes* routes, const char* method);
   // Fails the exchanges not yet done with CANCELLED, closes the streams and
   // waits for them to end. Not on the loop's thread.
   ~RequestStreams();
@@ -164,8 +167,7 @@ class RequestStreams {
 
   CompletionLoop* const loop_;
   const char* const method_;
-  const std::vector<std::string> names_;
-  std::vector<std::unique_ptr<grpc::GenericStub>> stubs_;
+  ServerRoutes* const routes_;
   Mutex mu_;
   std::vector<Stream> streams_ ABSL_GUARDED_BY(mu_);
   std::deque<std::unique_ptr<Exchange>> queue_ ABSL_GUARDED_BY(mu_);
