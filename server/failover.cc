@@ -44,7 +44,12 @@ absl::StatusOr<std::unique_ptr<Failover>> Failover::Start(ParameterServer* serve
   absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials =
       LoadChannelCredentials(server->config().security());
   if (!credentials.ok()) return credentials.status();
-  const grpc::ChannelArguments args = PeerArguments(server->config());
+  // A server started again is reached within a ping's time, not after
+  // gRPC's reconnect backoff (which would read as silence).
+  grpc::ChannelArguments args = PeerArguments(server->config());
+  const int every_ms = static_cast<int>(absl::ToInt64Milliseconds(failover->Every()));
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, every_ms);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, every_ms);
   for (const std::string& address : failover->addresses_) {
     failover->channels_.push_back(grpc::CreateCustomChannel(address, *credentials, args));
   }
@@ -70,19 +75,26 @@ bool Failover::Answers(uint32_t index, absl::Duration deadline) {
   grpc::health::v1::Health::Stub stub(channels_[index]);
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(absl::Now() + deadline));
+  context.set_wait_for_ready(true);  // a connection being made counts within the deadline
   grpc::health::v1::HealthCheckRequest request;
   grpc::health::v1::HealthCheckResponse response;
   return stub.Check(&context, request, &response).ok();
 }
 
+absl::Duration Failover::Every() const { return std::max(lease_ / 20, absl::Milliseconds(20)); }
+
 void Failover::Watch() {
-  const absl::Duration every = std::max(lease_ / 5, absl::Milliseconds(20));
+  const absl::Duration every = Every();
   while (true) {
     for (auto& watched : watched_) {
       {
         MutexLock lock(&mu_);
         if (stop_) return;
-        if ((serving_.count(watched->primary) > 0)) continue;
+        if (serving_.count(watched->primary) > 0) {
+          // Served here: a run started again later gets a whole lease.
+          watched->answered = absl::Now();
+          continue;
+        }
       }
       if (Answers(watched->primary, every)) {
         watched->answered = absl::Now();
@@ -118,7 +130,10 @@ void Failover::TakeOver(Watched* watched, absl::Duration down) {
           : absl::UnavailableError(absl::StrCat("only servers ", absl::StrJoin(voters, ", "), " of ",
                                                 addresses_.size(), " cannot reach it (a majority is ", majority,
                                                 ")"));
-  if (served.ok()) return;
+  if (served.ok()) {
+    watched->answered = absl::Now();  // a run started again later gets a whole lease
+    return;
+  }
   {
     MutexLock lock(&mu_);
     taken_over_.erase(primary);
@@ -272,14 +287,14 @@ v1::SuspectResponse Failover::Suspect(const v1::SuspectRequest& request) {
   bool serving = false;
   {
     MutexLock lock(&mu_);
-    serving = (serving_.count(request.server() > 0));
+    serving = serving_.count(request.server()) > 0;
     auto voted = voted_gone_.find(asker);
     response.set_asker_replaced((voted != voted_gone_.end() && voted->second == request.hello().incarnation()) ||
                                 ((taken_over_.count(asker) > 0) && taken_over_[asker] == request.hello().incarnation()));
   }
   const bool reachable = request.server() == server_->index() || channels_.empty() ||
                          (!serving && request.server() < addresses_.size() &&
-                          Answers(request.server(), std::max(lease_ / 5, absl::Milliseconds(20))));
+                          Answers(request.server(), Every()));
   response.set_reachable(reachable);
   if (!reachable && request.take_over()) {
     MutexLock lock(&mu_);

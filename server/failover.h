@@ -2,8 +2,8 @@
 // takes the range over when its primary stops answering, with no restart
 // and no rollback.
 //
-// - Watch: the backup pings each primary it is first backup of every fifth
-//   of a lease (grpc.health.v1 Check, a fifth of a lease to answer).
+// - Watch: the backup pings each primary it is first backup of every 20th
+//   of a lease (grpc.health.v1 Check, as long to answer).
 // - Take over: once the primary has not answered for a lease, the backup
 //   stops taking its records (its streams are refused from then on) and
 //   asks every other server (Suspect) whether it cannot reach the primary
@@ -91,6 +91,8 @@ class Failover {
   struct Watched;
   Failover(ParameterServer* server, std::vector<std::string> addresses, const ServerOptions& options);
   void Watch();
+  // How often a primary is asked, and how long it has to answer.
+  absl::Duration Every() const;
   // Whether server `index` answers a health check within `deadline`.
   bool Answers(uint32_t index, absl::Duration deadline);
   // Primary `primary` has not answered for `down`: take its ranges over

@@ -263,6 +263,7 @@ bool ReplicaLinks::Stream(Link* link, std::string* error) {
   }
   auto stream = stub->Replicate(&context);
   std::atomic<bool> broken{false};
+  std::atomic<bool> ended{false};  // the backup ended the stream: its status says why
   bool served = false;
   v1::ReplicaRecord hello;
   *hello.mutable_hello() = server_->Hello(link->backup);
@@ -278,6 +279,7 @@ bool ReplicaLinks::Stream(Link* link, std::string* error) {
         if (ack.segment() < logs.size()) logs[ack.segment()]->Acked(link->backup, ack.seq());
       }
       if (metrics_ != nullptr) metrics_->ObserveBackup(link->backup, false);
+      ended = true;
       broken = true;
       MutexLock lock(&link->mu);
       link->wake.SignalAll();
@@ -294,7 +296,7 @@ bool ReplicaLinks::Stream(Link* link, std::string* error) {
       link->pending = false;
       if (link->stop) broken = true;
     }
-    context.TryCancel();
+    if (!ended) context.TryCancel();  // the reader waits for the backup otherwise
     reader.join();
   }
   const grpc::Status status = stream->Finish();

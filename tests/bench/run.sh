@@ -134,6 +134,12 @@ done
 echo "4 MB round, 2 servers x 1 worker, median round of 3 alternating runs: one copy $(median_of "$out/replicas_1.txt") ms, two copies $(median_of "$out/replicas_2.txt") ms"
 target replication_overhead_4mb "$(div "$(median_of "$out/replicas_2.txt")" "$(median_of "$out/replicas_1.txt")")" 1.5 le
 
+# Failover (server/failover.h): server 1 of 3 killed for good mid-job, no
+# restart; seconds from the kill to the worker training again, median of 3,
+# against one lease (2 s) + 0.5 s.
+bash tests/bench/failover.sh 2000 | tee "$out/failover.txt"
+target failover_seconds "$(result failover_seconds "$out/failover.txt")" 2.5 le
+
 echo "== 2. server apply: optimizer updates per second, on one core and on every core, against their traffic's memory bound"
 if [ $quick = 1 ]; then apply_sizes=1,16; else apply_sizes=1,4,16,64; fi
 $bin/segps-bench-apply --sizes_m $apply_sizes | tee "$out/apply.txt"

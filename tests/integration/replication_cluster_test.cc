@@ -34,11 +34,11 @@ namespace segps {
 namespace {
 
 // 3 servers, each range on 2 of them; two segments, two workers each, staleness 2.
-std::string Job(const std::string& dir, int epochs) {
+std::string Job(const std::string& dir, int epochs, int lease_ms = 10000) {
   const std::string path = dir + "/job.pbtxt";
   WriteFile(path, absl::StrFormat(R"pb(
     seed: 7
-    cluster { num_servers: 3 replicas: 2 lease_ms: 10000 }
+    cluster { num_servers: 3 replicas: 2 lease_ms: %d }
     model {
       input_width: 50
       num_classes: 10
@@ -48,7 +48,7 @@ std::string Job(const std::string& dir, int epochs) {
     optimizer { kind: ADAM learning_rate: 0.003 }
     training { batch_size: 64 epochs: %d staleness: 2 workers_per_segment: 2 }
     data { source: SYNTHETIC_TEACHER data_seed: 1 train_samples: 8000 test_samples: 1000 teacher_hidden: 32 }
-  )pb", epochs));
+  )pb", lease_ms, epochs));
   return path;
 }
 
@@ -66,6 +66,15 @@ std::string SynchronousJob(const std::string& dir) {
     training { batch_size: 32 epochs: 3 staleness: 0 log_interval_s: 0.000001 }
     data { source: SYNTHETIC_TEACHER test_samples: 500 train_samples: 4000 }
   )pb");
+  return path;
+}
+
+// SynchronousJob for `epochs` epochs (3 by default).
+std::string LongerJob(const std::string& dir, int epochs) {
+  const std::string path = dir + "/longer.pbtxt";
+  std::string job = ReadFile(SynchronousJob(dir));
+  job.replace(job.find("epochs: 3"), 9, absl::StrCat("epochs: ", epochs));
+  WriteFile(path, job);
   return path;
 }
 
@@ -162,6 +171,29 @@ TEST(ReplicatedCluster, AServerStartedAgainOnNoDiskMidJobCostsNoStepAtStaleness2
   ASSERT_TRUE(cluster.StartServer(1)) << cluster.Output();
   ExpectFinished(workers);
   EXPECT_TRUE(cluster.WaitForServerLine(1, "took segment 0's range back from server 2")) << cluster.Output();
+  for (const auto& worker : workers) {
+    EXPECT_NE(worker->output().find("rejoined at clock"), std::string::npos) << worker->output();
+    for (const char* never : {"rolling the segment back", "computed again", "continuing from clock"}) {
+      EXPECT_EQ(worker->output().find(never), std::string::npos) << never << "\n" << worker->output();
+    }
+  }
+  EXPECT_GT(cluster.EnsembleAccuracy(), 0.9);
+}
+
+// The same job with server 1 killed (-9) for good at clock 60 of about 190,
+// never started again: server 2 takes its ranges over once server 0 agrees
+// it is gone, and the four workers' calls for it go there. Every worker
+// exits 0 with every server (server 1's ranges at server 2) having applied
+// each of its steps once, none rolls back or computes a step again, and
+// segps-eval, given all three addresses (one dead), scores the ensemble.
+TEST(ReplicatedCluster, AServerKilledForGoodMidJobCostsNoStepAtStaleness2) {
+  const std::string dir = MakeTempDir();
+  ProcessCluster cluster(Job(dir, 6, /*lease_ms=*/2000), dir, 3, false, false, true);
+  std::vector<std::unique_ptr<Subprocess>> workers = StartWorkers(cluster);
+  ASSERT_TRUE(ReachesClock(cluster, 1, 60)) << cluster.Output();
+  cluster.KillServer(1);
+  ExpectFinished(workers);
+  EXPECT_TRUE(cluster.WaitForServerLine(2, "took over server 1's ranges")) << cluster.Output();
   for (const auto& worker : workers) {
     EXPECT_NE(worker->output().find("rejoined at clock"), std::string::npos) << worker->output();
     for (const char* never : {"rolling the segment back", "computed again", "continuing from clock"}) {
@@ -463,6 +495,57 @@ TEST(ReplicatedCluster, AServerKilledForGoodIsTakenOverByItsBackupAndTheJobEndsB
       << read;
   EXPECT_TRUE(ReadFile(dir + "/s.npy") == reference) << worker->output();
 }
+
+// A server killed for good and taken over, then replaced: a new server
+// started at its address on no disk takes its ranges back from the backup
+// that served them (which hands them back), and the backup is filled
+// again from it. Then a second server, drawn from the same seed, is killed
+// for good and taken over in turn. The job ends with the uninterrupted
+// job's parameters bit for bit.
+TEST(ReplicatedCluster, AReplacedServerTakesItsRangesBackAndASecondServerLostIsTakenOverToo) {
+  const std::string reference_dir = MakeTempDir();
+  std::string reference;
+  {
+    ProcessCluster cluster(LongerJob(reference_dir, 40), reference_dir, 3, false, false, true);
+    std::unique_ptr<Subprocess> worker = cluster.StartWorker("s", 0);
+    std::optional<int> status = worker->Wait(absl::Seconds(120));
+    ASSERT_TRUE(status.has_value() && ExitedOk(*status)) << worker->output();
+    reference = cluster.Parameters("s");
+  }
+  std::mt19937 draw(7122026);
+  const int step = std::uniform_int_distribution<int>(50, 400)(draw);
+  const int first = std::uniform_int_distribution<int>(0, 2)(draw);
+  const int second = (first + std::uniform_int_distribution<int>(1, 2)(draw)) % 3;
+  const int backup = (first + 1) % 3;
+  SCOPED_TRACE(absl::StrCat("server ", first, " lost at step ", step, ", then server ", second));
+  const std::string dir = MakeTempDir();
+  ProcessCluster cluster(LongerJob(dir, 40), dir, 3, false, false, true);
+  ASSERT_TRUE(cluster.WaitForServerLine(backup, absl::StrCat("backing server ", first, "'s ranges")));
+  std::unique_ptr<Subprocess> worker = cluster.StartWorker("s", 0);
+  ASSERT_TRUE(worker->WaitForLine(absl::StrCat(" step ", step, "/5000 "), absl::Seconds(120)).has_value());
+  cluster.KillServer(first);
+  ASSERT_TRUE(cluster.WaitForServerLine(backup, absl::StrCat("took over server ", first, "'s ranges")))
+      << cluster.Output();
+  ASSERT_TRUE(cluster.StartServer(first)) << cluster.Output();
+  EXPECT_TRUE(cluster.WaitForServerLine(backup, absl::StrCat("server ", first, " is back"))) << cluster.Output();
+  EXPECT_TRUE(cluster.WaitForServerLine(first, absl::StrCat("took segment 0's range back from server ", backup)))
+      << cluster.Output();
+  // Filled again: the backup takes the new server's stream, and the second
+  // server's backup holds its range.
+  EXPECT_TRUE(cluster.WaitForServerLine(backup, absl::StrCat("backing server ", first, "'s ranges")))
+      << cluster.Output();
+  if ((second + 1) % 3 == first) {
+    EXPECT_TRUE(cluster.WaitForServerLine(first, absl::StrCat("backing server ", second, "'s ranges")))
+        << cluster.Output();
+  }
+  ASSERT_FALSE(worker->Wait(absl::ZeroDuration()).has_value()) << "the job ended before the second loss";
+  cluster.KillServer(second);
+  std::optional<int> status = worker->Wait(absl::Seconds(120));
+  ASSERT_TRUE(status.has_value() && ExitedOk(*status)) << worker->output() << cluster.Output();
+  EXPECT_TRUE(cluster.WaitForServerLine((second + 1) % 3, absl::StrCat("took over server ", second, "'s ranges")))
+      << cluster.Output();
+  EXPECT_EQ(worker->output().find("rolling the segment back"), std::string::npos) << worker->output();
+  EXPECT_TRUE(cluster.Parameters("s") == reference) << worker->output();}
 
 // Server 0's records to its backup held back 50 ms each
 // (--fault_replica_delay_ms), so that pushes it applied have not reached

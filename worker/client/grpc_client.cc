@@ -628,13 +628,12 @@ class GrpcClient final : public ParameterClient {
   }
 
   absl::Status Annotate(const absl::Status& status, size_t server, const char* call) const {
-    return absl::Status(status.code(), absl::StrCat(call, " to server ", server, " (", addresses_[server],
-                                                    "): ", status.message()));
+    return absl::Status(status.code(), absl::StrCat(call, " to ", routes_->way(server).name, ": ", status.message()));
   }
 
   // A control call to every server at once (client/unary_fan_out.h).
   absl::Status FanOut(const char* call, absl::Duration budget, absl::Duration per_call, const StartUnary& start) {
-    return UnaryFanOut(addresses_.size(), budget, per_call, start,
+    return UnaryFanOut(routes_.get(), budget, per_call, start,
                        [&](const absl::Status& status, size_t server) { return Annotate(status, server, call); });
   }
 

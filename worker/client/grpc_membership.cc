@@ -36,7 +36,7 @@ std::string GrpcMembershipStub::Name() const { return routes_->way(index_).name;
 
 template <typename F>
 absl::Status GrpcMembershipStub::WithRetries(F call) {
-  Backoff backoff(deadline_ * 4);
+  Backoff backoff(deadline_ * 4, routes_->retry_cap());
   while (true) {
     grpc::ClientContext context;
     const ServerRoutes::Way& way = routes_->way(index_);

@@ -12,7 +12,7 @@ namespace segps {
 std::optional<absl::Duration> Backoff::Next() {
   if (absl::Now() + delay_ >= give_up_) return std::nullopt;
   const absl::Duration wait = delay_;
-  delay_ = std::min(delay_ * 2, absl::Seconds(1));
+  delay_ = std::min(delay_ * 2, cap_);
   return wait;
 }
 
@@ -84,7 +84,7 @@ void RequestStreams::Next() {
   if (current_ != nullptr || queue_.empty()) return;
   current_ = std::move(queue_.front());
   queue_.pop_front();
-  backoff_.emplace(current_->budget);
+  backoff_.emplace(current_->budget, routes_->retry_cap());
   pending_.resize(current_->requests.size());
   for (size_t j = 0; j < pending_.size(); ++j) pending_[j] = j;
   BeginAttempt();

@@ -41,10 +41,12 @@
 
 namespace segps {
 
-// Exponential backoff between attempts (20 ms doubling to 1 s) within a budget.
+// Exponential backoff between attempts (20 ms doubling to `cap`, 1 s
+// unless given) within a budget.
 class Backoff {
  public:
-  explicit Backoff(absl::Duration budget) : give_up_(absl::Now() + budget) {}
+  explicit Backoff(absl::Duration budget, absl::Duration cap = absl::Seconds(1))
+      : give_up_(absl::Now() + budget), cap_(cap) {}
   // The wait before the next attempt; nullopt when that attempt would start
   // after the budget ran out.
   std::optional<absl::Duration> Next();
@@ -52,6 +54,7 @@ class Backoff {
 
  private:
   const absl::Time give_up_;
+  const absl::Duration cap_;
   absl::Duration delay_ = absl::Milliseconds(20);
 };
 

@@ -1,5 +1,7 @@
 #include "worker/client/server_routes.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "common/server_route.h"
 
@@ -46,6 +48,7 @@ ServerRoutes::ServerRoutes(const ShardMap& map, const std::vector<std::string>& 
                            const grpc::ChannelArguments& args, absl::Duration lease)
     : ServerRoutes(OwnWays(addresses, credentials, args)) {
   if (map.replicas() < 2) return;
+  retry_cap_ = std::clamp(lease / 20, absl::Milliseconds(20), absl::Seconds(1));
   for (auto& ways : ways_) ways.front().patience = lease;
   for (size_t i = 0; i < addresses.size(); ++i) {
     const uint32_t backup = map.holders(static_cast<uint32_t>(i))[1];

@@ -57,10 +57,15 @@ class ServerRoutes {
   // A call to server i failed as calls to a server that is gone do: the
   // next goes the other way (none other with one copy).
   void Failed(size_t i);
+  // The longest wait between tries: a 20th of a lease where a server's
+  // ranges may move to its backup (so a client finds them there within
+  // about that of the take-over), else a second.
+  absl::Duration retry_cap() const { return retry_cap_; }
 
  private:
   std::vector<std::vector<Way>> ways_;  // per server: its own, then through its first backup
   std::unique_ptr<std::atomic<size_t>[]> current_;
+  absl::Duration retry_cap_ = absl::Seconds(1);
 };
 
 }  // namespace segps

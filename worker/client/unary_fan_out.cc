@@ -41,11 +41,12 @@ std::vector<absl::Status> RunCalls(absl::Duration per_call, const StartUnary& st
 
 }  // namespace
 
-absl::Status UnaryFanOut(size_t servers, absl::Duration budget, absl::Duration per_call, const StartUnary& start,
+absl::Status UnaryFanOut(ServerRoutes* routes, absl::Duration budget, absl::Duration per_call,
+                         const StartUnary& start,
                          const std::function<absl::Status(const absl::Status&, size_t)>& annotate) {
-  std::vector<size_t> pending(servers);
+  std::vector<size_t> pending(routes->size());
   for (size_t i = 0; i < pending.size(); ++i) pending[i] = i;
-  Backoff backoff(budget);
+  Backoff backoff(budget, routes->retry_cap());
   while (true) {
     std::vector<absl::Status> results = RunCalls(per_call, start, pending);
     std::vector<size_t> failed;  // to retry, if every failure is transient
@@ -55,6 +56,7 @@ absl::Status UnaryFanOut(size_t servers, absl::Duration budget, absl::Duration p
       if (!IsTransient(results[k])) return annotate(results[k], pending[k]);
       if (failed.empty()) first_failure = annotate(results[k], pending[k]);
       failed.push_back(pending[k]);
+      routes->Failed(pending[k]);
     }
     if (failed.empty()) return absl::OkStatus();
     if (!SleepBeforeRetry(&backoff)) return first_failure;

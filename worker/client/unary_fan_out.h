@@ -11,6 +11,7 @@
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
+#include "worker/client/server_routes.h"
 
 namespace segps {
 
@@ -29,11 +30,13 @@ struct UnaryCall {
 // Starts the call to server i on the queue, with UnaryCall::Start.
 using StartUnary = std::function<void(size_t, grpc::ClientContext*, grpc::CompletionQueue*, UnaryCall*)>;
 
-// Calls every one of `servers` at once and waits for all; retries the ones
-// that failed transiently, each attempt with deadline `per_call`, until one
-// failed for good or `budget` ran out. A failure is returned as
-// `annotate(status, server)` names it.
-absl::Status UnaryFanOut(size_t servers, absl::Duration budget, absl::Duration per_call, const StartUnary& start,
+// Calls every server of `routes` at once and waits for all; retries the
+// ones that failed transiently, each attempt with deadline `per_call`, the
+// server's other way next (ServerRoutes::Failed), until one failed for good
+// or `budget` ran out. A failure is returned as `annotate(status, server)`
+// names it.
+absl::Status UnaryFanOut(ServerRoutes* routes, absl::Duration budget, absl::Duration per_call,
+                         const StartUnary& start,
                          const std::function<absl::Status(const absl::Status&, size_t)>& annotate);
 
 }  // namespace segps
