@@ -545,7 +545,8 @@ TEST(ReplicatedCluster, AReplacedServerTakesItsRangesBackAndASecondServerLostIsT
   EXPECT_TRUE(cluster.WaitForServerLine((second + 1) % 3, absl::StrCat("took over server ", second, "'s ranges")))
       << cluster.Output();
   EXPECT_EQ(worker->output().find("rolling the segment back"), std::string::npos) << worker->output();
-  EXPECT_TRUE(cluster.Parameters("s") == reference) << worker->output();}
+  EXPECT_TRUE(cluster.Parameters("s") == reference) << worker->output();
+}
 
 // Server 0's records to its backup held back 50 ms each
 // (--fault_replica_delay_ms), so that pushes it applied have not reached
