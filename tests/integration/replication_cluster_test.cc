@@ -27,6 +27,7 @@
 #include "common/shard_map.h"
 #include "common/tensor_wire.h"
 #include "segps/v1/parameter_server.grpc.pb.h"
+#include "segps/v1/replication.grpc.pb.h"
 #include "tests/support/process_cluster.h"
 #include "tests/support/subprocess.h"
 
@@ -424,6 +425,56 @@ TEST(ReplicatedCluster, APrimaryPausedPastItsLeaseIsTakenOverAndAcknowledgesNoth
   const v1::StatsResponse taken_over = Stats(cluster.addresses()[1], 0);
   ASSERT_EQ(taken_over.segments_size(), 1);
   EXPECT_EQ(taken_over.segments(0).updates(), 0u);
+}
+
+// Calls that name another server (the segps-server header) are served only
+// for ranges taken over; every other is refused, naming why, and a peer's
+// Suspect must come from a server of this job to this one.
+TEST(ReplicatedCluster, CallsForAnotherServerAreRefusedUnlessItsRangesWereTakenOver) {
+  const std::string dir = MakeTempDir();
+  ProcessCluster cluster(SynchronousJob(dir), dir, 3, false, false, true);
+  auto stats_as = [&](const std::string& header) {
+    auto stub = v1::ParameterServer::NewStub(
+        grpc::CreateChannel(cluster.addresses()[1], grpc::InsecureChannelCredentials()));
+    grpc::ClientContext context;
+    context.AddMetadata(kServerHeader, header);
+    v1::StatsResponse stats;
+    return stub->Stats(&context, v1::StatsRequest(), &stats);
+  };
+  grpc::Status status = stats_as("zero");
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(status.error_message().find("segps-server must be a server index"), std::string::npos)
+      << status.error_message();
+  status = stats_as("7");
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(status.error_message().find("names server 7; the job has 3"), std::string::npos) << status.error_message();
+  status = stats_as("0");
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_NE(status.error_message().find("server 1 serves no ranges of server 0"), std::string::npos)
+      << status.error_message();
+  EXPECT_TRUE(stats_as("1").ok()) << "a call naming the server itself";
+
+  const v1::JobConfig config = *LoadConfig(dir + "/sync.pbtxt");
+  auto replication = v1::Replication::NewStub(
+      grpc::CreateChannel(cluster.addresses()[1], grpc::InsecureChannelCredentials()));
+  v1::SuspectRequest suspect;
+  suspect.mutable_hello()->set_from_server(0);
+  suspect.mutable_hello()->set_to_server(2);  // not the server asked
+  suspect.mutable_hello()->set_shard_fingerprint(ShardMap::Create(config.model(), 3, 2)->fingerprint());
+  suspect.set_server(0);
+  suspect.set_take_over(true);
+  v1::SuspectResponse answer;
+  grpc::ClientContext context;
+  status = replication->Suspect(&context, suspect, &answer);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_NE(status.error_message().find("Suspect: this is server 1, not server 2"), std::string::npos)
+      << status.error_message();
+  suspect.mutable_hello()->set_to_server(1);
+  suspect.mutable_hello()->set_shard_fingerprint("another job");
+  grpc::ClientContext again;
+  status = replication->Suspect(&again, suspect, &answer);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_NE(status.error_message().find("has shard map another job"), std::string::npos) << status.error_message();
 }
 
 // The synchronous job's parameters, never interrupted.

@@ -289,6 +289,50 @@ TEST(ReplicatedServerTest, AHelloIsCheckedForTheRingAndTheJob) {
   EXPECT_EQ(one->TakeReplica(0, record).code(), absl::StatusCode::kNotFound);
 }
 
+// A server serving a range taken over (ServeAlone: no backup to wait for)
+// answers a push at once. Handed over, it gives the range's state as
+// applied, which another server takes back whole, and refuses every call
+// from then on, naming why: nothing changes the range after its state left.
+TEST(ReplicatedServerTest, ARangeHandedOverRefusesEveryCallAndItsStateIsAllThatWasApplied) {
+  const v1::JobConfig config = *ParseConfig(kConfig, "test");
+  ServerOptions options;
+  options.tick = absl::ZeroDuration();
+  std::unique_ptr<ParameterServer> taken = *ParameterServer::Create(config, 0, options);
+  taken->ServeAlone();
+  v1::RegisterRequest reg;
+  reg.set_model_fingerprint(ModelFingerprint(config));
+  reg.set_shard_fingerprint(taken->shard_map().fingerprint());
+  v1::RegisterResponse registered;
+  ASSERT_TRUE(taken->Register(reg, &registered).ok());
+  const Range range = taken->shard_map().range(0, 0);
+  v1::PushRequest push;
+  push.set_worker_id(registered.worker_id());
+  push.set_registration_secret(registered.registration_secret());
+  EncodeFloat32(std::vector<float>(range.count, 0.25f), range.offset, push.mutable_gradient());
+  v1::PushResponse pushed;
+  ASSERT_TRUE(taken->Push(push, absl::InfiniteFuture(), &pushed).ok());
+  EXPECT_TRUE(pushed.applied());
+  const std::string digest = taken->shard(0).Digest();
+
+  std::vector<v1::ReplicaRecord> states = taken->HandOver("server 0 is back");
+  ASSERT_EQ(states.size(), 1u);
+  ASSERT_TRUE(states[0].has_state());
+  push.set_clock(1);
+  const absl::Status late = taken->Push(push, absl::InfiniteFuture(), &pushed);
+  EXPECT_EQ(late.code(), absl::StatusCode::kUnavailable) << late;
+  EXPECT_NE(late.message().find("server 0 is back"), std::string::npos) << late;
+  const absl::Status again = taken->Register(reg, &registered);
+  EXPECT_EQ(again.code(), absl::StatusCode::kUnavailable) << again;
+  EXPECT_EQ(taken->shard(0).Digest(), digest) << "the range changed after it was handed over";
+
+  std::unique_ptr<ParameterServer> back = *ParameterServer::Create(config, 0, options);
+  back->BeginTakeBack();
+  ASSERT_TRUE(back->TakeBack(0, states[0]).ok());
+  back->EndTakeBack();
+  EXPECT_EQ(back->shard(0).Digest(), digest);
+  EXPECT_EQ(back->shard(0).RankPosition(0).first, 1u) << "rank 0 continues after its one step";
+}
+
 // A reader reads a backup's copy of another server's range
 // (PullRequest.copy_of) once the copy holds a state: the primary's values,
 // as the primary gives them. Every other use is refused, naming the field.
