@@ -96,7 +96,9 @@ void Failover::Watch() {
           continue;
         }
       }
-      if (Answers(watched->primary, every)) {
+      // A tenth of a lease to answer: a live server on a loaded machine is
+      // not taken for gone (it would have to miss every ping of a lease).
+      if (Answers(watched->primary, std::max(lease_ / 10, every))) {
         watched->answered = absl::Now();
         watched->seen = true;
         watched->refused_said = false;
@@ -121,6 +123,10 @@ void Failover::TakeOver(Watched* watched, absl::Duration down) {
     incarnation = known->second;
     taken_over_[primary] = incarnation;  // its records are refused from now on
     if (auto open = streams_.find(primary); open != streams_.end()) open->second.second();
+  }
+  if (!watched->refused_said) {
+    SEGPS_LOG_INFO << "server " << server_->index() << ": primary server " << primary << " has not answered for "
+                   << absl::FormatDuration(down) << "; asking the other servers whether they reach it";
   }
   const std::vector<uint32_t> voters = Voters(primary, incarnation);
   const size_t majority = addresses_.size() / 2 + 1;
@@ -194,6 +200,7 @@ absl::Status Failover::Serve(uint32_t primary, uint64_t incarnation, const std::
     serving_[primary] = *std::move(created);
     handed_back_.erase(primary);
   }
+  if (options_.metrics != nullptr) options_.metrics->ObserveTakenOver(primary, true);
   SEGPS_LOG_WARNING << "server " << server_->index() << ": took over server " << primary << "'s ranges (records "
                     << absl::StrJoin(records, ", ") << "): it has not answered for " << absl::FormatDuration(down)
                     << " (cluster.lease_ms " << absl::ToInt64Milliseconds(lease_) << "), and servers "
@@ -266,6 +273,7 @@ absl::StatusOr<v1::ReplicaRecord> Failover::Fetch(const v1::FetchRequest& reques
     serving_.erase(serving);
     SEGPS_LOG_WARNING << "server " << server_->index() << ": server " << primary
                       << " is back (started again): its ranges are handed back to it";
+    if (options_.metrics != nullptr) options_.metrics->ObserveTakenOver(primary, false);
   }
   if (auto handed = handed_back_.find(primary);
       handed != handed_back_.end() && handed->second.first == request.hello().incarnation()) {

@@ -3,7 +3,8 @@
 // and no rollback.
 //
 // - Watch: the backup pings each primary it is first backup of every 20th
-//   of a lease (grpc.health.v1 Check, as long to answer).
+//   of a lease (grpc.health.v1 Check, a tenth of a lease to answer; a
+//   voter gives it a 20th).
 // - Take over: once the primary has not answered for a lease, the backup
 //   stops taking its records (its streams are refused from then on) and
 //   asks every other server (Suspect) whether it cannot reach the primary
@@ -52,7 +53,8 @@ class Failover {
   // of; `addresses` are every server's. Nothing to watch with one copy, and
   // none taken over without addresses.
   // `options` make the servers of ranges taken over (no metrics, no
-  // checkpoints of their own).
+  // checkpoints of their own); their metrics, if any, hear what is taken
+  // over (segps_server_serving_taken_over).
   static absl::StatusOr<std::unique_ptr<Failover>> Start(ParameterServer* server,
                                                          std::vector<std::string> addresses,
                                                          const ServerOptions& options);

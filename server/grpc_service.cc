@@ -670,7 +670,7 @@ absl::StatusOr<std::unique_ptr<RunningServer>> StartGrpcServer(ParameterServer* 
   builder.RegisterService(service->health());
   // A backup serves its primaries' streams (cluster.replicas).
   std::unique_ptr<ReplicationService> replication;
-  if (failover != nullptr) {
+  if (server->shard_map().replicas() > 1) {
     replication = std::make_unique<ReplicationService>(server, failover, security->tokens);
     builder.RegisterService(replication.get());
   }

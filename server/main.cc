@@ -202,6 +202,7 @@ int Serve(const Settings& s) {
   std::vector<std::string> peers = absl::StrSplit(absl::GetFlag(FLAGS_servers), ',', absl::SkipEmpty());
   if (peers.empty()) peers.assign(s.config.cluster().server_addresses().begin(), s.config.cluster().server_addresses().end());
   segps::ServerOptions taken_over;  // of the ranges this server may take over
+  taken_over.metrics = metrics.get();
   taken_over.authenticated = !security->tokens.empty();
   taken_over.state_key = security->state_key;
   absl::StatusOr<std::unique_ptr<segps::Failover>> failover =

@@ -210,8 +210,10 @@ void ReplicaLinks::Run(Link* link) {
       link->dropped = true;
     }
     MutexLock lock(&link->mu);
-    // Woken at the lease's end to drop the backup, if not by a record sooner.
-    const absl::Time until = link->dropped ? now + delay : std::min(now + delay, *down_since + lease);
+    // Woken at the lease's end to drop the backup, if not by a record sooner
+    // (a drop no majority allowed is asked again after the backoff).
+    const absl::Time until =
+        link->dropped || link->held ? now + delay : std::min(now + delay, *down_since + lease);
     if (!link->stop) link->wake.WaitWithDeadline(&link->mu, until);
     delay = std::min(delay * 2, absl::Seconds(1));
   }

@@ -64,6 +64,11 @@ ServerMetrics::ServerMetrics(prometheus::Registry& registry, const v1::JobConfig
                            .Help("cluster.replicas: 1 while the server's link to a backup takes its records, 0 while "
                                  "the backup is unreachable and pushes to the server's ranges wait for it")
                            .Register(registry);
+  taken_over_ = &prometheus::BuildGauge()
+                     .Name("segps_server_serving_taken_over")
+                     .Help("cluster.replicas: 1 while the server serves a lost primary's ranges it took over, with "
+                           "one copy fewer, 0 once they are handed back")
+                     .Register(registry);
   const prometheus::Histogram::BucketBoundaries staleness_buckets = {0, 1, 2, 3, 4, 6, 8, 12, 16, 32, 64};
   for (const auto& seg : config.model().segments()) {
     const prometheus::Labels labels = {{"segment", seg.name()}, {"server", server_}};
@@ -117,6 +122,10 @@ void ServerMetrics::ObserveListenerRestart() { listener_restarts_->Increment(); 
 
 void ServerMetrics::ObserveBackup(uint32_t backup, bool reachable) {
   backup_reachable_->Add({{"server", server_}, {"backup", std::to_string(backup)}}).Set(reachable ? 1 : 0);
+}
+
+void ServerMetrics::ObserveTakenOver(uint32_t primary, bool serving) {
+  taken_over_->Add({{"server", server_}, {"primary", std::to_string(primary)}}).Set(serving ? 1 : 0);
 }
 
 void ServerMetrics::ObserveRejected(int segment) {

@@ -33,6 +33,9 @@ class ServerMetrics {
   // cluster.replicas: whether this server's link to server `backup` takes
   // its records now (server/replica_links.h).
   void ObserveBackup(uint32_t backup, bool reachable);
+  // cluster.replicas: whether this server serves primary `primary`'s ranges
+  // now, having taken them over (server/failover.h).
+  void ObserveTakenOver(uint32_t primary, bool serving);
 
  private:
   struct PerSegment {
@@ -53,6 +56,7 @@ class ServerMetrics {
   const std::string server_;
   prometheus::Family<prometheus::Gauge>* worker_clock_;
   prometheus::Family<prometheus::Gauge>* backup_reachable_;
+  prometheus::Family<prometheus::Gauge>* taken_over_;
   // Segments with embedding tables (null elsewhere).
   struct Rows {
     prometheus::Counter* pulled = nullptr;
