@@ -214,7 +214,7 @@ absl::Status Failover::Serve(uint32_t primary, uint64_t incarnation, const std::
 
 absl::StatusOr<ParameterServer*> Failover::Route(uint32_t index) {
   if (index == server_->index()) return server_;
-  if (index >= addresses_.size() && index >= server_->shard_map().num_servers()) {
+  if (index >= server_->shard_map().num_servers()) {
     return absl::InvalidArgumentError(absl::StrCat("header segps-server names server ", index, "; the job has ",
                                                    server_->shard_map().num_servers()));
   }
@@ -226,6 +226,17 @@ absl::StatusOr<ParameterServer*> Failover::Route(uint32_t index) {
   }
   return absl::UnavailableError(absl::StrCat("server ", server_->index(), " serves no ranges of server ", index,
                                              ": it has not taken them over"));
+}
+
+void Failover::Drain() {
+  MutexLock lock(&mu_);
+  for (auto& [primary, taken] : serving_) taken->Drain();
+  for (auto& taken : retired_) taken->Drain();
+}
+
+void Failover::Reopen() {
+  MutexLock lock(&mu_);
+  for (auto& [primary, taken] : serving_) taken->Reopen();
 }
 
 absl::Status Failover::Refusal(const v1::ReplicaHello& hello) const {

@@ -64,6 +64,10 @@ class Failover {
   // primary whose ranges were taken over here; UNAVAILABLE naming why for
   // any other.
   absl::StatusOr<ParameterServer*> Route(uint32_t index);
+  // The servers of ranges taken over answer their waiting calls and wait no
+  // more, as ParameterServer::Drain (the listener stops), until Reopen.
+  void Drain();
+  void Reopen();
 
   // The backup's side. A record of primary `from` (`hello` its stream's
   // first record's) is taken by this server's copy unless that run of it

@@ -592,11 +592,12 @@ class Service final : public ReactorService<v1::ParameterServer::Service> {
 
 class GrpcRunningServer final : public RunningServer {
  public:
-  GrpcRunningServer(ParameterServer* core, std::unique_ptr<Failover> failover, std::unique_ptr<Service> service,
-                    std::unique_ptr<ReplicationService> replication, std::unique_ptr<grpc::Server> server,
-                    std::string address)
+  GrpcRunningServer(ParameterServer* core, Failover* failover, std::unique_ptr<Failover> own_failover,
+                    std::unique_ptr<Service> service, std::unique_ptr<ReplicationService> replication,
+                    std::unique_ptr<grpc::Server> server, std::string address)
       : core_(core),
-        failover_(std::move(failover)),
+        failover_(failover),
+        own_failover_(std::move(own_failover)),
         service_(std::move(service)),
         replication_(std::move(replication)),
         server_(std::move(server)),
@@ -608,6 +609,7 @@ class GrpcRunningServer final : public RunningServer {
     if (server_ == nullptr) return;
     // Parked calls are answered now: gRPC's shutdown waits for every call to finish.
     core_->Drain();
+    if (failover_ != nullptr) failover_->Drain();
     server_->Shutdown(absl::ToChronoTime(absl::Now() + grace));
     server_->Wait();
     server_.reset();
@@ -615,7 +617,8 @@ class GrpcRunningServer final : public RunningServer {
 
  private:
   ParameterServer* const core_;
-  std::unique_ptr<Failover> failover_;  // the server's own where none was given
+  Failover* const failover_;  // may be null
+  std::unique_ptr<Failover> own_failover_;  // where none was given
   std::unique_ptr<Service> service_;
   std::unique_ptr<ReplicationService> replication_;  // null with one copy
   std::unique_ptr<grpc::Server> server_;
@@ -682,7 +685,7 @@ absl::StatusOr<std::unique_ptr<RunningServer>> StartGrpcServer(ParameterServer* 
   const size_t colon = listen.rfind(':');
   std::string address = absl::StrCat(listen.substr(0, colon), ":", port);
   return std::unique_ptr<RunningServer>(
-      new GrpcRunningServer(server, std::move(own_failover), std::move(service), std::move(replication),
+      new GrpcRunningServer(server, failover, std::move(own_failover), std::move(service), std::move(replication),
                             std::move(grpc_server), std::move(address)));
 }
 

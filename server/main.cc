@@ -134,6 +134,7 @@ absl::Status Relisten(segps::ParameterServer* server, segps::Failover* failover,
   if (*running != nullptr) (*running)->Shutdown(absl::ZeroDuration());  // drains the parked calls
   running->reset();
   server->Reopen();
+  if (failover != nullptr) failover->Reopen();
   absl::StatusOr<std::unique_ptr<segps::RunningServer>> again =
       segps::StartGrpcServer(server, address, handler_threads, failover);
   if (!again.ok()) return again.status();

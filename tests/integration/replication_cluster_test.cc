@@ -131,6 +131,13 @@ std::vector<std::unique_ptr<Subprocess>> StartWorkers(const ProcessCluster& clus
   return workers;
 }
 
+// A worker's log: it neither rolled back nor computed a step again.
+void ExpectNothingComputedAgain(const std::string& output) {
+  for (const char* never : {"rolling the segment back", "computed again", "continuing from clock"}) {
+    EXPECT_EQ(output.find(never), std::string::npos) << never << "\n" << output;
+  }
+}
+
 void ExpectFinished(std::vector<std::unique_ptr<Subprocess>>& workers) {
   for (auto& worker : workers) {
     std::optional<int> status = worker->Wait(absl::Seconds(300));
@@ -174,9 +181,7 @@ TEST(ReplicatedCluster, AServerStartedAgainOnNoDiskMidJobCostsNoStepAtStaleness2
   EXPECT_TRUE(cluster.WaitForServerLine(1, "took segment 0's range back from server 2")) << cluster.Output();
   for (const auto& worker : workers) {
     EXPECT_NE(worker->output().find("rejoined at clock"), std::string::npos) << worker->output();
-    for (const char* never : {"rolling the segment back", "computed again", "continuing from clock"}) {
-      EXPECT_EQ(worker->output().find(never), std::string::npos) << never << "\n" << worker->output();
-    }
+    ExpectNothingComputedAgain(worker->output());
   }
   EXPECT_GT(cluster.EnsembleAccuracy(), 0.9);
 }
@@ -197,9 +202,7 @@ TEST(ReplicatedCluster, AServerKilledForGoodMidJobCostsNoStepAtStaleness2) {
   EXPECT_TRUE(cluster.WaitForServerLine(2, "took over server 1's ranges")) << cluster.Output();
   for (const auto& worker : workers) {
     EXPECT_NE(worker->output().find("rejoined at clock"), std::string::npos) << worker->output();
-    for (const char* never : {"rolling the segment back", "computed again", "continuing from clock"}) {
-      EXPECT_EQ(worker->output().find(never), std::string::npos) << never << "\n" << worker->output();
-    }
+    ExpectNothingComputedAgain(worker->output());
   }
   EXPECT_GT(cluster.EnsembleAccuracy(), 0.9);
 }
@@ -538,9 +541,7 @@ TEST(ReplicatedCluster, AServerKilledForGoodIsTakenOverByItsBackupAndTheJobEndsB
   EXPECT_TRUE(cluster.WaitForServerLine(backup, absl::StrCat("took over server ", victim, "'s ranges")))
       << cluster.Output();
   EXPECT_NE(worker->output().find(absl::StrCat("through server ", backup)), std::string::npos) << worker->output();
-  for (const char* never : {"rolling the segment back", "computed again", "continuing from clock"}) {
-    EXPECT_EQ(worker->output().find(never), std::string::npos) << never << "\n" << worker->output();
-  }
+  ExpectNothingComputedAgain(worker->output());
   const std::string read = cluster.Evaluate({"--dump_params", dir});
   EXPECT_NE(read.find(absl::StrCat("read from server ", backup, ", which took them over")), std::string::npos)
       << read;
@@ -626,9 +627,7 @@ TEST(ReplicatedCluster, AServerBehindByThePushesInFlightIsSentThemAgainWithNoRol
   ASSERT_TRUE(status.has_value() && ExitedOk(*status)) << worker->output() << cluster.Output();
   EXPECT_TRUE(cluster.WaitForServerLine(0, "took segment 0's range back from server 1")) << cluster.Output();
   EXPECT_NE(worker->output().find("only on which of its steps"), std::string::npos) << worker->output();
-  for (const char* never : {"rolling the segment back", "computed again", "continuing from clock"}) {
-    EXPECT_EQ(worker->output().find(never), std::string::npos) << never << "\n" << worker->output();
-  }
+  ExpectNothingComputedAgain(worker->output());
 }
 
 }  // namespace
