@@ -315,7 +315,7 @@ v1::SuspectResponse Failover::Suspect(const v1::SuspectRequest& request) {
                          (!serving && request.server() < addresses_.size() &&
                           Answers(request.server(), Every()));
   response.set_reachable(reachable);
-  if (!reachable && request.take_over()) {
+  if (!reachable && request.take_over() && request.server() < server_->shard_map().num_servers()) {
     MutexLock lock(&mu_);
     voted_gone_[request.server()] = request.incarnation();
   }
