@@ -8,9 +8,12 @@
 // with backoff (50 ms doubling to 1 s), from the state again; meanwhile
 // pushes wait, and the log says so once per outage. A backup out of reach
 // for a lease (cluster.lease_ms; a paused one is found out by keepalive
-// pings within two more) is dropped: pushes are acknowledged without it
-// until its link opens again, the log says so, and
+// pings within two more) is dropped, if a majority of the servers answers
+// this one and none voted it gone (server/failover.h): pushes are
+// acknowledged without it until its link opens again, the log says so, and
 // segps_server_backup_reachable is 0 (the SegpsBackupUnreachable alert).
+// A backup that took this server's ranges over refuses its stream: the
+// server stops (Failover::Stop).
 //
 // Thread safety: a thread per link; Start and the destructor from one
 // thread, the destructor once the server no longer takes pushes (its gRPC

@@ -88,13 +88,19 @@ std::string BoundedJob(const std::string& dir) {
   return path;
 }
 
+// ProcessCluster's reader token, where its calls carry tokens.
+constexpr char kReaderToken[] = "fedcba9876543210fedcba9876543210";
+
 // The Stats of the server at `address`, or with `as`, of the ranges of
-// server `as` it took over (the segps-server header).
-v1::StatsResponse Stats(const std::string& address, std::optional<int> as = std::nullopt) {
+// server `as` it took over (the segps-server header); `token`, if any, is
+// the caller's.
+v1::StatsResponse Stats(const std::string& address, std::optional<int> as = std::nullopt,
+                        const std::string& token = "") {
   auto stub = v1::ParameterServer::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(30)));
   if (as.has_value()) context.AddMetadata(kServerHeader, absl::StrCat(*as));
+  if (!token.empty()) context.AddMetadata("authorization", absl::StrCat("Bearer ", token));
   v1::StatsRequest request;
   request.set_digests(true);
   v1::StatsResponse stats;
@@ -155,9 +161,9 @@ TEST(ReplicatedCluster, EveryBackupHoldsItsPrimarysRangeBitForBitAfterTraining) 
 }
 
 // Whether server i's clock of segment 0 reaches `clock` within 120 s.
-bool ReachesClock(const ProcessCluster& cluster, int i, uint64_t clock) {
+bool ReachesClock(const ProcessCluster& cluster, int i, uint64_t clock, const std::string& token = "") {
   for (absl::Time until = absl::Now() + absl::Seconds(120); absl::Now() < until;) {
-    const v1::StatsResponse stats = Stats(cluster.addresses()[i]);
+    const v1::StatsResponse stats = Stats(cluster.addresses()[i], std::nullopt, token);
     if (stats.segments_size() > 0 && stats.segments(0).clock() >= clock) return true;
     absl::SleepFor(absl::Milliseconds(10));
   }
@@ -192,11 +198,12 @@ TEST(ReplicatedCluster, AServerStartedAgainOnNoDiskMidJobCostsNoStepAtStaleness2
 // exits 0 with every server (server 1's ranges at server 2) having applied
 // each of its steps once, none rolls back or computes a step again, and
 // segps-eval, given all three addresses (one dead), scores the ensemble.
+// Calls carry tokens: the servers' votes are sealed with their key.
 TEST(ReplicatedCluster, AServerKilledForGoodMidJobCostsNoStepAtStaleness2) {
   const std::string dir = MakeTempDir();
-  ProcessCluster cluster(Job(dir, 6, /*lease_ms=*/2000), dir, 3, false, false, true);
+  ProcessCluster cluster(Job(dir, 6, /*lease_ms=*/2000), dir, 3, false, /*tokens=*/true, true);
   std::vector<std::unique_ptr<Subprocess>> workers = StartWorkers(cluster);
-  ASSERT_TRUE(ReachesClock(cluster, 1, 60)) << cluster.Output();
+  ASSERT_TRUE(ReachesClock(cluster, 1, 60, kReaderToken)) << cluster.Output();
   cluster.KillServer(1);
   ExpectFinished(workers);
   EXPECT_TRUE(cluster.WaitForServerLine(2, "took over server 1's ranges")) << cluster.Output();
