@@ -13,17 +13,9 @@ lease=${1:-2000}
 bin=build/bin
 out=$(mktemp -d /tmp/segps-failover.XXXXXX)
 trap 'kill -9 $(jobs -p) 2> /dev/null; rm -rf "$out"' EXIT
-cat > "$out/job.pbtxt" <<PB
-cluster { num_servers: 3 replicas: 2 lease_ms: $lease }
-model {
-  input_width: 50
-  num_classes: 10
-  segments { name: "s" layers { units: 32 activation: RELU } layers { units: 10 activation: SOFTMAX } }
-}
-optimizer { kind: ADAM }
-training { batch_size: 32 epochs: 3 staleness: 0 log_interval_s: 0.000001 }
-data { source: SYNTHETIC_TEACHER test_samples: 500 train_samples: 4000 }
-PB
+# The replication tests' job (tests/fixtures/replicated_sync.pbtxt) with
+# the lease asked for.
+sed "s/lease_ms: 2000/lease_ms: $lease/" tests/fixtures/replicated_sync.pbtxt > "$out/job.pbtxt"
 seconds_of() { awk -F: '{ printf "%.6f\n", $1 * 3600 + $2 * 60 + $3 }' <<< "$1"; }
 wait_for() {  # wait_for FILE TEXT: up to 60 s
   for _ in $(seq 6000); do grep -q -- "$2" "$1" 2> /dev/null && return 0; sleep 0.01; done

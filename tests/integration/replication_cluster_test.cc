@@ -53,20 +53,11 @@ std::string Job(const std::string& dir, int epochs, int lease_ms = 10000) {
   return path;
 }
 
-// One segment "s" (50 -> 32 -> 10), one worker, staleness 0, Adam: 375 steps.
+// tests/fixtures/replicated_sync.pbtxt in `dir`: one segment "s", one
+// worker, staleness 0, a 2 s lease: 375 steps.
 std::string SynchronousJob(const std::string& dir) {
   const std::string path = dir + "/sync.pbtxt";
-  WriteFile(path, R"pb(
-    cluster { num_servers: 3 replicas: 2 lease_ms: 2000 }
-    model {
-      input_width: 50
-      num_classes: 10
-      segments { name: "s" layers { units: 32 activation: RELU } layers { units: 10 activation: SOFTMAX } }
-    }
-    optimizer { kind: ADAM }
-    training { batch_size: 32 epochs: 3 staleness: 0 log_interval_s: 0.000001 }
-    data { source: SYNTHETIC_TEACHER test_samples: 500 train_samples: 4000 }
-  )pb");
+  WriteFile(path, ReadFile(std::string(SEGPS_SOURCE_DIR) + "/tests/fixtures/replicated_sync.pbtxt"));
   return path;
 }
 
