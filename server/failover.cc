@@ -36,11 +36,7 @@ absl::StatusOr<std::unique_ptr<Failover>> Failover::Start(ParameterServer* serve
   std::unique_ptr<Failover> failover(new Failover(server, std::move(addresses), options));
   const ShardMap& map = server->shard_map();
   if (map.replicas() < 2 || failover->addresses_.empty()) return failover;  // takes no range over
-  if (failover->addresses_.size() != map.num_servers()) {
-    return absl::InvalidArgumentError(absl::StrCat("cluster.replicas ", map.replicas(), ": server ", server->index(),
-                                                   " needs the ", map.num_servers(),
-                                                   " servers' addresses (--servers or cluster.server_addresses)"));
-  }
+  SEGPS_RETURN_IF_ERROR(CheckAddresses(*server, failover->addresses_));
   absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials =
       LoadChannelCredentials(server->config().security());
   if (!credentials.ok()) return credentials.status();
@@ -220,7 +216,7 @@ absl::StatusOr<ParameterServer*> Failover::Route(uint32_t index) {
   }
   MutexLock lock(&mu_);
   if (auto serving = serving_.find(index); serving != serving_.end()) return serving->second.get();
-  if ((handed_back_.count(index) > 0)) {
+  if (handed_back_.count(index) > 0) {
     return absl::UnavailableError(absl::StrCat("server ", server_->index(), " handed server ", index,
                                                "'s ranges back to it (started again): call server ", index));
   }
@@ -307,9 +303,12 @@ v1::SuspectResponse Failover::Suspect(const v1::SuspectRequest& request) {
   {
     MutexLock lock(&mu_);
     serving = serving_.count(request.server()) > 0;
-    auto voted = voted_gone_.find(asker);
-    response.set_asker_replaced((voted != voted_gone_.end() && voted->second == request.hello().incarnation()) ||
-                                ((taken_over_.count(asker) > 0) && taken_over_[asker] == request.hello().incarnation()));
+    // The asker's run, voted gone here or taken over by this server.
+    const auto names_asker = [&](const std::map<uint32_t, uint64_t>& runs) {
+      auto run = runs.find(asker);
+      return run != runs.end() && run->second == request.hello().incarnation();
+    };
+    response.set_asker_replaced(names_asker(voted_gone_) || names_asker(taken_over_));
   }
   const bool reachable = request.server() == server_->index() || channels_.empty() ||
                          (!serving && request.server() < addresses_.size() &&

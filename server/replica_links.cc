@@ -54,17 +54,13 @@ grpc::ChannelArguments PeerArguments(const v1::JobConfig& config) {
   return args;
 }
 
-namespace {
-
 absl::Status CheckAddresses(const ParameterServer& server, const std::vector<std::string>& addresses) {
   const v1::ClusterConfig& cluster = server.config().cluster();
   if (addresses.size() == cluster.num_servers()) return absl::OkStatus();
   return absl::InvalidArgumentError(absl::StrCat(
       "cluster.replicas ", cluster.replicas(), ": server ", server.index(), " needs the ", cluster.num_servers(),
-      " servers' addresses to reach its backups (--servers or cluster.server_addresses); it has ", addresses.size()));
+      " servers' addresses to reach its peers (--servers or cluster.server_addresses); it has ", addresses.size()));
 }
-
-}  // namespace
 
 absl::Status TakeBackRanges(ParameterServer* server, const std::vector<std::string>& addresses,
                             absl::Duration timeout) {

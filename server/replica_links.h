@@ -41,6 +41,9 @@ class Failover;
 // A server's channels to its peers: messages of cluster.max_message_bytes,
 // reconnects within 100 ms to 1 s, keepalive pings every lease.
 grpc::ChannelArguments PeerArguments(const v1::JobConfig& config);
+// cluster.replicas: `addresses` must be every server's (--servers or
+// cluster.server_addresses); INVALID_ARGUMENT naming both counts otherwise.
+absl::Status CheckAddresses(const ParameterServer& server, const std::vector<std::string>& addresses);
 
 // A server started again without its ranges (cluster.replicas) takes each
 // back from a backup's copy before it serves workers, which it refuses

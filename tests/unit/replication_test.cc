@@ -212,6 +212,22 @@ TEST(ReplicaLogTest, ADroppedBackupHoldsNothingBackUntilItsLinkOpensAgain) {
   EXPECT_TRUE(third_held);
 }
 
+// A rank registered with `server`, and its push of 0.25 to each element
+// of segment 0's range 0 at clock 0.
+v1::PushRequest RegisteredPush(const v1::JobConfig& config, ParameterServer* server) {
+  v1::RegisterRequest reg;
+  reg.set_model_fingerprint(ModelFingerprint(config));
+  reg.set_shard_fingerprint(server->shard_map().fingerprint());
+  v1::RegisterResponse registered;
+  EXPECT_TRUE(server->Register(reg, &registered).ok());
+  const Range range = server->shard_map().range(0, 0);
+  v1::PushRequest push;
+  push.set_worker_id(registered.worker_id());
+  push.set_registration_secret(registered.registration_secret());
+  EncodeFloat32(std::vector<float>(range.count, 0.25f), range.offset, push.mutable_gradient());
+  return push;
+}
+
 TEST(ReplicatedServerTest, APushIsAnsweredOnlyOnceItsBackupHoldsIt) {
   const v1::JobConfig config = *ParseConfig(kConfig, "test");
   FakeClock clock;
@@ -223,16 +239,8 @@ TEST(ReplicatedServerTest, APushIsAnsweredOnlyOnceItsBackupHoldsIt) {
   ReplicaLog& log = *server->replica_logs()[0];
   EXPECT_EQ(log.backups(), std::vector<uint32_t>{1});
   ASSERT_NE(server->copy(0, 1), nullptr);  // it backs server 1's range
-  v1::RegisterRequest reg;
-  reg.set_model_fingerprint(ModelFingerprint(config));
-  reg.set_shard_fingerprint(server->shard_map().fingerprint());
-  v1::RegisterResponse registered;
-  ASSERT_TRUE(server->Register(reg, &registered).ok());
   const Range range = server->shard_map().range(0, 0);
-  v1::PushRequest push;
-  push.set_worker_id(registered.worker_id());
-  push.set_registration_secret(registered.registration_secret());
-  EncodeFloat32(std::vector<float>(range.count, 0.25f), range.offset, push.mutable_gradient());
+  v1::PushRequest push = RegisteredPush(config, server.get());
   auto send = [&](absl::optional<absl::Status>* outcome, v1::PushResponse* response) {
     server->Push(push, Payload::Borrow(push.gradient().data()), clock.Now() + absl::Seconds(5), nullptr, response,
                  [outcome](absl::Status s) { *outcome = s; });
@@ -299,16 +307,7 @@ TEST(ReplicatedServerTest, ARangeHandedOverRefusesEveryCallAndItsStateIsAllThatW
   options.tick = absl::ZeroDuration();
   std::unique_ptr<ParameterServer> taken = *ParameterServer::Create(config, 0, options);
   taken->ServeAlone();
-  v1::RegisterRequest reg;
-  reg.set_model_fingerprint(ModelFingerprint(config));
-  reg.set_shard_fingerprint(taken->shard_map().fingerprint());
-  v1::RegisterResponse registered;
-  ASSERT_TRUE(taken->Register(reg, &registered).ok());
-  const Range range = taken->shard_map().range(0, 0);
-  v1::PushRequest push;
-  push.set_worker_id(registered.worker_id());
-  push.set_registration_secret(registered.registration_secret());
-  EncodeFloat32(std::vector<float>(range.count, 0.25f), range.offset, push.mutable_gradient());
+  v1::PushRequest push = RegisteredPush(config, taken.get());
   v1::PushResponse pushed;
   ASSERT_TRUE(taken->Push(push, absl::InfiniteFuture(), &pushed).ok());
   EXPECT_TRUE(pushed.applied());
@@ -321,6 +320,10 @@ TEST(ReplicatedServerTest, ARangeHandedOverRefusesEveryCallAndItsStateIsAllThatW
   const absl::Status late = taken->Push(push, absl::InfiniteFuture(), &pushed);
   EXPECT_EQ(late.code(), absl::StatusCode::kUnavailable) << late;
   EXPECT_NE(late.message().find("server 0 is back"), std::string::npos) << late;
+  v1::RegisterRequest reg;
+  reg.set_model_fingerprint(ModelFingerprint(config));
+  reg.set_shard_fingerprint(taken->shard_map().fingerprint());
+  v1::RegisterResponse registered;
   const absl::Status again = taken->Register(reg, &registered);
   EXPECT_EQ(again.code(), absl::StatusCode::kUnavailable) << again;
   EXPECT_EQ(taken->shard(0).Digest(), digest) << "the range changed after it was handed over";

@@ -13,9 +13,8 @@ void ServerRoutes::Way::Prepare(grpc::ClientContext* context) const {
 
 ServerRoutes::Way ServerRoutes::Way::Own(std::shared_ptr<grpc::Channel> channel, std::string name) {
   Way own;
-  own.channel = std::move(channel);
-  own.stub = v1::ParameterServer::NewStub(own.channel);
-  own.generic = std::make_shared<grpc::GenericStub>(own.channel);
+  own.stub = v1::ParameterServer::NewStub(channel);
+  own.generic = std::make_shared<grpc::GenericStub>(channel);
   own.name = std::move(name);
   return own;
 }

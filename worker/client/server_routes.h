@@ -28,7 +28,6 @@ namespace segps {
 class ServerRoutes {
  public:
   struct Way {
-    std::shared_ptr<grpc::Channel> channel;
     std::shared_ptr<v1::ParameterServer::Stub> stub;
     std::shared_ptr<grpc::GenericStub> generic;
     std::string name;  // "server 1 (host:port)", or "server 1 (through server 2 at host:port)"
