@@ -256,10 +256,11 @@ void Failover::Closed(uint32_t from, uint64_t stream) {
   if (auto open = streams_.find(from); open != streams_.end() && open->second.first == stream) streams_.erase(open);
 }
 
-absl::Status Failover::Take(const v1::ReplicaHello& hello, const v1::ReplicaRecord& record) {
+absl::Status Failover::Take(const v1::ReplicaHello& hello, const v1::ReplicaRecord& record,
+                            const Payload& gradient) {
   MutexLock lock(&mu_);
   SEGPS_RETURN_IF_ERROR(Refusal(hello));
-  return server_->TakeReplica(hello.from_server(), record);
+  return server_->TakeReplica(hello.from_server(), record, gradient);
 }
 
 absl::StatusOr<v1::ReplicaRecord> Failover::Fetch(const v1::FetchRequest& request) {

@@ -73,8 +73,8 @@ class Failover {
   // first record's) is taken by this server's copy unless that run of it
   // was taken over (ABORTED, naming the take-over), all under the lock a
   // take-over reads the copies under: a record is in the state taken over
-  // or refused.
-  absl::Status Take(const v1::ReplicaHello& hello, const v1::ReplicaRecord& record);
+  // or refused. A push's gradient bytes are `gradient`.
+  absl::Status Take(const v1::ReplicaHello& hello, const v1::ReplicaRecord& record, const Payload& gradient);
   // A stream's first record: refused as Take's; `cancel` ends the stream
   // on a take-over (Closed before the stream's context goes).
   absl::StatusOr<uint64_t> Opened(const v1::ReplicaHello& hello, std::function<void()> cancel);

@@ -136,8 +136,8 @@ class ParameterServer {
   absl::Status CheckPeer(const v1::ReplicaHello& hello, const char* call) const;
   // A record from server `from`: taken by this server's copy of its
   // range, which `from` must be the primary of; an error names what is
-  // wrong and changes nothing.
-  absl::Status TakeReplica(uint32_t from, const v1::ReplicaRecord& record);
+  // wrong and changes nothing. A push's gradient bytes are `gradient`.
+  absl::Status TakeReplica(uint32_t from, const v1::ReplicaRecord& record, const Payload& gradient);
   // Started again without its ranges: workers are refused (UNAVAILABLE)
   // from BeginTakeBack until EndTakeBack, and meanwhile each range of this
   // server may be taken back from a backup's copy (`copy`, a Fetch reply:

@@ -14,6 +14,7 @@
 #include "common/status_macros.h"
 #include "segps/v1/replication.grpc.pb.h"
 #include "server/failover.h"
+#include "server/replica_wire.h"
 
 ABSL_FLAG(int32_t, fault_replica_delay_ms, 0,
           "Fault injection, for tests: each record this server sends a backup waits this long first (a slow link "
@@ -252,26 +253,30 @@ void ReplicaLinks::Reached(Link* link) {
 }
 
 bool ReplicaLinks::Stream(Link* link, std::string* error) {
-  auto stub = v1::Replication::NewStub(link->channel);
   grpc::ClientContext context;
   {
     MutexLock lock(&link->mu);
     if (link->stop) return false;
     link->context = &context;
   }
-  auto stream = stub->Replicate(&context);
+  std::unique_ptr<ReplicateStream> stream = OpenReplicate(link->channel.get(), &context);
   std::atomic<bool> broken{false};
   std::atomic<bool> ended{false};  // the backup ended the stream: its status says why
   bool served = false;
-  v1::ReplicaRecord hello;
-  *hello.mutable_hello() = server_->Hello(link->backup);
-  if (stream->Write(hello)) {
+  auto hello = std::make_shared<v1::ReplicaRecord>();
+  *hello->mutable_hello() = server_->Hello(link->backup);
+  if (stream->Write(EncodeRecord(std::move(hello)))) {
     // From here on every range this backup holds starts from its state.
     server_->SyncReplicas(link->backup);
     std::thread reader([&] {
+      grpc::ByteBuffer bytes;
       v1::ReplicaAck ack;
       const auto& logs = server_->replica_logs();
-      while (stream->Read(&ack)) {
+      while (stream->Read(&bytes)) {
+        if (!DecodeAck(&bytes, &ack)) {  // not an acknowledgement: the stream is of no use
+          context.TryCancel();
+          break;
+        }
         if (!served) Reached(link);
         served = true;
         if (ack.segment() < logs.size()) logs[ack.segment()]->Acked(link->backup, ack.seq());
@@ -286,7 +291,7 @@ bool ReplicaLinks::Stream(Link* link, std::string* error) {
       for (auto& log : server_->replica_logs()) {
         for (const ReplicaLog::Record& record : log->Take(link->backup)) {
           if (record_delay_ > absl::ZeroDuration()) absl::SleepFor(record_delay_);
-          if (!broken && !stream->Write(*record)) broken = true;
+          if (!broken && !stream->Write(EncodeRecord(record))) broken = true;
         }
       }
       MutexLock lock(&link->mu);

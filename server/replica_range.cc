@@ -50,24 +50,28 @@ ReplicaRange::ReplicaRange(int segment, uint32_t range, Range extent, uint32_t r
                            std::unique_ptr<Optimizer> optimizer)
     : segment_(segment), range_(range), extent_(extent), ranks_(ranks), optimizer_(std::move(optimizer)) {}
 
-absl::Status ReplicaRange::CheckSlice(const v1::TensorSlice& slice, const char* what) const {
+absl::Status ReplicaRange::CheckSlice(const v1::TensorSlice& slice, const Payload& data, const char* what) const {
   if (slice.dtype() != v1::FLOAT32 || slice.has_indices() || slice.has_region_offset() ||
       slice.offset() < extent_.offset || slice.count() > extent_.end() - slice.offset() || slice.count() == 0 ||
-      slice.data().size() != slice.count() * sizeof(float)) {
+      data.size() != slice.count() * sizeof(float)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "Replicate: segment ", segment_, " range ", range_, ": ", what, " holds elements [", slice.offset(), ", +",
-        slice.count(), ") in ", slice.data().size(), " bytes of dtype ", v1::DType_Name(slice.dtype()),
+        slice.count(), ") in ", data.size(), " bytes of dtype ", v1::DType_Name(slice.dtype()),
         "; the range is [", extent_.offset, ", +", extent_.count, ") of FLOAT32"));
   }
   // One vectorised pass (common/tensor_wire.h), as a worker's push is checked.
-  if (FirstNonFinite(absl::MakeConstSpan(reinterpret_cast<const float*>(slice.data().data()), slice.count()))) {
+  bool finite = true;
+  data.ForEachFloatBlock(v1::FLOAT32, [&](size_t, absl::Span<const float> block) {
+    finite = finite && !FirstNonFinite(block).has_value();
+  });
+  if (!finite) {
     return absl::InvalidArgumentError(
         absl::StrCat("Replicate: segment ", segment_, " range ", range_, ": ", what, " holds a non-finite value"));
   }
   return absl::OkStatus();
 }
 
-absl::Status ReplicaRange::Take(const v1::ReplicaRecord& record) {
+absl::Status ReplicaRange::Take(const v1::ReplicaRecord& record, const Payload& gradient) {
   MutexLock lock(&mu_);
   if (record.has_state()) return TakeState(record.seq(), record.state());
   if (!record.has_push()) {
@@ -82,7 +86,7 @@ absl::Status ReplicaRange::Take(const v1::ReplicaRecord& record) {
     return absl::FailedPreconditionError(absl::StrCat("Replicate: segment ", segment_, " range ", range_,
                                                       ": record ", record.seq(), " after record ", seq_));
   }
-  SEGPS_RETURN_IF_ERROR(TakePush(record.push()));
+  SEGPS_RETURN_IF_ERROR(TakePush(record.push(), record.gradient(), gradient));
   seq_ = record.seq();
   return absl::OkStatus();
 }
@@ -92,7 +96,7 @@ absl::Status ReplicaRange::TakeState(uint64_t seq, const v1::RangeState& state) 
   if (state.values().offset() != extent_.offset || state.values().count() != extent_.count) {
     return absl::InvalidArgumentError(absl::StrCat(where, " values are not the whole range"));
   }
-  SEGPS_RETURN_IF_ERROR(CheckSlice(state.values(), "the state's values"));
+  SEGPS_RETURN_IF_ERROR(CheckSlice(state.values(), Payload::Borrow(state.values().data()), "the state's values"));
   const size_t slots = optimizer_->SlotNames().size();
   if (static_cast<size_t>(state.slots_size()) != slots) {
     return absl::InvalidArgumentError(
@@ -102,7 +106,7 @@ absl::Status ReplicaRange::TakeState(uint64_t seq, const v1::RangeState& state) 
     if (slot.offset() != extent_.offset || slot.count() != extent_.count) {
       return absl::InvalidArgumentError(absl::StrCat(where, " slot is not the whole range"));
     }
-    SEGPS_RETURN_IF_ERROR(CheckSlice(slot, "an optimizer slot"));
+    SEGPS_RETURN_IF_ERROR(CheckSlice(slot, Payload::Borrow(slot.data()), "an optimizer slot"));
   }
   std::map<uint32_t, v1::RankPosition> positions;
   for (const v1::RankPosition& p : state.ranks()) {
@@ -123,9 +127,9 @@ absl::Status ReplicaRange::TakeState(uint64_t seq, const v1::RangeState& state) 
   return absl::OkStatus();
 }
 
-absl::Status ReplicaRange::TakePush(const v1::AppliedPush& push) {
-  const v1::TensorSlice& grad = push.gradient();
-  SEGPS_RETURN_IF_ERROR(CheckSlice(grad, "a push's gradient"));
+absl::Status ReplicaRange::TakePush(const v1::AppliedPush& push, const v1::TensorSlice& grad,
+                                    const Payload& data) {
+  SEGPS_RETURN_IF_ERROR(CheckSlice(grad, data, "a push's gradient"));
   const uint64_t first = grad.offset() - extent_.offset;
   if (push.rank() >= ranks_ || !std::isfinite(push.scale()) || push.step() == 0) {
     return absl::InvalidArgumentError(absl::StrCat("Replicate: segment ", segment_, " range ", range_,
@@ -143,9 +147,11 @@ absl::Status ReplicaRange::TakePush(const v1::AppliedPush& push) {
         " at element ", first, " does not follow clock ", at.next_clock(), " element ", at.applied()));
   }
   if (push.scale() != 0.0f) {
-    const auto* values = reinterpret_cast<const float*>(grad.data().data());
-    optimizer_->Apply(push.step(), first, absl::MakeSpan(values_).subspan(first, grad.count()),
-                      absl::MakeConstSpan(values, grad.count()), push.scale());
+    // Block by block as the bytes lie (elementwise, so as the primary's one pass).
+    data.ForEachFloatBlock(v1::FLOAT32, [&](size_t at, absl::Span<const float> block) {
+      optimizer_->Apply(push.step(), first + at, absl::MakeSpan(values_).subspan(first + at, block.size()), block,
+                        push.scale());
+    });
   }
   at.set_rank(push.rank());
   at.set_next_clock(push.clock());

@@ -23,6 +23,7 @@
 #include "absl/types/span.h"
 #include "common/shard_map.h"
 #include "common/sync.h"
+#include "common/tensor_wire.h"
 #include "segps/v1/replication.pb.h"
 #include "server/optimizer.h"
 
@@ -34,7 +35,13 @@ class ReplicaRange {
   // `extent` of the segment's elements; `ranks` is the segment's rank count.
   ReplicaRange(int segment, uint32_t range, Range extent, uint32_t ranks, std::unique_ptr<Optimizer> optimizer);
 
-  absl::Status Take(const v1::ReplicaRecord& record);
+  // A push record's gradient bytes are `gradient` (as the Replicate
+  // stream's slices hold them: server/replica_wire.h), not its data field.
+  absl::Status Take(const v1::ReplicaRecord& record, const Payload& gradient);
+  // A record with its gradient's bytes in it (one from a ReplicaLog).
+  absl::Status Take(const v1::ReplicaRecord& record) {
+    return Take(record, Payload::Borrow(record.gradient().data()));
+  }
 
   // What the copy holds: before its first state, nothing (seq 0, no values).
   struct Copy {
@@ -70,9 +77,11 @@ class ReplicaRange {
 
  private:
   absl::Status TakeState(uint64_t seq, const v1::RangeState& state) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status TakePush(const v1::AppliedPush& push) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // `slice` holds exactly elements [offset, offset + count) of the range as FLOAT32.
-  absl::Status CheckSlice(const v1::TensorSlice& slice, const char* what) const;
+  absl::Status TakePush(const v1::AppliedPush& push, const v1::TensorSlice& grad, const Payload& data)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // `slice`, whose bytes are `data`, holds exactly elements [offset, offset
+  // + count) of the range as finite FLOAT32 values.
+  absl::Status CheckSlice(const v1::TensorSlice& slice, const Payload& data, const char* what) const;
   Position PositionLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const int segment_;

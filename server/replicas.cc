@@ -91,7 +91,8 @@ absl::Status ParameterServer::CheckHello(const v1::ReplicaHello& hello) const {
   return absl::OkStatus();
 }
 
-absl::Status ParameterServer::TakeReplica(uint32_t from, const v1::ReplicaRecord& record) {
+absl::Status ParameterServer::TakeReplica(uint32_t from, const v1::ReplicaRecord& record,
+                                          const Payload& gradient) {
   if (record.range() != from) {
     return absl::InvalidArgumentError(absl::StrCat("Replicate: server ", from, " sent a record of range ",
                                                    record.range(), ", which it is not the primary of"));
@@ -103,7 +104,7 @@ absl::Status ParameterServer::TakeReplica(uint32_t from, const v1::ReplicaRecord
     return absl::NotFoundError(absl::StrCat("Replicate: server ", index_, " holds no copy of segment ",
                                             record.segment(), " range ", record.range()));
   }
-  return range->Take(record);
+  return range->Take(record, gradient);
 }
 
 absl::Status ParameterServer::TakeBack(int segment, const v1::ReplicaRecord& copy) {

@@ -4,15 +4,31 @@
 #include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
 #include "common/log.h"
+#include "server/replica_wire.h"
 
 namespace segps {
 
-grpc::Status ReplicationService::Replicate(grpc::ServerContext* context,
-                                           grpc::ServerReaderWriter<v1::ReplicaAck, v1::ReplicaRecord>* stream) {
+ReplicationService::ReplicationService(ParameterServer* server, Failover* failover, std::vector<Token> tokens)
+    : server_(server), failover_(failover), tokens_(std::move(tokens)) {
+  constexpr int kReplicate = 0;  // the service's first method (replication.proto)
+  MarkMethodStreamed(kReplicate, new grpc::internal::BidiStreamingHandler<ReplicationService, grpc::ByteBuffer,
+                                                                          grpc::ByteBuffer>(
+                                     &ReplicationService::ServeReplicate, this));
+}
+
+grpc::Status ReplicationService::ServeReplicate(grpc::ServerContext* context, ReplicateBytes* stream) {
   const Caller caller = CallerOf(*context, tokens_);
   if (absl::Status allowed = AuthorizeCall(caller, true, "Replicate"); !allowed.ok()) return ToGrpcStatus(allowed);
+  grpc::ByteBuffer bytes;
   v1::ReplicaRecord record;
-  if (!stream->Read(&record)) return grpc::Status::OK;
+  Payload gradient;
+  auto read = [&] {
+    if (!stream->Read(&bytes)) return absl::CancelledError("the stream ended");
+    return DecodeRecord(bytes, &record, &gradient);
+  };
+  if (absl::Status first = read(); !first.ok()) {
+    return absl::IsCancelled(first) ? grpc::Status::OK : ToGrpcStatus(first);
+  }
   if (!record.has_hello()) {
     return ToGrpcStatus(absl::InvalidArgumentError("Replicate: the first record must carry the primary's hello"));
   }
@@ -28,8 +44,9 @@ grpc::Status ReplicationService::Replicate(grpc::ServerContext* context,
   // Closed before the context goes.
   const absl::Cleanup closed = [&] { failover_->Closed(from, *opened); };
   SEGPS_LOG_INFO << "server " << server_->index() << ": backing server " << from << "'s ranges";
-  while (stream->Read(&record)) {
-    if (absl::Status taken = failover_->Take(hello, record); !taken.ok()) {
+  for (absl::Status next = read(); !absl::IsCancelled(next); next = read()) {
+    if (!next.ok()) return ToGrpcStatus(next);
+    if (absl::Status taken = failover_->Take(hello, record, gradient); !taken.ok()) {
       SEGPS_LOG_WARNING << "server " << server_->index() << ": " << taken.message();
       return ToGrpcStatus(taken);
     }
@@ -37,7 +54,7 @@ grpc::Status ReplicationService::Replicate(grpc::ServerContext* context,
     ack.set_segment(record.segment());
     ack.set_range(record.range());
     ack.set_seq(record.seq());
-    if (!stream->Write(ack)) break;
+    if (!stream->Write(EncodeAck(ack))) break;
   }
   return grpc::Status::OK;
 }

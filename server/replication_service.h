@@ -23,11 +23,12 @@ namespace segps {
 class ReplicationService final : public v1::Replication::Service {
  public:
   // `server` and `failover` outlive the service.
-  ReplicationService(ParameterServer* server, Failover* failover, std::vector<Token> tokens)
-      : server_(server), failover_(failover), tokens_(std::move(tokens)) {}
+  ReplicationService(ParameterServer* server, Failover* failover, std::vector<Token> tokens);
 
-  grpc::Status Replicate(grpc::ServerContext* context,
-                         grpc::ServerReaderWriter<v1::ReplicaAck, v1::ReplicaRecord>* stream) override;
+  // Replicate, served as bytes (server/replica_wire.h) so that a push's
+  // gradient is applied from the slices it arrived in.
+  using ReplicateBytes = grpc::ServerReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer>;
+  grpc::Status ServeReplicate(grpc::ServerContext* context, ReplicateBytes* stream);
   grpc::Status Fetch(grpc::ServerContext* context, const v1::FetchRequest* request,
                      v1::ReplicaRecord* response) override;
   grpc::Status Suspect(grpc::ServerContext* context, const v1::SuspectRequest* request,

@@ -366,15 +366,16 @@ void SegmentShard::Replicate(const Worker& w, const Waiter& push, uint64_t step,
   applied->set_clock(push.clock);
   applied->set_step(step);
   applied->set_scale(scale);
-  v1::TensorSlice* gradient = applied->mutable_gradient();
+  v1::TensorSlice* gradient = record.mutable_gradient();
   gradient->set_offset(options_.range.offset + push.first);
   gradient->set_count(push.count);
   gradient->set_dtype(v1::FLOAT32);
   // As the optimizer took it: float32, whatever the wire carried.
+  // Appended block by block: one pass, where resizing first would write it twice.
   std::string* data = gradient->mutable_data();
-  data->resize(push.count * sizeof(float));
-  push.grad->ForEachFloatBlock(0, push.count, [&](size_t at, absl::Span<const float> block) {
-    std::memcpy(data->data() + at * sizeof(float), block.data(), block.size() * sizeof(float));
+  data->reserve(push.count * sizeof(float));
+  push.grad->ForEachFloatBlock(0, push.count, [&](size_t, absl::Span<const float> block) {
+    data->append(reinterpret_cast<const char*>(block.data()), block.size() * sizeof(float));
   });
   options_.replicas->Append(std::move(record));
 }

@@ -129,7 +129,7 @@ std::vector<std::pair<std::string, std::string>> FuzzSeeds() {
   applied->set_step(1);
   applied->set_scale(1);
   std::vector<float> gradient(kRange, 0.5f);
-  EncodeFloat32(gradient, 0, applied->mutable_gradient());
+  EncodeFloat32(gradient, 0, record.mutable_gradient());
   seeds.emplace_back("replica_push", Record(kReplicaRecord, record.SerializeAsString(), 11));
   record.set_seq(3);
   seeds.emplace_back("replica_gap", Record(kReplicaRecord, record.SerializeAsString()));

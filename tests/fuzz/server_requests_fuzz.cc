@@ -38,6 +38,7 @@
 #include "common/tensor_wire_grpc.h"
 #include "server/parameter_server.h"
 #include "server/replica_log.h"
+#include "server/replica_wire.h"
 
 namespace segps {
 namespace {
@@ -132,7 +133,7 @@ class Harness {
     primary_->SyncReplicas(1);  // each range's whole state, as a link opening sends it
     for (const auto& log : primary_->replica_logs()) {
       for (const ReplicaLog::Record& record : log->Take(1)) {
-        if (!backup_->TakeReplica(0, *record).ok()) abort();
+        if (!backup_->TakeReplica(0, *record, Payload::Borrow(record->gradient().data())).ok()) abort();
       }
     }
   }
@@ -225,8 +226,10 @@ class Harness {
   void ServeReplica(uint8_t kind, const grpc::ByteBuffer& buffer, absl::Time deadline) {
     switch (kind) {
       case kReplicaRecord: {
+        // As the Replicate stream takes it: the gradient's bytes left in the buffer.
         v1::ReplicaRecord record;
-        if (Parse(buffer, &record)) backup_->TakeReplica(0, record).IgnoreError();
+        Payload gradient;
+        if (DecodeRecord(buffer, &record, &gradient).ok()) backup_->TakeReplica(0, record, gradient).IgnoreError();
         break;
       }
       case kFetch: {

@@ -16,6 +16,7 @@
 #include "server/parameter_server.h"
 #include "server/replica_log.h"
 #include "server/replica_range.h"
+#include "server/replica_wire.h"
 #include "server/segment_shard.h"
 
 namespace segps {
@@ -95,8 +96,22 @@ class ReplicaRangeTest : public ::testing::Test {
     }
   }
 
+  // Takes the log's records as the Replicate stream does: encoded, then
+  // decoded from bytes cut into 13-byte slices, so that the gradient's
+  // floats lie split and misaligned across them.
   static void Feed(ReplicaLog& log, ReplicaRange& backup) {
-    for (const ReplicaLog::Record& record : log.Take(kBackup)) ASSERT_TRUE(backup.Take(*record).ok());
+    for (const ReplicaLog::Record& record : log.Take(kBackup)) {
+      grpc::ByteBuffer sent = EncodeRecord(record);
+      std::vector<grpc::Slice> whole, cut;
+      ASSERT_TRUE(sent.Dump(&whole).ok());
+      std::string bytes;
+      for (const grpc::Slice& s : whole) bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
+      for (size_t at = 0; at < bytes.size(); at += 13) cut.emplace_back(bytes.substr(at, 13));
+      v1::ReplicaRecord decoded;
+      Payload gradient;
+      ASSERT_TRUE(DecodeRecord(grpc::ByteBuffer(cut.data(), cut.size()), &decoded, &gradient).ok());
+      ASSERT_TRUE(backup.Take(decoded, gradient).ok());
+    }
   }
 
   FakeClock clock_;
@@ -147,24 +162,23 @@ TEST_F(ReplicaRangeTest, RecordsThatDoNotFitAreRefusedAndChangeNothing) {
   };
   refused(*records[2], absl::StatusCode::kFailedPrecondition);  // skips record 1
   v1::ReplicaRecord bad = *records[1];
-  bad.mutable_push()->mutable_gradient()->set_offset(kOffset + kCount);  // past the range
+  bad.mutable_gradient()->set_offset(kOffset + kCount);  // past the range
   refused(bad, absl::StatusCode::kInvalidArgument);
   bad = *records[1];
-  bad.mutable_push()->mutable_gradient()->set_dtype(v1::BFLOAT16);
+  bad.mutable_gradient()->set_dtype(v1::BFLOAT16);
   refused(bad, absl::StatusCode::kInvalidArgument);
   bad = *records[1];
-  bad.mutable_push()->mutable_gradient()->mutable_data()->resize(3);  // short
+  bad.mutable_gradient()->mutable_data()->resize(3);  // short
   refused(bad, absl::StatusCode::kInvalidArgument);
   bad = *records[1];
   const float nan = std::numeric_limits<float>::quiet_NaN();
-  bad.mutable_push()->mutable_gradient()->mutable_data()->replace(0, sizeof(float),
-                                                                  reinterpret_cast<const char*>(&nan), sizeof(float));
+  bad.mutable_gradient()->mutable_data()->replace(0, sizeof(float), reinterpret_cast<const char*>(&nan), sizeof(float));
   refused(bad, absl::StatusCode::kInvalidArgument);
   bad = *records[1];
   bad.mutable_push()->set_rank(2);  // two ranks
   refused(bad, absl::StatusCode::kInvalidArgument);
   bad = *records[1];
-  bad.mutable_push()->mutable_gradient()->set_offset(kOffset + 1);  // not where its rank's step stands
+  bad.mutable_gradient()->set_offset(kOffset + 1);  // not where its rank's step stands
   refused(bad, absl::StatusCode::kFailedPrecondition);
   bad = *records[0];
   bad.mutable_state()->mutable_slots()->RemoveLast();
@@ -175,6 +189,17 @@ TEST_F(ReplicaRangeTest, RecordsThatDoNotFitAreRefusedAndChangeNothing) {
   // The real ones are still taken, in order.
   for (size_t i = 1; i < records.size(); ++i) ASSERT_TRUE(backup->Take(*records[i]).ok()) << i;
   EXPECT_EQ(backup->Digest(), shard_->Digest());
+}
+
+TEST(ReplicaWireTest, BytesThatAreNotARecordAreRefusedNamingTheStream) {
+  for (const std::string& bytes : {std::string("\xff\xff\xff"), std::string("\x3a\x05\x22\x09xy")}) {
+    const grpc::Slice slice(bytes);
+    v1::ReplicaRecord record;
+    Payload gradient;
+    const absl::Status decoded = DecodeRecord(grpc::ByteBuffer(&slice, 1), &record, &gradient);
+    EXPECT_EQ(decoded.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(decoded.message().find("Replicate: malformed message"), std::string::npos) << decoded;
+  }
 }
 
 
@@ -291,10 +316,10 @@ TEST(ReplicatedServerTest, AHelloIsCheckedForTheRingAndTheJob) {
   // A record of a range its sender is not the primary of.
   v1::ReplicaRecord record;
   record.set_range(1);
-  EXPECT_EQ(one->TakeReplica(0, record).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(one->TakeReplica(0, record, Payload()).code(), absl::StatusCode::kInvalidArgument);
   record.set_range(0);
   record.set_segment(5);
-  EXPECT_EQ(one->TakeReplica(0, record).code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(one->TakeReplica(0, record, Payload()).code(), absl::StatusCode::kNotFound);
 }
 
 // A server serving a range taken over (ServeAlone: no backup to wait for)
@@ -353,7 +378,7 @@ TEST(ReplicatedServerTest, ACopyIsReadByAReaderWithinItsRangeOnceItHoldsAState) 
   EXPECT_EQ(one->Pull(read, absl::InfiniteFuture(), &copy).code(), absl::StatusCode::kFailedPrecondition);
   zero->SyncReplicas(1);  // the range's whole state, as a link opening sends it
   for (const ReplicaLog::Record& record : zero->replica_logs()[0]->Take(1)) {
-    ASSERT_TRUE(one->TakeReplica(0, *record).ok());
+    ASSERT_TRUE(one->TakeReplica(0, *record, Payload::Borrow(record->gradient().data())).ok());
   }
   ASSERT_TRUE(one->Pull(read, absl::InfiniteFuture(), &copy).ok());
   v1::PullRequest primary_read;
