@@ -30,6 +30,12 @@ Payload Payload::FromPieces(std::vector<absl::string_view> pieces, std::shared_p
   return payload;
 }
 
+Payload Payload::Mapped(absl::string_view bytes, std::shared_ptr<const void> owner) {
+  Payload payload = FromPieces({bytes}, std::move(owner));
+  payload.mapped_ = true;
+  return payload;
+}
+
 Payload Payload::Borrow(absl::string_view bytes) {
   Payload payload;
   payload.pieces_.push_back(bytes);

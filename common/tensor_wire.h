@@ -32,10 +32,18 @@ class Payload {
   Payload() = default;
   // Borrows `bytes`: the caller keeps them alive while the payload is used.
   static Payload Borrow(absl::string_view bytes);
-  // `pieces` in order, kept valid by `owner` (e.g. the transport's buffers).
+  // `pieces` in order, kept valid and unchanged by `owner` (e.g. the
+  // transport's buffers).
   static Payload FromPieces(std::vector<absl::string_view> pieces, std::shared_ptr<const void> owner);
+  // `bytes` in memory another process may write meanwhile (a shared
+  // region), kept mapped by `owner`.
+  static Payload Mapped(absl::string_view bytes, std::shared_ptr<const void> owner);
 
   size_t size() const { return size_; }
+  const std::vector<absl::string_view>& pieces() const { return pieces_; }
+  // What keeps the pieces valid and unchanged (FromPieces), so that they
+  // may be held beyond the call; null for a borrowed or mapped payload.
+  std::shared_ptr<const void> owner() const { return mapped_ ? nullptr : owner_; }
 
   // Calls fn(first, block) over consecutive blocks of whole elements of
   // `dtype` (a dtype DTypeBytes knows) as float32 (first: index of the block's
@@ -66,6 +74,7 @@ class Payload {
   size_t Elements(size_t width) const { return width == 0 ? 0 : size_ / width; }
 
   std::shared_ptr<const void> owner_;
+  bool mapped_ = false;
   std::vector<absl::string_view> pieces_;
   size_t size_ = 0;
 };
@@ -119,6 +128,9 @@ class DenseView {
   DenseView(const v1::TensorSlice& slice, const Payload& data);
 
   uint64_t count() const { return count_; }
+  // The payload itself where it is the elements as they are (dense
+  // FLOAT32), else null.
+  const Payload* float32() const { return !sparse_ && dtype_ == v1::FLOAT32 ? &data_ : nullptr; }
   // As Payload::ForEachFloatBlock, over elements [begin, end) of the
   // count() (a sparse slice's entries found by bisection).
   void ForEachFloatBlock(uint64_t begin, uint64_t end,

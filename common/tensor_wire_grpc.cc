@@ -76,6 +76,19 @@ absl::Status Malformed(absl::string_view why) {
   return absl::InvalidArgumentError(absl::StrCat("malformed message: ", why));
 }
 
+// The message's bytes before its tensor's data of `data_size` bytes.
+std::string TensorMessageHead(const google::protobuf::MessageLite& header, int tensor_field,
+                              const v1::TensorSlice& tensor, size_t data_size) {
+  std::string head = header.SerializeAsString();
+  std::string tensor_head = tensor.SerializeAsString();
+  std::string data_tag;
+  AppendLengthTag(kTensorDataField, data_size, &data_tag);
+  AppendLengthTag(tensor_field, tensor_head.size() + data_tag.size() + data_size, &head);
+  head += tensor_head;
+  head += data_tag;
+  return head;
+}
+
 }  // namespace
 
 grpc::Slice EncodeValues(absl::Span<const float> values, v1::DType dtype) {
@@ -87,15 +100,26 @@ grpc::Slice EncodeValues(absl::Span<const float> values, v1::DType dtype) {
 
 grpc::ByteBuffer EncodeTensorMessage(const google::protobuf::MessageLite& header, int tensor_field,
                                      const v1::TensorSlice& tensor, const grpc::Slice& data) {
-  std::string head = header.SerializeAsString();
-  std::string tensor_head = tensor.SerializeAsString();
-  std::string data_tag;
-  AppendLengthTag(kTensorDataField, data.size(), &data_tag);
-  AppendLengthTag(tensor_field, tensor_head.size() + data_tag.size() + data.size(), &head);
-  head += tensor_head;
-  head += data_tag;
-  const grpc::Slice slices[2] = {grpc::Slice(head), data};
+  const grpc::Slice slices[2] = {grpc::Slice(TensorMessageHead(header, tensor_field, tensor, data.size())), data};
   return grpc::ByteBuffer(slices, 2);
+}
+
+grpc::ByteBuffer EncodeTensorMessage(const google::protobuf::MessageLite& header, int tensor_field,
+                                     const v1::TensorSlice& tensor, const Payload& data) {
+  std::vector<grpc::Slice> slices;
+  slices.reserve(data.pieces().size() + 1);
+  slices.emplace_back(TensorMessageHead(header, tensor_field, tensor, data.size()));
+  using Owner = std::shared_ptr<const void>;
+  const Owner owner = data.owner();
+  for (absl::string_view piece : data.pieces()) {
+    if (owner == nullptr) {
+      slices.emplace_back(piece.data(), piece.size());
+    } else {
+      slices.emplace_back(const_cast<char*>(piece.data()), piece.size(),
+                          [](void* p) { delete static_cast<Owner*>(p); }, new Owner(owner));
+    }
+  }
+  return grpc::ByteBuffer(slices.data(), slices.size());
 }
 
 absl::Status DecodeTensorMessage(const grpc::ByteBuffer& buffer, int tensor_field, google::protobuf::MessageLite* header,

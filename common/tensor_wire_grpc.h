@@ -35,6 +35,11 @@ grpc::Slice EncodeValues(absl::Span<const float> values, v1::DType dtype);
 grpc::ByteBuffer EncodeTensorMessage(const google::protobuf::MessageLite& header, int tensor_field,
                                      const v1::TensorSlice& tensor, const grpc::Slice& data);
 
+// The same with `data`'s pieces as the tensor's data, each referenced and
+// keeping the payload's owner alive (copied where it has none).
+grpc::ByteBuffer EncodeTensorMessage(const google::protobuf::MessageLite& header, int tensor_field,
+                                     const v1::TensorSlice& tensor, const Payload& data);
+
 // The inverse: parses every field but `tensor_field` into `header`, the
 // tensor's fields but data into `tensor`, and its data into `payload`, which
 // keeps the buffer's slices alive rather than copying them. INVALID_ARGUMENT

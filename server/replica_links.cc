@@ -263,9 +263,9 @@ bool ReplicaLinks::Stream(Link* link, std::string* error) {
   std::atomic<bool> broken{false};
   std::atomic<bool> ended{false};  // the backup ended the stream: its status says why
   bool served = false;
-  auto hello = std::make_shared<v1::ReplicaRecord>();
-  *hello->mutable_hello() = server_->Hello(link->backup);
-  if (stream->Write(EncodeRecord(std::move(hello)))) {
+  ReplicaChange hello;
+  *hello.record.mutable_hello() = server_->Hello(link->backup);
+  if (stream->Write(EncodeRecord(hello))) {
     // From here on every range this backup holds starts from its state.
     server_->SyncReplicas(link->backup);
     std::thread reader([&] {
@@ -291,7 +291,7 @@ bool ReplicaLinks::Stream(Link* link, std::string* error) {
       for (auto& log : server_->replica_logs()) {
         for (const ReplicaLog::Record& record : log->Take(link->backup)) {
           if (record_delay_ > absl::ZeroDuration()) absl::SleepFor(record_delay_);
-          if (!broken && !stream->Write(EncodeRecord(record))) broken = true;
+          if (!broken && !stream->Write(EncodeRecord(*record))) broken = true;
         }
       }
       MutexLock lock(&link->mu);

@@ -28,7 +28,7 @@ void ReplicaLog::Wake(const std::vector<uint32_t>& backups) {
   for (uint32_t b : backups) wake(b);
 }
 
-uint64_t ReplicaLog::Append(v1::ReplicaRecord record) {
+uint64_t ReplicaLog::Append(v1::ReplicaRecord record, Payload gradient) {
   uint64_t seq = 0;
   std::vector<uint32_t> queued;
   {
@@ -37,7 +37,7 @@ uint64_t ReplicaLog::Append(v1::ReplicaRecord record) {
     record.set_segment(static_cast<uint32_t>(segment_));
     record.set_range(range_);
     record.set_seq(seq);
-    auto shared = std::make_shared<const v1::ReplicaRecord>(std::move(record));
+    auto shared = std::make_shared<const ReplicaChange>(ReplicaChange{std::move(record), std::move(gradient)});
     for (auto& [backup, queue] : queues_) {
       if (dropped_.count(backup) > 0) continue;
       queue.push_back(shared);
@@ -58,7 +58,7 @@ void ReplicaLog::Restart(uint32_t backup, v1::ReplicaRecord state) {
     state.set_seq(last_);
     dropped_.erase(backup);  // later pushes wait for it again
     queue->second.clear();
-    queue->second.push_back(std::make_shared<const v1::ReplicaRecord>(std::move(state)));
+    queue->second.push_back(std::make_shared<const ReplicaChange>(ReplicaChange{std::move(state), Payload()}));
   }
   Wake({backup});
 }

@@ -29,18 +29,28 @@
 #include "absl/functional/any_invocable.h"
 #include "absl/status/status.h"
 #include "common/sync.h"
+#include "common/tensor_wire.h"
 #include "segps/v1/replication.pb.h"
 
 namespace segps {
 
+// A change as a log holds it: the record and, for a push, its gradient's
+// bytes apart from it (the record's gradient has no data), held here as
+// long as the change is (server/replica_wire.h sends them as they lie).
+struct ReplicaChange {
+  v1::ReplicaRecord record;
+  Payload gradient;
+};
+
 class ReplicaLog {
  public:
-  using Record = std::shared_ptr<const v1::ReplicaRecord>;
+  using Record = std::shared_ptr<const ReplicaChange>;
   // The log of range `range` of `segment`, for the servers `backups`.
   ReplicaLog(int segment, uint32_t range, std::vector<uint32_t> backups);
 
-  // A change for every backup (its segment, range and seq are set here): its seq.
-  uint64_t Append(v1::ReplicaRecord record);
+  // A change for every backup (its segment, range and seq are set here),
+  // a push's gradient bytes `gradient` (with an owner, see Payload): its seq.
+  uint64_t Append(v1::ReplicaRecord record, Payload gradient = Payload());
   // Backup `backup`'s link opened: its queue is the range's whole `state`
   // from now on, holding every change through the last seq.
   void Restart(uint32_t backup, v1::ReplicaRecord state);

@@ -15,28 +15,17 @@ std::unique_ptr<ReplicateStream> OpenReplicate(grpc::Channel* channel, grpc::Cli
                                                                                             context));
 }
 
-grpc::ByteBuffer EncodeRecord(std::shared_ptr<const v1::ReplicaRecord> record) {
-  if (!record->has_push()) {
-    grpc::Slice bytes(record->SerializeAsString());
+grpc::ByteBuffer EncodeRecord(const ReplicaChange& change) {
+  const v1::ReplicaRecord& record = change.record;
+  if (!record.has_push()) {
+    grpc::Slice bytes(record.SerializeAsString());
     return grpc::ByteBuffer(&bytes, 1);
   }
-  // A push record holds no state: every other field is here.
-  v1::ReplicaRecord head;
-  if (record->has_hello()) *head.mutable_hello() = record->hello();
-  head.set_segment(record->segment());
-  head.set_range(record->range());
-  head.set_seq(record->seq());
-  *head.mutable_push() = record->push();
-  const v1::TensorSlice& gradient = record->gradient();
-  v1::TensorSlice tensor;
-  tensor.set_offset(gradient.offset());
-  tensor.set_count(gradient.count());
-  tensor.set_dtype(gradient.dtype());
-  const std::string& data = gradient.data();
-  auto* owner = new std::shared_ptr<const v1::ReplicaRecord>(std::move(record));
-  const grpc::Slice slice(const_cast<char*>(data.data()), data.size(),
-                          [](void* p) { delete static_cast<std::shared_ptr<const v1::ReplicaRecord>*>(p); }, owner);
-  return EncodeTensorMessage(head, v1::ReplicaRecord::kGradientFieldNumber, tensor, slice);
+  // The gradient's fields, its bytes apart.
+  v1::ReplicaRecord head = record;
+  v1::TensorSlice tensor = std::move(*head.mutable_gradient());
+  head.clear_gradient();
+  return EncodeTensorMessage(head, v1::ReplicaRecord::kGradientFieldNumber, tensor, change.gradient);
 }
 
 absl::Status DecodeRecord(const grpc::ByteBuffer& bytes, v1::ReplicaRecord* record, Payload* gradient) {

@@ -15,6 +15,7 @@
 #include "absl/status/status.h"
 #include "common/tensor_wire.h"
 #include "segps/v1/replication.pb.h"
+#include "server/replica_log.h"
 
 namespace segps {
 
@@ -25,9 +26,9 @@ inline constexpr char kReplicateMethod[] = "/segps.v1.Replication/Replicate";
 using ReplicateStream = grpc::ClientReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer>;
 std::unique_ptr<ReplicateStream> OpenReplicate(grpc::Channel* channel, grpc::ClientContext* context);
 
-// `record` as bytes; a push's gradient data is referenced (the buffer keeps
-// the record alive), not copied.
-grpc::ByteBuffer EncodeRecord(std::shared_ptr<const v1::ReplicaRecord> record);
+// `change` as bytes; a push's gradient bytes are referenced (the buffer
+// keeps them alive), not copied.
+grpc::ByteBuffer EncodeRecord(const ReplicaChange& change);
 // The inverse: every field into `record` but the gradient's data, which
 // `gradient` holds in the buffer's own slices. INVALID_ARGUMENT on bytes
 // that are not a record.

@@ -370,14 +370,21 @@ void SegmentShard::Replicate(const Worker& w, const Waiter& push, uint64_t step,
   gradient->set_offset(options_.range.offset + push.first);
   gradient->set_count(push.count);
   gradient->set_dtype(v1::FLOAT32);
-  // As the optimizer took it: float32, whatever the wire carried.
-  // Appended block by block: one pass, where resizing first would write it twice.
-  std::string* data = gradient->mutable_data();
-  data->reserve(push.count * sizeof(float));
+  // As the optimizer took it: float32, whatever the wire carried. The
+  // push's own bytes where they are just that and stay as they are (a
+  // transport's buffers); else a copy, appended block by block.
+  const Payload* as_is = push.grad->float32();
+  if (as_is != nullptr && as_is->owner() != nullptr) {
+    options_.replicas->Append(std::move(record), *as_is);
+    return;
+  }
+  auto copy = std::make_shared<std::string>();
+  copy->reserve(push.count * sizeof(float));
   push.grad->ForEachFloatBlock(0, push.count, [&](size_t, absl::Span<const float> block) {
-    data->append(reinterpret_cast<const char*>(block.data()), block.size() * sizeof(float));
+    copy->append(reinterpret_cast<const char*>(block.data()), block.size() * sizeof(float));
   });
-  options_.replicas->Append(std::move(record));
+  const absl::string_view bytes = *copy;
+  options_.replicas->Append(std::move(record), Payload::FromPieces({bytes}, std::move(copy)));
 }
 
 }  // namespace segps

@@ -42,7 +42,7 @@ absl::Status ParameterServer::GradientInRegion(const v1::TensorSlice& gradient,
   }
   absl::StatusOr<char*> bytes = region->At(gradient.region_offset(), elements * width, "Push gradient");
   if (!bytes.ok()) return bytes.status();
-  *data = Payload::FromPieces({absl::string_view(*bytes, elements * width)}, region);
+  *data = Payload::Mapped(absl::string_view(*bytes, elements * width), region);
   return absl::OkStatus();
 }
 

@@ -133,7 +133,7 @@ class Harness {
     primary_->SyncReplicas(1);  // each range's whole state, as a link opening sends it
     for (const auto& log : primary_->replica_logs()) {
       for (const ReplicaLog::Record& record : log->Take(1)) {
-        if (!backup_->TakeReplica(0, *record, Payload::Borrow(record->gradient().data())).ok()) abort();
+        if (!backup_->TakeReplica(0, record->record, record->gradient).ok()) abort();
       }
     }
   }

@@ -37,6 +37,13 @@ training { staleness: 0 workers_per_segment: 1 }
 data { source: SYNTHETIC_SEED }
 )pb";
 
+// A log's change as one record, its gradient's bytes in it.
+v1::ReplicaRecord Whole(const ReplicaLog::Record& change) {
+  v1::ReplicaRecord record = change->record;
+  for (absl::string_view piece : change->gradient.pieces()) record.mutable_gradient()->mutable_data()->append(piece.data(), piece.size());
+  return record;
+}
+
 // The config's optimizer: Adam with its defaults.
 v1::OptimizerConfig Adam() { return ParseConfig(kConfig, "test")->optimizer(); }
 
@@ -101,7 +108,7 @@ class ReplicaRangeTest : public ::testing::Test {
   // floats lie split and misaligned across them.
   static void Feed(ReplicaLog& log, ReplicaRange& backup) {
     for (const ReplicaLog::Record& record : log.Take(kBackup)) {
-      grpc::ByteBuffer sent = EncodeRecord(record);
+      grpc::ByteBuffer sent = EncodeRecord(*record);
       std::vector<grpc::Slice> whole, cut;
       ASSERT_TRUE(sent.Dump(&whole).ok());
       std::string bytes;
@@ -153,41 +160,41 @@ TEST_F(ReplicaRangeTest, RecordsThatDoNotFitAreRefusedAndChangeNothing) {
   std::vector<ReplicaLog::Record> records = log_.Take(kBackup);
   ASSERT_EQ(records.size(), 5u);  // the state, then four chunks
   // No push before the state.
-  EXPECT_EQ(backup->Take(*records[1]).code(), absl::StatusCode::kFailedPrecondition);
-  ASSERT_TRUE(backup->Take(*records[0]).ok());
+  EXPECT_EQ(backup->Take(Whole(records[1])).code(), absl::StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(backup->Take(Whole(records[0])).ok());
   const std::string before = backup->Digest();
   auto refused = [&](const v1::ReplicaRecord& record, absl::StatusCode code) {
     EXPECT_EQ(backup->Take(record).code(), code) << record.ShortDebugString().substr(0, 200);
     EXPECT_EQ(backup->Digest(), before);
   };
-  refused(*records[2], absl::StatusCode::kFailedPrecondition);  // skips record 1
-  v1::ReplicaRecord bad = *records[1];
+  refused(Whole(records[2]), absl::StatusCode::kFailedPrecondition);  // skips record 1
+  v1::ReplicaRecord bad = Whole(records[1]);
   bad.mutable_gradient()->set_offset(kOffset + kCount);  // past the range
   refused(bad, absl::StatusCode::kInvalidArgument);
-  bad = *records[1];
+  bad = Whole(records[1]);
   bad.mutable_gradient()->set_dtype(v1::BFLOAT16);
   refused(bad, absl::StatusCode::kInvalidArgument);
-  bad = *records[1];
+  bad = Whole(records[1]);
   bad.mutable_gradient()->mutable_data()->resize(3);  // short
   refused(bad, absl::StatusCode::kInvalidArgument);
-  bad = *records[1];
+  bad = Whole(records[1]);
   const float nan = std::numeric_limits<float>::quiet_NaN();
   bad.mutable_gradient()->mutable_data()->replace(0, sizeof(float), reinterpret_cast<const char*>(&nan), sizeof(float));
   refused(bad, absl::StatusCode::kInvalidArgument);
-  bad = *records[1];
+  bad = Whole(records[1]);
   bad.mutable_push()->set_rank(2);  // two ranks
   refused(bad, absl::StatusCode::kInvalidArgument);
-  bad = *records[1];
+  bad = Whole(records[1]);
   bad.mutable_gradient()->set_offset(kOffset + 1);  // not where its rank's step stands
   refused(bad, absl::StatusCode::kFailedPrecondition);
-  bad = *records[0];
+  bad = Whole(records[0]);
   bad.mutable_state()->mutable_slots()->RemoveLast();
   refused(bad, absl::StatusCode::kInvalidArgument);
   bad.Clear();
   bad.set_seq(2);
   refused(bad, absl::StatusCode::kInvalidArgument);  // no change at all
   // The real ones are still taken, in order.
-  for (size_t i = 1; i < records.size(); ++i) ASSERT_TRUE(backup->Take(*records[i]).ok()) << i;
+  for (size_t i = 1; i < records.size(); ++i) ASSERT_TRUE(backup->Take(Whole(records[i])).ok()) << i;
   EXPECT_EQ(backup->Digest(), shard_->Digest());
 }
 
@@ -228,7 +235,7 @@ TEST(ReplicaLogTest, ADroppedBackupHoldsNothingBackUntilItsLinkOpensAgain) {
   log.Restart(2, v1::ReplicaRecord());
   const std::vector<ReplicaLog::Record> state = log.Take(2);
   ASSERT_EQ(state.size(), 1u);
-  EXPECT_EQ(state[0]->seq(), second);
+  EXPECT_EQ(state[0]->record.seq(), second);
   const uint64_t third = log.Append(change);
   log.WhenHeld(third, [&](absl::Status status) { third_held = status.ok(); });
   log.Acked(1, third);
@@ -285,7 +292,7 @@ TEST(ReplicatedServerTest, APushIsAnsweredOnlyOnceItsBackupHoldsIt) {
   std::vector<ReplicaLog::Record> records = log.Take(1);
   ASSERT_FALSE(records.empty());
   ReplicaRange backup(0, 0, range, 1, *CreateOptimizer(config.optimizer(), range.count));
-  for (const ReplicaLog::Record& record : records) ASSERT_TRUE(backup.Take(*record).ok());
+  for (const ReplicaLog::Record& record : records) ASSERT_TRUE(backup.Take(record->record, record->gradient).ok());
   EXPECT_FALSE(first.has_value());
   log.Acked(1, backup.position().seq);
   ASSERT_TRUE(first.has_value() && retry.has_value());
@@ -378,7 +385,7 @@ TEST(ReplicatedServerTest, ACopyIsReadByAReaderWithinItsRangeOnceItHoldsAState) 
   EXPECT_EQ(one->Pull(read, absl::InfiniteFuture(), &copy).code(), absl::StatusCode::kFailedPrecondition);
   zero->SyncReplicas(1);  // the range's whole state, as a link opening sends it
   for (const ReplicaLog::Record& record : zero->replica_logs()[0]->Take(1)) {
-    ASSERT_TRUE(one->TakeReplica(0, *record, Payload::Borrow(record->gradient().data())).ok());
+    ASSERT_TRUE(one->TakeReplica(0, record->record, record->gradient).ok());
   }
   ASSERT_TRUE(one->Pull(read, absl::InfiniteFuture(), &copy).ok());
   v1::PullRequest primary_read;
