@@ -147,10 +147,12 @@ absl::Status ReplicaRange::TakePush(const v1::AppliedPush& push, const v1::Tenso
         " at element ", first, " does not follow clock ", at.next_clock(), " element ", at.applied()));
   }
   if (push.scale() != 0.0f) {
-    // Block by block as the bytes lie (elementwise, so as the primary's one pass).
+    // Block by block as the bytes lie (elementwise, so as the primary's one
+    // pass); the lambda reaches the state through these, taken under mu_.
+    Optimizer* const optimizer = optimizer_.get();
+    const absl::Span<float> values = absl::MakeSpan(values_);
     data.ForEachFloatBlock(v1::FLOAT32, [&](size_t at, absl::Span<const float> block) {
-      optimizer_->Apply(push.step(), first + at, absl::MakeSpan(values_).subspan(first + at, block.size()), block,
-                        push.scale());
+      optimizer->Apply(push.step(), first + at, values.subspan(first + at, block.size()), block, push.scale());
     });
   }
   at.set_rank(push.rank());

@@ -72,14 +72,24 @@ class ReplicaRangeTest : public ::testing::Test {
     return std::make_unique<ReplicaRange>(0, kPrimary, Range{kOffset, kCount}, 2, *CreateOptimizer(Adam(), kCount));
   }
 
-  // Worker `id` pushes a random chunk [first, first + count) of its step `clock`.
-  void PushChunk(uint64_t id, uint64_t clock, uint64_t first, uint64_t count, uint32_t samples) {
+  // How a push's bytes are held: borrowed, as a transport's buffers
+  // (FromPieces), or in a shared region (Mapped).
+  enum class Held { kBorrowed, kTransport, kRegion };
+
+  // Worker `id` pushes a random chunk [first, first + count) of its step
+  // `clock`, its bytes held as `held`: where they lay.
+  const char* PushChunk(uint64_t id, uint64_t clock, uint64_t first, uint64_t count, uint32_t samples,
+                        Held held = Held::kBorrowed) {
     std::uniform_real_distribution<float> u(-1.0f, 1.0f);
     std::vector<float> grad(count);
     for (float& g : grad) g = u(rng_);
     v1::TensorSlice slice;
     EncodeFloat32(grad, kOffset + first, &slice);
-    const Payload bytes = Payload::Borrow(slice.data());
+    auto data = std::make_shared<std::string>(std::move(*slice.mutable_data()));
+    const absl::string_view at = *data;
+    const Payload bytes = held == Held::kBorrowed    ? Payload::Borrow(at)
+                          : held == Held::kTransport ? Payload::FromPieces({at}, data)
+                                                     : Payload::Mapped(at, data);
     DenseView view(slice, bytes);
     PushInfo info;
     info.samples = samples;
@@ -91,6 +101,7 @@ class ReplicaRangeTest : public ::testing::Test {
                    done = true;
                  }, info);
     EXPECT_TRUE(done);
+    return at.data();
   }
 
   // Both workers push `steps` steps in two chunks each, interleaved.
@@ -151,6 +162,31 @@ TEST_F(ReplicaRangeTest, ABackupFedThePrimarysRecordsHoldsItsRangeBitForBit) {
   Feed(log_, *fresh);
   EXPECT_EQ(fresh->Digest(), shard_->Digest());
   EXPECT_EQ(fresh->Snapshot().values, shard_->Snapshot());
+}
+
+// A push's record holds the push's own bytes only where they stay as they
+// are (a transport's buffers); borrowed bytes, and a shared region's that
+// its worker may write again, are copied. The backup ends equal either way.
+TEST_F(ReplicaRangeTest, ARecordHoldsAPushsOwnBytesOnlyWhereTheyCannotChange) {
+  std::unique_ptr<ReplicaRange> backup = Backup();
+  shard_->SyncReplica(kBackup);
+  const Held holds[] = {Held::kTransport, Held::kRegion, Held::kBorrowed, Held::kTransport};
+  std::vector<const char*> sent;
+  for (uint64_t c = 0; c < 4; ++c) {
+    sent.push_back(PushChunk(1, c, 0, kCount, 8, holds[c]));
+    PushChunk(2, c, 0, kCount, 8);
+  }
+  const std::vector<ReplicaLog::Record> records = log_.Take(kBackup);
+  ASSERT_EQ(records.size(), 9u);  // the state, then two pushes a clock
+  for (uint64_t c = 0; c < 4; ++c) {
+    const ReplicaChange& change = *records[1 + 2 * c];
+    ASSERT_EQ(change.record.push().rank(), 0u);
+    ASSERT_EQ(change.gradient.pieces().size(), 1u);
+    EXPECT_EQ(change.gradient.pieces()[0].data() == sent[c], holds[c] == Held::kTransport) << c;
+    EXPECT_NE(change.gradient.owner(), nullptr) << c;  // held as long as the record
+  }
+  for (const ReplicaLog::Record& record : records) ASSERT_TRUE(backup->Take(record->record, record->gradient).ok());
+  EXPECT_EQ(backup->Digest(), shard_->Digest());
 }
 
 TEST_F(ReplicaRangeTest, RecordsThatDoNotFitAreRefusedAndChangeNothing) {
