@@ -36,12 +36,9 @@ class ReplicaRange {
   ReplicaRange(int segment, uint32_t range, Range extent, uint32_t ranks, std::unique_ptr<Optimizer> optimizer);
 
   // A push record's gradient bytes are `gradient` (as the Replicate
-  // stream's slices hold them: server/replica_wire.h), not its data field.
+  // stream's slices or a ReplicaChange hold them), not its data field; a
+  // state record has none.
   absl::Status Take(const v1::ReplicaRecord& record, const Payload& gradient);
-  // A record with its gradient's bytes in it (one from a ReplicaLog).
-  absl::Status Take(const v1::ReplicaRecord& record) {
-    return Take(record, Payload::Borrow(record.gradient().data()));
-  }
 
   // What the copy holds: before its first state, nothing (seq 0, no values).
   struct Copy {

@@ -114,7 +114,7 @@ absl::Status ParameterServer::TakeBack(int segment, const v1::ReplicaRecord& cop
   if (!optimizer.ok()) return optimizer.status();
   // Checked as a backup checks a state, before anything changes.
   ReplicaRange check(segment, index_, range, WorkersOf(config_, segment), *std::move(optimizer));
-  SEGPS_RETURN_IF_ERROR(check.Take(copy));
+  SEGPS_RETURN_IF_ERROR(check.Take(copy, Payload()));
   shards_[segment]->TakeBack(copy.state());
   taken_back_ = true;
   return absl::OkStatus();

@@ -1,4 +1,5 @@
 #include "server/parameter_server.h"
+#include "tests/support/registration.h"
 
 #include <gtest/gtest.h>
 
@@ -50,11 +51,9 @@ class ParameterServerTest : public ::testing::Test {
   }
 
   v1::RegisterRequest Registration(uint32_t segment, uint32_t rank) {
-    v1::RegisterRequest r;
+    v1::RegisterRequest r = RegistrationFor(config_, *server_);
     r.set_segment(segment);
     r.set_rank(rank);
-    r.set_model_fingerprint(ModelFingerprint(config_));
-    r.set_shard_fingerprint(server_->shard_map().fingerprint());
     return r;
   }
 
@@ -540,23 +539,15 @@ TEST(ParameterServer, LookaheadFromTheConfigMovesWorkerPulls) {
   text.replace(text.find("staleness: 0 workers_per_segment: 1"), 35, "staleness: 1 workers_per_segment: 1");
   const v1::JobConfig config = *ParseConfig(text, "test");
   std::unique_ptr<ParameterServer> server = *ParameterServer::Create(config, 0);
-  v1::RegisterRequest reg;
-  reg.set_model_fingerprint(ModelFingerprint(config));
-  reg.set_shard_fingerprint(server->shard_map().fingerprint());
-  v1::RegisterResponse registered;
-  ASSERT_TRUE(server->Register(reg, &registered).ok());
+  const v1::PushRequest push = RegisteredPush(config, server.get(), 0.5f);
   const Range range = server->shard_map().range(0, 0);
-  v1::PushRequest push;
-  push.set_worker_id(registered.worker_id());
-  push.set_registration_secret(registered.registration_secret());
-  EncodeFloat32(std::vector<float>(range.count, 0.5f), range.offset, push.mutable_gradient());
   v1::PushResponse pushed;
   ASSERT_TRUE(server->Push(push, absl::Now() + absl::Seconds(5), &pushed).ok());
 
   auto pull = [&](uint64_t worker, uint64_t clock) {
     v1::PullRequest request;
     request.set_worker_id(worker);
-    if (worker != 0) request.set_registration_secret(registered.registration_secret());
+    if (worker != 0) request.set_registration_secret(push.registration_secret());
     request.set_reader(worker == 0);
     request.set_clock(clock);
     v1::PullResponse response;
@@ -566,8 +557,8 @@ TEST(ParameterServer, LookaheadFromTheConfigMovesWorkerPulls) {
     return values;
   };
   const std::vector<float> stored = pull(0, 0);
-  EXPECT_EQ(pull(registered.worker_id(), 1), stored);  // misses no update
-  const std::vector<float> ahead = pull(registered.worker_id(), 2);
+  EXPECT_EQ(pull(push.worker_id(), 1), stored);  // misses no update
+  const std::vector<float> ahead = pull(push.worker_id(), 2);
   // After one Adam step with g = 0.5: m = 0.05, v = 2.5e-4; the next step
   // moves by alpha_2 * b1 * m / (sqrt(v) + eps).
   const double alpha2 = 0.001 * std::sqrt(1 - 0.999 * 0.999) / (1 - 0.9 * 0.9);

@@ -18,6 +18,7 @@
 #include "server/replica_range.h"
 #include "server/replica_wire.h"
 #include "server/segment_shard.h"
+#include "tests/support/registration.h"
 
 namespace segps {
 namespace {
@@ -36,13 +37,6 @@ optimizer { kind: ADAM }
 training { staleness: 0 workers_per_segment: 1 }
 data { source: SYNTHETIC_SEED }
 )pb";
-
-// A log's change as one record, its gradient's bytes in it.
-v1::ReplicaRecord Whole(const ReplicaLog::Record& change) {
-  v1::ReplicaRecord record = change->record;
-  for (absl::string_view piece : change->gradient.pieces()) record.mutable_gradient()->mutable_data()->append(piece.data(), piece.size());
-  return record;
-}
 
 // The config's optimizer: Adam with its defaults.
 v1::OptimizerConfig Adam() { return ParseConfig(kConfig, "test")->optimizer(); }
@@ -195,42 +189,45 @@ TEST_F(ReplicaRangeTest, RecordsThatDoNotFitAreRefusedAndChangeNothing) {
   Train(0, 1);
   std::vector<ReplicaLog::Record> records = log_.Take(kBackup);
   ASSERT_EQ(records.size(), 5u);  // the state, then four chunks
+  auto take = [&](const ReplicaLog::Record& r) { return backup->Take(r->record, r->gradient); };
   // No push before the state.
-  EXPECT_EQ(backup->Take(Whole(records[1])).code(), absl::StatusCode::kFailedPrecondition);
-  ASSERT_TRUE(backup->Take(Whole(records[0])).ok());
+  EXPECT_EQ(take(records[1]).code(), absl::StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(take(records[0]).ok());
   const std::string before = backup->Digest();
-  auto refused = [&](const v1::ReplicaRecord& record, absl::StatusCode code) {
-    EXPECT_EQ(backup->Take(record).code(), code) << record.ShortDebugString().substr(0, 200);
+  // `record` with gradient bytes `bytes`.
+  auto refused = [&](const v1::ReplicaRecord& record, absl::string_view bytes, absl::StatusCode code) {
+    EXPECT_EQ(backup->Take(record, Payload::Borrow(bytes)).code(), code) << record.ShortDebugString();
     EXPECT_EQ(backup->Digest(), before);
   };
-  refused(Whole(records[2]), absl::StatusCode::kFailedPrecondition);  // skips record 1
-  v1::ReplicaRecord bad = Whole(records[1]);
+  std::string bytes;
+  for (absl::string_view piece : records[1]->gradient.pieces()) bytes.append(piece.data(), piece.size());
+  const v1::ReplicaRecord push = records[1]->record;
+  refused(records[2]->record, bytes, absl::StatusCode::kFailedPrecondition);  // skips record 1
+  v1::ReplicaRecord bad = push;
   bad.mutable_gradient()->set_offset(kOffset + kCount);  // past the range
-  refused(bad, absl::StatusCode::kInvalidArgument);
-  bad = Whole(records[1]);
+  refused(bad, bytes, absl::StatusCode::kInvalidArgument);
+  bad = push;
   bad.mutable_gradient()->set_dtype(v1::BFLOAT16);
-  refused(bad, absl::StatusCode::kInvalidArgument);
-  bad = Whole(records[1]);
-  bad.mutable_gradient()->mutable_data()->resize(3);  // short
-  refused(bad, absl::StatusCode::kInvalidArgument);
-  bad = Whole(records[1]);
+  refused(bad, bytes, absl::StatusCode::kInvalidArgument);
+  refused(push, bytes.substr(0, 3), absl::StatusCode::kInvalidArgument);  // short
+  std::string with_nan = bytes;
   const float nan = std::numeric_limits<float>::quiet_NaN();
-  bad.mutable_gradient()->mutable_data()->replace(0, sizeof(float), reinterpret_cast<const char*>(&nan), sizeof(float));
-  refused(bad, absl::StatusCode::kInvalidArgument);
-  bad = Whole(records[1]);
+  with_nan.replace(0, sizeof(float), reinterpret_cast<const char*>(&nan), sizeof(float));
+  refused(push, with_nan, absl::StatusCode::kInvalidArgument);
+  bad = push;
   bad.mutable_push()->set_rank(2);  // two ranks
-  refused(bad, absl::StatusCode::kInvalidArgument);
-  bad = Whole(records[1]);
+  refused(bad, bytes, absl::StatusCode::kInvalidArgument);
+  bad = push;
   bad.mutable_gradient()->set_offset(kOffset + 1);  // not where its rank's step stands
-  refused(bad, absl::StatusCode::kFailedPrecondition);
-  bad = Whole(records[0]);
+  refused(bad, bytes, absl::StatusCode::kFailedPrecondition);
+  bad = records[0]->record;
   bad.mutable_state()->mutable_slots()->RemoveLast();
-  refused(bad, absl::StatusCode::kInvalidArgument);
+  refused(bad, "", absl::StatusCode::kInvalidArgument);
   bad.Clear();
   bad.set_seq(2);
-  refused(bad, absl::StatusCode::kInvalidArgument);  // no change at all
+  refused(bad, "", absl::StatusCode::kInvalidArgument);  // no change at all
   // The real ones are still taken, in order.
-  for (size_t i = 1; i < records.size(); ++i) ASSERT_TRUE(backup->Take(Whole(records[i])).ok()) << i;
+  for (size_t i = 1; i < records.size(); ++i) ASSERT_TRUE(take(records[i]).ok()) << i;
   EXPECT_EQ(backup->Digest(), shard_->Digest());
 }
 
@@ -280,22 +277,6 @@ TEST(ReplicaLogTest, ADroppedBackupHoldsNothingBackUntilItsLinkOpensAgain) {
   EXPECT_TRUE(third_held);
 }
 
-// A rank registered with `server`, and its push of 0.25 to each element
-// of segment 0's range 0 at clock 0.
-v1::PushRequest RegisteredPush(const v1::JobConfig& config, ParameterServer* server) {
-  v1::RegisterRequest reg;
-  reg.set_model_fingerprint(ModelFingerprint(config));
-  reg.set_shard_fingerprint(server->shard_map().fingerprint());
-  v1::RegisterResponse registered;
-  EXPECT_TRUE(server->Register(reg, &registered).ok());
-  const Range range = server->shard_map().range(0, 0);
-  v1::PushRequest push;
-  push.set_worker_id(registered.worker_id());
-  push.set_registration_secret(registered.registration_secret());
-  EncodeFloat32(std::vector<float>(range.count, 0.25f), range.offset, push.mutable_gradient());
-  return push;
-}
-
 TEST(ReplicatedServerTest, APushIsAnsweredOnlyOnceItsBackupHoldsIt) {
   const v1::JobConfig config = *ParseConfig(kConfig, "test");
   FakeClock clock;
@@ -308,7 +289,7 @@ TEST(ReplicatedServerTest, APushIsAnsweredOnlyOnceItsBackupHoldsIt) {
   EXPECT_EQ(log.backups(), std::vector<uint32_t>{1});
   ASSERT_NE(server->copy(0, 1), nullptr);  // it backs server 1's range
   const Range range = server->shard_map().range(0, 0);
-  v1::PushRequest push = RegisteredPush(config, server.get());
+  v1::PushRequest push = RegisteredPush(config, server.get(), 0.25f);
   auto send = [&](absl::optional<absl::Status>* outcome, v1::PushResponse* response) {
     server->Push(push, Payload::Borrow(push.gradient().data()), clock.Now() + absl::Seconds(5), nullptr, response,
                  [outcome](absl::Status s) { *outcome = s; });
@@ -375,7 +356,7 @@ TEST(ReplicatedServerTest, ARangeHandedOverRefusesEveryCallAndItsStateIsAllThatW
   options.tick = absl::ZeroDuration();
   std::unique_ptr<ParameterServer> taken = *ParameterServer::Create(config, 0, options);
   taken->ServeAlone();
-  v1::PushRequest push = RegisteredPush(config, taken.get());
+  v1::PushRequest push = RegisteredPush(config, taken.get(), 0.25f);
   v1::PushResponse pushed;
   ASSERT_TRUE(taken->Push(push, absl::InfiniteFuture(), &pushed).ok());
   EXPECT_TRUE(pushed.applied());
@@ -388,11 +369,8 @@ TEST(ReplicatedServerTest, ARangeHandedOverRefusesEveryCallAndItsStateIsAllThatW
   const absl::Status late = taken->Push(push, absl::InfiniteFuture(), &pushed);
   EXPECT_EQ(late.code(), absl::StatusCode::kUnavailable) << late;
   EXPECT_NE(late.message().find("server 0 is back"), std::string::npos) << late;
-  v1::RegisterRequest reg;
-  reg.set_model_fingerprint(ModelFingerprint(config));
-  reg.set_shard_fingerprint(taken->shard_map().fingerprint());
   v1::RegisterResponse registered;
-  const absl::Status again = taken->Register(reg, &registered);
+  const absl::Status again = taken->Register(RegistrationFor(config, *taken), &registered);
   EXPECT_EQ(again.code(), absl::StatusCode::kUnavailable) << again;
   EXPECT_EQ(taken->shard(0).Digest(), digest) << "the range changed after it was handed over";
 
